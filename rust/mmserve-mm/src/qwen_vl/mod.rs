@@ -1,0 +1,1 @@
+//! TODO(qwen_vl)
