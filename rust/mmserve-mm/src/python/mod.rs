@@ -1,10 +1,19 @@
-//! The `mmserve._mm` extension module. The only place that knows about Python:
-//! owned inputs are taken under the GIL, then the GIL is released for the work.
+//! The `mmserve._mm` extension module: the only place that knows about Python.
+//! Owned inputs are taken under the GIL, then the GIL is released for the work.
 
 use pyo3::prelude::*;
+
+mod error;
+mod media;
+mod qwen;
+mod resize;
 
 #[pymodule]
 fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    error::register(m)?;
+    media::register(m)?;
+    resize::register(m)?;
+    qwen::register(m)?;
     Ok(())
 }
