@@ -1,12 +1,17 @@
 """The `mmserve <component> ...` entry point.
 
-Each component registers a sub-command here; the component's own module does the work.
+Each component module in `COMPONENT_MODULES` exposes `add_parser(subparsers)`, which adds its
+sub-command and sets `handler` (a callable taking the parsed args and returning an exit code).
+Those modules stay light to import; heavy imports happen inside the handlers.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+COMPONENT_MODULES: list[str] = []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,13 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mmserve",
         description="Disaggregated multimodal serving for vision-language models.",
     )
-    parser.add_subparsers(dest="command", metavar="<component>", required=True)
+    subparsers = parser.add_subparsers(dest="command", metavar="<component>", required=True)
+    for name in COMPONENT_MODULES:
+        importlib.import_module(name).add_parser(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return int(args.handler(args) or 0)
 
 
