@@ -1,0 +1,57 @@
+"""Prometheus metrics shared by every component, one definition each.
+
+Each metric carries a `component` label (frontend, encode, worker, prefill, decode) so one
+scrape configuration covers every process. Workers expose them with `serve_metrics(port)`;
+the frontend serves them on its own `/metrics` route via `render()`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+REQUESTS = Counter("mmserve_requests", "Requests received", ["component"])
+ERRORS = Counter("mmserve_errors", "Requests that ended in an error", ["component", "code"])
+ACTIVE = Gauge("mmserve_active_requests", "Requests in flight", ["component"])
+TTFT = Histogram(
+    "mmserve_ttft_seconds", "Time to first token", ["component"], buckets=_LATENCY_BUCKETS
+)
+ITL = Histogram(
+    "mmserve_inter_token_latency_seconds",
+    "Time between streamed tokens",
+    ["component"],
+    buckets=_LATENCY_BUCKETS,
+)
+STAGE_SECONDS = Histogram(
+    "mmserve_stage_seconds",
+    "Time spent per pipeline stage (preprocess, encode, transfer, prefill, decode)",
+    ["component", "stage"],
+    buckets=_LATENCY_BUCKETS,
+)
+CACHE_LOOKUPS = Counter(
+    "mmserve_cache_lookups", "Cache lookups by cache and result", ["component", "cache", "result"]
+)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def render() -> bytes:
+    """The Prometheus text exposition of this process's metrics."""
+    return generate_latest(REGISTRY)
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
+    """Expose `/metrics` on its own port (workers; port 0 disables)."""
+    if port:
+        start_http_server(port, addr=host)
