@@ -1,0 +1,536 @@
+"""Every message mmserve puts on a wire, in one place.
+
+Two families live here:
+
+* OpenAI chat-completions shapes (JSON at the HTTP edge). Unknown request fields are ignored, as
+  OpenAI-compatible servers usually do, so clients that send extra options keep working; options
+  the server knows but does not support are declared here so the frontend can reject a
+  non-default value by name (`ChatCompletionRequest.unsupported_options`).
+* Internal messages (msgpack over NATS), all subclasses of `WireMessage`. Each carries a `type`
+  tag that embeds `PROTOCOL_VERSION` (e.g. `"token_chunk.v1"`), so a peer speaking another
+  version fails to decode with `ProtocolVersionError` instead of producing garbage.
+
+`encode(msg)` / `decode(data, type)` are the one msgpack pair for internal messages. Hashes (u64)
+travel as integers; `mm_hashes` travel as 16-digit lowercase hex strings (the engine contract).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------------------------
+
+
+class ProtocolError(ValueError):
+    """A message could not be decoded into the expected type."""
+
+
+class ProtocolVersionError(ProtocolError):
+    """The peer speaks a different protocol version."""
+
+
+def _versioned_tag(class_name: str) -> str:
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower()
+    return f"{snake}.v{PROTOCOL_VERSION}"
+
+
+class WireMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=_versioned_tag):
+    """Base of every internal message; the tag is `<snake_case_name>.v<PROTOCOL_VERSION>`."""
+
+
+class _TagOnly(msgspec.Struct):
+    type: str = ""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+_tag_peeker = msgspec.msgpack.Decoder(_TagOnly)
+_VERSION_SUFFIX = re.compile(r"\.v(\d+)$")
+
+M = TypeVar("M")
+
+
+def encode(msg: WireMessage) -> bytes:
+    """msgpack bytes of an internal message."""
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes | memoryview, type: type[M] | Any) -> M:
+    """Decode `data` into `type` (a `WireMessage` subclass or a union of them).
+
+    Raises `ProtocolVersionError` when the tag names another protocol version, `ProtocolError`
+    for anything else that does not fit.
+    """
+    decoder = _decoders.get(type)
+    if decoder is None:
+        decoder = _decoders[type] = msgspec.msgpack.Decoder(type)
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        _raise_if_version_mismatch(data)
+        raise ProtocolError(f"cannot decode {_type_name(type)}: {exc}") from exc
+
+
+def _raise_if_version_mismatch(data: bytes | memoryview) -> None:
+    try:
+        tag = _tag_peeker.decode(data).type
+    except msgspec.DecodeError:
+        return
+    found = _VERSION_SUFFIX.search(tag)
+    if found and int(found.group(1)) != PROTOCOL_VERSION:
+        raise ProtocolVersionError(
+            f"peer sent {tag!r} (protocol v{found.group(1)}); this side speaks "
+            f"v{PROTOCOL_VERSION}: upgrade the older side"
+        )
+
+
+def _type_name(type_: Any) -> str:
+    return getattr(type_, "__name__", None) or str(type_)
+
+
+def mm_hash_hex(mm_hash: int) -> str:
+    """The 16-digit lowercase hex form of a u64 media hash (`mm_hashes` on the wire)."""
+    return f"{mm_hash:016x}"
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI chat completions (JSON at the HTTP edge)
+# ---------------------------------------------------------------------------------------------
+
+
+class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageUrl(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="image_url"):
+    image_url: ImageUrl
+
+
+ContentPart = TextPart | ImageUrlPart
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
+
+    model: str
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any | None = None
+    response_format: Any | None = None
+    user: str | None = None
+
+    def unsupported_options(self) -> list[str]:
+        """Names of options set to a value mmserve cannot honour (the frontend answers 400)."""
+        bad = []
+        if self.n != 1:
+            bad.append("n")
+        if self.frequency_penalty not in (None, 0.0):
+            bad.append("frequency_penalty")
+        if self.presence_penalty not in (None, 0.0):
+            bad.append("presence_penalty")
+        if self.logprobs:
+            bad.append("logprobs")
+        if self.top_logprobs:
+            bad.append("top_logprobs")
+        if self.logit_bias:
+            bad.append("logit_bias")
+        if self.tools:
+            bad.append("tools")
+        if self.tool_choice not in (None, "none", "auto"):
+            bad.append("tool_choice")
+        if self.response_format not in (None, {"type": "text"}):
+            bad.append("response_format")
+        return bad
+
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class OpenAIUsage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+    @classmethod
+    def from_usage(cls, usage: Usage) -> OpenAIUsage:
+        return cls(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details={"cached_tokens": usage.cached_tokens},
+        )
+
+
+class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: OpenAIUsage | None = None
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+class ChoiceDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    delta: ChoiceDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One SSE `data:` payload; the usage-only chunk has `choices=[]` and `usage` set."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: OpenAIUsage | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+
+
+class OpenAIErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(msgspec.Struct, frozen=True, kw_only=True):
+    """`{"error": {...}}`, OpenAI's error JSON."""
+
+    error: OpenAIErrorBody
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    created: int
+    owned_by: str = "mmserve"
+    object: Literal["model"] = "model"
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors on the wire
+# ---------------------------------------------------------------------------------------------
+
+# Stable error codes. Media errors reuse the Rust core's codes (`fetch.too_large`, ...) as-is.
+ERROR_BAD_REQUEST = "bad_request"
+ERROR_NOT_FOUND = "not_found"
+ERROR_TOO_LARGE = "too_large"
+ERROR_PAYLOAD_TOO_LARGE = "payload_too_large"
+ERROR_UNAVAILABLE = "unavailable"
+ERROR_DEADLINE_EXCEEDED = "deadline_exceeded"
+ERROR_CANCELLED = "cancelled"
+ERROR_DISCONNECTED = "disconnected"
+ERROR_PROTOCOL = "protocol"
+ERROR_INTERNAL = "internal"
+
+HTTP_STATUS_BY_CODE: dict[str, int] = {
+    ERROR_BAD_REQUEST: 400,
+    ERROR_NOT_FOUND: 404,
+    ERROR_TOO_LARGE: 413,
+    ERROR_PAYLOAD_TOO_LARGE: 413,
+    ERROR_UNAVAILABLE: 503,
+    ERROR_DEADLINE_EXCEEDED: 504,
+    ERROR_CANCELLED: 499,
+    ERROR_DISCONNECTED: 503,
+    ERROR_PROTOCOL: 500,
+    ERROR_INTERNAL: 500,
+}
+
+
+def http_status_for(code: str) -> int:
+    """HTTP status hint for an error code; `<stage>.<kind>` media codes map to 400."""
+    if code in HTTP_STATUS_BY_CODE:
+        return HTTP_STATUS_BY_CODE[code]
+    return 413 if code.endswith("too_large") else 400 if "." in code else 500
+
+
+class ErrorMessage(WireMessage, frozen=True):
+    """A failure reported by the serving side; the caller raises it as `RemoteError`."""
+
+    code: str
+    message: str
+    status: int = 500
+    request_id: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests through the pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means disabled
+    seed: int | None = None
+
+
+class StopConditions(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens: int = 16
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class TensorHandle(msgspec.Struct, frozen=True, kw_only=True):
+    """A tensor that travels outside NATS: the transfer backend named in `backend` reads
+    `descriptor` (backend-specific bytes) to fetch `shape` x `dtype`."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the prefix: "bfloat16", "float32", "int64", ...
+    backend: str  # "nixl" | "shm" | "inline"
+    descriptor: bytes
+
+
+class EmbeddingsHandle(msgspec.Struct, frozen=True, kw_only=True):
+    """Vision-tower output for one media item; `aux` holds extra per-item tensors by name
+    (Qwen3-VL's stacked deepstack features under "deepstack")."""
+
+    embeddings: TensorHandle
+    aux: dict[str, TensorHandle] = {}
+
+
+class MediaItem(msgspec.Struct, frozen=True, kw_only=True):
+    """One image (video later) of a request: a reference or inline bytes, its identity and
+    size in tokens, and what later stages attached (pixels, embeddings)."""
+
+    modality: Literal["image"] = "image"
+    url: str | None = None
+    data: bytes | None = None
+    mm_hash: int = 0  # blake3 of the raw encoded bytes, truncated to u64
+    token_count: int = 0  # expanded placeholder tokens
+    image_grid_thw: tuple[int, int, int] | None = None
+    pixel_values: TensorHandle | None = None  # set with frontend decoding
+    embeddings: EmbeddingsHandle | None = None  # set after encode
+
+
+class PreprocessedRequest(WireMessage, frozen=True):
+    """What the frontend sends to the first worker.
+
+    `token_ids` holds one placeholder per media item until `expanded` is true (each placeholder
+    then repeated `token_count` times, after encode). `deadline` is unix time in seconds.
+    """
+
+    request_id: str
+    deadline: float
+    model: str
+    token_ids: list[int]
+    media: list[MediaItem] = []
+    mm_hashes: list[str] = []  # 16-hex, one per media item
+    sampling: SamplingParams = SamplingParams()
+    stop: StopConditions = StopConditions()
+    lora_name: str | None = None
+    expanded: bool = False
+
+
+class EncodeRequest(WireMessage, frozen=True):
+    request_id: str
+    deadline: float
+    media: list[MediaItem]
+
+
+class EncodeReply(WireMessage, frozen=True):
+    """Media items with `token_count`, `image_grid_thw` and `embeddings` filled in."""
+
+    request_id: str
+    media: list[MediaItem]
+
+
+class BootstrapInfo(WireMessage, frozen=True):
+    """Where decode picks up prefill's KV cache (SGLang's bootstrap server)."""
+
+    host: str
+    port: int
+    room: int
+
+
+class PrefillRequest(WireMessage, frozen=True):
+    request: PreprocessedRequest
+    bootstrap: BootstrapInfo | None = None
+
+
+class DecodeRequest(WireMessage, frozen=True):
+    request: PreprocessedRequest
+    bootstrap: BootstrapInfo | None = None
+    kv: TensorHandle | None = None  # KV cache exported by prefill (engines that hand it over)
+    first_token_id: int | None = None
+
+
+class TokenChunk(WireMessage, frozen=True):
+    """A step of generation; the last chunk has `finish_reason` and `usage`."""
+
+    request_id: str
+    token_ids: list[int] = []
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing: KV events, load, discovery
+# ---------------------------------------------------------------------------------------------
+
+
+class KvBlock(msgspec.Struct, frozen=True, kw_only=True):
+    block_hash: int  # chained sequence hash (u64)
+    tokens_hash: int  # local hash of the block's tokens (u64)
+
+
+class KvStored(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="stored"):
+    parent_hash: int | None
+    blocks: list[KvBlock]
+
+
+class KvRemoved(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="removed"):
+    block_hashes: list[int]
+
+
+class KvCleared(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="cleared"):
+    pass
+
+
+class KvEvent(WireMessage, frozen=True):
+    """One change of a worker's prefix cache; `event_id` increases by one per worker."""
+
+    worker_id: str
+    event_id: int
+    data: KvStored | KvRemoved | KvCleared
+
+
+class WorkerLoad(WireMessage, frozen=True):
+    worker_id: str
+    timestamp: float
+    active_requests: int = 0
+    waiting_requests: int = 0
+    active_decode_blocks: int = 0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+
+
+class InstanceRecord(WireMessage, frozen=True):
+    """Discovery entry of one serving instance of one endpoint. `facts` holds addresses a
+    peer needs (e.g. `"transfer.backend"`, `"bootstrap.port"`)."""
+
+    namespace: str
+    component: str
+    endpoint: str
+    instance_id: str
+    host: str
+    pid: int
+    started_at: float
+    facts: dict[str, str] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime frames (mmserve.runtime): the envelope around every request and reply on NATS
+# ---------------------------------------------------------------------------------------------
+
+
+class RequestFrame(WireMessage, frozen=True):
+    """A call: `payload` is the encoded request message; replies go to `reply_to`."""
+
+    request_id: str
+    deadline: float  # unix seconds
+    payload: msgspec.Raw
+    reply_to: str
+    stream: bool = False
+
+
+class ReplyFrame(WireMessage, frozen=True):
+    """One reply item; `seq` counts from 0 so a lost frame is detected."""
+
+    request_id: str
+    seq: int
+    payload: msgspec.Raw
+
+
+class EndFrame(WireMessage, frozen=True):
+    """End of a reply stream; `error` set when the handler failed."""
+
+    request_id: str
+    seq: int
+    error: ErrorMessage | None = None
+
+
+class KeepaliveFrame(WireMessage, frozen=True):
+    """Sent by a server whose handler is working but has nothing to reply yet."""
+
+    request_id: str
+
+
+class CancelFrame(WireMessage, frozen=True):
+    """The caller gave up: the serving side cancels the handler."""
+
+    request_id: str
+    reason: str = ERROR_CANCELLED
+
+
+ServerFrame = ReplyFrame | EndFrame | KeepaliveFrame

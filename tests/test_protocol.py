@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from mmserve import protocol as p
+
+U64_MAX = 2**64 - 1
+
+HANDLE = p.TensorHandle(shape=(4, 8), dtype="bfloat16", backend="shm", descriptor=b"\x00\x01")
+ITEM = p.MediaItem(
+    url="data:image/png;base64,AAAA",
+    mm_hash=U64_MAX,
+    token_count=64,
+    image_grid_thw=(1, 16, 16),
+    pixel_values=HANDLE,
+    embeddings=p.EmbeddingsHandle(embeddings=HANDLE, aux={"deepstack": HANDLE}),
+)
+REQUEST = p.PreprocessedRequest(
+    request_id="req-1",
+    deadline=1_900_000_000.5,
+    model="tiny",
+    token_ids=[1, 151655, 2],
+    media=[ITEM, p.MediaItem(data=b"\x89PNG", mm_hash=7)],
+    mm_hashes=[p.mm_hash_hex(U64_MAX), p.mm_hash_hex(7)],
+    sampling=p.SamplingParams(temperature=0.0, top_k=5, seed=3),
+    stop=p.StopConditions(max_tokens=8, stop=["\n"], stop_token_ids=[151645], ignore_eos=True),
+    lora_name="adapter",
+)
+BOOTSTRAP = p.BootstrapInfo(host="127.0.0.1", port=8998, room=U64_MAX)
+
+WIRE_SAMPLES: list[p.WireMessage] = [
+    p.ErrorMessage(code="fetch.too_large", message="image over 64 MiB", status=413),
+    REQUEST,
+    p.EncodeRequest(request_id="r", deadline=1.0, media=[ITEM]),
+    p.EncodeReply(request_id="r", media=[ITEM]),
+    BOOTSTRAP,
+    p.PrefillRequest(request=REQUEST, bootstrap=BOOTSTRAP),
+    p.DecodeRequest(request=REQUEST, bootstrap=BOOTSTRAP, kv=HANDLE, first_token_id=9),
+    p.TokenChunk(
+        request_id="r",
+        token_ids=[5, 6],
+        text="hé",
+        finish_reason="length",
+        usage=p.Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1),
+    ),
+    p.KvEvent(
+        worker_id="w1",
+        event_id=3,
+        data=p.KvStored(parent_hash=None, blocks=[p.KvBlock(block_hash=U64_MAX, tokens_hash=0)]),
+    ),
+    p.KvEvent(worker_id="w1", event_id=4, data=p.KvRemoved(block_hashes=[U64_MAX, 1])),
+    p.KvEvent(worker_id="w1", event_id=5, data=p.KvCleared()),
+    p.WorkerLoad(worker_id="w1", timestamp=1.5, active_requests=2, kv_total_blocks=100),
+    p.InstanceRecord(
+        namespace="ns",
+        component="worker",
+        endpoint="generate",
+        instance_id="ab12",
+        host="127.0.0.1",
+        pid=42,
+        started_at=1.0,
+        facts={"transfer.backend": "nixl"},
+    ),
+    p.CancelFrame(request_id="r"),
+    p.KeepaliveFrame(request_id="r"),
+    p.EndFrame(request_id="r", seq=2, error=p.ErrorMessage(code="internal", message="boom")),
+]
+
+
+@pytest.mark.parametrize("msg", WIRE_SAMPLES, ids=lambda m: type(m).__name__)
+def test_wire_messages_round_trip(msg: p.WireMessage) -> None:
+    assert p.decode(p.encode(msg), type(msg)) == msg
+
+
+def test_tags_name_the_protocol_version() -> None:
+    raw = msgspec.msgpack.decode(p.encode(p.KeepaliveFrame(request_id="r")))
+    assert raw["type"] == f"keepalive_frame.v{p.PROTOCOL_VERSION}"
+
+
+def test_union_decoding_picks_the_tagged_type() -> None:
+    frames: list[p.WireMessage] = [
+        p.ReplyFrame(request_id="r", seq=0, payload=msgspec.Raw(p.encode(BOOTSTRAP))),
+        p.KeepaliveFrame(request_id="r"),
+        p.EndFrame(request_id="r", seq=1),
+    ]
+    decoded = [p.decode(p.encode(f), p.ServerFrame) for f in frames]
+    assert [type(f) for f in decoded] == [type(f) for f in frames]
+    reply = decoded[0]
+    assert isinstance(reply, p.ReplyFrame)
+    assert p.decode(reply.payload, p.BootstrapInfo) == BOOTSTRAP
+
+
+def test_other_protocol_version_is_an_error_not_garbage() -> None:
+    raw = msgspec.msgpack.decode(p.encode(WIRE_SAMPLES[7]))
+    raw["type"] = f"token_chunk.v{p.PROTOCOL_VERSION + 1}"
+    with pytest.raises(p.ProtocolVersionError, match=r"protocol v2.*speaks v1"):
+        p.decode(msgspec.msgpack.encode(raw), p.TokenChunk)
+
+
+def test_wrong_message_type_is_a_protocol_error() -> None:
+    with pytest.raises(p.ProtocolError, match="TokenChunk") as info:
+        p.decode(p.encode(BOOTSTRAP), p.TokenChunk)
+    assert not isinstance(info.value, p.ProtocolVersionError)
+    with pytest.raises(p.ProtocolError):
+        p.decode(b"\xc1 not msgpack", p.TokenChunk)
+
+
+def test_mm_hash_hex_is_16_lowercase_digits() -> None:
+    assert p.mm_hash_hex(U64_MAX) == "ffffffffffffffff"
+    assert p.mm_hash_hex(0xAB) == "00000000000000ab"
+
+
+def test_chat_request_parses_text_and_image_parts_and_ignores_unknown_fields() -> None:
+    body = b"""{"model": "tiny", "stream": true, "stream_options": {"include_usage": true},
+      "stop": ["a", "b"], "max_completion_tokens": 4, "some_vendor_option": {"x": 1},
+      "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [
+          {"type": "text", "text": "what is this?"},
+          {"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}]}]}"""
+    req = msgspec.json.decode(body, type=p.ChatCompletionRequest)
+    assert req.messages[0].content == "be brief"
+    parts = req.messages[1].content
+    assert isinstance(parts, list)
+    assert parts[0] == p.TextPart(text="what is this?")
+    assert parts[1] == p.ImageUrlPart(image_url=p.ImageUrl(url="https://x/y.png", detail="low"))
+    assert req.stop == ["a", "b"]
+    assert req.stream_options == p.StreamOptions(include_usage=True)
+    assert req.unsupported_options() == []
+
+
+def test_chat_request_rejects_unknown_content_part_with_its_path() -> None:
+    body = b"""{"model": "m", "messages": [{"role": "user",
+      "content": [{"type": "input_audio", "input_audio": {}}]}]}"""
+    with pytest.raises(msgspec.ValidationError, match=r"input_audio.*messages\[0\]\.content"):
+        msgspec.json.decode(body, type=p.ChatCompletionRequest)
+
+
+def test_unsupported_options_are_named() -> None:
+    req = p.ChatCompletionRequest(
+        model="m", messages=[], n=2, logprobs=True, presence_penalty=0.0, tool_choice="auto"
+    )
+    assert req.unsupported_options() == ["n", "logprobs"]
+
+
+def test_openai_responses_serialise_like_openai() -> None:
+    chunk = p.ChatCompletionChunk(
+        id="c",
+        created=1,
+        model="m",
+        choices=[p.ChatCompletionChunkChoice(index=0, delta=p.ChoiceDelta(content="hi"))],
+    )
+    as_json = msgspec.json.decode(msgspec.json.encode(chunk))
+    assert as_json["object"] == "chat.completion.chunk"
+    assert as_json["choices"][0]["delta"] == {"content": "hi"}
+    usage = p.OpenAIUsage.from_usage(p.Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1))
+    assert usage.total_tokens == 5
+    assert usage.prompt_tokens_details == {"cached_tokens": 1}
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("bad_request", 400), ("deadline_exceeded", 504), ("fetch.too_large", 413),
+     ("decode.truncated", 400), ("unheard_of", 500)],
+)  # fmt: skip
+def test_http_status_hint(code: str, status: int) -> None:
+    assert p.http_status_for(code) == status
