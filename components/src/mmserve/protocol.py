@@ -115,7 +115,11 @@ class ImageUrl(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ImageUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="image_url"):
-    image_url: ImageUrl
+    image_url: ImageUrl | str  # some clients send the URL as a bare string
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
 
 
 ContentPart = TextPart | ImageUrlPart
