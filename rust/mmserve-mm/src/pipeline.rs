@@ -1,6 +1,8 @@
 //! Carriers that flow between the stages, and the model-family trait.
 //! A family describes data; it never runs the request (that is `driver.rs`).
 
+use std::ops::Range;
+
 use thiserror::Error;
 
 /// A decoded image: interleaved RGB8, row-major (HWC).
@@ -11,17 +13,257 @@ pub struct DecodedImage {
     pub data: Vec<u8>,
 }
 
+/// A token id as the tokenizer emits it.
+pub type TokenId = u32;
+
+/// The element storage of a [`Tensor`]. bf16 is kept as its raw bits.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TensorData {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+    I64(Vec<i64>),
+}
+
+impl TensorData {
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::Bf16(v) => v.len(),
+            TensorData::I64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            TensorData::F32(_) => "float32",
+            TensorData::Bf16(_) => "bfloat16",
+            TensorData::I64(_) => "int64",
+        }
+    }
+}
+
+/// A dense row-major tensor: the element count always equals the product of `shape`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: TensorData,
+}
+
+impl Tensor {
+    /// Checks that `data` holds exactly `shape.product()` elements.
+    pub fn new(shape: Vec<usize>, data: TensorData) -> Result<Self, ProcessError> {
+        let expected = shape.iter().product::<usize>();
+        if expected != data.len() {
+            return Err(ProcessError::TensorShape {
+                shape,
+                elements: data.len(),
+            });
+        }
+        Ok(Self { shape, data })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn data(&self) -> &TensorData {
+        &self.data
+    }
+
+    pub fn into_parts(self) -> (Vec<usize>, TensorData) {
+        (self.shape, self.data)
+    }
+}
+
+/// Where a media item sits in the model's feature grid. Open for video (frames, timestamps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Geometry {
+    /// A still image: the size it was resized to and its patch grid `[t, h, w]`.
+    Image {
+        resized_width: u32,
+        resized_height: u32,
+        grid_thw: [u32; 3],
+    },
+}
+
+impl Geometry {
+    pub fn grid_thw(&self) -> [u32; 3] {
+        match self {
+            Geometry::Image { grid_thw, .. } => *grid_thw,
+        }
+    }
+}
+
+/// A preprocessed media item: the model input feature, named auxiliary tensors
+/// (for example `image_grid_thw`) and its geometry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessedItem {
+    pub feature: Tensor,
+    pub aux: Vec<(&'static str, Tensor)>,
+    pub geometry: Geometry,
+}
+
+impl ProcessedItem {
+    pub fn aux(&self, name: &str) -> Option<&Tensor> {
+        self.aux.iter().find(|(n, _)| *n == name).map(|(_, t)| t)
+    }
+}
+
+/// The tokens that stand for one media item in the expanded prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MediaTokens {
+    /// `n` copies of one placeholder id (Qwen-VL's `<|image_pad|>`).
+    Repeat { id: TokenId, n: usize },
+    /// An explicit sequence (families that interleave separators inside the item).
+    Ids(Vec<TokenId>),
+}
+
+impl MediaTokens {
+    pub fn len(&self) -> usize {
+        match self {
+            MediaTokens::Repeat { n, .. } => *n,
+            MediaTokens::Ids(ids) => ids.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One run of the expanded prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    /// A range of the caller's `input_ids`, copied as is.
+    Text(Range<usize>),
+    /// The tokens of media item `item` (index into the request's items).
+    Media { item: usize, tokens: MediaTokens },
+}
+
+/// How to build the expanded prompt from the caller's ids; see `common::token_layout`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TokenLayout {
+    pub segments: Vec<Segment>,
+}
+
+/// Rotary position ids for the expanded prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Positions {
+    /// Plain 1-D rope: position `i` for token `i`, nothing to ship.
+    Rope1D { len: usize },
+    /// Multimodal rope: rows `[t; h; w]` of `len` each, flattened row-major (3 x len),
+    /// and `delta = max position + 1 - len` for the decode steps that follow.
+    MRope { positions: Vec<i64>, delta: i64 },
+}
+
+/// The kind of position ids a family produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeKind {
+    Rope1D,
+    MRope,
+}
+
+/// What a family can take and what it produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    pub images: bool,
+    pub video: bool,
+    pub rope: RopeKind,
+}
+
+/// A model family's preprocessing, as pure functions over owned data.
+pub trait Family: Send + Sync {
+    fn capabilities(&self) -> Capabilities;
+
+    /// The geometry an image of this size will get, without touching pixels
+    /// (the cheap path for token counting).
+    fn plan(&self, width: u32, height: u32) -> Result<Geometry, ProcessError>;
+
+    /// Number of prompt tokens the item expands to.
+    fn num_tokens(&self, geometry: &Geometry) -> usize;
+
+    /// Resize, normalise and lay out one image as the model's input feature.
+    fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error>;
+
+    /// Where each item's tokens go in the prompt (one placeholder per item in `input_ids`).
+    fn layout(
+        &self,
+        input_ids: &[TokenId],
+        geometries: &[Geometry],
+    ) -> Result<TokenLayout, ProcessError>;
+
+    /// Position ids for an expanded prompt of `len` tokens whose item `i` occupies
+    /// `offsets[i] = (start, end)`.
+    fn positions(
+        &self,
+        len: usize,
+        offsets: &[(usize, usize)],
+        geometries: &[Geometry],
+    ) -> Result<Positions, ProcessError>;
+}
+
+/// Errors of the family-level steps: geometry, layout, positions and tensor shapes.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ProcessError {
-    #[error("placeholder")]
-    Placeholder,
+    #[error(
+        "image of {width}x{height} has an aspect ratio over the limit of {limit}; crop or pad it"
+    )]
+    AspectRatio { width: u32, height: u32, limit: u32 },
+    #[error("image has a zero dimension ({width}x{height})")]
+    EmptyImage { width: u32, height: u32 },
+    #[error("image of {width}x{height} would need a resized size beyond {limit} pixels")]
+    ResizedTooLarge { width: u32, height: u32, limit: u64 },
+    #[error(
+        "the prompt has {placeholders} image placeholder(s) but {items} image(s) were given; \
+         put exactly one placeholder per image"
+    )]
+    PlaceholderCount { placeholders: usize, items: usize },
+    #[error("item offsets do not fit the prompt: {0}")]
+    Offsets(String),
+    #[error("tensor of shape {shape:?} cannot hold {elements} elements")]
+    TensorShape { shape: Vec<usize>, elements: usize },
+    #[error("pixel buffer of {len} bytes does not match a {width}x{height} RGB image")]
+    PixelBuffer { width: u32, height: u32, len: usize },
 }
 
 impl ProcessError {
     pub fn code(&self) -> &'static str {
         match self {
-            ProcessError::Placeholder => "process.placeholder",
+            ProcessError::AspectRatio { .. } => "process.aspect_ratio",
+            ProcessError::EmptyImage { .. } => "process.empty_image",
+            ProcessError::ResizedTooLarge { .. } => "process.resized_too_large",
+            ProcessError::PlaceholderCount { .. } => "process.placeholder_count",
+            ProcessError::Offsets(_) => "process.offsets",
+            ProcessError::TensorShape { .. } => "process.tensor_shape",
+            ProcessError::PixelBuffer { .. } => "process.pixel_buffer",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_rejects_a_shape_that_does_not_match_its_data() {
+        let err = Tensor::new(vec![2, 3], TensorData::F32(vec![0.0; 5])).unwrap_err();
+        assert_eq!(err.code(), "process.tensor_shape");
+        let ok = Tensor::new(vec![2, 3], TensorData::I64(vec![0; 6])).unwrap();
+        assert_eq!(ok.shape(), &[2, 3]);
+        assert_eq!(ok.data().dtype(), "int64");
+    }
+
+    #[test]
+    fn media_tokens_length() {
+        assert_eq!(MediaTokens::Repeat { id: 7, n: 4 }.len(), 4);
+        assert_eq!(MediaTokens::Ids(vec![1, 2]).len(), 2);
+        assert!(MediaTokens::Ids(vec![]).is_empty());
     }
 }
