@@ -11,7 +11,9 @@ import argparse
 import importlib
 import sys
 
-COMPONENT_MODULES: list[str] = []
+COMPONENT_MODULES: list[str] = [
+    "mmserve.models.tiny",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

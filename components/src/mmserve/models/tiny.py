@@ -1,0 +1,234 @@
+"""`mmserve make-tiny-model`: tiny Qwen-VL checkpoints with random weights, built offline.
+
+Each checkpoint is a normal HF dir (config.json, generation_config.json,
+preprocessor_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) with the
+real Qwen tokenizer and special-token ids, tiny hidden sizes (CPU steps take milliseconds) and
+weights drawn with a scale large enough that image pixels and token positions visibly move the
+logits. Building is deterministic for a seed and idempotent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+DEFAULT_FAMILY = "qwen2_vl"
+DEFAULT_SEED = 0
+# Bumped whenever the builder's output changes, so stale cached checkpoints are rebuilt.
+BUILDER_VERSION = 1
+MARKER_FILE = "mmserve_tiny.json"
+# The default 0.02 leaves a 2-layer model's logits nearly flat; this makes inputs matter.
+INIT_SCALE = 0.25
+
+VOCAB_SIZE = 151936  # Qwen2-VL's padded vocabulary: covers every special-token id
+TEXT_HIDDEN = 64
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+)
+
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def cache_dir() -> Path:
+    """Where built checkpoints live: $MMSERVE_CACHE_DIR/models or ~/.cache/mmserve/models."""
+    root = os.environ.get("MMSERVE_CACHE_DIR")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "mmserve"
+    return base / "models"
+
+
+def tiny_model_dir(family: str, seed: int = DEFAULT_SEED, out: Path | None = None) -> Path:
+    return (out or cache_dir()) / f"tiny-{family}-seed{seed}"
+
+
+def _text_config(family: str) -> dict[str, Any]:
+    rope: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": 1_000_000.0,
+        "mrope_section": [2, 3, 3],  # sums to head_dim / 2
+    }
+    if family == "qwen3_vl":
+        rope["mrope_interleaved"] = True
+    config: dict[str, Any] = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": TEXT_HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": INIT_SCALE,
+        "rope_parameters": rope,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+    if family == "qwen3_vl":
+        config["head_dim"] = 16
+    return config
+
+
+def _vision_config(family: str) -> dict[str, Any]:
+    common = {"depth": 2, "num_heads": 2, "initializer_range": INIT_SCALE}
+    if family == "qwen2_vl":
+        return {**common, "embed_dim": 32, "hidden_size": TEXT_HIDDEN, "mlp_ratio": 2}
+    if family == "qwen2_5_vl":
+        return {
+            **common,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": TEXT_HIDDEN,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],
+        }
+    return {
+        **common,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "out_hidden_size": TEXT_HIDDEN,
+        "num_position_embeddings": 256,
+        "deepstack_visual_indexes": [0, 1],
+    }
+
+
+def _preprocessor_config(family: str) -> dict[str, Any]:
+    if family == "qwen3_vl":
+        patch, mean, std, min_pixels, max_pixels = 16, [0.5] * 3, [0.5] * 3, 65536, 16777216
+        processor_class = "Qwen3VLProcessor"
+    else:
+        patch, mean, std, min_pixels, max_pixels = 14, _CLIP_MEAN, _CLIP_STD, 3136, 12845056
+        processor_class = "Qwen2_5_VLProcessor" if family == "qwen2_5_vl" else "Qwen2VLProcessor"
+    return {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": processor_class,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": mean,
+        "image_std": std,
+        "min_pixels": min_pixels,
+        "max_pixels": max_pixels,
+        "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        "patch_size": patch,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+    }
+
+
+def _build_model(family: str, seed: int) -> Any:
+    import torch
+    import transformers
+
+    from mmserve.models.family import FAMILIES
+
+    config_class = {
+        "qwen2_vl": transformers.Qwen2VLConfig,
+        "qwen2_5_vl": transformers.Qwen2_5_VLConfig,
+        "qwen3_vl": transformers.Qwen3VLConfig,
+    }[family]
+    config = config_class(
+        text_config=_text_config(family),
+        vision_config=_vision_config(family),
+        tie_word_embeddings=True,
+        initializer_range=INIT_SCALE,
+    )
+    model_class = getattr(transformers, FAMILIES[family].model_class)
+    torch.manual_seed(seed)
+    return model_class(config).eval()
+
+
+def is_valid_checkpoint(path: Path, seed: int) -> bool:
+    marker = path / MARKER_FILE
+    if not all((path / name).is_file() for name in CHECKPOINT_FILES) or not marker.is_file():
+        return False
+    try:
+        info = json.loads(marker.read_text())
+    except json.JSONDecodeError:
+        return False
+    return info == {"builder_version": BUILDER_VERSION, "seed": seed}
+
+
+def build_tiny_model(
+    family: str = DEFAULT_FAMILY, seed: int = DEFAULT_SEED, out: Path | None = None
+) -> Path:
+    """The tiny checkpoint dir for `family` and `seed`, built unless already valid."""
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"unknown family {family!r} (known: {', '.join(TINY_FAMILIES)})")
+    target = tiny_model_dir(family, seed, out)
+    if is_valid_checkpoint(target, seed):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename, so a concurrent builder never sees a partial dir.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging.chmod(0o755)
+    try:
+        from mmserve.models.tokenizer import write_qwen2_vl_tokenizer
+
+        model = _build_model(family, seed)
+        model.save_pretrained(staging)
+        model.generation_config.eos_token_id = [151645, 151643]
+        model.generation_config.pad_token_id = 151643
+        model.generation_config.save_pretrained(staging)
+        (staging / "preprocessor_config.json").write_text(
+            json.dumps(_preprocessor_config(family), indent=2) + "\n"
+        )
+        write_qwen2_vl_tokenizer(staging)
+        (staging / MARKER_FILE).write_text(
+            json.dumps({"builder_version": BUILDER_VERSION, "seed": seed}) + "\n"
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not is_valid_checkpoint(target, seed):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def default_model_path() -> Path:
+    """The default model (tiny Qwen2-VL), built if missing."""
+    return build_tiny_model(DEFAULT_FAMILY, DEFAULT_SEED)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    families = TINY_FAMILIES if args.family == "all" else (args.family,)
+    out = Path(args.out).expanduser() if args.out else None
+    for family in families:
+        print(build_tiny_model(family, args.seed, out))
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "make-tiny-model",
+        help="build tiny random-weight Qwen-VL checkpoints (offline)",
+        description=(
+            "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints with random weights and the "
+            "real Qwen tokenizer; prints each checkpoint dir. Skips ones already built."
+        ),
+    )
+    parser.add_argument("--family", choices=(*TINY_FAMILIES, "all"), default=DEFAULT_FAMILY)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="weight seed")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="parent dir of the checkpoints (default: $MMSERVE_CACHE_DIR/models or "
+        "~/.cache/mmserve/models)",
+    )
+    parser.set_defaults(handler=_handle)
