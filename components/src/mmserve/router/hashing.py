@@ -14,6 +14,7 @@ Sequence hashes chain the local hashes by position, as KV events carry them:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -74,11 +75,15 @@ def compute_block_hashes(
             for start in range(0, num_blocks * block_bytes, block_bytes)
         ]
     hashes = []
+    suffixes: dict[tuple[int, ...], bytes] = {}
     for index in range(num_blocks):
         block = view[index * block_bytes : (index + 1) * block_bytes]
         mm_hashes = block_mm_infos[index] if index < len(block_mm_infos) else None
         if mm_hashes:
-            suffix = np.array(sorted(mm_hashes), dtype="<u8").tobytes()
+            key = tuple(mm_hashes)
+            suffix = suffixes.get(key)
+            if suffix is None:
+                suffix = suffixes[key] = struct.pack(f"<{len(key)}Q", *sorted(key))
             hashes.append(_xxh3_64(bytes(block) + suffix, seed=seed))
         else:
             hashes.append(_xxh3_64(block, seed=seed))

@@ -69,4 +69,4 @@ def routing_pad_run(
 ) -> np.ndarray:
     """The u32 routing tokens that replace an item's run of `token_count` tokens."""
     values = np.array(routing_pad_values(mm_hash, scheme), dtype=np.uint32)
-    return np.resize(values, token_count)
+    return np.tile(values, -(-token_count // len(values)))[:token_count]
