@@ -1,0 +1,433 @@
+"""The OpenAI-compatible HTTP API as a plain ASGI application.
+
+Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
+`GET /openapi.json`. Streaming responses send their headers only once the first token chunk
+arrives, so a failure before the first token (no worker, a refused image, the deadline) still
+answers with its own HTTP status; a failure after it ends the stream with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from mmserve.frontend.chat import ChatPreprocessor, new_request_id
+from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.frontend.dispatch import Dispatcher, DispatchError
+from mmserve.frontend.errors import ApiError
+from mmserve.frontend.openapi import openapi_document
+from mmserve.observability import metrics
+from mmserve.protocol import (
+    AssistantMessage,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChoiceDelta,
+    FinishReason,
+    ModelCard,
+    ModelList,
+    OpenAIUsage,
+    PreprocessedRequest,
+    TokenChunk,
+    Usage,
+)
+
+log = logging.getLogger("mmserve.frontend")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+COMPONENT = "frontend"
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_encoder = msgspec.json.Encoder()
+_request_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    api_key: str | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
+class _ClientGone(Exception):
+    """The client disconnected before the request was complete."""
+
+
+class _Exchange:
+    """One HTTP request/response pair: remembers whether the response has started."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.status = 0
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = False) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def json(self, status: int, payload: Any) -> None:
+        await self.start(status, _JSON)
+        await self.body(_encoder.encode(payload))
+
+    async def error(self, err: ApiError) -> None:
+        if self.started:
+            # Mid-stream: the status is already sent, so the error travels as an SSE event.
+            await self.body(b"data: " + _encoder.encode(err.body()) + b"\n\ndata: [DONE]\n\n")
+        else:
+            await self.json(err.status, err.body())
+
+
+class FrontendApp:
+    def __init__(
+        self,
+        preprocessor: ChatPreprocessor,
+        dispatcher: Dispatcher,
+        http: HttpOptions | None = None,
+    ) -> None:
+        self.preprocessor = preprocessor
+        self.dispatcher = dispatcher
+        self.http = http or HttpOptions()
+        self._openapi = _encoder.encode(openapi_document())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        exchange = _Exchange(send)
+        route = (scope["method"], scope["path"])
+        if route == ("POST", "/v1/chat/completions"):
+            await self._chat_completions(scope, receive, exchange)
+        elif route == ("GET", "/v1/models"):
+            await self._guarded(scope, exchange, self._models)
+        elif route == ("GET", "/health"):
+            await self._health(exchange)
+        elif route == ("GET", "/metrics"):
+            await exchange.start(200, [(b"content-type", metrics.CONTENT_TYPE.encode())])
+            await exchange.body(metrics.render())
+        elif route == ("GET", "/openapi.json"):
+            await exchange.start(200, _JSON)
+            await exchange.body(self._openapi)
+        elif scope["path"] in _ROUTES:
+            await exchange.error(
+                ApiError(405, "method_not_allowed", f"{scope['method']} is not allowed here")
+            )
+        else:
+            await exchange.error(ApiError(404, "not_found", f"no route {scope['path']}"))
+
+    async def _guarded(
+        self, scope: Scope, exchange: _Exchange, handler: Callable[[_Exchange], Awaitable[None]]
+    ) -> None:
+        try:
+            self._authorize(scope)
+        except ApiError as err:
+            await exchange.error(err)
+            return
+        await handler(exchange)
+
+    async def _models(self, exchange: _Exchange) -> None:
+        model = self.preprocessor.model
+        await exchange.json(200, ModelList(data=[ModelCard(id=model.name, created=model.created)]))
+
+    async def _health(self, exchange: _Exchange) -> None:
+        if self.dispatcher.ready():
+            await exchange.json(200, {"status": "ok"})
+        else:
+            await exchange.json(
+                503, {"status": "unavailable", "reason": "no worker is reachable for the model"}
+            )
+
+    def _authorize(self, scope: Scope) -> None:
+        expected = self.http.api_key
+        if expected is None:
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token, expected.encode()):
+            raise ApiError(401, "invalid_api_key", "a valid API key is required (Bearer token)")
+
+    async def _chat_completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
+        request_id = new_request_id()
+        arrival = time.perf_counter()
+        metrics.REQUESTS.labels(COMPONENT).inc()
+        metrics.ACTIVE.labels(COMPONENT).inc()
+        outcome = "ok"
+        try:
+            self._authorize(scope)
+            body = await _read_body(scope, receive, self.http.max_body_bytes)
+            request = _decode_request(body)
+            timeout = self.preprocessor.options.request_timeout_s
+            work = asyncio.ensure_future(
+                self._complete(request, request_id, arrival, time.time() + timeout, exchange)
+            )
+            outcome = await _race(work, receive, timeout)
+            if outcome == "disconnected":
+                raise _ClientGone
+            if outcome == "deadline":
+                raise ApiError(
+                    504, "deadline_exceeded", f"the request took longer than {timeout:g} s"
+                )
+        except _ClientGone:
+            outcome = "disconnected"
+            metrics.ERRORS.labels(COMPONENT, outcome).inc()
+        except ApiError as err:
+            outcome = err.code
+            metrics.ERRORS.labels(COMPONENT, err.code).inc()
+            await exchange.error(err)
+        except Exception:
+            outcome = "internal"
+            metrics.ERRORS.labels(COMPONENT, outcome).inc()
+            log.exception("%s failed", request_id)
+            await exchange.error(ApiError(500, "internal", "internal error; see the server log"))
+        finally:
+            metrics.ACTIVE.labels(COMPONENT).dec()
+            log.info(
+                "%s status=%s outcome=%s %.1f ms",
+                request_id,
+                exchange.status or "-",
+                outcome,
+                (time.perf_counter() - arrival) * 1e3,
+            )
+
+    async def _complete(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        arrival: float,
+        deadline: float,
+        exchange: _Exchange,
+    ) -> None:
+        self.preprocessor.validate(request)
+        if not self.dispatcher.ready():
+            raise ApiError(503, "no_worker", "no worker is reachable for the model; retry later")
+        preprocessed = await self.preprocessor.preprocess(request, request_id, deadline)
+        metrics.STAGE_SECONDS.labels(COMPONENT, "preprocess").observe(time.perf_counter() - arrival)
+        generation = _Generation(self, request, preprocessed, arrival)
+        if request.stream:
+            await generation.stream(exchange)
+        else:
+            await exchange.json(200, await generation.collect())
+
+
+class _Generation:
+    """Turns the dispatcher's token chunks into OpenAI responses for one request."""
+
+    def __init__(
+        self,
+        app: FrontendApp,
+        request: ChatCompletionRequest,
+        preprocessed: PreprocessedRequest,
+        arrival: float,
+    ) -> None:
+        self._app = app
+        self._request = request
+        self._preprocessed = preprocessed
+        self._arrival = arrival
+        self._created = int(time.time())
+        stop = preprocessed.stop.stop
+        tokenizer = app.preprocessor.model.tokenizer.backend_tokenizer
+        self._detokenizer = IncrementalDetokenizer(tokenizer, stop)
+        self._completion_tokens = 0
+        self._usage: Usage | None = None
+        self._last_token_at: float | None = None
+
+    async def _texts(self) -> AsyncIterator[tuple[str, FinishReason | None]]:
+        """(text delta, finish reason) pairs; the last pair carries the finish reason."""
+        chunks = self._app.dispatcher.generate(self._preprocessed)
+        finish: FinishReason | None = None
+        try:
+            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                async for chunk in chunks:
+                    self._observe(chunk)
+                    text = self._detokenizer.push(chunk.token_ids)
+                    if self._detokenizer.stopped:
+                        yield text, "stop"
+                        return
+                    finish = chunk.finish_reason
+                    if finish is not None:
+                        text += self._detokenizer.flush()
+                    yield text, finish
+                    if finish is not None:
+                        return
+        except DispatchError as err:
+            raise ApiError(err.error.status, err.error.code, err.error.message) from err
+        if finish is None:
+            raise ApiError(502, "incomplete", "the worker ended the stream without finishing")
+
+    def _observe(self, chunk: TokenChunk) -> None:
+        now = time.perf_counter()
+        if chunk.token_ids:
+            if self._last_token_at is None:
+                metrics.TTFT.labels(COMPONENT).observe(now - self._arrival)
+            else:
+                metrics.ITL.labels(COMPONENT).observe(now - self._last_token_at)
+            self._last_token_at = now
+        self._completion_tokens += len(chunk.token_ids)
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+
+    def usage(self) -> OpenAIUsage:
+        """The worker's usage when it sent one, else counted here (e.g. cut by a stop string)."""
+        if self._usage is not None and not self._detokenizer.stopped:
+            return OpenAIUsage.from_usage(self._usage)
+        items = self._preprocessed.media
+        prompt = len(self._preprocessed.token_ids) - len(items) + sum(i.token_count for i in items)
+        cached = self._usage.cached_tokens if self._usage is not None else 0
+        return OpenAIUsage.from_usage(
+            Usage(
+                prompt_tokens=prompt,
+                completion_tokens=self._completion_tokens,
+                cached_tokens=cached,
+            )
+        )
+
+    async def collect(self) -> ChatCompletionResponse:
+        parts = []
+        finish: FinishReason | None = None
+        async for text, finish_reason in self._texts():
+            parts.append(text)
+            finish = finish_reason
+        return ChatCompletionResponse(
+            id=self._preprocessed.request_id,
+            created=self._created,
+            model=self._preprocessed.model,
+            choices=[
+                ChatCompletionChoice(
+                    index=0,
+                    message=AssistantMessage(content="".join(parts)),
+                    finish_reason=finish,
+                )
+            ],
+            usage=self.usage(),
+        )
+
+    async def stream(self, exchange: _Exchange) -> None:
+        texts = self._texts()
+        async with contextlib.aclosing(texts):
+            # Wait for the first chunk before committing to a 200.
+            first = await anext(texts)
+            await exchange.start(200, _SSE)
+            await exchange.body(self._event(ChoiceDelta(role="assistant", content="")), True)
+            await self._send_text(exchange, *first)
+            async for text, finish in texts:
+                await self._send_text(exchange, text, finish)
+        options = self._request.stream_options
+        if options is not None and options.include_usage:
+            usage_chunk = self._chunk([], self.usage())
+            await exchange.body(b"data: " + _encoder.encode(usage_chunk) + b"\n\n", True)
+        await exchange.body(b"data: [DONE]\n\n")
+
+    async def _send_text(self, exchange: _Exchange, text: str, finish: FinishReason | None) -> None:
+        if text:
+            await exchange.body(self._event(ChoiceDelta(content=text)), True)
+        if finish is not None:
+            await exchange.body(self._event(ChoiceDelta(), finish), True)
+
+    def _event(self, delta: ChoiceDelta, finish: FinishReason | None = None) -> bytes:
+        choice = ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)
+        return b"data: " + _encoder.encode(self._chunk([choice])) + b"\n\n"
+
+    def _chunk(
+        self, choices: list[ChatCompletionChunkChoice], usage: OpenAIUsage | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self._preprocessed.request_id,
+            created=self._created,
+            model=self._preprocessed.model,
+            choices=choices,
+            usage=usage,
+        )
+
+
+_ROUTES = frozenset({"/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json"})
+
+
+def _decode_request(body: bytes) -> ChatCompletionRequest:
+    try:
+        return _request_decoder.decode(body)
+    except msgspec.ValidationError as err:
+        message = str(err)
+        _, _, path = message.partition(" - at `$.")
+        raise ApiError.bad_request(
+            "invalid_value", f"invalid request: {message}", path.rstrip("`") or None
+        ) from err
+    except msgspec.DecodeError as err:
+        raise ApiError.bad_request("invalid_json", f"the body is not valid JSON: {err}") from err
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    too_large = ApiError(413, "body_too_large", f"the request body exceeds {limit} bytes")
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    parts = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _race(work: asyncio.Future[None], receive: Receive, timeout: float) -> str:
+    """Waits for `work`, cancelling it when the client disconnects or the deadline passes.
+
+    Returns "ok", "disconnected" or "deadline"; an exception from `work` propagates.
+    """
+    disconnect = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait(
+            {work, disconnect}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        disconnect.cancel()
+    if work in done:
+        work.result()
+        return "ok"
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    return "disconnected" if disconnect in done else "deadline"
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,245 @@
+"""OpenAI chat request -> `PreprocessedRequest`: validation, the model's chat template,
+tokenization, and per media item its hash and expanded token count."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmserve import media
+from mmserve._mm import MediaError
+from mmserve.frontend.errors import ApiError
+from mmserve.media import MediaPolicy
+from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.protocol import (
+    ChatCompletionRequest,
+    ImageUrlPart,
+    MediaItem,
+    PreprocessedRequest,
+    SamplingParams,
+    StopConditions,
+    TensorHandle,
+    TextPart,
+    mm_hash_hex,
+)
+
+# Ships a frontend-decoded item's pixel_values to the first hop (the transfer layer).
+PixelSink = Callable[[str, np.ndarray], Awaitable[TensorHandle]]
+
+
+def new_request_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A checkpoint as the frontend serves it: its public name, tokenizer and facts."""
+
+    name: str
+    spec: ModelSpec
+    tokenizer: Any  # transformers PreTrainedTokenizerFast
+    media_spec: media.MediaSpec
+    created: int
+
+    @classmethod
+    def load(cls, path: str | Path, name: str | None = None) -> ServedModel:
+        from transformers import AutoTokenizer
+
+        spec = resolve_model_spec(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"{spec.path} has no chat template in its tokenizer config")
+        return cls(
+            name=name or spec.path.name,
+            spec=spec,
+            tokenizer=tokenizer,
+            media_spec=media.MediaSpec.from_model_dir(spec.path),
+            created=int(time.time()),
+        )
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """Frontend settings that shape requests."""
+
+    policy: MediaPolicy
+    default_max_tokens: int = 1024
+    request_timeout_s: float = 300.0
+    frontend_decoding: bool = False
+
+
+@dataclass(frozen=True)
+class _ImageRef:
+    url: str
+    param: str  # where the item sits in the request, for error messages
+
+
+class ChatPreprocessor:
+    def __init__(
+        self, model: ServedModel, options: ChatOptions, pixel_sink: PixelSink | None = None
+    ) -> None:
+        if options.frontend_decoding and pixel_sink is None:
+            raise ValueError("frontend decoding needs a pixel sink to ship pixel_values")
+        self.model = model
+        self.options = options
+        self._pixel_sink = pixel_sink
+
+    async def preprocess(
+        self, request: ChatCompletionRequest, request_id: str, deadline: float
+    ) -> PreprocessedRequest:
+        """The request for the first hop; `request` must have passed `validate`."""
+        images = _image_refs(request)
+        if len(images) > self.options.policy.max_items:
+            raise ApiError.bad_request(
+                "media.too_many_items",
+                f"the request has {len(images)} images; at most "
+                f"{self.options.policy.max_items} are allowed",
+                param="messages",
+            )
+        token_ids = await asyncio.to_thread(self._tokenize, request)
+        placeholders = token_ids.count(self.model.spec.image_token_id)
+        if placeholders != len(images):
+            # The text itself spelled the placeholder token, or the template dropped images.
+            raise ApiError.bad_request(
+                "invalid_value",
+                f"the prompt holds {placeholders} image placeholder tokens for {len(images)} "
+                "images; text must not contain the model's image placeholder token",
+                param="messages",
+            )
+        items = await self._media_items(token_ids, images, request_id) if images else []
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        return PreprocessedRequest(
+            request_id=request_id,
+            deadline=deadline,
+            model=self.model.name,
+            token_ids=token_ids,
+            media=items,
+            mm_hashes=[mm_hash_hex(item.mm_hash) for item in items],
+            sampling=SamplingParams(
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                top_k=request.top_k or 0,
+                seed=request.seed,
+            ),
+            stop=StopConditions(
+                max_tokens=_max_tokens(request) or self.options.default_max_tokens,
+                stop=stop,
+            ),
+        )
+
+    def validate(self, request: ChatCompletionRequest) -> None:
+        """Cheap checks that need no media and no tokenizer (run before anything costly)."""
+        if request.model != self.model.name:
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"the model {request.model!r} does not exist; this server serves "
+                f"{self.model.name!r}",
+                param="model",
+            )
+        unsupported = request.unsupported_options()
+        if unsupported:
+            name = unsupported[0]
+            detail = "only n=1 is supported" if name == "n" else "it is not supported"
+            raise ApiError.bad_request(
+                "unsupported_option",
+                f"{name} cannot be set to this value: {detail}",
+                param=name,
+            )
+        if not request.messages:
+            raise ApiError.bad_request("invalid_value", "messages must not be empty", "messages")
+        checks = (
+            (_max_tokens(request) is None or _max_tokens(request) >= 1, "max_tokens", ">= 1"),
+            (request.temperature is None or 0 <= request.temperature <= 2, "temperature", "0-2"),
+            (request.top_p is None or 0 < request.top_p <= 1, "top_p", "in (0, 1]"),
+            (request.top_k is None or request.top_k >= 0, "top_k", ">= 0"),
+        )
+        for ok, param, allowed in checks:
+            if not ok:
+                raise ApiError.bad_request("invalid_value", f"{param} must be {allowed}", param)
+
+    def _tokenize(self, request: ChatCompletionRequest) -> list[int]:
+        from jinja2 import TemplateError
+
+        messages = [_template_message(message) for message in request.messages]
+        tokenizer = self.model.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as err:
+            raise ApiError.bad_request(
+                "chat_template", f"the model's chat template rejected the messages: {err}"
+            ) from err
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    async def _media_items(
+        self, token_ids: list[int], images: list[_ImageRef], request_id: str
+    ) -> list[MediaItem]:
+        """Hash, grid and token count of each item; with frontend decoding, its pixels too."""
+        try:
+            processed = await media.process(
+                self.model.media_spec,
+                token_ids,
+                [image.url for image in images],
+                self.options.policy,
+                count_only=self._pixel_sink is None,
+            )
+        except MediaError as err:
+            raise ApiError.from_media_error(err, param="messages") from err
+        items = []
+        for image, item in zip(images, processed.items, strict=True):
+            pixel_values = None
+            if self._pixel_sink is not None and item.pixel_values is not None:
+                pixel_values = await self._pixel_sink(request_id, item.pixel_values)
+            items.append(
+                MediaItem(
+                    # Decoded pixels replace the reference; otherwise the encoder fetches it.
+                    url=None if pixel_values is not None else image.url,
+                    mm_hash=item.mm_hash,
+                    token_count=item.token_count,
+                    image_grid_thw=item.grid_thw,
+                    pixel_values=pixel_values,
+                )
+            )
+        return items
+
+
+def _max_tokens(request: ChatCompletionRequest) -> int | None:
+    if request.max_completion_tokens is not None:
+        return request.max_completion_tokens
+    return request.max_tokens
+
+
+def _image_refs(request: ChatCompletionRequest) -> list[_ImageRef]:
+    refs = []
+    for m, message in enumerate(request.messages):
+        if isinstance(message.content, list):
+            for p, part in enumerate(message.content):
+                if isinstance(part, ImageUrlPart):
+                    refs.append(_ImageRef(part.url, f"messages[{m}].content[{p}].image_url"))
+    return refs
+
+
+def _template_message(message: Any) -> dict[str, Any]:
+    """The message in the form HF chat templates read (`{"type": "image"}` per image)."""
+    role = "system" if message.role == "developer" else message.role
+    content = message.content
+    if content is None:
+        return {"role": role, "content": ""}
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    return {
+        "role": role,
+        "content": [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
+            for part in content
+        ],
+    }

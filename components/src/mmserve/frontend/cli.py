@@ -1,0 +1,157 @@
+"""`mmserve frontend`: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mmserve.media.policy import MediaPolicy
+
+if TYPE_CHECKING:
+    from mmserve.frontend.app import FrontendApp
+    from mmserve.frontend.chat import PixelSink
+    from mmserve.frontend.dispatch import Dispatcher
+
+log = logging.getLogger("mmserve.frontend")
+
+# Opens the connection to the pipeline for the parsed arguments; entered inside the server's
+# event loop and left when the server stops.
+DispatcherFactory = Callable[
+    [argparse.Namespace], contextlib.AbstractAsyncContextManager["Dispatcher"]
+]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "frontend",
+        help="OpenAI-compatible HTTP server",
+        description="Serve /v1/chat/completions for a vision-language model and hand each "
+        "request to the first worker of the deployed pipeline.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(handler=_handle)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-path",
+        help="checkpoint dir of the model (default: the tiny Qwen2-VL, built if missing)",
+    )
+    parser.add_argument(
+        "--served-model-name", help="model name clients send (default: the dir's name)"
+    )
+    parser.add_argument("--http-host", default="127.0.0.1", help="default: 127.0.0.1")
+    parser.add_argument("--http-port", type=int, default=8000, help="default: 8000")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("MMSERVE_API_KEY"),
+        help="require `Authorization: Bearer KEY` on /v1 routes (default: $MMSERVE_API_KEY; "
+        "none when unset)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="deadline of a request, from arrival to the last token (default: 300)",
+    )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="largest accepted request body, inline images included (default: 64 MiB)",
+    )
+    parser.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="completion length when the request gives no max_tokens (default: 1024)",
+    )
+    parser.add_argument(
+        "--frontend-decoding",
+        action="store_true",
+        help="fetch, decode and preprocess images here and ship pixel_values to the encoder",
+    )
+    parser.add_argument(
+        "--router-mode",
+        choices=["kv", "round-robin", "random"],
+        default="round-robin",
+        help="how a worker is picked for each request (default: round-robin)",
+    )
+    MediaPolicy.add_cli_args(parser)
+
+
+def build_app(
+    args: argparse.Namespace, dispatcher: Dispatcher, pixel_sink: PixelSink | None = None
+) -> FrontendApp:
+    """The ASGI app for parsed arguments: loads the model's tokenizer and media spec."""
+    from mmserve.frontend.app import FrontendApp, HttpOptions
+    from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+
+    model_path = args.model_path
+    if model_path is None:
+        from mmserve.models.tiny import default_model_path
+
+        model_path = default_model_path()
+    model = ServedModel.load(model_path, args.served_model_name)
+    options = ChatOptions(
+        policy=MediaPolicy.from_args(args),
+        default_max_tokens=args.default_max_tokens,
+        request_timeout_s=args.request_timeout,
+        frontend_decoding=args.frontend_decoding,
+    )
+    return FrontendApp(
+        ChatPreprocessor(model, options, pixel_sink),
+        dispatcher,
+        HttpOptions(api_key=args.api_key, max_body_bytes=args.max_request_body_bytes),
+    )
+
+
+def open_dispatcher(args: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
+    """The pipeline behind the frontend, discovered over NATS."""
+    raise RuntimeError("no pipeline dispatcher is available in this build")
+
+
+async def serve(
+    args: argparse.Namespace, dispatcher_factory: DispatcherFactory = open_dispatcher
+) -> None:
+    import uvicorn
+
+    async with dispatcher_factory(args) as dispatcher:
+        app = build_app(args, dispatcher)
+        config = uvicorn.Config(
+            app,
+            host=args.http_host,
+            port=args.http_port,
+            lifespan="off",
+            access_log=False,
+            log_level="info",
+            timeout_graceful_shutdown=5,
+        )
+        server = uvicorn.Server(config)
+        log.info(
+            "serving %s on http://%s:%d/v1", app.preprocessor.model.name, args.http_host,
+            args.http_port,
+        )  # fmt: skip
+        await server.serve()
+        if not server.started:
+            raise RuntimeError(f"cannot listen on {args.http_host}:{args.http_port}")
+
+
+def _handle(args: argparse.Namespace) -> int:
+    import uvloop
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        uvloop.run(serve(args))
+    except Exception as err:
+        print(f"mmserve frontend: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,36 @@
+"""The seam between the HTTP frontend and the serving pipeline.
+
+The frontend turns an OpenAI request into a `PreprocessedRequest` and hands it to a
+`Dispatcher`; the dispatcher picks the first hop (an aggregated worker, an encode worker or a
+decode worker, whichever the deployment registered) and streams back `TokenChunk`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from mmserve.protocol import ErrorMessage, PreprocessedRequest, TokenChunk
+
+
+class DispatchError(Exception):
+    """The pipeline refused or failed the request; `error` says how (code, message, status)."""
+
+    def __init__(self, error: ErrorMessage) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Dispatcher(Protocol):
+    """What the frontend needs from the pipeline.
+
+    `generate` yields token chunks in order; the last one carries `finish_reason` and `usage`.
+    The frontend stops iterating (closing the iterator, or cancelling the task awaiting it)
+    when the client disconnects, a stop string matches or the deadline passes: the
+    implementation must then cancel the work downstream. Failures are raised as
+    `DispatchError`; `ready()` is true only while a full path to a worker exists.
+    """
+
+    def ready(self) -> bool: ...
+
+    def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]: ...

@@ -1,0 +1,101 @@
+"""Async calls into the Rust media core.
+
+Each call runs in a worker thread: the core releases the GIL while it fetches, decodes and
+preprocesses, so the event loop keeps serving other requests. Refusals and failures surface as
+`mmserve._mm.MediaError(code, message)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmserve import _mm
+from mmserve.media.policy import MediaPolicy
+
+
+@dataclass(frozen=True)
+class MediaSpec:
+    """A model's preprocessing parameters: its HF config files, read at start-up, and the
+    core's spec JSON resolved from them on first use (text-only traffic never needs it)."""
+
+    preprocessor_config: str
+    config: str
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> MediaSpec:
+        path = Path(path)
+        return cls(
+            (path / "preprocessor_config.json").read_text(), (path / "config.json").read_text()
+        )
+
+    @functools.cached_property
+    def json(self) -> str:
+        return _mm.spec_from_hf_configs(self.preprocessor_config, self.config)
+
+
+@dataclass(frozen=True)
+class ProcessedItem:
+    mm_hash: int  # blake3 of the raw encoded bytes, truncated to u64
+    token_count: int  # tokens the item's placeholder expands to
+    grid_thw: tuple[int, int, int]
+    pixel_values: np.ndarray | None  # only when preprocessed in full
+
+
+@dataclass(frozen=True)
+class ProcessedRequest:
+    input_ids: list[int]  # each placeholder expanded to its item's token count
+    items: list[ProcessedItem]
+
+
+async def fetch(source: str, policy: MediaPolicy) -> bytes:
+    """The encoded bytes of one media item (URL, `data:` URL, base64 or allowed local path)."""
+    return await asyncio.to_thread(_mm.fetch_bytes, source, **_fetch_options(policy))
+
+
+async def process(
+    spec: MediaSpec,
+    input_ids: list[int],
+    sources: list[str],
+    policy: MediaPolicy,
+    *,
+    count_only: bool,
+) -> ProcessedRequest:
+    """Fetches and describes every item of a request. `input_ids` holds one placeholder per
+    item; with `count_only` the core reads only what it needs for hash, grid and token count
+    (it still fetches and decodes each item, but skips resize and pixel values)."""
+    output = await asyncio.to_thread(
+        _mm.process,
+        spec.json,
+        input_ids,
+        sources,
+        mode="count_only" if count_only else "full",
+        **_fetch_options(policy),
+    )
+    return ProcessedRequest(
+        input_ids=list(output.input_ids),
+        items=[_item(item) for item in output.items],
+    )
+
+
+def _item(item: Any) -> ProcessedItem:
+    return ProcessedItem(
+        mm_hash=int(item.hash),
+        token_count=int(item.num_tokens),
+        grid_thw=tuple(int(v) for v in item.image_grid_thw),  # type: ignore[arg-type]
+        pixel_values=item.pixel_values,
+    )
+
+
+def _fetch_options(policy: MediaPolicy) -> dict[str, Any]:
+    return {
+        "allowed_domains": sorted(policy.allowed_domains),
+        "allowed_local_roots": [str(root) for root in policy.allowed_local_roots],
+        "timeout_s": policy.fetch_timeout_s,
+        "max_bytes": policy.max_item_bytes,
+    }

@@ -1,0 +1,124 @@
+"""A real uvicorn server running the frontend on a free loopback port, in front of an in-process
+test double of the pipeline (`EchoDispatcher`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import uvicorn
+import uvloop
+
+from mmserve.frontend.app import FrontendApp
+from mmserve.frontend.cli import add_arguments, build_app
+from mmserve.models.tiny import build_tiny_model
+from mmserve.protocol import PreprocessedRequest, TokenChunk, Usage
+
+
+@dataclass
+class EchoDispatcher:
+    """Test double of the pipeline: streams the prompt's own token ids back, one per chunk, up
+    to max_tokens. `hold_first_token` makes it wait forever before the first token (deadline and
+    disconnect tests); `cancelled` is set when the frontend abandons a generation."""
+
+    is_ready: bool = True
+    hold_first_token: bool = False
+    requests: list[PreprocessedRequest] = field(default_factory=list)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
+        self.requests.append(request)
+        try:
+            if self.hold_first_token:
+                await asyncio.Event().wait()
+            echoed = request.token_ids[: request.stop.max_tokens]
+            for index, token_id in enumerate(echoed):
+                last = index == len(echoed) - 1
+                finish = None
+                if last:
+                    finish = "length" if len(echoed) < len(request.token_ids) else "stop"
+                yield TokenChunk(
+                    request_id=request.request_id,
+                    token_ids=[token_id],
+                    finish_reason=finish,
+                    usage=Usage(prompt_tokens=len(request.token_ids), completion_tokens=len(echoed))
+                    if last
+                    else None,
+                )
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled.set()
+            raise
+
+
+@dataclass
+class RunningFrontend:
+    url: str
+    app: FrontendApp
+    dispatcher: EchoDispatcher
+
+    @property
+    def model(self) -> str:
+        return self.app.preprocessor.model.name
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    return build_tiny_model("qwen2_vl")
+
+
+def parse_frontend_args(model_path: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--model-path", str(model_path), "--http-port", "0", *extra])
+
+
+@pytest.fixture(scope="session")
+def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFrontend]]:
+    """Starts a frontend per distinct set of flags (kept for the session, stopped at its end)."""
+    running: dict[tuple[str, ...], RunningFrontend] = {}
+    stops: list[Callable[[], None]] = []
+
+    def start(*extra: str) -> RunningFrontend:
+        if extra in running:
+            frontend = running[extra]
+            frontend.dispatcher.is_ready = True
+            frontend.dispatcher.hold_first_token = False
+            frontend.dispatcher.cancelled.clear()
+            return frontend
+        dispatcher = EchoDispatcher()
+        app = build_app(parse_frontend_args(tiny_model_path, *extra), dispatcher)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning")
+        )
+        thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
+        thread.start()
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            threading.Event().wait(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+
+        def stop() -> None:
+            server.should_exit = True
+            thread.join(timeout=10)
+
+        stops.append(stop)
+        running[extra] = RunningFrontend(f"http://127.0.0.1:{port}", app, dispatcher)
+        return running[extra]
+
+    yield start
+    for stop in stops:
+        stop()
+
+
+@pytest.fixture
+def frontend(start_frontend: Callable[..., RunningFrontend]) -> RunningFrontend:
+    return start_frontend()

@@ -1,0 +1,89 @@
+"""`/openapi.json` is a valid OpenAPI 3.1 document of the routes; `/metrics` counts requests,
+errors by kind and latencies; `mmserve frontend --help` documents the flags."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+
+from .conftest import RunningFrontend
+
+
+def _resolve(document: dict, ref: str) -> dict:
+    assert ref.startswith("#/")
+    node = document
+    for key in ref[2:].split("/"):
+        node = node[key]
+    return node
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if "$ref" in node else []
+        return found + [r for value in node.values() for r in _refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _refs(value)]
+    return []
+
+
+def test_openapi_document(frontend: RunningFrontend) -> None:
+    response = httpx.get(frontend.url + "/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    assert document["openapi"] == "3.1.0"
+    assert set(document["paths"]) == {"/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+    chat = document["paths"]["/v1/chat/completions"]["post"]
+    assert {"200", "400", "401", "404", "413", "503", "504"} <= set(chat["responses"])
+    # Every reference resolves inside the document.
+    for ref in _refs(document):
+        _resolve(document, ref)
+    request_schema = _resolve(
+        document, chat["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    )
+    assert set(request_schema["required"]) == {"model", "messages"}
+    assert {"messages", "stream", "stream_options", "stop", "top_k", "seed"} <= set(
+        request_schema["properties"]
+    )
+
+
+def test_metrics_count_requests_errors_and_latency(frontend: RunningFrontend) -> None:
+    body = {"model": frontend.model, "messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30)
+    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "n": 3}, timeout=30)
+    response = httpx.get(frontend.url + "/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in response.text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['mmserve_requests_total{component="frontend"}'] >= 2
+    assert samples['mmserve_errors_total{code="unsupported_option",component="frontend"}'] >= 1
+    assert samples['mmserve_ttft_seconds_count{component="frontend"}'] >= 1
+    assert samples['mmserve_inter_token_latency_seconds_count{component="frontend"}'] >= 1
+    assert samples['mmserve_stage_seconds_count{component="frontend",stage="preprocess"}'] >= 1
+
+
+def test_cli_help_lists_the_flags() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mmserve.cli", "frontend", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    for flag in (
+        "--http-host",
+        "--http-port",
+        "--api-key",
+        "--request-timeout",
+        "--frontend-decoding",
+        "--router-mode",
+        "--allowed-media-domains",
+        "--allowed-local-media-path",
+        "--media-fetch-timeout",
+    ):
+        assert flag in result.stdout

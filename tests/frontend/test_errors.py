@@ -1,0 +1,161 @@
+"""Every refusal answers OpenAI's error JSON with its status, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from .conftest import RunningFrontend
+
+
+def _post(frontend: RunningFrontend, body: Any, timeout: float = 30) -> httpx.Response:
+    content = body if isinstance(body, bytes | Iterator) else json.dumps(body).encode()
+    return httpx.post(
+        frontend.url + "/v1/chat/completions",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=timeout,
+    )
+
+
+def _assert_error(response: httpx.Response, status: int, code: str, param: str | None = None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+def _chat(frontend: RunningFrontend, **fields: Any) -> dict[str, Any]:
+    return {"model": frontend.model, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def test_malformed_json(frontend: RunningFrontend) -> None:
+    error = _assert_error(_post(frontend, b'{"model": "x", "messages": ['), 400, "invalid_json")
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"model": 3}, "model"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        ({"max_tokens": "ten"}, "max_tokens"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ],
+)
+def test_wrong_types_name_the_field(frontend: RunningFrontend, fields, param: str) -> None:
+    _assert_error(_post(frontend, _chat(frontend, **fields)), 400, "invalid_value", param)
+
+
+def test_unknown_content_part_type(frontend: RunningFrontend) -> None:
+    messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]
+    error = _assert_error(_post(frontend, _chat(frontend, messages=messages)), 400, "invalid_value")
+    assert error["param"] == "messages[0].content[0].type"
+    assert "input_audio" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ],
+)
+def test_unsupported_options_are_refused_by_name(frontend: RunningFrontend, fields, param) -> None:
+    error = _assert_error(_post(frontend, _chat(frontend, **fields)), 400, "unsupported_option")
+    assert error["param"] == param
+    if param == "n":
+        assert "n=1" in error["message"]
+
+
+def test_unsupported_options_at_their_defaults_are_accepted(frontend: RunningFrontend) -> None:
+    fields = {"n": 1, "logprobs": False, "presence_penalty": 0.0, "max_tokens": 2}
+    assert _post(frontend, _chat(frontend, **fields)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"top_k": -1}, "top_k"),
+    ],
+)
+def test_out_of_range_values(frontend: RunningFrontend, fields, param: str) -> None:
+    _assert_error(_post(frontend, _chat(frontend, **fields)), 400, "invalid_value", param)
+
+
+def test_unknown_model_is_404(frontend: RunningFrontend) -> None:
+    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(
+            model="gpt-nothing", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert info.value.code == "model_not_found"
+
+
+def test_no_worker_is_503_also_for_streams(frontend: RunningFrontend) -> None:
+    frontend.dispatcher.is_ready = False
+    _assert_error(_post(frontend, _chat(frontend)), 503, "no_worker")
+    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(
+            model=frontend.model, messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    assert info.value.status_code == 503
+
+
+def test_body_over_the_limit_is_413(start_frontend) -> None:
+    frontend = start_frontend("--max-request-body-bytes", "2000", "--max-media-items", "2")
+    text = "x" * 5000
+    _assert_error(_post(frontend, _chat(frontend, messages=[
+        {"role": "user", "content": text}
+    ])), 413, "body_too_large")  # fmt: skip
+    # Without a Content-Length header (chunked upload) the limit holds too.
+    chunked = _post(frontend, iter([json.dumps(_chat(frontend, user=text)).encode()]))
+    _assert_error(chunked, 413, "body_too_large")
+    assert _post(frontend, _chat(frontend, max_tokens=1)).status_code == 200
+
+
+def test_too_many_images(start_frontend) -> None:
+    frontend = start_frontend("--max-request-body-bytes", "2000", "--max-media-items", "2")
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [image, image, image, {"type": "text", "text": "?"}]}]
+    error = _assert_error(
+        _post(frontend, _chat(frontend, messages=messages)), 400, "media.too_many_items"
+    )
+    assert "at most 2" in error["message"]
+
+
+def test_deadline_is_504_and_cancels_the_pipeline(start_frontend) -> None:
+    frontend = start_frontend("--request-timeout", "0.5")
+    frontend.dispatcher.hold_first_token = True
+    error = _assert_error(_post(frontend, _chat(frontend)), 504, "deadline_exceeded")
+    assert error["type"] == "server_error"
+    assert frontend.dispatcher.cancelled.wait(5)
+
+
+def test_client_disconnect_cancels_the_pipeline(frontend: RunningFrontend) -> None:
+    frontend.dispatcher.hold_first_token = True
+    with pytest.raises(httpx.ReadTimeout):
+        _post(frontend, _chat(frontend, stream=True), timeout=0.5)
+    assert frontend.dispatcher.cancelled.wait(5)
+
+
+def test_unknown_route_and_wrong_method(frontend: RunningFrontend) -> None:
+    _assert_error(httpx.get(frontend.url + "/v1/completions"), 404, "not_found")
+    _assert_error(httpx.get(frontend.url + "/v1/chat/completions"), 405, "method_not_allowed")
