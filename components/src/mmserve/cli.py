@@ -13,6 +13,7 @@ import sys
 
 COMPONENT_MODULES: list[str] = [
     "mmserve.models.tiny",
+    "mmserve.frontend.cli",
 ]
 
 
