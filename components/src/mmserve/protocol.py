@@ -292,6 +292,7 @@ ERROR_UNAVAILABLE = "unavailable"
 ERROR_DEADLINE_EXCEEDED = "deadline_exceeded"
 ERROR_CANCELLED = "cancelled"
 ERROR_DISCONNECTED = "disconnected"
+ERROR_SLOW_CONSUMER = "slow_consumer"
 ERROR_PROTOCOL = "protocol"
 ERROR_INTERNAL = "internal"
 
@@ -304,6 +305,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     ERROR_DEADLINE_EXCEEDED: 504,
     ERROR_CANCELLED: 499,
     ERROR_DISCONNECTED: 503,
+    ERROR_SLOW_CONSUMER: 500,
     ERROR_PROTOCOL: 500,
     ERROR_INTERNAL: 500,
 }
@@ -499,13 +501,11 @@ class InstanceRecord(WireMessage, frozen=True):
 
 
 class RequestFrame(WireMessage, frozen=True):
-    """A call: `payload` is the encoded request message; replies go to `reply_to`."""
+    """A call: `payload` is the encoded request message; replies go to the NATS reply subject."""
 
     request_id: str
     deadline: float  # unix seconds
     payload: msgspec.Raw
-    reply_to: str
-    stream: bool = False
 
 
 class ReplyFrame(WireMessage, frozen=True):
@@ -531,9 +531,10 @@ class KeepaliveFrame(WireMessage, frozen=True):
 
 
 class CancelFrame(WireMessage, frozen=True):
-    """The caller gave up: the serving side cancels the handler."""
+    """The caller gave up on the call answered to `reply_subject`: the server cancels it."""
 
     request_id: str
+    reply_subject: str
     reason: str = ERROR_CANCELLED
 
 
