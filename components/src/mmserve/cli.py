@@ -14,6 +14,7 @@ import sys
 COMPONENT_MODULES: list[str] = [
     "mmserve.models.tiny",
     "mmserve.frontend.cli",
+    "mmserve.runtime.nats_server",
 ]
 
 

@@ -1,1 +1,36 @@
-"""runtime."""
+"""NATS runtime: serve endpoints, call them, discover instances. See docs/runtime.md.
+
+Names are imported lazily so that `mmserve nats` and the CLI stay light to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Cancelled": "errors",
+    "DeadlineExceeded": "errors",
+    "Disconnected": "errors",
+    "PayloadTooLarge": "errors",
+    "RemoteError": "errors",
+    "Unavailable": "errors",
+    "WireProtocolError": "errors",
+    "InstanceEvent": "discovery",
+    "InstanceWatcher": "discovery",
+    "NatsServer": "nats_server",
+    "find_nats_server_binary": "nats_server",
+    "Client": "runtime",
+    "RequestContext": "runtime",
+    "Runtime": "runtime",
+    "ServedEndpoint": "runtime",
+    "run": "runtime",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mmserve.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"mmserve.runtime.{_EXPORTS[name]}"), name)

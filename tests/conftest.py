@@ -1,0 +1,28 @@
+"""Fixtures shared by every test suite."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from mmserve.runtime.nats_server import NatsServer
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    """`$NATS_URL` (CI starts one), else a private nats-server for the whole session."""
+    url = os.environ.get("NATS_URL")
+    if url:
+        yield url
+        return
+    with NatsServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def private_nats() -> Iterator[NatsServer]:
+    """A nats-server of this test alone, which the test may stop, kill and restart."""
+    with NatsServer() as server:
+        yield server

@@ -1,0 +1,77 @@
+"""A test service run as its own process: `python tests/runtime/service.py URL NAMESPACE COMPONENT`.
+
+Endpoints (requests and replies are `TokenChunk`s):
+  echo       unary: replies `<instance_id>:<text>`
+  count      stream: `token_ids=[n]` -> n chunks, each after `usage.prompt_tokens` ms
+  sleep      unary: sleeps until cancelled
+  cancelled  unary: the request ids whose `count` or `sleep` saw a cancellation
+  fail       unary: `text="typed"` raises a typed RemoteError, anything else a ValueError
+  big        unary: replies `token_ids[0]` bytes of text
+Exits 0 after SIGTERM/SIGINT, once in-flight calls are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+
+from mmserve import protocol as p
+from mmserve.runtime import RemoteError, RequestContext, Runtime
+from mmserve.runtime.runtime import run
+
+Chunk = p.TokenChunk
+
+
+async def main(url: str, namespace: str, component: str) -> None:
+    runtime = await Runtime.connect(url, namespace, keepalive_interval=0.5, graceful_timeout=5.0)
+    runtime.install_signal_handlers()
+    cancelled: list[str] = []
+
+    async def echo(req: Chunk, ctx: RequestContext) -> Chunk:
+        return Chunk(request_id=ctx.request_id, text=f"{runtime.instance_id}:{req.text}")
+
+    async def count(req: Chunk, ctx: RequestContext) -> AsyncIterator[Chunk]:
+        delay = (req.usage.prompt_tokens if req.usage else 0) / 1000
+        try:
+            for i in range(req.token_ids[0]):
+                await asyncio.sleep(delay)
+                yield Chunk(request_id=ctx.request_id, token_ids=[i])
+        except asyncio.CancelledError:
+            cancelled.append(ctx.request_id)
+            raise
+
+    async def sleep(req: Chunk, ctx: RequestContext) -> Chunk:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(ctx.request_id)
+            raise
+        return Chunk(request_id=ctx.request_id)
+
+    async def seen_cancelled(req: Chunk, ctx: RequestContext) -> Chunk:
+        return Chunk(request_id=ctx.request_id, text=",".join(cancelled))
+
+    async def fail(req: Chunk, ctx: RequestContext) -> Chunk:
+        if req.text == "typed":
+            raise RemoteError(p.ERROR_BAD_REQUEST, "typed failure")
+        raise ValueError("untyped failure")
+
+    async def big(req: Chunk, ctx: RequestContext) -> Chunk:
+        return Chunk(request_id=ctx.request_id, text="x" * req.token_ids[0])
+
+    for name, handler in [
+        ("echo", echo),
+        ("count", count),
+        ("sleep", sleep),
+        ("cancelled", seen_cancelled),
+        ("fail", fail),
+        ("big", big),
+    ]:
+        await runtime.serve(component, name, handler, Chunk)
+    await runtime.wait_for_shutdown()
+    await runtime.shutdown()
+
+
+if __name__ == "__main__":
+    run(main(*sys.argv[1:4]))

@@ -1,0 +1,241 @@
+"""Calls between processes through a real nats-server: unary, streamed, balanced, direct,
+errors, cancellation and the payload limit."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from mmserve import protocol as p
+from mmserve.runtime import (
+    DeadlineExceeded,
+    PayloadTooLarge,
+    RemoteError,
+    Runtime,
+    Unavailable,
+)
+
+Pool = tuple[Runtime, list[p.InstanceRecord]]
+
+
+def chunk(text: str = "", token_ids: list[int] | None = None, delay_ms: int = 0) -> p.TokenChunk:
+    return p.TokenChunk(
+        request_id="",
+        text=text,
+        token_ids=token_ids or [],
+        usage=p.Usage(prompt_tokens=delay_ms),
+    )
+
+
+async def test_unary_call_is_answered_by_another_process(pool_caller: Pool) -> None:
+    runtime, records = pool_caller
+    reply = await runtime.client("svc", "echo").call(
+        chunk("hello"), p.TokenChunk, request_id="req-42"
+    )
+    instance_id, text = reply.text.split(":")
+    assert text == "hello"
+    assert reply.request_id == "req-42"
+    assert instance_id in {r.instance_id for r in records}
+    assert instance_id != runtime.instance_id
+
+
+async def test_stream_delivers_every_reply_in_order(pool_caller: Pool) -> None:
+    runtime, _ = pool_caller
+    replies = [
+        r.token_ids[0]
+        async for r in runtime.client("svc", "count").stream(chunk(token_ids=[50]), p.TokenChunk)
+    ]
+    assert replies == list(range(50))
+
+
+async def test_stream_keeps_a_slow_call_alive_with_keepalives(pool_caller: Pool) -> None:
+    runtime, _ = pool_caller
+    # Each reply takes 1.5 s, longer than this call's 1 s idle timeout: keepalives (the
+    # service sends one at least every 0.5 s) must keep the call open.
+    client = runtime.client("svc", "count")
+    replies = [
+        r.token_ids[0]
+        async for r in client.stream(
+            chunk(token_ids=[2], delay_ms=1500), p.TokenChunk, idle_timeout=1.0
+        )
+    ]
+    assert replies == [0, 1]
+
+
+async def test_queue_group_spreads_calls_over_the_three_instances(pool_caller: Pool) -> None:
+    runtime, records = pool_caller
+    client = runtime.client("svc", "echo")
+    replies = await asyncio.gather(*(client.call(chunk("x"), p.TokenChunk) for _ in range(60)))
+    by_instance = collections.Counter(r.text.split(":")[0] for r in replies)
+    assert set(by_instance) == {r.instance_id for r in records}
+    assert max(by_instance.values()) < 45
+
+
+async def test_direct_addressing_reaches_the_named_instance(pool_caller: Pool) -> None:
+    runtime, records = pool_caller
+    client = runtime.client("svc", "echo")
+    for record in records:
+        for _ in range(5):
+            reply = await client.call(chunk("x"), p.TokenChunk, instance_id=record.instance_id)
+            assert reply.text == f"{record.instance_id}:x"
+
+
+async def test_unknown_instance_or_endpoint_is_unavailable_at_once(pool_caller: Pool) -> None:
+    runtime, _ = pool_caller
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        await runtime.client("svc", "echo").call(chunk(), p.TokenChunk, instance_id="0" * 16)
+    with pytest.raises(Unavailable):
+        await runtime.client("svc", "no-such-endpoint").call(chunk(), p.TokenChunk)
+    assert time.monotonic() - started < 2.0
+
+
+async def test_handler_errors_arrive_typed(pool_caller: Pool) -> None:
+    runtime, _ = pool_caller
+    client = runtime.client("svc", "fail")
+    with pytest.raises(RemoteError) as typed:
+        await client.call(chunk("typed"), p.TokenChunk)
+    assert (typed.value.code, typed.value.status) == (p.ERROR_BAD_REQUEST, 400)
+    assert typed.value.message == "typed failure"
+    with pytest.raises(RemoteError) as untyped:
+        await client.call(chunk("other"), p.TokenChunk)
+    assert untyped.value.code == p.ERROR_INTERNAL
+    assert "ValueError: untyped failure" in untyped.value.message
+    # The endpoint keeps serving after failures.
+    with pytest.raises(RemoteError, match="typed failure"):
+        await client.call(chunk("typed"), p.TokenChunk)
+
+
+async def seen_cancelled(runtime: Runtime, instance_id: str) -> list[str]:
+    reply = await runtime.client("svc", "cancelled").call(
+        chunk(), p.TokenChunk, instance_id=instance_id
+    )
+    return reply.text.split(",")
+
+
+async def wait_seen_cancelled(runtime: Runtime, instance_id: str, request_id: str) -> None:
+    deadline = time.monotonic() + 5.0
+    while request_id not in await seen_cancelled(runtime, instance_id):
+        assert time.monotonic() < deadline, f"{request_id} was not cancelled on the server"
+        await asyncio.sleep(0.05)
+
+
+async def test_caller_cancellation_reaches_the_handler(pool_caller: Pool) -> None:
+    runtime, records = pool_caller
+    target = records[0].instance_id
+    call = asyncio.create_task(
+        runtime.client("svc", "sleep").call(
+            chunk(), p.TokenChunk, instance_id=target, request_id="cancel-me"
+        )
+    )
+    await asyncio.sleep(0.3)
+    assert "cancel-me" not in await seen_cancelled(runtime, target)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await wait_seen_cancelled(runtime, target, "cancel-me")
+
+
+async def test_leaving_a_stream_early_cancels_it(pool_caller: Pool) -> None:
+    runtime, records = pool_caller
+    target = records[1].instance_id
+    stream = runtime.client("svc", "count").stream(
+        chunk(token_ids=[1000], delay_ms=20),
+        p.TokenChunk,
+        instance_id=target,
+        request_id="leave-early",
+    )
+    async for reply in stream:
+        if reply.token_ids[0] == 2:
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    await wait_seen_cancelled(runtime, target, "leave-early")
+
+
+async def test_deadline_is_a_typed_timeout_and_cancels_the_handler(pool_caller: Pool) -> None:
+    runtime, records = pool_caller
+    target = records[2].instance_id
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        await runtime.client("svc", "sleep").call(
+            chunk(), p.TokenChunk, instance_id=target, timeout=0.5, request_id="too-slow"
+        )
+    assert time.monotonic() - started < 3.0
+    await wait_seen_cancelled(runtime, target, "too-slow")
+
+
+async def test_messages_over_the_max_payload_never_travel_inline(pool_caller: Pool) -> None:
+    runtime, _ = pool_caller
+    limit = runtime.nc.max_payload
+    with pytest.raises(PayloadTooLarge, match=r"max payload.*mmserve\.transfer"):
+        await runtime.client("svc", "echo").call(chunk("x" * limit), p.TokenChunk)
+    with pytest.raises(PayloadTooLarge, match="reply of"):
+        await runtime.client("svc", "big").call(chunk(token_ids=[limit]), p.TokenChunk)
+    small = await runtime.client("svc", "big").call(chunk(token_ids=[1000]), p.TokenChunk)
+    assert len(small.text) == 1000
+
+
+async def test_request_of_another_protocol_version_is_answered_with_an_error(
+    pool_caller: Pool,
+) -> None:
+    runtime, _ = pool_caller
+    frame = msgspec.msgpack.decode(
+        p.encode(
+            p.RequestFrame(request_id="r", deadline=time.time() + 5, payload=msgspec.Raw(b"\xc0"))
+        )
+    )
+    frame["type"] = f"request_frame.v{p.PROTOCOL_VERSION + 1}"
+    reply = await runtime.nc.request(
+        runtime.endpoint_subject("svc", "echo"), msgspec.msgpack.encode(frame), timeout=5
+    )
+    end = p.decode(reply.data, p.EndFrame)
+    assert end.error is not None
+    assert end.error.code == p.ERROR_PROTOCOL
+    assert f"v{p.PROTOCOL_VERSION + 1}" in end.error.message
+
+
+async def test_a_slow_reader_is_cut_off_not_buffered_without_bound(nats_url: str) -> None:
+    async with (
+        await Runtime.connect(nats_url, "slow-reader") as server,
+        await Runtime.connect(nats_url, "slow-reader", max_pending_replies=16) as caller,
+    ):
+        handler_cancelled = asyncio.Event()
+
+        async def firehose(req: p.TokenChunk, ctx: object) -> AsyncIterator[p.TokenChunk]:
+            try:
+                for i in range(100_000):
+                    yield p.TokenChunk(request_id="", token_ids=[i])
+                    if i % 64 == 0:
+                        await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                handler_cancelled.set()
+                raise
+
+        await server.serve("hose", "out", firehose, p.TokenChunk)
+        stream = caller.client("hose", "out").stream(chunk(), p.TokenChunk)
+        with pytest.raises(RemoteError) as info:
+            async for _ in stream:
+                await asyncio.sleep(0.2)
+        assert info.value.code == p.ERROR_SLOW_CONSUMER
+        await asyncio.wait_for(handler_cancelled.wait(), 5.0)
+
+
+async def test_shutdown_cancels_leftover_calls_with_a_typed_error(nats_url: str) -> None:
+    async with await Runtime.connect(nats_url, "shutdown-cancel") as server:
+        async with await Runtime.connect(nats_url, "shutdown-cancel") as caller:
+
+            async def forever(req: p.TokenChunk, ctx: object) -> p.TokenChunk:
+                await asyncio.sleep(3600)
+                return req
+
+            await server.serve("slow", "op", forever, p.TokenChunk)
+            call = asyncio.create_task(caller.client("slow", "op").call(chunk(), p.TokenChunk))
+            await asyncio.sleep(0.2)
+            await server.shutdown(graceful_timeout=0.2)
+            with pytest.raises(Unavailable, match="shutting down"):
+                await call

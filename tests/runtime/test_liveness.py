@@ -1,0 +1,155 @@
+"""Discovery and liveness across processes: crashes, signals and nats-server restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from mmserve import protocol as p
+from mmserve.runtime import Disconnected, NatsServer, Runtime, Unavailable
+from mmserve.runtime.discovery import LEASE_TTL, SWEEP_INTERVAL
+
+from .conftest import StartService, wait_for_pids
+
+
+def fresh_namespace() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+def sleep_request() -> p.TokenChunk:
+    return p.TokenChunk(request_id="")
+
+
+async def test_sigkilled_instance_leaves_discovery_and_its_calls_fail_fast(
+    nats_url: str, start_service: StartService
+) -> None:
+    namespace = fresh_namespace()
+    victim = start_service(nats_url, namespace, "victim")
+    survivor = start_service(nats_url, namespace, "victim")
+    async with await Runtime.connect(nats_url, namespace, idle_timeout=2.0) as caller:
+        records = await wait_for_pids(caller, "victim", {victim.pid, survivor.pid})
+        victim_id = next(r.instance_id for r in records if r.pid == victim.pid)
+        listed = await caller.list_instances("victim", "echo")
+        assert {r.pid for r in listed} == {victim.pid, survivor.pid}
+
+        watcher = await caller.watch("victim", "echo")
+        events = watcher.events()
+        in_flight = asyncio.create_task(
+            caller.client("victim", "sleep").call(
+                sleep_request(), p.TokenChunk, instance_id=victim_id
+            )
+        )
+        await asyncio.sleep(0.3)
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        with pytest.raises((Disconnected, Unavailable)):
+            await in_flight
+        assert time.monotonic() - killed_at < 4.0
+
+        event = await asyncio.wait_for(anext(events), LEASE_TTL + 3.0)
+        gone_after = time.monotonic() - killed_at
+        assert (event.kind, event.record.pid) == ("removed", victim.pid)
+        assert gone_after < LEASE_TTL + SWEEP_INTERVAL + 1.0
+        assert {r.pid for r in watcher.instances()} == {survivor.pid}
+
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            await caller.client("victim", "echo").call(
+                sleep_request(), p.TokenChunk, instance_id=victim_id
+            )
+        assert time.monotonic() - started < 1.0
+        # Balanced calls go to the survivor only.
+        reply = await caller.client("victim", "echo").call(sleep_request(), p.TokenChunk)
+        assert not reply.text.startswith(victim_id)
+        assert {r.pid for r in await caller.list_instances("victim", "echo")} <= {
+            survivor.pid,
+            victim.pid,  # the bucket may keep the last put for up to LEASE_TTL
+        }
+
+
+async def test_sigterm_drains_in_flight_calls_then_deregisters(
+    nats_url: str, start_service: StartService
+) -> None:
+    namespace = fresh_namespace()
+    service = start_service(nats_url, namespace, "graceful")
+    async with await Runtime.connect(nats_url, namespace) as caller:
+        await wait_for_pids(caller, "graceful", {service.pid})
+        watcher = await caller.watch("graceful", "count")
+        slow = p.TokenChunk(request_id="", token_ids=[5], usage=p.Usage(prompt_tokens=100))
+        replies: list[int] = []
+
+        async def consume() -> None:
+            async for r in caller.client("graceful", "count").stream(slow, p.TokenChunk):
+                replies.append(r.token_ids[0])
+
+        in_flight = asyncio.create_task(consume())
+        await asyncio.sleep(0.15)
+        service.send_signal(signal.SIGTERM)
+        # Deregistered at once (not after the lease), while the call still runs to its end.
+        await watcher.wait_until(lambda found: not found, timeout=LEASE_TTL - 0.5)
+        await asyncio.wait_for(in_flight, 10.0)
+        assert replies == [0, 1, 2, 3, 4]
+        assert await asyncio.to_thread(service.wait, 10.0) == 0
+
+
+async def test_nats_server_restart_fails_open_calls_and_later_calls_succeed(
+    private_nats: NatsServer, start_service: StartService
+) -> None:
+    namespace = fresh_namespace()
+    service = start_service(private_nats.url, namespace, "restart")
+    async with await Runtime.connect(
+        private_nats.url, namespace, reconnect_time_wait=0.2
+    ) as caller:
+        await wait_for_pids(caller, "restart", {service.pid})
+        client = caller.client("restart", "echo")
+        assert (await client.call(sleep_request(), p.TokenChunk)).text.endswith(":")
+        in_flight = asyncio.create_task(
+            caller.client("restart", "sleep").call(sleep_request(), p.TokenChunk)
+        )
+        await asyncio.sleep(0.3)
+        private_nats.kill()
+        with pytest.raises(Disconnected, match="connection to NATS lost"):
+            await asyncio.wait_for(in_flight, 5.0)
+        with pytest.raises(Disconnected, match="not connected"):
+            await client.call(sleep_request(), p.TokenChunk)
+        await asyncio.to_thread(private_nats.start)
+
+        deadline = time.monotonic() + 15.0
+        while True:
+            try:
+                reply = await client.call(sleep_request(), p.TokenChunk, timeout=2.0)
+                break
+            except (Disconnected, Unavailable):
+                assert time.monotonic() < deadline, "calls did not recover after the restart"
+                await asyncio.sleep(0.2)
+        assert reply.text.endswith(":")
+        # The service registers again in the new server's (empty) bucket.
+        await wait_for_pids(caller, "restart", {service.pid})
+    assert service.poll() is None
+
+
+async def test_mmserve_nats_prints_a_loopback_url_and_stops_on_sigterm() -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mmserve.cli", "nats", "--port", "0", stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        url = (await asyncio.wait_for(process.stdout.readline(), 20.0)).decode().strip()
+        assert url.startswith("nats://127.0.0.1:")
+        async with await Runtime.connect(url, "cli-check") as runtime:
+            assert runtime.nc.is_connected
+            # JetStream is on: discovery works against it.
+            assert await runtime.list_instances() == []
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 10.0) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
