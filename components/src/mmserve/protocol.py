@@ -312,10 +312,13 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
 
 
 def http_status_for(code: str) -> int:
-    """HTTP status hint for an error code; `<stage>.<kind>` media codes map to 400."""
+    """HTTP status hint for an error code; `<stage>.<kind>` media codes map to 400, or 413
+    when a size limit was passed (bytes of an item or a request, pixels of an image)."""
     if code in HTTP_STATUS_BY_CODE:
         return HTTP_STATUS_BY_CODE[code]
-    return 413 if code.endswith("too_large") else 400 if "." in code else 500
+    if code.endswith(("too_large", "too_many_bytes", "too_many_pixels")):
+        return 413
+    return 400 if "." in code else 500
 
 
 class ErrorMessage(WireMessage, frozen=True):
