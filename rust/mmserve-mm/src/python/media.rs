@@ -1,5 +1,89 @@
-use pyo3::prelude::*;
+//! Bindings for the input side: fetch, decode, content hash. Arguments are borrowed or
+//! copied into owned Rust values under the GIL; the work runs with the GIL released.
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use std::path::PathBuf;
+use std::time::Duration;
+
+use numpy::ndarray::Array3;
+use numpy::{IntoPyArray, PyArray3};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::error::to_py;
+use crate::common::decode::{self, DecodeLimits};
+use crate::common::fetch::{self, FetchPolicy};
+use crate::common::hash;
+
+/// Decodes an encoded image (JPEG, PNG, WebP, GIF, BMP) to a uint8 array of shape [h, w, 3].
+#[pyfunction]
+#[pyo3(signature = (data, max_pixels = None))]
+fn decode_image<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    max_pixels: Option<u64>,
+) -> PyResult<Bound<'py, PyArray3<u8>>> {
+    let limits = DecodeLimits {
+        max_pixels: max_pixels.unwrap_or(DecodeLimits::default().max_pixels),
+    };
+    let image = py
+        .detach(|| decode::decode_image(data, &limits))
+        .map_err(to_py)?;
+    let shape = (image.height as usize, image.width as usize, 3);
+    let array = Array3::from_shape_vec(shape, image.data)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    // Moves the decoded buffer into the array: no copy.
+    Ok(array.into_pyarray(py))
+}
+
+/// blake3 of the raw bytes, first 8 digest bytes as a little-endian unsigned integer.
+#[pyfunction]
+fn content_hash(py: Python<'_>, data: &[u8]) -> u64 {
+    py.detach(|| hash::content_hash(data))
+}
+
+/// The bytes of a media source: data: URL, http(s) URL, file:// URL, absolute path or base64.
+#[pyfunction]
+#[pyo3(signature = (
+    source,
+    *,
+    allowed_local_roots = Vec::new(),
+    allowed_domains = Vec::new(),
+    timeout_s = None,
+    max_bytes = None,
+))]
+fn fetch_bytes<'py>(
+    py: Python<'py>,
+    source: String,
+    allowed_local_roots: Vec<PathBuf>,
+    allowed_domains: Vec<String>,
+    timeout_s: Option<f64>,
+    max_bytes: Option<u64>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let defaults = FetchPolicy::default();
+    let timeout = match timeout_s {
+        Some(s) => Duration::try_from_secs_f64(s)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| PyValueError::new_err(format!("timeout_s must be positive, got {s}")))?,
+        None => defaults.timeout,
+    };
+    let policy = FetchPolicy {
+        allowed_local_roots,
+        allowed_domains,
+        timeout,
+        max_bytes: max_bytes.unwrap_or(defaults.max_bytes),
+        ..defaults
+    };
+    let bytes = py
+        .detach(|| fetch::fetch_bytes(&source, &policy))
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &bytes))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(decode_image, m)?)?;
+    m.add_function(wrap_pyfunction!(content_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(fetch_bytes, m)?)?;
     Ok(())
 }

@@ -1,0 +1,67 @@
+//! GIF, first frame only, as PIL composes it: the canvas is the logical screen (grown to hold
+//! the frame if the frame overhangs it), filled with the transparent index when the frame has
+//! one and with index 0 otherwise, then looked up in the frame's palette (else the global one).
+
+use std::io::Cursor;
+
+use gif::{ColorOutput, DecodeOptions, MemoryLimit};
+
+use super::{
+    alloc_zeroed, buffer_len, check_dimensions, pil_palette, rgb_entries, DecodeError,
+    DecodeLimits, ImageFormat,
+};
+use crate::pipeline::DecodedImage;
+
+const FORMAT: ImageFormat = ImageFormat::Gif;
+
+pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage, DecodeError> {
+    let corrupt = |e: gif::DecodingError| DecodeError::corrupt(FORMAT, e);
+    let mut options = DecodeOptions::new();
+    options.set_color_output(ColorOutput::Indexed);
+    // Frame sizes are checked against `limits` below, before any frame buffer exists.
+    options.set_memory_limit(MemoryLimit::Unlimited);
+    let mut decoder = options.read_info(Cursor::new(bytes)).map_err(corrupt)?;
+    let (screen_w, screen_h) = (u32::from(decoder.width()), u32::from(decoder.height()));
+    let global = decoder.global_palette().map(<[u8]>::to_vec);
+    let frame = decoder
+        .next_frame_info()
+        .map_err(corrupt)?
+        .ok_or_else(|| DecodeError::corrupt(FORMAT, "no image frame"))?;
+    let (left, top) = (u32::from(frame.left), u32::from(frame.top));
+    let (frame_w, frame_h) = (u32::from(frame.width), u32::from(frame.height));
+    let width = screen_w.max(left + frame_w);
+    let height = screen_h.max(top + frame_h);
+    check_dimensions(FORMAT, width, height, limits)?;
+    let transparent = frame.transparent;
+    let palette = pil_palette(rgb_entries(
+        frame
+            .palette
+            .as_deref()
+            .or(global.as_deref())
+            .unwrap_or(&[]),
+    ));
+    let mut indices = alloc_zeroed(buffer_len(frame_w, frame_h, 1)?)?;
+    decoder.read_into_buffer(&mut indices).map_err(corrupt)?;
+
+    let mut canvas = alloc_zeroed(buffer_len(width, height, 3)?)?;
+    let fill = usize::from(transparent.unwrap_or(0)) * 3;
+    for px in canvas.chunks_exact_mut(3) {
+        px.copy_from_slice(&palette[fill..fill + 3]);
+    }
+    let (fw, stride) = (frame_w as usize, width as usize * 3);
+    if fw > 0 {
+        for (y, row) in indices.chunks_exact(fw).enumerate() {
+            let start = (top as usize + y) * stride + left as usize * 3;
+            let dst = &mut canvas[start..start + fw * 3];
+            for (px, &index) in dst.chunks_exact_mut(3).zip(row) {
+                let at = usize::from(index) * 3;
+                px.copy_from_slice(&palette[at..at + 3]);
+            }
+        }
+    }
+    Ok(DecodedImage {
+        width,
+        height,
+        data: canvas,
+    })
+}
