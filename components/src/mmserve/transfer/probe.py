@@ -1,0 +1,129 @@
+"""A transfer peer served over NATS, to check a transfer path between two processes or hosts.
+
+    python -m mmserve.transfer.probe --subject probe.a [--transfer nixl|shm|inline]
+
+Endpoints (request/reply, msgpack `mmserve.protocol` messages):
+
+- `<subject>.fetch` (`TransferProbeFetch`): fetch each handle, answer the content digests;
+- `<subject>.write` (`TransferProbeWrite`): write `seeded_pattern(shape, dtype, seed + i)` into
+  each destination, answer the digests written;
+- `<subject>.stats`: answer the agent's pool statistics.
+
+It prints `ready` on stdout once it serves. The tests and `bench/transfer.py` drive it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+import nats
+import torch
+
+from mmserve.protocol import (
+    TransferProbeFetch,
+    TransferProbeReply,
+    TransferProbeWrite,
+    decode,
+    encode,
+)
+
+from .base import TransferAgent, dtype_from_name
+from .options import add_transfer_arguments, create_transfer_agent
+
+
+def seeded_pattern(shape: Sequence[int], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """A tensor whose bytes depend on `seed` and on every position (cheap even at 64 MiB)."""
+    nbytes = dtype.itemsize
+    for dim in shape:
+        nbytes *= dim
+    words = torch.arange((nbytes + 3) // 4, dtype=torch.int32).mul_(2 * seed + 1).add_(seed)
+    words.bitwise_xor_(words >> 13)
+    return words.view(torch.uint8)[:nbytes].view(dtype).view(tuple(shape))
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """Content digest of a tensor's bytes in C order (dtype-agnostic)."""
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+async def _fetch(agent: TransferAgent, request: TransferProbeFetch) -> TransferProbeReply:
+    await asyncio.sleep(request.pause_s)
+    digests = []
+    for handle in request.handles:
+        async with agent.fetch_view(handle) as view:
+            digests.append(await asyncio.to_thread(digest, view))
+    return TransferProbeReply(digests=digests)
+
+
+async def _write(agent: TransferAgent, request: TransferProbeWrite) -> TransferProbeReply:
+    digests = []
+    for index, destination in enumerate(request.destinations):
+        tensor = seeded_pattern(
+            destination.shape, dtype_from_name(destination.dtype), request.seed + index
+        )
+        await agent.write(tensor, destination)
+        digests.append(digest(tensor))
+    return TransferProbeReply(digests=digests)
+
+
+async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
+    """Serve the probe endpoints until the process is stopped."""
+    connection = await nats.connect(nats_url)
+
+    def endpoint(
+        answer: Callable[[bytes], Awaitable[TransferProbeReply]],
+    ) -> Callable[[nats.aio.msg.Msg], Awaitable[None]]:
+        async def handle(msg: nats.aio.msg.Msg) -> None:
+            try:
+                reply = await answer(msg.data)
+            except Exception as exc:
+                reply = TransferProbeReply(error=f"{type(exc).__name__}: {exc}")
+            await msg.respond(encode(reply))
+
+        return handle
+
+    async def fetch(data: bytes) -> TransferProbeReply:
+        return await _fetch(agent, decode(data, TransferProbeFetch))
+
+    async def write(data: bytes) -> TransferProbeReply:
+        return await _write(agent, decode(data, TransferProbeWrite))
+
+    async def stats(_: bytes) -> TransferProbeReply:
+        return TransferProbeReply(stats=agent.stats())
+
+    await connection.subscribe(f"{subject}.fetch", cb=endpoint(fetch))
+    await connection.subscribe(f"{subject}.write", cb=endpoint(write))
+    await connection.subscribe(f"{subject}.stats", cb=endpoint(stats))
+    await connection.flush()
+    print("ready", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await connection.close()
+        await agent.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mmserve.transfer.probe", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--subject", required=True, help="subject prefix of the endpoints")
+    add_transfer_arguments(parser)
+    args = parser.parse_args(argv)
+    agent = create_transfer_agent(args)
+    try:
+        asyncio.run(serve(args.nats_url, args.subject, agent))
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Same-host shared-memory backend, the fallback when NIXL is not installed.
+
+Each pooled buffer is a file `mmserve-xfer-<pid>-<token>-<buffer id>` in a shared-memory
+directory (default /dev/shm), mapped by both sides with `torch.from_file(shared=True)`: a 64-byte
+header, then the data. The header carries completion instead of NIXL notifications:
+
+- word 0, posted: the sequence number the buffer's owner gave its current use (0: none);
+- word 1, acknowledged: the sequence the peer finished (negated when the peer failed).
+
+READ mode: the producer posts, the consumer copies out, checks the buffer still holds its
+sequence (a lease that expired mid-read is detected, not silently mixed) and acknowledges.
+WRITE mode: the consumer posts a landing buffer, the producer copies in and acknowledges.
+The acknowledgement is stored after the data, and x86 keeps stores in order.
+
+Files of processes that died are removed when the next agent starts on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+import torch
+
+from mmserve.protocol import (
+    ProtocolError,
+    ShmBufferDescriptor,
+    TensorHandle,
+    TransferPoolStats,
+    decode,
+    encode,
+)
+
+from .base import (
+    DEFAULT_INLINE_THRESHOLD,
+    DEFAULT_LEASE_TIMEOUT_S,
+    DEFAULT_POOL_BYTES,
+    Landing,
+    Lease,
+    TransferAgent,
+    TransferError,
+    TransferFailed,
+    copy_tensor,
+    dtype_from_name,
+    typed_view,
+)
+from .pool import BufferPool, PooledBuffer
+
+DEFAULT_SHM_DIRECTORY = "/dev/shm"
+FILE_PREFIX = "mmserve-xfer-"
+HEADER_BYTES = 64
+POSTED, ACKNOWLEDGED = 0, 1
+# Peer files kept mapped; pooled buffers are long-lived, so this is a cache of mappings.
+MAX_ATTACHED_FILES = 256
+
+
+@dataclass(frozen=True)
+class _ShmFile:
+    path: str
+    header: torch.Tensor  # int64 words, see the module docstring
+
+
+def remove_stale_files(directory: str) -> None:
+    """Remove transfer files whose owning process no longer exists."""
+    for name in os.listdir(directory):
+        if not name.startswith(FILE_PREFIX):
+            continue
+        pid_text = name[len(FILE_PREFIX) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _process_exists(int(pid_text)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ShmTransferAgent(TransferAgent):
+    backend = "shm"
+
+    def __init__(
+        self,
+        *,
+        directory: str = DEFAULT_SHM_DIRECTORY,
+        pool_bytes: int = DEFAULT_POOL_BYTES,
+        inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+        lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
+    ) -> None:
+        super().__init__(inline_threshold=inline_threshold, lease_timeout_s=lease_timeout_s)
+        self._directory = directory
+        remove_stale_files(directory)
+        self._file_prefix = f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
+        self._pool = BufferPool(
+            self._allocate, self._free, pool_bytes, buffer_ids=itertools.count(1)
+        )
+        # Reservations the progress thread watches: transfer id -> (header, sequence). The
+        # thread removes an entry when it reports it.
+        self._watched: dict[str, tuple[torch.Tensor, int]] = {}
+        self._attached: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def stats(self) -> TransferPoolStats:
+        return TransferPoolStats(
+            buffers=self._pool.buffers,
+            registered_bytes=self._pool.registered_bytes,
+            in_use=self._pool.in_use,
+            registrations=self._pool.registrations,
+        )
+
+    # -- owner side: leases (READ) and landings (WRITE) ------------------------------------
+
+    async def _offer_buffer(self, tensor: torch.Tensor, nbytes: int) -> tuple[bytes, Lease]:
+        buffer = await self._pool.acquire(nbytes, self.lease_timeout_s)
+        try:
+            await copy_tensor(typed_view(buffer.tensor, tensor.shape, tensor.dtype), tensor)
+        except BaseException:
+            self._pool.release(buffer)
+            raise
+        transfer_id, descriptor, close = self._post(buffer, nbytes)
+        return descriptor, Lease(transfer_id, self.lease_timeout_s, close)
+
+    async def _offer_landing(
+        self, handle: TensorHandle, nbytes: int, device: torch.device
+    ) -> Landing:
+        # Shared memory is host memory: `Landing.receive(device=...)` moves it afterwards.
+        buffer = await self._pool.acquire(nbytes, self.lease_timeout_s)
+        transfer_id, descriptor, close = self._post(buffer, nbytes)
+        handle = msgspec.structs.replace(handle, descriptor=descriptor)
+        view = typed_view(buffer.tensor, handle.shape, dtype_from_name(handle.dtype))
+        return Landing(handle, transfer_id, view, self.lease_timeout_s, close)
+
+    def _post(
+        self, buffer: PooledBuffer, nbytes: int
+    ) -> tuple[str, bytes, functools.partial[None]]:
+        shm_file: _ShmFile = buffer.backend_state
+        transfer_id = self._new_transfer_id()
+        sequence = int(transfer_id)
+        shm_file.header[ACKNOWLEDGED] = 0
+        shm_file.header[POSTED] = sequence
+        self._watched[transfer_id] = (shm_file.header, sequence)
+        descriptor = ShmBufferDescriptor(
+            name=os.path.basename(shm_file.path), sequence=sequence, nbytes=nbytes
+        )
+        close = functools.partial(self._end_reservation, transfer_id, buffer)
+        return transfer_id, encode(descriptor), close
+
+    def _end_reservation(self, transfer_id: str, buffer: PooledBuffer) -> None:
+        self._untrack(transfer_id)
+        self._watched.pop(transfer_id, None)
+        # A peer arriving late now sees that the buffer no longer holds its tensor.
+        buffer.backend_state.header[POSTED] = 0
+        self._pool.release(buffer)
+
+    # -- peer side -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _fetch_buffer(
+        self, handle: TensorHandle, nbytes: int, device: torch.device
+    ) -> AsyncIterator[torch.Tensor]:
+        remote, data, header = self._attach(handle, nbytes)
+        try:
+            yield data[:nbytes]
+        except BaseException:
+            header[ACKNOWLEDGED] = -remote.sequence
+            raise
+        self._check_posted(remote, header)
+        header[ACKNOWLEDGED] = remote.sequence
+
+    async def _write_buffer(
+        self, tensor: torch.Tensor, destination: TensorHandle, nbytes: int
+    ) -> None:
+        remote, data, header = self._attach(destination, nbytes)
+        try:
+            await copy_tensor(typed_view(data, tensor.shape, tensor.dtype), tensor)
+            self._check_posted(remote, header)
+        except BaseException:
+            header[ACKNOWLEDGED] = -remote.sequence
+            raise
+        header[ACKNOWLEDGED] = remote.sequence
+
+    def _attach(
+        self, handle: TensorHandle, nbytes: int
+    ) -> tuple[ShmBufferDescriptor, torch.Tensor, torch.Tensor]:
+        """The peer's buffer named by `handle`: (descriptor, data, header), mapped once per file."""
+        self._check_backend(handle)
+        try:
+            remote = decode(handle.descriptor, ShmBufferDescriptor)
+        except ProtocolError as exc:
+            raise TransferError(f"bad shared-memory descriptor: {exc}") from exc
+        if not remote.name.startswith(FILE_PREFIX) or os.sep in remote.name:
+            raise TransferError(f"{remote.name!r} is not a transfer buffer name")
+        mapping = self._attached.get(remote.name)
+        if mapping is None:
+            path = os.path.join(self._directory, remote.name)
+            try:
+                size = os.path.getsize(path)
+            except FileNotFoundError:
+                raise TransferError(
+                    f"shared-memory buffer {path} is gone (its owner exited, or it runs on "
+                    "another host: use --transfer nixl across hosts)"
+                ) from None
+            mapping = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+            self._attached[remote.name] = mapping
+            if len(self._attached) > MAX_ATTACHED_FILES:
+                self._attached.popitem(last=False)
+        else:
+            self._attached.move_to_end(remote.name)
+        if mapping.numel() < HEADER_BYTES + nbytes or remote.nbytes < nbytes:
+            raise TransferError(f"shared-memory buffer {remote.name} is smaller than {nbytes}")
+        header = mapping[:HEADER_BYTES].view(torch.int64)
+        self._check_posted(remote, header)
+        return remote, mapping[HEADER_BYTES:], header
+
+    @staticmethod
+    def _check_posted(remote: ShmBufferDescriptor, header: torch.Tensor) -> None:
+        if int(header[POSTED]) != remote.sequence:
+            raise TransferError(
+                f"shared-memory buffer {remote.name} no longer holds transfer "
+                f"{remote.sequence} (its reservation timed out or was closed)"
+            )
+
+    # -- progress thread -------------------------------------------------------------------
+
+    def _has_pending(self) -> bool:
+        return bool(self._watched)
+
+    def _poll_completions(self) -> list[tuple[str, TransferError | None]]:
+        completions: list[tuple[str, TransferError | None]] = []
+        for transfer_id, (header, sequence) in list(self._watched.items()):
+            acknowledged = int(header[ACKNOWLEDGED])
+            if acknowledged == sequence:
+                completions.append((transfer_id, None))
+            elif acknowledged == -sequence:
+                completions.append((transfer_id, TransferFailed("the peer's copy failed")))
+            else:
+                continue
+            self._watched.pop(transfer_id, None)
+        return completions
+
+    # -- buffers ---------------------------------------------------------------------------
+
+    def _allocate(self, buffer_id: int, capacity: int) -> PooledBuffer:
+        path = os.path.join(self._directory, f"{self._file_prefix}{buffer_id}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + capacity)
+        finally:
+            os.close(fd)
+        mapping = torch.from_file(
+            path, shared=True, size=HEADER_BYTES + capacity, dtype=torch.uint8
+        )
+        header = mapping[:HEADER_BYTES].view(torch.int64)
+        return PooledBuffer(buffer_id, capacity, mapping[HEADER_BYTES:], _ShmFile(path, header))
+
+    def _free(self, buffer: PooledBuffer) -> None:
+        # The mapping itself goes when the last tensor viewing it does.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(buffer.backend_state.path)
+
+    def _close_buffers(self) -> None:
+        self._watched.clear()
+        self._attached.clear()
+        self._pool.close()

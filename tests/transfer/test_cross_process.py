@@ -1,0 +1,166 @@
+"""READ and WRITE between two real processes (a probe process and this one), per backend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+import torch
+
+from mmserve.protocol import NixlBufferDescriptor, ShmBufferDescriptor, TensorHandle, decode, encode
+from mmserve.transfer import TransferAgent, TransferError, TransferFailed, TransferTimeout
+from mmserve.transfer.probe import digest, seeded_pattern
+
+from .conftest import Probe, start_probe, stop_probe
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+KIB, MIB = 1024, 1024 * 1024
+SIZES = [
+    pytest.param(4 * KIB, id="4KiB"),
+    pytest.param(1 * MIB, id="1MiB"),
+    pytest.param(64 * MIB, id="64MiB"),
+]
+
+
+def float32_tensor(nbytes: int, seed: int) -> torch.Tensor:
+    return seeded_pattern((nbytes // 256, 64), torch.float32, seed)
+
+
+@pytest.mark.parametrize("nbytes", SIZES)
+async def test_read_moves_exact_contents(agent: TransferAgent, probe: Probe, nbytes: int) -> None:
+    tensor = float32_tensor(nbytes, seed=nbytes)
+    handle, lease = await agent.offer(tensor)
+    assert handle.backend == agent.backend
+    assert len(encode(handle)) < 2 * KIB  # the handle travels, not the data
+
+    assert await probe.fetch([handle]) == [digest(tensor)]
+    await asyncio.wait_for(lease.wait(), 10)
+    assert agent.stats().in_use == 0
+
+
+@pytest.mark.parametrize("nbytes", SIZES)
+async def test_write_moves_exact_contents(agent: TransferAgent, probe: Probe, nbytes: int) -> None:
+    landing = await agent.offer_destination((nbytes // 256, 64), torch.float32)
+
+    written = await probe.write([landing.handle], seed=7)
+    received = await asyncio.wait_for(landing.receive(), 10)
+
+    assert written == [digest(seeded_pattern((nbytes // 256, 64), torch.float32, 7))]
+    assert digest(received) == written[0]
+    assert agent.stats().in_use == 0
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float16, torch.int64, torch.uint8], ids=str
+)
+async def test_dtypes_and_strides_survive_both_modes(
+    agent: TransferAgent, probe: Probe, dtype: torch.dtype
+) -> None:
+    base = seeded_pattern((512, 300), dtype, seed=3)
+    transposed = base.t()  # not contiguous: offer copies it in C order
+    handle, lease = await agent.offer(transposed)
+    assert (handle.shape, handle.dtype) == ((300, 512), str(dtype).removeprefix("torch."))
+    assert await probe.fetch([handle]) == [digest(transposed.contiguous())]
+    await lease.wait()
+
+    landing = await agent.offer_destination((300, 512), dtype)
+    [written] = await probe.write([landing.handle], seed=11)
+    received = await landing.receive()
+    assert received.dtype == dtype and received.shape == (300, 512)
+    # Bytes, not values: random bit patterns include NaNs.
+    assert digest(received) == written == digest(seeded_pattern((300, 512), dtype, seed=11))
+
+
+async def test_thousand_transfers_do_not_grow_registered_memory(
+    agent: TransferAgent, probe: Probe
+) -> None:
+    batch, batches = 20, 50
+    stats_after_first = None
+    for index in range(batches):
+        tensors = [seeded_pattern((1024,), torch.float32, index * batch + i) for i in range(batch)]
+        offers = [await agent.offer(tensor) for tensor in tensors]
+        digests = await probe.fetch([handle for handle, _ in offers])
+        assert digests == [digest(tensor) for tensor in tensors]
+        await asyncio.gather(*(lease.wait() for _, lease in offers))
+        if stats_after_first is None:
+            stats_after_first = (agent.stats(), await probe.stats())
+
+    producer, consumer = agent.stats(), await probe.stats()
+    assert (producer, consumer) == stats_after_first
+    assert producer.in_use == 0 and consumer.in_use == 0
+    assert producer.buffers <= batch + 8  # the 4 KiB class plus earlier tests' sizes
+
+
+def corrupt(handle: TensorHandle) -> TensorHandle:
+    """A handle the consumer cannot use: an address outside the registration (NIXL), a
+    sequence the buffer does not hold (shm)."""
+    if handle.backend == "nixl":
+        nixl = decode(handle.descriptor, NixlBufferDescriptor)
+        bad = msgspec.structs.replace(nixl, address=nixl.address + (1 << 40))
+    else:
+        shm = decode(handle.descriptor, ShmBufferDescriptor)
+        bad = msgspec.structs.replace(shm, sequence=shm.sequence + 10**9)
+    return msgspec.structs.replace(handle, descriptor=encode(bad))
+
+
+async def test_failing_consumers_return_buffers_to_the_pool(
+    agent: TransferAgent, probe: Probe
+) -> None:
+    agent.lease_timeout_s = 1.0
+    try:
+        warm = await agent.offer(torch.ones(64, 1024))
+        await probe.fetch([warm[0]])
+        await warm[1].wait()
+        before = agent.stats()
+
+        offers = [await agent.offer(torch.full((64, 1024), float(i))) for i in range(20)]
+        results = await asyncio.gather(
+            *(probe.fetch([corrupt(handle)]) for handle, _ in offers), return_exceptions=True
+        )
+        assert all("TransferError" in str(result) for result in results)
+        for _, lease in offers:
+            # NIXL consumers report the failure by notification; shm producers time out.
+            with pytest.raises(TransferFailed if agent.backend == "nixl" else TransferTimeout):
+                await asyncio.wait_for(lease.wait(), 5)
+    finally:
+        agent.lease_timeout_s = 5.0
+
+    after = agent.stats()
+    assert after.in_use == 0
+    assert after.registrations == before.registrations + 19  # 20 held at once, one was idle
+    assert (await probe.stats()).in_use == 0
+
+
+async def test_killed_consumer_buffer_returns_after_timeout(
+    agent: TransferAgent, nats_url: str, backend: str, probe: Probe
+) -> None:
+    doomed = await start_probe(nats_url, backend)
+    agent.lease_timeout_s = 1.0
+    try:
+        handle, lease = await agent.offer(seeded_pattern((16, MIB), torch.uint8, 5))
+        fetching = asyncio.create_task(doomed.fetch([handle], pause_s=30, timeout_s=30))
+        await asyncio.sleep(0.2)  # the request is with the consumer, which holds the handle
+        doomed.kill()
+        assert agent.stats().in_use == 1
+        with pytest.raises(TransferTimeout):
+            await asyncio.wait_for(lease.wait(), 5)
+        assert agent.stats().in_use == 0
+    finally:
+        agent.lease_timeout_s = 5.0
+        fetching.cancel()
+        await stop_probe(doomed)
+
+    # The freed buffer serves the next consumer.
+    tensor = seeded_pattern((16, MIB), torch.uint8, 6)
+    handle, lease = await agent.offer(tensor)
+    assert await probe.fetch([handle]) == [digest(tensor)]
+    await lease.wait()
+
+
+async def test_handle_of_another_backend_is_refused(agent: TransferAgent) -> None:
+    other = "shm" if agent.backend == "nixl" else "nixl"
+    handle = TensorHandle(shape=(4,), dtype="float32", backend=other, descriptor=b"")
+    with pytest.raises(TransferError, match="same --transfer"):
+        await agent.fetch(handle)
