@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import pytest
@@ -239,3 +239,31 @@ async def test_shutdown_cancels_leftover_calls_with_a_typed_error(nats_url: str)
             await server.shutdown(graceful_timeout=0.2)
             with pytest.raises(Unavailable, match="shutting down"):
                 await call
+
+
+async def test_events_reach_every_subscriber_in_order(nats_url: str) -> None:
+    async with (
+        await Runtime.connect(nats_url, "events") as publisher,
+        await Runtime.connect(nats_url, "events") as subscriber,
+    ):
+        received: dict[str, list[int]] = {"a": [], "b": []}
+        done = asyncio.Event()
+
+        def collector(name: str) -> Callable[[p.KvEvent], Awaitable[None]]:
+            async def collect(event: p.KvEvent) -> None:
+                received[name].append(event.event_id)
+                if all(len(ids) == 100 for ids in received.values()):
+                    done.set()
+
+            return collect
+
+        await subscriber.subscribe("kv_events", p.KvEvent, collector("a"))
+        await subscriber.subscribe("kv_events", p.KvEvent, collector("b"))
+        await subscriber.nc.flush()
+        for event_id in range(100):
+            data = p.KvRemoved(block_hashes=[event_id])
+            await publisher.publish(
+                "kv_events", p.KvEvent(worker_id="w", event_id=event_id, data=data)
+            )
+        await asyncio.wait_for(done.wait(), 5.0)
+        assert received == {"a": list(range(100)), "b": list(range(100))}

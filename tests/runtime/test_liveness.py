@@ -153,3 +153,12 @@ async def test_mmserve_nats_prints_a_loopback_url_and_stops_on_sigterm() -> None
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_unreachable_nats_fails_to_connect_with_a_clear_error() -> None:
+    with NatsServer() as server:
+        url = server.url
+    started = time.monotonic()
+    with pytest.raises(Disconnected, match="cannot connect to NATS"):
+        await Runtime.connect(url, "nowhere", connect_wait=0.5, reconnect_time_wait=0.1)
+    assert time.monotonic() - started < 5.0

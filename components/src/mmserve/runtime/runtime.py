@@ -54,7 +54,7 @@ from mmserve.runtime.errors import (
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-Req = TypeVar("Req")
+M = TypeVar("M")
 Handler = Callable[[Any, "RequestContext"], Awaitable[Any] | AsyncIterator[Any]]
 
 SUBJECT_ROOT = "mmserve"
@@ -182,12 +182,14 @@ class Runtime:
         max_pending_replies: int = 4096,
         graceful_timeout: float = 10.0,
         reconnect_time_wait: float = 0.5,
+        connect_wait: float = 10.0,
         name: str | None = None,
     ) -> Runtime:
         """Connect to NATS (`url`, else `$NATS_URL`, else the default loopback URL).
 
-        Reconnects forever after a connection loss; calls open at that moment fail with
-        `Disconnected` and calls made while disconnected fail at once.
+        The first connection is retried for `connect_wait` seconds, then `Disconnected` is
+        raised. Once connected, it reconnects forever after a connection loss; calls open at
+        that moment fail with `Disconnected` and calls made while disconnected fail at once.
         """
         url = url or os.environ.get("NATS_URL") or DEFAULT_NATS_URL
         runtime: Runtime | None = None
@@ -204,7 +206,7 @@ class Runtime:
                 url,
                 name=name or f"mmserve-{os.getpid()}",
                 reconnect_time_wait=reconnect_time_wait,
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=max(1, round(connect_wait / reconnect_time_wait)),
                 connect_timeout=2,
                 allow_reconnect=True,
                 disconnected_cb=on_disconnected,
@@ -212,6 +214,8 @@ class Runtime:
             )
         except (OSError, nats.errors.Error) as exc:
             raise Disconnected(None, f"cannot connect to NATS at {url}: {exc!r}") from exc
+        # Bounded attempts only for the first connection: from now on, retry forever.
+        nc.options["max_reconnect_attempts"] = -1
         runtime = cls(
             nc,
             namespace,
@@ -533,6 +537,39 @@ class Runtime:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def event_subject(self, topic: str) -> str:
+        return f"{SUBJECT_ROOT}.{self.namespace}._events.{_check_name('topic', topic)}"
+
+    async def publish(self, topic: str, message: protocol.WireMessage) -> None:
+        """Fire-and-forget broadcast of `message` to every subscriber of `topic` (KV events,
+        load reports). Raises `PayloadTooLarge` or `Disconnected` like a call."""
+        await self._publish(self.event_subject(topic), protocol.encode(message), topic)
+
+    async def subscribe(
+        self,
+        topic: str,
+        message_type: type[M],
+        callback: Callable[[M], Awaitable[None]],
+    ) -> Subscription:
+        """Call `callback(message)` for each message on `topic`, one at a time, in order.
+        Undecodable messages are logged and skipped; end with `await subscription.unsubscribe()`
+        (or shutdown)."""
+
+        async def on_message(msg: Msg) -> None:
+            try:
+                message = protocol.decode(msg.data, message_type)
+            except protocol.ProtocolError as exc:
+                log.warning("ignoring a message on %s: %s", topic, exc)
+                return
+            try:
+                await callback(message)
+            except Exception:
+                log.exception("subscriber of %s failed", topic)
+
+        return await self.nc.subscribe(self.event_subject(topic), cb=on_message)
 
     # -- discovery ------------------------------------------------------------------------------
 
