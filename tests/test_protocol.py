@@ -36,7 +36,7 @@ WIRE_SAMPLES: list[p.WireMessage] = [
     p.EncodeReply(request_id="r", media=[ITEM]),
     BOOTSTRAP,
     p.PrefillRequest(request=REQUEST, bootstrap=BOOTSTRAP),
-    p.DecodeRequest(request=REQUEST, bootstrap=BOOTSTRAP, kv=HANDLE, first_token_id=9),
+    p.PrefillDone(request_id="r1", first_token_id=9, prompt_tokens=12, kv={"k0": HANDLE}),
     p.TokenChunk(
         request_id="r",
         token_ids=[5, 6],
@@ -62,7 +62,7 @@ WIRE_SAMPLES: list[p.WireMessage] = [
         started_at=1.0,
         facts={"transfer.backend": "nixl"},
     ),
-    p.CancelFrame(request_id="r"),
+    p.CancelFrame(request_id="r", reply_subject="_INBOX.x.1"),
     p.KeepaliveFrame(request_id="r"),
     p.EndFrame(request_id="r", seq=2, error=p.ErrorMessage(code="internal", message="boom")),
 ]

@@ -426,11 +426,19 @@ class PrefillRequest(WireMessage, frozen=True):
     bootstrap: BootstrapInfo | None = None
 
 
-class DecodeRequest(WireMessage, frozen=True):
-    request: PreprocessedRequest
-    bootstrap: BootstrapInfo | None = None
-    kv: TensorHandle | None = None  # KV cache exported by prefill (engines that hand it over)
-    first_token_id: int | None = None
+class PrefillDone(WireMessage, frozen=True):
+    """Prefill's last reply to decode: the first token and the prompt's KV cache, exported by
+    the engine as named tensors that decode fetches by transfer (empty for engines that move
+    the cache themselves through the bootstrap room)."""
+
+    request_id: str
+    first_token_id: int
+    prompt_tokens: int
+    cached_tokens: int = 0
+    kv: dict[str, TensorHandle] = {}
+
+
+PrefillReply = BootstrapInfo | PrefillDone
 
 
 class TokenChunk(WireMessage, frozen=True):
@@ -590,6 +598,7 @@ class TransferProbeFetch(WireMessage, frozen=True):
 
     handles: list[TensorHandle]
     pause_s: float = 0.0  # wait this long before fetching (a slow consumer)
+    check: bool = True  # answer digests (costly for large tensors); timings come either way
 
 
 class TransferProbeWrite(WireMessage, frozen=True):
@@ -601,5 +610,6 @@ class TransferProbeWrite(WireMessage, frozen=True):
 
 class TransferProbeReply(WireMessage, frozen=True):
     digests: list[str] = []
+    seconds: list[float] = []  # per tensor: the fetch (until the data is here) or the write
     stats: TransferPoolStats | None = None
     error: str = ""
