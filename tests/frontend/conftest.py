@@ -10,14 +10,16 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 import uvicorn
 import uvloop
 
+from media.local_media import MediaServer, serve_directory
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.cli import add_arguments, build_app
 from mmserve.models.tiny import build_tiny_model
-from mmserve.protocol import PreprocessedRequest, TokenChunk, Usage
+from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 
 
 @dataclass
@@ -49,7 +51,9 @@ class EchoDispatcher:
                     request_id=request.request_id,
                     token_ids=[token_id],
                     finish_reason=finish,
-                    usage=Usage(prompt_tokens=len(request.token_ids), completion_tokens=len(echoed))
+                    usage=Usage(
+                        prompt_tokens=_prompt_tokens(request), completion_tokens=len(echoed)
+                    )
                     if last
                     else None,
                 )
@@ -58,11 +62,34 @@ class EchoDispatcher:
             raise
 
 
+def _prompt_tokens(request: PreprocessedRequest) -> int:
+    """The prompt's length once each image placeholder is expanded to its token count."""
+    return len(request.token_ids) - len(request.media) + sum(m.token_count for m in request.media)
+
+
+@dataclass
+class InlinePixelSink:
+    """Test double of the transfer layer for frontend decoding: ships pixel_values with the
+    `inline` backend (the descriptor is the tensor's bytes) and keeps what it shipped."""
+
+    shipped: list[tuple[str, np.ndarray]] = field(default_factory=list)
+
+    async def __call__(self, request_id: str, pixel_values: np.ndarray) -> TensorHandle:
+        self.shipped.append((request_id, pixel_values))
+        return TensorHandle(
+            shape=pixel_values.shape,
+            dtype=str(pixel_values.dtype),
+            backend="inline",
+            descriptor=pixel_values.tobytes(),
+        )
+
+
 @dataclass
 class RunningFrontend:
     url: str
     app: FrontendApp
     dispatcher: EchoDispatcher
+    pixel_sink: InlinePixelSink
 
     @property
     def model(self) -> str:
@@ -94,7 +121,9 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             frontend.dispatcher.cancelled.clear()
             return frontend
         dispatcher = EchoDispatcher()
-        app = build_app(parse_frontend_args(tiny_model_path, *extra), dispatcher)
+        pixel_sink = InlinePixelSink()
+        args = parse_frontend_args(tiny_model_path, *extra)
+        app = build_app(args, dispatcher, pixel_sink if args.frontend_decoding else None)
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning")
         )
@@ -111,12 +140,18 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             thread.join(timeout=10)
 
         stops.append(stop)
-        running[extra] = RunningFrontend(f"http://127.0.0.1:{port}", app, dispatcher)
+        running[extra] = RunningFrontend(f"http://127.0.0.1:{port}", app, dispatcher, pixel_sink)
         return running[extra]
 
     yield start
     for stop in stops:
         stop()
+
+
+@pytest.fixture(scope="session")
+def media_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MediaServer]:
+    with serve_directory(tmp_path_factory.mktemp("media")) as server:
+        yield server
 
 
 @pytest.fixture

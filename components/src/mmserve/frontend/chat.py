@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserve import media
+from mmserve import _mm, media
 from mmserve._mm import MediaError
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
@@ -45,7 +45,7 @@ class ServedModel:
     name: str
     spec: ModelSpec
     tokenizer: Any  # transformers PreTrainedTokenizerFast
-    media_spec: media.MediaSpec
+    media_spec: _mm.Spec
     created: int
 
     @classmethod
@@ -60,7 +60,7 @@ class ServedModel:
             name=name or spec.path.name,
             spec=spec,
             tokenizer=tokenizer,
-            media_spec=media.MediaSpec.from_model_dir(spec.path),
+            media_spec=media.load_spec(spec.path),
             created=int(time.time()),
         )
 
@@ -193,7 +193,7 @@ class ChatPreprocessor:
                 count_only=self._pixel_sink is None,
             )
         except MediaError as err:
-            raise ApiError.from_media_error(err, param="messages") from err
+            raise ApiError.from_media_error(err, [image.param for image in images]) from err
         items = []
         for image, item in zip(images, processed.items, strict=True):
             pixel_values = None

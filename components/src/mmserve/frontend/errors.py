@@ -39,9 +39,11 @@ class ApiError(Exception):
         return cls(400, code, message, param)
 
     @classmethod
-    def from_media_error(cls, err: MediaError, param: str | None = None) -> ApiError:
+    def from_media_error(cls, err: MediaError, item_params: list[str]) -> ApiError:
         """A refused or broken media item. The core's stable code is kept as the error code;
         sizes over a limit answer 413, everything else about the item (a forbidden address, a
-        local path outside the allowed roots, a fetch timeout, an undecodable image) 400."""
-        code, message = err.args[0], err.args[1]
+        local path outside the allowed roots, a fetch timeout, an undecodable image) 400.
+        `item_params` names each item's place in the request, for `param`."""
+        code, message, index = (*err.args, None)[:3]
+        param = item_params[index] if isinstance(index, int) and index < len(item_params) else None
         return cls(http_status_for(code), code, message, param)

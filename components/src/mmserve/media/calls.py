@@ -8,7 +8,6 @@ preprocesses, so the event loop keeps serving other requests. Refusals and failu
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,24 +18,14 @@ from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
 
 
-@dataclass(frozen=True)
-class MediaSpec:
-    """A model's preprocessing parameters: its HF config files, read at start-up, and the
-    core's spec JSON resolved from them on first use (text-only traffic never needs it)."""
-
-    preprocessor_config: str
-    config: str
-
-    @classmethod
-    def from_model_dir(cls, path: str | Path) -> MediaSpec:
-        path = Path(path)
-        return cls(
-            (path / "preprocessor_config.json").read_text(), (path / "config.json").read_text()
-        )
-
-    @functools.cached_property
-    def json(self) -> str:
-        return _mm.spec_from_hf_configs(self.preprocessor_config, self.config)
+def load_spec(model_dir: str | Path) -> _mm.Spec:
+    """The core's preprocessing spec of a checkpoint, from its `preprocessor_config.json` and
+    `config.json`."""
+    model_dir = Path(model_dir)
+    return _mm.spec_from_hf_configs(
+        (model_dir / "preprocessor_config.json").read_text(),
+        (model_dir / "config.json").read_text(),
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +48,7 @@ async def fetch(source: str, policy: MediaPolicy) -> bytes:
 
 
 async def process(
-    spec: MediaSpec,
+    spec: _mm.Spec,
     input_ids: list[int],
     sources: list[str],
     policy: MediaPolicy,
@@ -70,15 +59,10 @@ async def process(
     item; with `count_only` the core reads only what it needs for hash, grid and token count
     (it still fetches and decodes each item, but skips resize and pixel values)."""
     output = await asyncio.to_thread(
-        _mm.process,
-        spec.json,
-        input_ids,
-        sources,
-        mode="count_only" if count_only else "full",
-        **_fetch_options(policy),
+        _mm.process, spec, input_ids, sources, count_only=count_only, **_fetch_options(policy)
     )
     return ProcessedRequest(
-        input_ids=list(output.input_ids),
+        input_ids=output.input_ids.tolist(),
         items=[_item(item) for item in output.items],
     )
 
@@ -87,7 +71,7 @@ def _item(item: Any) -> ProcessedItem:
     return ProcessedItem(
         mm_hash=int(item.hash),
         token_count=int(item.num_tokens),
-        grid_thw=tuple(int(v) for v in item.image_grid_thw),  # type: ignore[arg-type]
+        grid_thw=tuple(item.image_grid_thw.reshape(3).tolist()),
         pixel_values=item.pixel_values,
     )
 
@@ -97,5 +81,4 @@ def _fetch_options(policy: MediaPolicy) -> dict[str, Any]:
         "allowed_domains": sorted(policy.allowed_domains),
         "allowed_local_roots": [str(root) for root in policy.allowed_local_roots],
         "timeout_s": policy.fetch_timeout_s,
-        "max_bytes": policy.max_item_bytes,
     }

@@ -7,8 +7,6 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-MIB = 1024 * 1024
-
 
 @dataclass(frozen=True)
 class MediaPolicy:
@@ -24,7 +22,6 @@ class MediaPolicy:
     allowed_domains: frozenset[str] = frozenset()
     allowed_local_roots: tuple[Path, ...] = ()
     fetch_timeout_s: float = 10.0
-    max_item_bytes: int = 64 * MIB
     max_items: int = 64
 
     @staticmethod
@@ -54,18 +51,11 @@ class MediaPolicy:
             help="time limit for fetching one media item over http(s) (default: 10)",
         )
         group.add_argument(
-            "--max-media-item-bytes",
-            type=int,
-            default=64 * MIB,
-            metavar="BYTES",
-            help="largest encoded size of one media item (default: 64 MiB)",
-        )
-        group.add_argument(
             "--max-media-items",
             type=int,
             default=64,
             metavar="N",
-            help="most media items in one request (default: 64)",
+            help="most media items in one request (default: 64, also the core's own cap)",
         )
 
     @classmethod
@@ -76,6 +66,5 @@ class MediaPolicy:
                 Path(root).resolve() for root in args.allowed_local_media_path
             ),
             fetch_timeout_s=args.media_fetch_timeout,
-            max_item_bytes=args.max_media_item_bytes,
             max_items=args.max_media_items,
         )
