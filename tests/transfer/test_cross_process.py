@@ -10,9 +10,9 @@ import torch
 
 from mmserve.protocol import NixlBufferDescriptor, ShmBufferDescriptor, TensorHandle, decode, encode
 from mmserve.transfer import TransferAgent, TransferError, TransferFailed, TransferTimeout
-from mmserve.transfer.probe import digest, seeded_pattern
+from mmserve.transfer.probe import ProbeProcess, digest, seeded_pattern
 
-from .conftest import Probe, start_probe, stop_probe
+from .conftest import start_probe
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -29,22 +29,26 @@ def float32_tensor(nbytes: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("nbytes", SIZES)
-async def test_read_moves_exact_contents(agent: TransferAgent, probe: Probe, nbytes: int) -> None:
+async def test_read_moves_exact_contents(
+    agent: TransferAgent, probe: ProbeProcess, nbytes: int
+) -> None:
     tensor = float32_tensor(nbytes, seed=nbytes)
     handle, lease = await agent.offer(tensor)
     assert handle.backend == agent.backend
     assert len(encode(handle)) < 2 * KIB  # the handle travels, not the data
 
-    assert await probe.fetch([handle]) == [digest(tensor)]
+    assert (await probe.fetch([handle])).digests == [digest(tensor)]
     await asyncio.wait_for(lease.wait(), 10)
     assert agent.stats().in_use == 0
 
 
 @pytest.mark.parametrize("nbytes", SIZES)
-async def test_write_moves_exact_contents(agent: TransferAgent, probe: Probe, nbytes: int) -> None:
+async def test_write_moves_exact_contents(
+    agent: TransferAgent, probe: ProbeProcess, nbytes: int
+) -> None:
     landing = await agent.offer_destination((nbytes // 256, 64), torch.float32)
 
-    written = await probe.write([landing.handle], seed=7)
+    written = (await probe.write([landing.handle], seed=7)).digests
     received = await asyncio.wait_for(landing.receive(), 10)
 
     assert written == [digest(seeded_pattern((nbytes // 256, 64), torch.float32, 7))]
@@ -56,17 +60,17 @@ async def test_write_moves_exact_contents(agent: TransferAgent, probe: Probe, nb
     "dtype", [torch.bfloat16, torch.float16, torch.int64, torch.uint8], ids=str
 )
 async def test_dtypes_and_strides_survive_both_modes(
-    agent: TransferAgent, probe: Probe, dtype: torch.dtype
+    agent: TransferAgent, probe: ProbeProcess, dtype: torch.dtype
 ) -> None:
     base = seeded_pattern((512, 300), dtype, seed=3)
     transposed = base.t()  # not contiguous: offer copies it in C order
     handle, lease = await agent.offer(transposed)
     assert (handle.shape, handle.dtype) == ((300, 512), str(dtype).removeprefix("torch."))
-    assert await probe.fetch([handle]) == [digest(transposed.contiguous())]
+    assert (await probe.fetch([handle])).digests == [digest(transposed.contiguous())]
     await lease.wait()
 
     landing = await agent.offer_destination((300, 512), dtype)
-    [written] = await probe.write([landing.handle], seed=11)
+    [written] = (await probe.write([landing.handle], seed=11)).digests
     received = await landing.receive()
     assert received.dtype == dtype and received.shape == (300, 512)
     # Bytes, not values: random bit patterns include NaNs.
@@ -74,14 +78,14 @@ async def test_dtypes_and_strides_survive_both_modes(
 
 
 async def test_thousand_transfers_do_not_grow_registered_memory(
-    agent: TransferAgent, probe: Probe
+    agent: TransferAgent, probe: ProbeProcess
 ) -> None:
     batch, batches = 20, 50
     stats_after_first = None
     for index in range(batches):
         tensors = [seeded_pattern((1024,), torch.float32, index * batch + i) for i in range(batch)]
         offers = [await agent.offer(tensor) for tensor in tensors]
-        digests = await probe.fetch([handle for handle, _ in offers])
+        digests = (await probe.fetch([handle for handle, _ in offers])).digests
         assert digests == [digest(tensor) for tensor in tensors]
         await asyncio.gather(*(lease.wait() for _, lease in offers))
         if stats_after_first is None:
@@ -106,7 +110,7 @@ def corrupt(handle: TensorHandle) -> TensorHandle:
 
 
 async def test_failing_consumers_return_buffers_to_the_pool(
-    agent: TransferAgent, probe: Probe
+    agent: TransferAgent, probe: ProbeProcess
 ) -> None:
     agent.lease_timeout_s = 1.0
     try:
@@ -134,7 +138,7 @@ async def test_failing_consumers_return_buffers_to_the_pool(
 
 
 async def test_killed_consumer_buffer_returns_after_timeout(
-    agent: TransferAgent, nats_url: str, backend: str, probe: Probe
+    agent: TransferAgent, nats_url: str, backend: str, probe: ProbeProcess
 ) -> None:
     doomed = await start_probe(nats_url, backend)
     agent.lease_timeout_s = 1.0
@@ -150,12 +154,12 @@ async def test_killed_consumer_buffer_returns_after_timeout(
     finally:
         agent.lease_timeout_s = 5.0
         fetching.cancel()
-        await stop_probe(doomed)
+        await doomed.stop()
 
     # The freed buffer serves the next consumer.
     tensor = seeded_pattern((16, MIB), torch.uint8, 6)
     handle, lease = await agent.offer(tensor)
-    assert await probe.fetch([handle]) == [digest(tensor)]
+    assert (await probe.fetch([handle])).digests == [digest(tensor)]
     await lease.wait()
 
 

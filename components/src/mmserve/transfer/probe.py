@@ -4,12 +4,14 @@
 
 Endpoints (request/reply, msgpack `mmserve.protocol` messages):
 
-- `<subject>.fetch` (`TransferProbeFetch`): fetch each handle, answer the content digests;
+- `<subject>.fetch` (`TransferProbeFetch`): fetch each handle, answer the content digests and
+  how long each fetch took until the data was here;
 - `<subject>.write` (`TransferProbeWrite`): write `seeded_pattern(shape, dtype, seed + i)` into
-  each destination, answer the digests written;
+  each destination, answer the digests written and how long each write took;
 - `<subject>.stats`: answer the agent's pool statistics.
 
-It prints `ready` on stdout once it serves. The tests and `bench/transfer.py` drive it.
+It prints `ready` on stdout once it serves. `ProbeProcess` starts one and drives it (the tests
+and `bench/transfer.py` do).
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import asyncio
 import hashlib
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import nats
 import torch
 
 from mmserve.protocol import (
+    TensorHandle,
+    TransferPoolStats,
     TransferProbeFetch,
     TransferProbeReply,
     TransferProbeWrite,
@@ -54,22 +59,27 @@ def digest(tensor: torch.Tensor) -> str:
 
 async def _fetch(agent: TransferAgent, request: TransferProbeFetch) -> TransferProbeReply:
     await asyncio.sleep(request.pause_s)
-    digests = []
+    digests, seconds = [], []
     for handle in request.handles:
+        start = time.perf_counter()
         async with agent.fetch_view(handle) as view:
-            digests.append(await asyncio.to_thread(digest, view))
-    return TransferProbeReply(digests=digests)
+            seconds.append(time.perf_counter() - start)
+            if request.check:
+                digests.append(await asyncio.to_thread(digest, view))
+    return TransferProbeReply(digests=digests, seconds=seconds)
 
 
 async def _write(agent: TransferAgent, request: TransferProbeWrite) -> TransferProbeReply:
-    digests = []
+    digests, seconds = [], []
     for index, destination in enumerate(request.destinations):
         tensor = seeded_pattern(
             destination.shape, dtype_from_name(destination.dtype), request.seed + index
         )
+        start = time.perf_counter()
         await agent.write(tensor, destination)
+        seconds.append(time.perf_counter() - start)
         digests.append(digest(tensor))
-    return TransferProbeReply(digests=digests)
+    return TransferProbeReply(digests=digests, seconds=seconds)
 
 
 async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
@@ -107,6 +117,83 @@ async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
     finally:
         await connection.close()
         await agent.close()
+
+
+class ProbeError(RuntimeError):
+    """The probe answered with an error."""
+
+
+class ProbeProcess:
+    """A probe started as a child process, and the calls to drive it over NATS."""
+
+    def __init__(
+        self, process: asyncio.subprocess.Process, subject: str, connection: nats.NATS
+    ) -> None:
+        self.process = process
+        self.subject = subject
+        self._connection = connection
+
+    @classmethod
+    async def start(
+        cls, nats_url: str, subject: str, transfer_args: Sequence[str], *, timeout_s: float = 120
+    ) -> ProbeProcess:
+        """Start `python -m mmserve.transfer.probe` and wait until it serves."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "mmserve.transfer.probe",
+            f"--nats-url={nats_url}",
+            f"--subject={subject}",
+            *transfer_args,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        said = []
+        while (line := await asyncio.wait_for(process.stdout.readline(), timeout_s)) != b"ready\n":
+            said.append(line)
+            if not line:  # it exited
+                await process.wait()
+                raise ProbeError(f"probe did not start: {b''.join(said).decode(errors='replace')}")
+        return cls(process, subject, await nats.connect(nats_url))
+
+    async def fetch(
+        self,
+        handles: Sequence[TensorHandle],
+        *,
+        pause_s: float = 0.0,
+        check: bool = True,
+        timeout_s: float = 60.0,
+    ) -> TransferProbeReply:
+        request = TransferProbeFetch(handles=list(handles), pause_s=pause_s, check=check)
+        return await self._call("fetch", encode(request), timeout_s)
+
+    async def write(
+        self, destinations: Sequence[TensorHandle], seed: int, *, timeout_s: float = 60.0
+    ) -> TransferProbeReply:
+        request = TransferProbeWrite(destinations=list(destinations), seed=seed)
+        return await self._call("write", encode(request), timeout_s)
+
+    async def stats(self) -> TransferPoolStats:
+        stats = (await self._call("stats", b"", 10.0)).stats
+        if stats is None:
+            raise ProbeError("probe answered no statistics")
+        return stats
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def stop(self) -> None:
+        await self._connection.close()
+        self.kill()
+        await self.process.wait()
+
+    async def _call(self, endpoint: str, data: bytes, timeout_s: float) -> TransferProbeReply:
+        msg = await self._connection.request(f"{self.subject}.{endpoint}", data, timeout=timeout_s)
+        reply = decode(msg.data, TransferProbeReply)
+        if reply.error:
+            raise ProbeError(reply.error)
+        return reply
 
 
 def main(argv: list[str] | None = None) -> int:
