@@ -1,1 +1,417 @@
-//! TODO(transforms)
+//! Rescale + normalise + patchify in one pass from the resized u8 image to the model input.
+//!
+//! Every u8 value maps to one f32 per channel, so a 3 x 256 table built with exactly the
+//! float operations of the reference makes the output bit-identical by construction:
+//!
+//! - [`Convention::PilNumpy`] (`Qwen2VLImageProcessorPil`): `rescale` multiplies in float64
+//!   and casts to float32, then `normalize` computes `(x - mean) / std` in float32.
+//! - [`Convention::Torchvision`] (`Qwen2VLImageProcessor`): rescale is fused into normalize,
+//!   `mean / rescale` and `std / rescale` as float32 (`mean_f32 * f32(1 / rescale)`), then
+//!   `(f32(x) - mean') / std'` in float32.
+//!
+//! The patch order is HF's: rows are `(gh / m, gw / m, m, m)` over the patch grid, each row
+//! is `(C, temporal, p, p)`, with the single frame repeated over the temporal patch.
+
+use thiserror::Error;
+
+use crate::common::resize::ImageView;
+use crate::pipeline::DecodedImage;
+
+const CHANNELS: usize = 3;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TransformError {
+    #[error("unknown normalisation convention {0:?} (supported: pil, torchvision)")]
+    UnknownConvention(String),
+    #[error("std of channel {channel} is {value}; it must be finite and non-zero")]
+    BadStd { channel: usize, value: f64 },
+    #[error("patch geometry needs non-zero sizes, got patch {patch}, merge {merge}, temporal {temporal}")]
+    BadGeometry {
+        patch: u32,
+        merge: u32,
+        temporal: u32,
+    },
+    #[error("image of {width}x{height} is not a multiple of {factor} on both sides")]
+    NotDivisible {
+        width: u32,
+        height: u32,
+        factor: u32,
+    },
+    #[error("image of {width}x{height} RGB needs {expected} bytes, got {actual}")]
+    ImageBufferSize {
+        width: u32,
+        height: u32,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("output buffer holds {actual} values, the patches need {expected}")]
+    OutputSize { expected: usize, actual: usize },
+}
+
+impl TransformError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            TransformError::UnknownConvention(_) => "transform.unknown_convention",
+            TransformError::BadStd { .. } => "transform.bad_std",
+            TransformError::BadGeometry { .. } => "transform.bad_geometry",
+            TransformError::NotDivisible { .. } => "transform.not_divisible",
+            TransformError::ImageBufferSize { .. } => "transform.image_buffer_size",
+            TransformError::OutputSize { .. } => "transform.output_size",
+        }
+    }
+}
+
+/// Whose float arithmetic the normalised values must reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Convention {
+    /// numpy, as the PIL-backed HF processors run it.
+    PilNumpy,
+    /// torch, as the torchvision-backed HF processors run it.
+    Torchvision,
+}
+
+impl Convention {
+    /// From `pil` or `torchvision`.
+    pub fn from_name(name: &str) -> Result<Convention, TransformError> {
+        match name {
+            "pil" => Ok(Convention::PilNumpy),
+            "torchvision" => Ok(Convention::Torchvision),
+            other => Err(TransformError::UnknownConvention(other.to_owned())),
+        }
+    }
+}
+
+/// The normalised value of every u8 per channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NormalizeLut {
+    table: [[f32; 256]; CHANNELS],
+}
+
+impl NormalizeLut {
+    /// `mean`, `std` and `rescale` as the processor config holds them (Python floats).
+    pub fn new(
+        mean: [f64; CHANNELS],
+        std: [f64; CHANNELS],
+        rescale: f64,
+        convention: Convention,
+    ) -> Result<NormalizeLut, TransformError> {
+        for (channel, &value) in std.iter().enumerate() {
+            if value == 0.0 || !value.is_finite() {
+                return Err(TransformError::BadStd { channel, value });
+            }
+        }
+        let mut table = [[0.0f32; 256]; CHANNELS];
+        for (c, row) in table.iter_mut().enumerate() {
+            match convention {
+                Convention::PilNumpy => {
+                    let (mean, std) = (mean[c] as f32, std[c] as f32);
+                    for (v, out) in row.iter_mut().enumerate() {
+                        let rescaled = (v as f64 * rescale) as f32;
+                        *out = (rescaled - mean) / std;
+                    }
+                }
+                Convention::Torchvision => {
+                    let inverse = (1.0 / rescale) as f32;
+                    let (mean, std) = (mean[c] as f32 * inverse, std[c] as f32 * inverse);
+                    for (v, out) in row.iter_mut().enumerate() {
+                        *out = (v as f32 - mean) / std;
+                    }
+                }
+            }
+        }
+        Ok(NormalizeLut { table })
+    }
+
+    /// The normalised value of `value` in `channel` (0 = R, 1 = G, 2 = B).
+    pub fn value(&self, channel: usize, value: u8) -> f32 {
+        self.table[channel][usize::from(value)]
+    }
+}
+
+/// Vision-encoder patch sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PatchGeometry {
+    pub patch: u32,
+    pub merge: u32,
+    pub temporal: u32,
+}
+
+/// Shape of the patch matrix for one image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PatchGrid {
+    pub grid_h: u32,
+    pub grid_w: u32,
+    /// `grid_h * grid_w` (one frame).
+    pub rows: usize,
+    /// `3 * temporal * patch * patch`.
+    pub cols: usize,
+}
+
+impl PatchGrid {
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl PatchGeometry {
+    /// The patch grid of a `width` x `height` image; both sides must be multiples of
+    /// `patch * merge` (what `smart_resize` produces).
+    pub fn grid(&self, width: u32, height: u32) -> Result<PatchGrid, TransformError> {
+        if self.patch == 0 || self.merge == 0 || self.temporal == 0 {
+            return Err(TransformError::BadGeometry {
+                patch: self.patch,
+                merge: self.merge,
+                temporal: self.temporal,
+            });
+        }
+        let factor = self.patch * self.merge;
+        if width == 0
+            || height == 0
+            || !width.is_multiple_of(factor)
+            || !height.is_multiple_of(factor)
+        {
+            return Err(TransformError::NotDivisible {
+                width,
+                height,
+                factor,
+            });
+        }
+        let (grid_h, grid_w) = (height / self.patch, width / self.patch);
+        let p = self.patch as usize;
+        Ok(PatchGrid {
+            grid_h,
+            grid_w,
+            rows: grid_h as usize * grid_w as usize,
+            cols: CHANNELS * self.temporal as usize * p * p,
+        })
+    }
+}
+
+/// Writes `image`'s normalised patches into `out` (length `grid.len()`), in HF's order.
+pub fn patchify_into(
+    image: &DecodedImage,
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+    out: &mut [f32],
+) -> Result<PatchGrid, TransformError> {
+    write_patches(image.into(), lut, geometry, out, |v| v)
+}
+
+/// [`patchify_into`] of a borrowed image.
+pub fn patchify_view_into(
+    image: ImageView<'_>,
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+    out: &mut [f32],
+) -> Result<PatchGrid, TransformError> {
+    write_patches(image, lut, geometry, out, |v| v)
+}
+
+/// Allocates and fills the `[rows, cols]` f32 patch matrix.
+pub fn patchify(
+    image: &DecodedImage,
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+) -> Result<(Vec<f32>, PatchGrid), TransformError> {
+    let grid = geometry.grid(image.width, image.height)?;
+    let mut out = vec![0.0f32; grid.len()];
+    patchify_into(image, lut, geometry, &mut out)?;
+    Ok((out, grid))
+}
+
+/// As [`patchify_into`], with bfloat16 values (raw bits), rounded to nearest-even as
+/// torch's `.to(torch.bfloat16)` does.
+pub fn patchify_bf16_into(
+    image: &DecodedImage,
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+    out: &mut [u16],
+) -> Result<PatchGrid, TransformError> {
+    write_patches(image.into(), lut, geometry, out, f32_to_bf16_bits)
+}
+
+/// Round-to-nearest-even truncation of an f32 to its top 16 bits (NaN kept quiet).
+pub fn f32_to_bf16_bits(value: f32) -> u16 {
+    let bits = value.to_bits();
+    if value.is_nan() {
+        return ((bits >> 16) | 0x0040) as u16;
+    }
+    let rounding = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+fn write_patches<T: Copy>(
+    image: ImageView<'_>,
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+    out: &mut [T],
+    convert: impl Fn(f32) -> T,
+) -> Result<PatchGrid, TransformError> {
+    let grid = geometry.grid(image.width, image.height)?;
+    let expected_bytes = image.width as usize * image.height as usize * CHANNELS;
+    if image.data.len() != expected_bytes {
+        return Err(TransformError::ImageBufferSize {
+            width: image.width,
+            height: image.height,
+            expected: expected_bytes,
+            actual: image.data.len(),
+        });
+    }
+    if out.len() != grid.len() {
+        return Err(TransformError::OutputSize {
+            expected: grid.len(),
+            actual: out.len(),
+        });
+    }
+    // Each channel's value for every u8, converted once.
+    let table: Vec<[T; 256]> = lut
+        .table
+        .iter()
+        .map(|row| std::array::from_fn(|v| convert(row[v])))
+        .collect();
+
+    let p = geometry.patch as usize;
+    let m = geometry.merge as usize;
+    let plane = p * p;
+    let channel_stride = geometry.temporal as usize * plane;
+    let row_bytes = image.width as usize * CHANNELS;
+    let blocks_w = grid.grid_w as usize / m;
+    for (index, row) in out.chunks_exact_mut(grid.cols).enumerate() {
+        // Row index -> (block_y, block_x, within-block y, within-block x).
+        let (block, within) = (index / (m * m), index % (m * m));
+        let patch_y = (block / blocks_w) * m + within / m;
+        let patch_x = (block % blocks_w) * m + within % m;
+        for py in 0..p {
+            let y = patch_y * p + py;
+            let src = &image.data[y * row_bytes + patch_x * p * CHANNELS..][..p * CHANNELS];
+            for (px, rgb) in src.chunks_exact(CHANNELS).enumerate() {
+                let at = py * p + px;
+                row[at] = table[0][usize::from(rgb[0])];
+                row[channel_stride + at] = table[1][usize::from(rgb[1])];
+                row[2 * channel_stride + at] = table[2][usize::from(rgb[2])];
+            }
+        }
+        // The single frame repeated over the temporal patch.
+        for c in 0..CHANNELS {
+            let base = c * channel_stride;
+            for t in 1..geometry.temporal as usize {
+                row.copy_within(base..base + plane, base + t * plane);
+            }
+        }
+    }
+    Ok(grid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+    const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+
+    #[test]
+    fn lut_matches_the_float_formulas() {
+        let pil =
+            NormalizeLut::new(CLIP_MEAN, CLIP_STD, 1.0 / 255.0, Convention::PilNumpy).unwrap();
+        let tv =
+            NormalizeLut::new(CLIP_MEAN, CLIP_STD, 1.0 / 255.0, Convention::Torchvision).unwrap();
+        let expected = ((128.0f64 / 255.0) as f32 - CLIP_MEAN[1] as f32) / CLIP_STD[1] as f32;
+        assert_eq!(pil.value(1, 128), expected);
+        // The two conventions round differently somewhere in the range.
+        let differ = (0..=255u8).any(|v| (0..3).any(|c| pil.value(c, v) != tv.value(c, v)));
+        assert!(differ);
+        assert!((pil.value(0, 255) - tv.value(0, 255)).abs() < 1e-5);
+    }
+
+    #[test]
+    fn patch_order_matches_hf_reshape() {
+        // 2x2 patches of 2 pixels, merge 2: a 4x4 image has exactly one merge block; an 8x4
+        // image has two blocks side by side.
+        let geometry = PatchGeometry {
+            patch: 2,
+            merge: 2,
+            temporal: 2,
+        };
+        let (w, h) = (8u32, 4u32);
+        let data: Vec<u8> = (0..(w * h * 3) as usize).map(|i| i as u8).collect();
+        let image = DecodedImage {
+            width: w,
+            height: h,
+            data,
+        };
+        let identity = NormalizeLut::new([0.0; 3], [1.0; 3], 1.0, Convention::PilNumpy).unwrap();
+        let (out, grid) = patchify(&image, &identity, geometry).unwrap();
+        assert_eq!(
+            (grid.grid_h, grid.grid_w, grid.rows, grid.cols),
+            (2, 4, 8, 24)
+        );
+        let pixel = |y: usize, x: usize, c: usize| ((y * w as usize + x) * 3 + c) as f32;
+        for row in 0..grid.rows {
+            // Rows: (block_y, block_x, my, mx) with one block row and two block columns.
+            let (block_x, my, mx) = (row / 4, (row % 4) / 2, row % 2);
+            let (gy, gx) = (my, block_x * 2 + mx);
+            for c in 0..3 {
+                for t in 0..2 {
+                    for py in 0..2 {
+                        for px in 0..2 {
+                            let col = ((c * 2 + t) * 2 + py) * 2 + px;
+                            let expected = pixel(gy * 2 + py, gx * 2 + px, c);
+                            assert_eq!(out[row * grid.cols + col], expected, "{row} {col}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(f32_to_bf16_bits(1.0), 0x3f80);
+        // 1 + 2^-8 is halfway between two bf16 values: ties go to even.
+        assert_eq!(f32_to_bf16_bits(1.0 + 1.0 / 256.0), 0x3f80);
+        assert_eq!(f32_to_bf16_bits(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(f32_to_bf16_bits(-2.5), 0xc020);
+    }
+
+    #[test]
+    fn refuses_bad_geometry_and_buffers() {
+        let image = DecodedImage {
+            width: 28,
+            height: 30,
+            data: vec![0; 28 * 30 * 3],
+        };
+        let lut =
+            NormalizeLut::new(CLIP_MEAN, CLIP_STD, 1.0 / 255.0, Convention::PilNumpy).unwrap();
+        let geometry = PatchGeometry {
+            patch: 14,
+            merge: 2,
+            temporal: 2,
+        };
+        let err = patchify(&image, &lut, geometry).unwrap_err();
+        assert_eq!(err.code(), "transform.not_divisible");
+        let ok = DecodedImage {
+            width: 28,
+            height: 28,
+            data: vec![0; 28 * 28 * 3],
+        };
+        let mut small = vec![0.0; 10];
+        let err = patchify_into(&ok, &lut, geometry, &mut small).unwrap_err();
+        assert_eq!(err.code(), "transform.output_size");
+        let err = NormalizeLut::new(CLIP_MEAN, [1.0, 0.0, 1.0], 1.0, Convention::PilNumpy);
+        assert_eq!(err.unwrap_err().code(), "transform.bad_std");
+        let zero = PatchGeometry {
+            patch: 0,
+            merge: 2,
+            temporal: 2,
+        };
+        assert_eq!(
+            zero.grid(28, 28).unwrap_err().code(),
+            "transform.bad_geometry"
+        );
+    }
+}
