@@ -20,16 +20,20 @@ from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.cli import add_arguments, build_app
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
+from mmserve.runtime.errors import RemoteError
 
 
 @dataclass
 class EchoDispatcher:
     """Test double of the pipeline: streams the prompt's own token ids back, one per chunk, up
     to max_tokens. `hold_first_token` makes it wait forever before the first token (deadline and
-    disconnect tests); `cancelled` is set when the frontend abandons a generation."""
+    disconnect tests); `failure` is raised after `fail_after` tokens; `cancelled` is set when the
+    frontend abandons a generation."""
 
     is_ready: bool = True
     hold_first_token: bool = False
+    failure: RemoteError | None = None
+    fail_after: int = 0
     requests: list[PreprocessedRequest] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -43,6 +47,8 @@ class EchoDispatcher:
                 await asyncio.Event().wait()
             echoed = request.token_ids[: request.stop.max_tokens]
             for index, token_id in enumerate(echoed):
+                if self.failure is not None and index == self.fail_after:
+                    raise self.failure
                 last = index == len(echoed) - 1
                 finish = None
                 if last:
@@ -118,6 +124,8 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             frontend = running[extra]
             frontend.dispatcher.is_ready = True
             frontend.dispatcher.hold_first_token = False
+            frontend.dispatcher.failure = None
+            frontend.dispatcher.fail_after = 0
             frontend.dispatcher.cancelled.clear()
             return frontend
         dispatcher = EchoDispatcher()

@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from mmserve.runtime.errors import RemoteError
+
 from .conftest import RunningFrontend
 
 
@@ -154,6 +156,24 @@ def test_client_disconnect_cancels_the_pipeline(frontend: RunningFrontend) -> No
     with pytest.raises(httpx.ReadTimeout):
         _post(frontend, _chat(frontend, stream=True), timeout=0.5)
     assert frontend.dispatcher.cancelled.wait(5)
+
+
+def test_pipeline_errors_keep_their_code_and_status(frontend: RunningFrontend) -> None:
+    frontend.dispatcher.failure = RemoteError("engine.overloaded", "the engine queue is full", 503)
+    error = _assert_error(_post(frontend, _chat(frontend)), 503, "engine.overloaded")
+    assert error["message"] == "the engine queue is full"
+    assert error["type"] == "server_error"
+
+
+def test_pipeline_error_mid_stream_ends_with_an_error_event(frontend: RunningFrontend) -> None:
+    frontend.dispatcher.failure = RemoteError("internal", "worker crashed", 500)
+    frontend.dispatcher.fail_after = 3
+    response = _post(frontend, _chat(frontend, stream=True))
+    assert response.status_code == 200
+    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["message"] == "worker crashed"
+    assert json.loads(events[1])["choices"][0]["delta"]["content"]
 
 
 def test_unknown_route_and_wrong_method(frontend: RunningFrontend) -> None:

@@ -21,7 +21,7 @@ import msgspec
 
 from mmserve.frontend.chat import ChatPreprocessor, new_request_id
 from mmserve.frontend.detokenize import IncrementalDetokenizer
-from mmserve.frontend.dispatch import Dispatcher, DispatchError
+from mmserve.frontend.dispatch import Dispatcher
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.openapi import openapi_document
 from mmserve.observability import metrics
@@ -41,6 +41,7 @@ from mmserve.protocol import (
     TokenChunk,
     Usage,
 )
+from mmserve.runtime.errors import RemoteError
 
 log = logging.getLogger("mmserve.frontend")
 
@@ -271,8 +272,8 @@ class _Generation:
                     yield text, finish
                     if finish is not None:
                         return
-        except DispatchError as err:
-            raise ApiError(err.error.status, err.error.code, err.error.message) from err
+        except RemoteError as err:
+            raise ApiError(err.status, err.code, err.message) from err
         if finish is None:
             raise ApiError(502, "incomplete", "the worker ended the stream without finishing")
 

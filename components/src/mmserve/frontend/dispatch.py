@@ -10,15 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from mmserve.protocol import ErrorMessage, PreprocessedRequest, TokenChunk
-
-
-class DispatchError(Exception):
-    """The pipeline refused or failed the request; `error` says how (code, message, status)."""
-
-    def __init__(self, error: ErrorMessage) -> None:
-        super().__init__(error.message)
-        self.error = error
+from mmserve.protocol import PreprocessedRequest, TokenChunk
 
 
 class Dispatcher(Protocol):
@@ -28,7 +20,8 @@ class Dispatcher(Protocol):
     The frontend stops iterating (closing the iterator, or cancelling the task awaiting it)
     when the client disconnects, a stop string matches or the deadline passes: the
     implementation must then cancel the work downstream. Failures are raised as
-    `DispatchError`; `ready()` is true only while a full path to a worker exists.
+    `mmserve.runtime.RemoteError` (whose code and status the client sees, as the runtime's
+    `Client.stream` raises them); `ready()` is true only while a full path to a worker exists.
     """
 
     def ready(self) -> bool: ...

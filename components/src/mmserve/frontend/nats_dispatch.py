@@ -1,0 +1,92 @@
+"""The frontend's pipeline over NATS: discovers which workers are deployed and sends each
+request to the right first hop.
+
+| deployed                        | pattern         | first hop of a request with media |
+|---------------------------------|-----------------|-----------------------------------|
+| worker --encode                 | agg             | worker                            |
+| encode + worker                 | E/PD            | encode                            |
+| encode + decode + prefill       | E/P/D           | encode                            |
+| decode + prefill [--encode]     | EP/D, P/D       | decode                            |
+
+A request without media skips the encode worker. Within a component, requests are balanced
+round robin by NATS queue groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import AsyncIterator
+
+from mmserve import protocol
+from mmserve.frontend.dispatch import DispatchError
+from mmserve.protocol import PreprocessedRequest, TokenChunk
+from mmserve.runtime import InstanceWatcher, RemoteError, Runtime
+
+GENERATE = "generate"
+COMPONENTS = ("encode", "worker", "decode", "prefill")
+
+
+class NatsDispatcher:
+    def __init__(self, runtime: Runtime, watchers: dict[str, InstanceWatcher]) -> None:
+        self.runtime = runtime
+        self._watchers = watchers
+        self._clients = {name: runtime.client(name, GENERATE) for name in COMPONENTS}
+
+    @classmethod
+    async def start(cls, runtime: Runtime) -> NatsDispatcher:
+        watchers = {name: await runtime.watch(name, GENERATE) for name in COMPONENTS}
+        return cls(runtime, watchers)
+
+    def _has(self, component: str) -> bool:
+        return bool(self._watchers[component].instances())
+
+    def _language_hop(self) -> str | None:
+        """Where an encoded (or text-only) request goes."""
+        if self._has("decode") and self._has("prefill"):
+            return "decode"
+        if self._has("worker"):
+            return "worker"
+        return None
+
+    def first_hop(self, has_media: bool) -> str | None:
+        language_hop = self._language_hop()
+        if language_hop is None:
+            return None
+        if has_media and self._has("encode"):
+            return "encode"
+        return language_hop
+
+    def ready(self) -> bool:
+        return self._language_hop() is not None
+
+    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
+        hop = self.first_hop(bool(request.media))
+        if hop is None:
+            raise DispatchError(
+                protocol.ErrorMessage(
+                    code=protocol.ERROR_UNAVAILABLE,
+                    message="no worker is ready: the deployment needs a worker, or a decode "
+                    "and a prefill worker",
+                    status=503,
+                    request_id=request.request_id,
+                )
+            )
+        replies = self._clients[hop].stream(
+            request, TokenChunk, request_id=request.request_id, deadline=request.deadline
+        )
+        try:
+            async with contextlib.aclosing(replies):
+                async for chunk in replies:
+                    yield chunk
+        except RemoteError as exc:
+            raise DispatchError(exc.to_message(request.request_id)) from exc
+
+
+@contextlib.asynccontextmanager
+async def open_nats_dispatcher(args: argparse.Namespace) -> AsyncIterator[NatsDispatcher]:
+    runtime = await Runtime.connect(namespace=args.namespace)
+    try:
+        yield await NatsDispatcher.start(runtime)
+    finally:
+        await runtime.shutdown()
