@@ -141,7 +141,7 @@ async def test_mmserve_nats_prints_a_loopback_url_and_stops_on_sigterm() -> None
     )
     try:
         assert process.stdout is not None
-        url = (await asyncio.wait_for(process.stdout.readline(), 20.0)).decode().strip()
+        url = (await asyncio.wait_for(process.stdout.readline(), 60.0)).decode().strip()
         assert url.startswith("nats://127.0.0.1:")
         async with await Runtime.connect(url, "cli-check") as runtime:
             assert runtime.nc.is_connected
@@ -162,3 +162,14 @@ async def test_unreachable_nats_fails_to_connect_with_a_clear_error() -> None:
     with pytest.raises(Disconnected, match="cannot connect to NATS"):
         await Runtime.connect(url, "nowhere", connect_wait=0.5, reconnect_time_wait=0.1)
     assert time.monotonic() - started < 5.0
+
+
+async def test_serving_without_jetstream_fails_at_start_not_silently() -> None:
+    with NatsServer(jetstream=False) as server:
+        async with await Runtime.connect(server.url, "no-js") as runtime:
+
+            async def echo(req: p.TokenChunk, ctx: object) -> p.TokenChunk:
+                return req
+
+            with pytest.raises(Unavailable, match="JetStream"):
+                await runtime.serve("svc", "echo", echo, p.TokenChunk)

@@ -26,6 +26,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from mmserve import protocol
+from mmserve.runtime.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,15 @@ class Registrar:
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def register(self, record: protocol.InstanceRecord) -> None:
+        """Put the record now (raising `Unavailable` if discovery does not work at all, e.g.
+        nats-server runs without JetStream), then keep it alive."""
         key = instance_key(record)
+        error = await self._put(key, record)
+        if error is not None:
+            raise Unavailable(
+                None, f"cannot register {key} (does nats-server run with JetStream, -js?): {error}"
+            )
         self._records[key] = record
-        await self._put(key, record)
         if self._heartbeat is None:
             self._heartbeat = asyncio.create_task(self._beat(), name="mmserve-heartbeat")
 
@@ -94,21 +101,27 @@ class Registrar:
             await asyncio.sleep(HEARTBEAT_INTERVAL)
             if not self._nc.is_connected:
                 continue
-            await asyncio.gather(*(self._put(k, r) for k, r in list(self._records.items())))
+            records = list(self._records.items())
+            errors = await asyncio.gather(*(self._put(key, record) for key, record in records))
+            for (key, _), error in zip(records, errors, strict=True):
+                if error is not None:
+                    log.warning("heartbeat for %s failed: %r", key, error)
 
-    async def _put(self, key: str, record: protocol.InstanceRecord) -> None:
+    async def _put(self, key: str, record: protocol.InstanceRecord) -> Exception | None:
+        """Put `record`; returns the error of the last of two attempts, None on success."""
         value = protocol.encode(record)
-        for attempt in range(2):
+        error: Exception | None = None
+        for _ in range(2):
             try:
                 if self._bucket is None:
                     self._bucket = await open_bucket(self._nc)
                 await self._bucket.put(key, value)
-                return
+                return None
             except (nats.errors.Error, asyncio.TimeoutError) as exc:
                 # After a nats-server restart the memory bucket is gone: create it again.
                 self._bucket = None
-                if attempt == 1:
-                    log.warning("heartbeat for %s failed: %r", key, exc)
+                error = exc
+        return error
 
 
 async def list_instances(

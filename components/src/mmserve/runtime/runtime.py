@@ -369,6 +369,8 @@ class Runtime:
         call.task = asyncio.create_task(
             self._run_handler(served, frame, call), name=f"mmserve-{frame.request_id}"
         )
+        # Also forgets a call cancelled before its task ever ran (so before its `finally`).
+        call.task.add_done_callback(lambda _: self._server_calls.pop(reply_subject, None))
 
     async def _run_handler(
         self, served: ServedEndpoint, frame: protocol.RequestFrame, call: _ServerCall
@@ -401,7 +403,7 @@ class Runtime:
             error = RemoteError(protocol.ERROR_INTERNAL, f"{type(exc).__name__}: {exc}")
         finally:
             expiry.cancel()
-            self._server_calls.pop(call.reply_subject, None)
+        self._server_calls.pop(call.reply_subject, None)
         await self._send_end(call, error)
 
     async def _send_reply(self, call: _ServerCall, reply: protocol.WireMessage) -> None:
@@ -657,9 +659,13 @@ class Client:
         call = runtime._open_call(request_id)
         close_reason = protocol.ERROR_CANCELLED
         try:
-            await runtime._publish(
-                subject, protocol.encode(frame), "request", reply=call.reply_subject
-            )
+            try:
+                await runtime._publish(
+                    subject, protocol.encode(frame), "request", reply=call.reply_subject
+                )
+            except RemoteError:
+                call.ended = True  # never sent: nothing to cancel
+                raise
             expected_seq = 0
             while True:
                 left = deadline - time.time()
