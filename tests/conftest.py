@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from mmserve.runtime.nats_server import NatsServer
+from mmserve.runtime.nats_server import NatsServer, nats_url_from_env_or_private
 
 
 @pytest.fixture(scope="session")
 def nats_url() -> Iterator[str]:
     """`$NATS_URL` (CI starts one), else a private nats-server for the whole session."""
-    url = os.environ.get("NATS_URL")
-    if url:
+    with nats_url_from_env_or_private() as url:
         yield url
-        return
-    with NatsServer() as server:
-        yield server.url
 
 
 @pytest.fixture

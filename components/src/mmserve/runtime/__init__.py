@@ -20,6 +20,7 @@ _EXPORTS = {
     "InstanceWatcher": "discovery",
     "NatsServer": "nats_server",
     "find_nats_server_binary": "nats_server",
+    "nats_url_from_env_or_private": "nats_server",
     "Client": "runtime",
     "RequestContext": "runtime",
     "Runtime": "runtime",

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -140,6 +141,17 @@ class NatsServer:
         with contextlib.suppress(OSError):
             return Path(self.log_path).read_text(errors="replace")[-2000:].strip()
         return "(no log)"
+
+
+@contextlib.contextmanager
+def nats_url_from_env_or_private() -> Iterator[str]:
+    """`$NATS_URL` when set, else the URL of a private server that stops on exit."""
+    url = os.environ.get("NATS_URL")
+    if url:
+        yield url
+        return
+    with NatsServer() as server:
+        yield server.url
 
 
 def _read_client_port(ports_dir: str) -> int | None:
