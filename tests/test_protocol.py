@@ -166,3 +166,22 @@ def test_openai_responses_serialise_like_openai() -> None:
 )  # fmt: skip
 def test_http_status_hint(code: str, status: int) -> None:
     assert p.http_status_for(code) == status
+
+
+def all_wire_messages(cls: type = p.WireMessage) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *all_wire_messages(sub)]
+    return found
+
+
+def test_every_wire_message_has_its_own_versioned_tag() -> None:
+    tags = [cls.__struct_config__.tag for cls in all_wire_messages()]
+    assert len(tags) == len(set(tags)), "two wire messages share a class name"
+    assert all(tag.endswith(f".v{p.PROTOCOL_VERSION}") for tag in tags)
+
+
+def test_a_field_added_by_a_newer_peer_is_ignored() -> None:
+    raw = msgspec.msgpack.decode(p.encode(BOOTSTRAP))
+    raw["added_later"] = [1, 2]
+    assert p.decode(msgspec.msgpack.encode(raw), p.BootstrapInfo) == BOOTSTRAP

@@ -8,7 +8,9 @@ Two families live here:
   non-default value by name (`ChatCompletionRequest.unsupported_options`).
 * Internal messages (msgpack over NATS), all subclasses of `WireMessage`. Each carries a `type`
   tag that embeds `PROTOCOL_VERSION` (e.g. `"token_chunk.v1"`), so a peer speaking another
-  version fails to decode with `ProtocolVersionError` instead of producing garbage.
+  version fails to decode with `ProtocolVersionError` instead of producing garbage. Unknown
+  fields are ignored, so adding a field with a default stays compatible; removing, renaming or
+  changing the meaning of a field needs a new `PROTOCOL_VERSION`.
 
 `encode(msg)` / `decode(data, type)` are the one msgpack pair for internal messages. Hashes (u64)
 travel as integers; `mm_hashes` travel as 16-digit lowercase hex strings (the engine contract).
