@@ -17,7 +17,7 @@ import uvloop
 
 from media.local_media import MediaServer, serve_directory
 from mmserve.frontend.app import FrontendApp
-from mmserve.frontend.cli import add_arguments, build_app
+from mmserve.frontend.cli import add_arguments, build_app, load_model
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 from mmserve.runtime.errors import RemoteError
@@ -116,6 +116,7 @@ def parse_frontend_args(model_path: Path, *extra: str) -> argparse.Namespace:
 @pytest.fixture(scope="session")
 def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFrontend]]:
     """Starts a frontend per distinct set of flags (kept for the session, stopped at its end)."""
+    model = load_model(parse_frontend_args(tiny_model_path))
     running: dict[tuple[str, ...], RunningFrontend] = {}
     stops: list[Callable[[], None]] = []
 
@@ -131,7 +132,7 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
         dispatcher = EchoDispatcher()
         pixel_sink = InlinePixelSink()
         args = parse_frontend_args(tiny_model_path, *extra)
-        app = build_app(args, dispatcher, pixel_sink if args.frontend_decoding else None)
+        app = build_app(args, model, dispatcher, pixel_sink if args.frontend_decoding else None)
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning")
         )

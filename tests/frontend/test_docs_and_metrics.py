@@ -87,3 +87,16 @@ def test_cli_help_lists_the_flags() -> None:
         "--media-fetch-timeout",
     ):
         assert flag in result.stdout
+
+
+def test_cli_exits_with_a_one_line_reason_when_the_model_is_missing(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mmserve.cli", "frontend", "--model-path", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mmserve frontend: ")
+    assert str(tmp_path / "none") in lines[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
@@ -14,7 +15,7 @@ from mmserve.media.policy import MediaPolicy
 
 if TYPE_CHECKING:
     from mmserve.frontend.app import FrontendApp
-    from mmserve.frontend.chat import PixelSink
+    from mmserve.frontend.chat import PixelSink, ServedModel
     from mmserve.frontend.dispatch import Dispatcher
 
 log = logging.getLogger("mmserve.frontend")
@@ -88,19 +89,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     MediaPolicy.add_cli_args(parser)
 
 
-def build_app(
-    args: argparse.Namespace, dispatcher: Dispatcher, pixel_sink: PixelSink | None = None
-) -> FrontendApp:
-    """The ASGI app for parsed arguments: loads the model's tokenizer and media spec."""
-    from mmserve.frontend.app import FrontendApp, HttpOptions
-    from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+def load_model(args: argparse.Namespace) -> ServedModel:
+    """The served model's tokenizer, chat template and media spec, from `--model-path`."""
+    from mmserve.frontend.chat import ServedModel
 
     model_path = args.model_path
     if model_path is None:
         from mmserve.models.tiny import default_model_path
 
         model_path = default_model_path()
-    model = ServedModel.load(model_path, args.served_model_name)
+    return ServedModel.load(model_path, args.served_model_name)
+
+
+def build_app(
+    args: argparse.Namespace,
+    model: ServedModel,
+    dispatcher: Dispatcher,
+    pixel_sink: PixelSink | None = None,
+) -> FrontendApp:
+    """The ASGI app for parsed arguments."""
+    from mmserve.frontend.app import FrontendApp, HttpOptions
+    from mmserve.frontend.chat import ChatOptions, ChatPreprocessor
+
     options = ChatOptions(
         policy=MediaPolicy.from_args(args),
         default_max_tokens=args.default_max_tokens,
@@ -124,8 +134,9 @@ async def serve(
 ) -> None:
     import uvicorn
 
+    model = await asyncio.to_thread(load_model, args)
     async with dispatcher_factory(args) as dispatcher:
-        app = build_app(args, dispatcher)
+        app = build_app(args, model, dispatcher)
         config = uvicorn.Config(
             app,
             host=args.http_host,

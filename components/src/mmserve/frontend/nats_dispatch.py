@@ -18,10 +18,8 @@ import argparse
 import contextlib
 from collections.abc import AsyncIterator
 
-from mmserve import protocol
-from mmserve.frontend.dispatch import DispatchError
 from mmserve.protocol import PreprocessedRequest, TokenChunk
-from mmserve.runtime import InstanceWatcher, RemoteError, Runtime
+from mmserve.runtime import InstanceWatcher, Runtime, Unavailable
 
 GENERATE = "generate"
 COMPONENTS = ("encode", "worker", "decode", "prefill")
@@ -63,24 +61,17 @@ class NatsDispatcher:
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
         hop = self.first_hop(bool(request.media))
         if hop is None:
-            raise DispatchError(
-                protocol.ErrorMessage(
-                    code=protocol.ERROR_UNAVAILABLE,
-                    message="no worker is ready: the deployment needs a worker, or a decode "
-                    "and a prefill worker",
-                    status=503,
-                    request_id=request.request_id,
-                )
+            raise Unavailable(
+                None,
+                "no worker is ready: the deployment needs a worker, or a decode and a prefill "
+                "worker",
             )
         replies = self._clients[hop].stream(
             request, TokenChunk, request_id=request.request_id, deadline=request.deadline
         )
-        try:
-            async with contextlib.aclosing(replies):
-                async for chunk in replies:
-                    yield chunk
-        except RemoteError as exc:
-            raise DispatchError(exc.to_message(request.request_id)) from exc
+        async with contextlib.aclosing(replies):
+            async for chunk in replies:
+                yield chunk
 
 
 @contextlib.asynccontextmanager
