@@ -109,32 +109,39 @@ def corrupt(handle: TensorHandle) -> TensorHandle:
     return msgspec.structs.replace(handle, descriptor=encode(bad))
 
 
+async def fail_round(agent: TransferAgent, probe: ProbeProcess) -> None:
+    """20 offers whose consumers fail; every lease must end with the failure."""
+    offers = [await agent.offer(torch.full((64, 1024), float(i))) for i in range(20)]
+    results = await asyncio.gather(
+        *(probe.fetch([corrupt(handle)]) for handle, _ in offers), return_exceptions=True
+    )
+    assert all("TransferError" in str(result) for result in results)
+    for _, lease in offers:
+        # NIXL consumers report the failure by notification; shm producers time out.
+        with pytest.raises(TransferFailed if agent.backend == "nixl" else TransferTimeout):
+            await asyncio.wait_for(lease.wait(), 5)
+
+
 async def test_failing_consumers_return_buffers_to_the_pool(
     agent: TransferAgent, probe: ProbeProcess
 ) -> None:
     agent.lease_timeout_s = 1.0
     try:
-        warm = await agent.offer(torch.ones(64, 1024))
-        await probe.fetch([warm[0]])
-        await warm[1].wait()
-        before = agent.stats()
-
-        offers = [await agent.offer(torch.full((64, 1024), float(i))) for i in range(20)]
-        results = await asyncio.gather(
-            *(probe.fetch([corrupt(handle)]) for handle, _ in offers), return_exceptions=True
-        )
-        assert all("TransferError" in str(result) for result in results)
-        for _, lease in offers:
-            # NIXL consumers report the failure by notification; shm producers time out.
-            with pytest.raises(TransferFailed if agent.backend == "nixl" else TransferTimeout):
-                await asyncio.wait_for(lease.wait(), 5)
+        await fail_round(agent, probe)
+        after_first = agent.stats()
+        await fail_round(agent, probe)
+        after_second = agent.stats()
     finally:
         agent.lease_timeout_s = 5.0
 
-    after = agent.stats()
-    assert after.in_use == 0
-    assert after.registrations == before.registrations + 19  # 20 held at once, one was idle
+    assert after_first.in_use == 0
+    assert after_second == after_first  # the failed round's buffers were all reused
     assert (await probe.stats()).in_use == 0
+
+    tensor = torch.full((64, 1024), 3.0)
+    handle, lease = await agent.offer(tensor)
+    assert (await probe.fetch([handle])).digests == [digest(tensor)]
+    await lease.wait()
 
 
 async def test_killed_consumer_buffer_returns_after_timeout(

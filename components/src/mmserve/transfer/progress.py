@@ -1,8 +1,10 @@
 """A thread that polls non-blocking completion checks off the event loop.
 
 asyncio timers resolve to about a millisecond (epoll), too coarse for transfers that take tens
-of microseconds; a thread sleeping with `time.sleep` backs off from a few microseconds to
-`MAX_POLL_INTERVAL_S` and parks on an Event when nothing is pending.
+of microseconds. The thread polls every `MIN_POLL_INTERVAL_S` for `FAST_POLL_WINDOW_S` after
+the last new work or completion (when answers are due), then backs off to
+`MAX_POLL_INTERVAL_S` (a peer that takes its time costs little CPU), and parks on an Event when
+nothing is pending.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 
-MIN_POLL_INTERVAL_S = 10e-6
+MIN_POLL_INTERVAL_S = 20e-6
 MAX_POLL_INTERVAL_S = 1e-3
+FAST_POLL_WINDOW_S = 20e-3
 
 Completion = TypeVar("Completion")
 
@@ -53,27 +56,28 @@ class ProgressThread(Generic[Completion]):
 
     def _run(self) -> None:
         interval = MIN_POLL_INTERVAL_S
+        last_activity = time.monotonic()
         while not self._stopped:
+            if self._work.is_set():
+                self._work.clear()
+                last_activity = time.monotonic()
             if not self._has_pending():
                 self._work.wait()
-                self._work.clear()
-                interval = MIN_POLL_INTERVAL_S
                 continue
             try:
                 completions = self._poll()
             except Exception:
                 logger.exception("transfer progress poll failed")
                 completions = []
+            now = time.monotonic()
             if completions:
                 try:
                     self._loop.call_soon_threadsafe(self._deliver, completions)
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     return
+                last_activity = now
+            if now - last_activity < FAST_POLL_WINDOW_S:
                 interval = MIN_POLL_INTERVAL_S
             else:
-                # Woken by new work: start polling fast again.
-                if self._work.is_set():
-                    self._work.clear()
-                    interval = MIN_POLL_INTERVAL_S
-                time.sleep(interval)
                 interval = min(interval * 2, MAX_POLL_INTERVAL_S)
+            time.sleep(interval)
