@@ -155,6 +155,23 @@ def test_bad_media_is_refused_and_the_server_keeps_serving(
     assert _ask(allowed_frontend, [_image(good)]).status_code == 200
 
 
+def test_frontend_decoding_ships_pixel_values(start_frontend) -> None:
+    frontend = start_frontend("--frontend-decoding")
+    data = encode_image(280, 140)
+    response = _ask(frontend, [_image(data_url(data)), {"type": "text", "text": "?"}])
+    assert response.status_code == 200, response.text
+    sent = frontend.dispatcher.requests[-1]
+    (item,) = sent.media
+    expected = _expected(frontend, data, 280, 140)
+    assert item.url is None and item.mm_hash == expected["mm_hash"]
+    t, h, w = expected["grid"]
+    # Qwen2-VL patches: one row per 14x14 patch, 3 channels x temporal 2 x 14 x 14 values.
+    assert item.pixel_values is not None
+    assert item.pixel_values.shape == (t * h * w, 3 * 2 * 14 * 14)
+    request_id, shipped = frontend.pixel_sink.shipped[-1]
+    assert request_id == sent.request_id and shipped.tobytes() == item.pixel_values.descriptor
+
+
 def test_openai_client_surfaces_media_errors(frontend: RunningFrontend, tmp_path: Path) -> None:
     client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
