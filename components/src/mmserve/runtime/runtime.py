@@ -154,7 +154,6 @@ class Runtime:
         self.should_exit = asyncio.Event()
         self._force_exit = asyncio.Event()
         self._stopping = False
-        self._closed = False
         self._endpoints: list[ServedEndpoint] = []
         self._server_calls: dict[str, _ServerCall] = {}
         self._recently_cancelled: dict[str, float] = {}
@@ -260,9 +259,9 @@ class Runtime:
         """Stop serving and close: deregister and unsubscribe (no new requests), let in-flight
         handlers finish for up to `graceful_timeout` seconds, cancel the rest, drain NATS.
         Idempotent."""
-        if self._closed:
+        if self._stopping:
             return
-        self._closed = self._stopping = True
+        self._stopping = True
         self.should_exit.set()
         await self._registrar.deregister_all()
         for served in self._endpoints:
@@ -283,9 +282,10 @@ class Runtime:
             await watcher.stop()
         for call in list(self._caller_calls.values()):
             call.fail(Cancelled(None, "runtime shut down"))
-        for task in [self._keepalive_task, *self._background]:
-            if task is not None:
-                task.cancel()
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
+        if self._background:  # last end and cancel frames: let them go out before the drain
+            await asyncio.wait(self._background, timeout=1.0)
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
             if self.nc.is_connected:
                 await asyncio.wait_for(self.nc.drain(), timeout=5.0)
@@ -502,8 +502,13 @@ class Runtime:
         cancel = protocol.CancelFrame(
             request_id=call.request_id, reply_subject=call.reply_subject, reason=reason
         )
-        subject = f"{SUBJECT_ROOT}.{self.namespace}._cancel"
-        self._spawn(self.nc.publish(subject, protocol.encode(cancel)))
+        self._spawn(self._send_cancel(cancel))
+
+    async def _send_cancel(self, cancel: protocol.CancelFrame) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self.nc.publish(
+                f"{SUBJECT_ROOT}.{self.namespace}._cancel", protocol.encode(cancel)
+            )
 
     async def _on_reply(self, msg: Msg) -> None:
         call = self._caller_calls.get(msg.subject)
