@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from mmserve.runtime.nats_server import nats_url_from_env_or_private
 from mmserve.transfer import MAX_INLINE_BYTES, TransferAgent
 from mmserve.transfer.probe import ProbeProcess
 
@@ -149,18 +148,6 @@ async def bench_backend(
     return rows
 
 
-@contextlib.contextmanager
-def nats_server() -> Iterator[str]:
-    url = os.environ.get("NATS_URL")
-    if url:
-        yield url
-        return
-    from mmserve.runtime.nats_server import NatsServer
-
-    with NatsServer() as server:
-        yield server.url
-
-
 def print_table(rows: list[Row]) -> None:
     header = ["backend", "mode", "size", "median ms", "GiB/s", "memcpy ms", "vs memcpy"]
     table = [header, *(row.cells() for row in rows)]
@@ -192,7 +179,7 @@ async def run(backends: list[str], scale: float) -> None:
         for size, (shape, repeats) in SIZES.items()
     }
     rows = []
-    with nats_server() as url:
+    with nats_url_from_env_or_private() as url:
         for backend in backends:
             rows.extend(await bench_backend(backend, url, scale, memcpy))
     print(f"cores: {os.cpu_count()}, torch threads: {torch.get_num_threads()}")
