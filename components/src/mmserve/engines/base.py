@@ -7,7 +7,8 @@ An engine runs the three model stages of a request:
 - `prefill(request, embeddings)`: the prompt (placeholders already expanded to one token per
   embedding row) with the embeddings spliced in; samples the first token and returns a
   `KvHandle` that holds the KV cache;
-- `decode(kv, sampling)`: streams `EngineOutput`s, starting with the prefill's first token.
+- `decode(kv, sampling, stop)`: streams `TokenChunk`s, starting with the prefill's first token;
+  the last one carries the finish reason and the usage.
 
 `export_kv` / `import_kv` turn a handle into plain contiguous tensors and back, so the transfer
 layer can move a prefill's cache to a decode engine in another process. Engines are
@@ -19,11 +20,22 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-FinishReason = Literal["stop", "length"]
+from mmserve.protocol import (
+    KvCleared,
+    KvRemoved,
+    KvStored,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+)
+
+# protocol.SamplingParams defaults to temperature 1 (OpenAI's default); engine callers that
+# give nothing get greedy decoding.
+GREEDY = SamplingParams(temperature=0.0)
 
 
 class EngineError(Exception):
@@ -66,68 +78,25 @@ class ItemEmbedding:
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How to pick tokens and when to stop. `temperature == 0` is greedy."""
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise EngineError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise EngineError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise EngineError(f"top_p must lie in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise EngineError(f"top_k must be >= 0, got {self.top_k}")
-
-
-@dataclass(frozen=True)
 class EngineRequest:
     """A prompt ready for prefill.
 
     `token_ids` is the expanded prompt: each media item's placeholder already repeated once per
-    embedding row, items in prompt order. `mm_hashes` lists the items' content hashes in the same
-    order; the prefix cache keys media blocks by them.
+    embedding row, items in prompt order (the embeddings passed with it follow the same order and
+    carry the items' content hashes).
     """
 
     request_id: str
     token_ids: tuple[int, ...]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    mm_hashes: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class EngineOutput:
-    """One step of a decode stream: new token ids and the text they complete.
-
-    `text` can be shorter than the tokens' text while a stop string may still be forming; the
-    last output carries `finish_reason` and `usage`.
-    """
-
-    token_ids: tuple[int, ...]
-    text: str
-    finish_reason: FinishReason | None = None
-    usage: Usage | None = None
+    sampling: SamplingParams = GREEDY
+    stop: StopConditions = field(default_factory=StopConditions)
 
 
 @dataclass
 class KvHandle:
     """A prefill's result, owned by the engine that made (or imported) it.
+
+    `cached_tokens` counts the prompt tokens whose KV came from the prefix cache.
 
     `state` is private to the engine. A handle is consumed by `decode` or freed by `release`.
     """
@@ -143,22 +112,8 @@ class KvHandle:
         return len(self.prompt_token_ids)
 
 
-@dataclass(frozen=True)
-class KvBlockStored:
-    """Blocks that entered the prefix cache, in sequence order after `parent_hash`."""
-
-    parent_hash: int | None
-    block_hashes: tuple[int, ...]
-    token_hashes: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class KvBlockRemoved:
-    block_hashes: tuple[int, ...]
-
-
-KvEvent = KvBlockStored | KvBlockRemoved
-KvEventSink = Callable[[KvEvent], None]
+KvEventData = KvStored | KvRemoved | KvCleared
+KvEventSink = Callable[[KvEventData], None]
 
 
 class Engine(abc.ABC):
@@ -175,8 +130,14 @@ class Engine(abc.ABC):
         """Run the prompt with `embeddings` spliced in; sample the first token."""
 
     @abc.abstractmethod
-    def decode(self, kv: KvHandle, sampling: SamplingParams) -> AsyncIterator[EngineOutput]:
-        """Stream the completion from `kv`, starting with its first token; consumes `kv`."""
+    def decode(
+        self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
+    ) -> AsyncIterator[TokenChunk]:
+        """Stream the completion from `kv`, starting with its first token; consumes `kv`.
+
+        Chunks carry the new token ids and the text they complete; text that may still become
+        a stop string is held back, and a matched stop string is never sent.
+        """
 
     @abc.abstractmethod
     async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
@@ -192,7 +153,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def subscribe_kv_events(self, sink: KvEventSink) -> None:
-        """Call `sink` (from the engine's thread) for every prefix-cache change."""
+        """Call `sink` (from the engine's thread) for every prefix-cache change.
+
+        The worker wraps each change in a `protocol.KvEvent` (worker id, event id) and
+        publishes it; a sink must not block.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -200,8 +165,8 @@ class Engine(abc.ABC):
 
     async def generate(
         self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
-    ) -> AsyncIterator[EngineOutput]:
+    ) -> AsyncIterator[TokenChunk]:
         """Prefill then decode, as one stream (the aggregated path)."""
         kv = await self.prefill(request, embeddings)
-        async for output in self.decode(kv, request.sampling):
-            yield output
+        async for chunk in self.decode(kv, request.sampling, request.stop):
+            yield chunk

@@ -1,0 +1,69 @@
+"""Token choice (greedy, temperature, top-k, top-p, seed) and the stop rules of a stream."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from mmserve.engines.base import EngineError
+from mmserve.protocol import FinishReason, SamplingParams, StopConditions
+
+
+def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
+    """Reject values no engine can honour, with a message a client can act on."""
+    if stop.max_tokens < 1:
+        raise EngineError(f"max_tokens must be at least 1, got {stop.max_tokens}")
+    if params.temperature < 0:
+        raise EngineError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise EngineError(f"top_p must lie in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise EngineError(f"top_k must be >= 0, got {params.top_k}")
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """The stream's random source: seeded when asked, None for greedy."""
+    if params.temperature == 0:
+        return None
+    generator = torch.Generator(device=device)
+    seed = params.seed if params.seed is not None else random.getrandbits(63)
+    generator.manual_seed(seed)
+    return generator
+
+
+def sample_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """The next token from one row of logits."""
+    if params.temperature == 0 or generator is None:
+        return int(torch.argmax(logits))
+    scores = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
+        # Drop a token once the tokens before it already reach top_p; the first always stays.
+        drop = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
+        scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class StopRules:
+    """When a stream ends on a token: stop ids, EOS and the token budget."""
+
+    def __init__(self, stop: StopConditions, eos_token_ids: tuple[int, ...]) -> None:
+        self.max_tokens = stop.max_tokens
+        self.stop_ids = frozenset(stop.stop_token_ids) | (
+            frozenset() if stop.ignore_eos else frozenset(eos_token_ids)
+        )
+
+    def on_token(self, token_id: int, completion_tokens: int) -> FinishReason | None:
+        if token_id in self.stop_ids:
+            return "stop"
+        if completion_tokens >= self.max_tokens:
+            return "length"
+        return None
