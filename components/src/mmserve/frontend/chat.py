@@ -20,6 +20,7 @@ from mmserve.media import MediaPolicy
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     ImageUrlPart,
     MediaItem,
     PreprocessedRequest,
@@ -228,7 +229,7 @@ def _image_refs(request: ChatCompletionRequest) -> list[_ImageRef]:
     return refs
 
 
-def _template_message(message: Any) -> dict[str, Any]:
+def _template_message(message: ChatMessage) -> dict[str, Any]:
     """The message in the form HF chat templates read (`{"type": "image"}` per image)."""
     role = "system" if message.role == "developer" else message.role
     content = message.content

@@ -56,8 +56,8 @@ async def process(
     count_only: bool,
 ) -> ProcessedRequest:
     """Fetches and describes every item of a request. `input_ids` holds one placeholder per
-    item; with `count_only` the core reads only what it needs for hash, grid and token count
-    (it still fetches and decodes each item, but skips resize and pixel values)."""
+    item. With `count_only` the core fetches, hashes and decodes each item (which validates it
+    and applies its EXIF orientation) and plans its grid, but skips resize and pixel values."""
     output = await asyncio.to_thread(
         _mm.process, spec, input_ids, sources, count_only=count_only, **_fetch_options(policy)
     )
