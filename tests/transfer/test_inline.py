@@ -33,6 +33,14 @@ async def test_inline_round_trip_through_the_wire(dtype: torch.dtype) -> None:
     assert digest(received) == digest(tensor.contiguous())
 
 
+async def test_empty_and_scalar_tensors_round_trip() -> None:
+    async with InlineTransferAgent() as agent:
+        for tensor in (torch.empty(0, 7, dtype=torch.bfloat16), torch.tensor(2.5)):
+            handle, _ = await agent.offer(tensor)
+            received = await agent.fetch(handle)
+            assert received.shape == tensor.shape and torch.equal(received, tensor)
+
+
 async def test_small_tensors_go_inline_whatever_the_backend() -> None:
     async with ShmTransferAgent(inline_threshold=1024) as agent:
         small, _ = await agent.offer(torch.arange(256, dtype=torch.int32))

@@ -270,7 +270,12 @@ class TransferAgent(ABC):
         """Zero-copy access: a view of the pooled buffer, valid only inside the `async with`."""
         dtype = dtype_from_name(handle.dtype)
         if handle.backend == "inline":
-            raw = torch.frombuffer(bytearray(handle.descriptor), dtype=torch.uint8)
+            # frombuffer refuses an empty buffer; an empty tensor is still a valid payload.
+            raw = (
+                torch.frombuffer(bytearray(handle.descriptor), dtype=torch.uint8)
+                if handle.descriptor
+                else torch.empty(0, dtype=torch.uint8)
+            )
             yield typed_view(raw, handle.shape, dtype).to(device)
             return
         self._check_backend(handle)
