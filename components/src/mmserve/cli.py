@@ -15,6 +15,7 @@ COMPONENT_MODULES: list[str] = [
     "mmserve.models.tiny",
     "mmserve.frontend.cli",
     "mmserve.runtime.nats_server",
+    "mmserve.worker.cli",
 ]
 
 

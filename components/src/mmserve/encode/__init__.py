@@ -1,1 +1,1 @@
-"""encode."""
+"""The encode stage and the encode worker."""

@@ -1,1 +1,1 @@
-"""worker."""
+"""Workers: aggregated (prefill + decode), prefill, decode."""

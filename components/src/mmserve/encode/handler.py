@@ -1,0 +1,90 @@
+"""The encode worker (`mmserve encode`): preprocess and encode each request's media, then hand
+the expanded prompt and the embeddings to the next hop and stream its answer back.
+
+The next hop is discovered: a decode worker when the deployment has one (E/P/D), else an
+aggregated worker (E/PD).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from mmserve import protocol
+from mmserve.encode.embeddings import offer_embeddings
+from mmserve.encode.stage import EncodeStage
+from mmserve.observability import metrics, nvtx
+from mmserve.protocol import PreprocessedRequest, TokenChunk
+from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext, Runtime
+from mmserve.transfer import TransferAgent
+from mmserve.worker.errors import typed_errors
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "encode"
+GENERATE = "generate"
+NEXT_HOPS = ("decode", "worker")  # in order of preference
+
+
+class EncodeHandler:
+    def __init__(self, runtime: Runtime, stage: EncodeStage, transfer: TransferAgent) -> None:
+        self.runtime = runtime
+        self.stage = stage
+        self.transfer = transfer
+        self._hops: list[tuple[InstanceWatcher, Client]] = []
+
+    async def serve(self) -> None:
+        for component in NEXT_HOPS:
+            watcher = await self.runtime.watch(component, GENERATE)
+            self._hops.append((watcher, self.runtime.client(component, GENERATE)))
+        await self.runtime.serve(COMPONENT, GENERATE, self.generate, PreprocessedRequest)
+
+    def _next_hop(self) -> Client:
+        for watcher, client in self._hops:
+            if watcher.instances():
+                return client
+        raise RemoteError(
+            protocol.ERROR_UNAVAILABLE,
+            f"no {' or '.join(NEXT_HOPS)} worker is registered to take encoded requests",
+        )
+
+    async def generate(
+        self, request: PreprocessedRequest, ctx: RequestContext
+    ) -> AsyncIterator[TokenChunk]:
+        started = time.perf_counter()
+        metrics.REQUESTS.labels(COMPONENT).inc()
+        metrics.ACTIVE.labels(COMPONENT).inc()
+        outcome = "failed"
+        try:
+            with typed_errors(), nvtx.nvtx_range(nvtx.ENC_GENERATE):
+                next_hop = self._next_hop()
+                encoded = await self.stage.run(request)
+                handles, _leases = await offer_embeddings(self.transfer, encoded.embeddings)
+                media = [
+                    msgspec.structs.replace(item, embeddings=handle)
+                    for item, handle in zip(encoded.media, handles, strict=True)
+                ]
+                downstream = msgspec.structs.replace(
+                    request, token_ids=encoded.token_ids, media=media, expanded=True
+                )
+                # Leases return their buffers once the next hop has read them (or time out).
+                async for chunk in next_hop.stream(
+                    downstream, TokenChunk, request_id=request.request_id, deadline=request.deadline
+                ):
+                    yield chunk
+            outcome = "done"
+        except RemoteError as exc:
+            metrics.ERRORS.labels(COMPONENT, exc.code).inc()
+            raise
+        finally:
+            metrics.ACTIVE.labels(COMPONENT).dec()
+            log.info(
+                "request %s %s: %d media, %.1f ms",
+                request.request_id,
+                outcome,
+                len(request.media),
+                (time.perf_counter() - started) * 1000,
+            )

@@ -1,0 +1,109 @@
+"""The encode stage: preprocess each media item in the Rust core, run the vision tower.
+
+Used by the encode worker and by a worker or prefill worker started with `--encode`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mmserve import media
+from mmserve.engines.base import Engine, ItemEmbedding, MediaInput
+from mmserve.media import MediaPolicy
+from mmserve.observability import metrics, nvtx
+from mmserve.protocol import MediaItem, PreprocessedRequest
+from mmserve.transfer import TransferAgent
+
+
+@dataclass
+class Encoded:
+    """A request after encode: expanded prompt ids, one embedding per media item (in prompt
+    order), and the media items with their token counts and grids filled in."""
+
+    token_ids: list[int]
+    embeddings: list[ItemEmbedding] = field(default_factory=list)
+    media: list[MediaItem] = field(default_factory=list)
+
+
+class EncodeStage:
+    def __init__(
+        self,
+        engine: Engine,
+        transfer: TransferAgent,
+        model_path: Path,
+        policy: MediaPolicy,
+        component: str,
+    ) -> None:
+        self.engine = engine
+        self.transfer = transfer
+        self.spec = media.load_spec(model_path)
+        self.policy = policy
+        self.component = component
+
+    async def run(self, request: PreprocessedRequest) -> Encoded:
+        if not request.media:
+            return Encoded(token_ids=list(request.token_ids))
+        started = time.perf_counter()
+        if request.expanded:
+            inputs = await self._inputs_from_pixels(request)
+            token_ids = list(request.token_ids)
+        else:
+            token_ids, inputs = await self._preprocess(request)
+        metrics.STAGE_SECONDS.labels(self.component, "preprocess").observe(
+            time.perf_counter() - started
+        )
+        started = time.perf_counter()
+        with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE):
+            embeddings = await self.engine.encode(inputs)
+        metrics.STAGE_SECONDS.labels(self.component, "encode").observe(
+            time.perf_counter() - started
+        )
+        items = [
+            MediaItem(
+                url=item.url,
+                mm_hash=emb.mm_hash,
+                token_count=emb.num_tokens,
+                image_grid_thw=emb.grid_thw,
+            )
+            for item, emb in zip(request.media, embeddings, strict=True)
+        ]
+        return Encoded(token_ids=token_ids, embeddings=embeddings, media=items)
+
+    async def _preprocess(self, request: PreprocessedRequest) -> tuple[list[int], list[MediaInput]]:
+        sources: list[str | bytes] = []
+        for index, item in enumerate(request.media):
+            source = item.data if item.data is not None else item.url
+            if source is None:
+                raise ValueError(f"media item {index} has neither a URL nor data")
+            sources.append(source)
+        processed = await media.process(
+            self.spec, list(request.token_ids), sources, self.policy, count_only=False
+        )
+        inputs = [
+            MediaInput(
+                mm_hash=item.mm_hash,
+                pixel_values=torch.from_numpy(item.pixel_values),
+                grid_thw=item.grid_thw,
+            )
+            for item in processed.items
+            if item.pixel_values is not None
+        ]
+        return processed.input_ids, inputs
+
+    async def _inputs_from_pixels(self, request: PreprocessedRequest) -> list[MediaInput]:
+        """Frontend decoding: the frontend preprocessed the items and sent pixel_values."""
+
+        async def load(index: int, item: MediaItem) -> MediaInput:
+            if item.pixel_values is None or item.image_grid_thw is None:
+                raise ValueError(f"media item {index} of an expanded request has no pixel_values")
+            pixels = await self.transfer.fetch(item.pixel_values)
+            return MediaInput(
+                mm_hash=item.mm_hash, pixel_values=pixels, grid_thw=item.image_grid_thw
+            )
+
+        return list(await asyncio.gather(*(load(i, item) for i, item in enumerate(request.media))))
