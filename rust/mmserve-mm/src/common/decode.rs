@@ -213,6 +213,18 @@ fn to_rgb_in_place(buf: &mut Vec<u8>, pixels: usize, channels: usize) {
     }
 }
 
+/// The `x`-th sample of a packed row of `bits`-bit samples (most significant bits first).
+fn unpack_sample(row: &[u8], x: usize, bits: usize) -> u8 {
+    match bits {
+        8 => row[x],
+        _ => {
+            let per_byte = 8 / bits;
+            let shift = 8 - bits * (x % per_byte + 1);
+            (row[x / per_byte] >> shift) & ((1u8 << bits) - 1)
+        }
+    }
+}
+
 /// A 256-entry RGB lookup table as PIL builds it: the given entries, then its default gray
 /// ramp (i, i, i), so that indices past a short palette read gray rather than fail.
 fn pil_palette(entries: impl Iterator<Item = [u8; 3]>) -> Vec<u8> {

@@ -3,7 +3,8 @@
 //! as `v * 255 / max`, alpha is dropped). RLE-compressed BMPs are refused.
 
 use super::{
-    alloc_zeroed, buffer_len, check_dimensions, pil_palette, DecodeError, DecodeLimits, ImageFormat,
+    alloc_zeroed, buffer_len, check_dimensions, pil_palette, unpack_sample, DecodeError,
+    DecodeLimits, ImageFormat,
 };
 use crate::pipeline::DecodedImage;
 
@@ -146,11 +147,8 @@ pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
 fn convert_row(layout: &Layout, src: &[u8], dst: &mut [u8]) {
     match layout {
         Layout::Indexed { bits, palette } => {
-            let bits = *bits as usize;
-            let per_byte = 8 / bits;
             for (x, px) in dst.chunks_exact_mut(3).enumerate() {
-                let shift = 8 - bits * (x % per_byte + 1);
-                let index = usize::from((src[x / per_byte] >> shift) & ((1u8 << bits) - 1)) * 3;
+                let index = usize::from(unpack_sample(src, x, *bits as usize)) * 3;
                 px.copy_from_slice(&palette[index..index + 3]);
             }
         }

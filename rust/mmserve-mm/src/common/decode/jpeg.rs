@@ -115,10 +115,10 @@ pub(super) fn decode(
     if rc != 0 {
         return Err(DecodeError::corrupt(FORMAT, tj.last_error().1));
     }
-    let (width, height) = (
-        u32::try_from(width).unwrap_or(0),
-        u32::try_from(height).unwrap_or(0),
-    );
+    let (width, height) = match (u32::try_from(width), u32::try_from(height)) {
+        (Ok(w), Ok(h)) if w > 0 && h > 0 => (w, h),
+        _ => return Err(DecodeError::corrupt(FORMAT, "no frame header")),
+    };
     check_dimensions(FORMAT, width, height, limits)?;
     let cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
     let channels = if cmyk { 4 } else { 3 };

@@ -9,7 +9,7 @@ use png::{BitDepth, ColorType, Decoder, Transformations};
 use super::exif::Orientation;
 use super::{
     alloc_zeroed, buffer_len, check_dimensions, pil_palette, rgb_entries, to_rgb_in_place,
-    DecodeError, DecodeLimits, ImageFormat,
+    unpack_sample, DecodeError, DecodeLimits, ImageFormat,
 };
 use crate::pipeline::DecodedImage;
 
@@ -94,18 +94,6 @@ pub(super) fn decode(
         },
         orientation,
     ))
-}
-
-/// The `x`-th sample of a packed row of `bits`-bit samples (most significant bits first).
-fn unpack_sample(row: &[u8], x: usize, bits: usize) -> u8 {
-    match bits {
-        8 => row[x],
-        _ => {
-            let per_byte = 8 / bits;
-            let shift = 8 - bits * (x % per_byte + 1);
-            (row[x / per_byte] >> shift) & ((1u8 << bits) - 1)
-        }
-    }
 }
 
 /// Gray samples of 1, 2 or 4 bits stretched to 0..=255 (0xFF, 0x55, 0x11 multipliers).

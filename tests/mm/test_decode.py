@@ -1,0 +1,303 @@
+"""decode_image against PIL's `Image.open(...).convert("RGB")` (and `exif_transpose`) over
+generated images of every supported format, plus the refusals: bombs, deep samples, damage."""
+
+from __future__ import annotations
+
+import io
+import struct
+import time
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image, ImageFile, ImageOps
+
+from mmserve import _mm
+
+from .images import CHANNELS, TJSAMP, encode_png, png_header_only, turbojpeg_encode
+
+RNG_SEED = 20260
+
+
+@pytest.fixture(autouse=True)
+def roomy_encoder_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PIL's progressive JPEG encoder fails on noisy images with its default output block."""
+    monkeypatch.setattr(ImageFile, "MAXBLOCK", 1 << 24)
+
+
+def pil_rgb(data: bytes, transpose: bool = False) -> np.ndarray:
+    with warnings.catch_warnings():
+        # PIL warns when a palette with per-entry alpha is converted to RGB; the conversion
+        # (alpha dropped) is exactly the reference we want.
+        warnings.simplefilter("ignore")
+        image = Image.open(io.BytesIO(data))
+        if transpose:
+            image = ImageOps.exif_transpose(image)
+        return np.asarray(image.convert("RGB"))
+
+
+def assert_same_as_pil(data: bytes, transpose: bool = False) -> None:
+    got = _mm.decode_image(data)
+    ref = pil_rgb(data, transpose)
+    assert got.dtype == np.uint8
+    assert got.shape == ref.shape
+    diff = np.abs(got.astype(np.int16) - ref.astype(np.int16))
+    assert diff.max() == 0, f"max abs diff {diff.max()}, {np.count_nonzero(diff)} samples differ"
+
+
+def photo(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    """Smooth gradients plus noise: exercises both the DC path and high frequencies."""
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / max(width, 1), y * 255 / max(height, 1), (x * y) % 256], -1)
+    return np.clip(base + rng.normal(0, 25, (height, width, 3)), 0, 255).astype(np.uint8)
+
+
+def save(image: Image.Image, fmt: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# PNG
+
+
+PNG_KINDS = [(0, 1), (0, 2), (0, 4), (0, 8), (2, 8), (3, 1), (3, 2), (3, 4), (3, 8), (4, 8), (6, 8)]
+
+
+@pytest.mark.parametrize(("color_type", "bit_depth"), PNG_KINDS)
+def test_png_matches_pil(color_type: int, bit_depth: int) -> None:
+    rng = np.random.default_rng(RNG_SEED + color_type * 16 + bit_depth)
+    for case in range(12):
+        width, height = (int(v) for v in rng.integers(1, 48, 2))
+        samples = rng.integers(0, 2**bit_depth, (height, width, CHANNELS[color_type]))
+        palette = trns = None
+        if color_type == 3:
+            entries = 2**bit_depth if case % 3 else int(samples.max()) + 1  # short PLTE too
+            palette = rng.integers(0, 256, entries * 3, dtype=np.uint8).tobytes()
+            if case % 2:
+                trns = rng.integers(0, 256, max(1, entries // 2), dtype=np.uint8).tobytes()
+        elif color_type in (0, 2) and case % 4 == 1:
+            trns = struct.pack(">" + "H" * CHANNELS[color_type], *samples[0, 0])
+        data = encode_png(
+            samples,
+            color_type,
+            bit_depth,
+            palette=palette,
+            trns=trns,
+            gamma=0.45455 if case % 3 == 0 else None,
+            interlace=case % 2 == 0,
+        )
+        assert_same_as_pil(data)
+
+
+@pytest.mark.parametrize("mode", ["1", "L", "LA", "P", "RGB", "RGBA"])
+def test_png_written_by_pil(mode: str) -> None:
+    rgb = Image.fromarray(photo(np.random.default_rng(RNG_SEED), 67, 45))
+    image = rgb.convert(mode) if mode != "P" else rgb.quantize(200)
+    assert_same_as_pil(save(image, "PNG", optimize=True))
+
+
+def test_png_deeper_than_8_bits_is_refused() -> None:
+    samples = np.arange(12, dtype=np.uint16).reshape(2, 2, 3) * 4000
+    for data in [
+        encode_png(samples, 2, 16),
+        save(Image.fromarray(np.full((4, 4), 40000, np.uint16)), "PNG"),
+    ]:
+        with pytest.raises(_mm.MediaError) as e:
+            _mm.decode_image(data)
+        assert e.value.args[0] == "decode.unsupported_bit_depth"
+
+
+# ---------------------------------------------------------------------------------------------
+# JPEG
+
+
+JPEG_SIZES = [(1, 1), (17, 3), (3, 17), (64, 48), (333, 257)]
+
+
+@pytest.mark.parametrize("subsampling", [0, 1, 2])
+@pytest.mark.parametrize("progressive", [False, True])
+def test_jpeg_matches_pil(subsampling: int, progressive: bool) -> None:
+    rng = np.random.default_rng(RNG_SEED + subsampling)
+    for i, quality in enumerate([10, 25, 50, 75, 90, 95, 100]):
+        width, height = JPEG_SIZES[i % len(JPEG_SIZES)]
+        image = Image.fromarray(photo(rng, width, height))
+        options: dict[str, object] = {"quality": quality, "subsampling": subsampling}
+        if progressive:
+            options["progressive"] = True
+        elif i % 2:
+            options["restart_marker_blocks"] = 1 + i
+        assert_same_as_pil(save(image, "JPEG", **options))
+
+
+def test_jpeg_large_odd_size_matches_pil() -> None:
+    image = Image.fromarray(photo(np.random.default_rng(RNG_SEED), 1001, 999))
+    assert_same_as_pil(save(image, "JPEG", quality=90, subsampling=2))
+
+
+@pytest.mark.parametrize("subsampling", sorted(TJSAMP))
+def test_jpeg_every_libjpeg_subsampling_matches_pil(subsampling: str) -> None:
+    rng = np.random.default_rng(RNG_SEED + len(subsampling))
+    for quality, (width, height) in zip([20, 80, 98], [(37, 61), (1, 1), (129, 31)], strict=True):
+        assert_same_as_pil(turbojpeg_encode(photo(rng, width, height), quality, subsampling))
+
+
+def test_jpeg_grayscale_and_cmyk_match_pil() -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    gray = Image.fromarray(photo(rng, 45, 29)[..., 1])
+    assert_same_as_pil(save(gray, "JPEG", quality=85))
+    cmyk = Image.fromarray(rng.integers(0, 256, (29, 45, 4), dtype=np.uint8), "CMYK")
+    for quality in (60, 100):
+        assert_same_as_pil(save(cmyk, "JPEG", quality=quality))
+
+
+def test_cmyk_conversion_matches_pil_for_every_ink_and_black_level() -> None:
+    # Channels convert independently, so all (ink, black) pairs cover the whole table.
+    ink, black = np.meshgrid(np.arange(256), np.arange(256))
+    cmyk = np.stack([ink, 255 - ink, ink // 2, black], -1).astype(np.uint8)
+    assert_same_as_pil(save(Image.fromarray(cmyk, "CMYK"), "JPEG", quality=100, subsampling=0))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_matches_exif_transpose(orientation: int) -> None:
+    image = Image.fromarray(photo(np.random.default_rng(orientation), 13, 7))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    for fmt, options in [("JPEG", {"quality": 95}), ("PNG", {}), ("WEBP", {"lossless": True})]:
+        data = save(image, fmt, exif=exif.tobytes(), **options)
+        assert_same_as_pil(data, transpose=True)
+    if orientation in (5, 6, 7, 8):
+        assert _mm.decode_image(data).shape == (13, 7, 3)
+
+
+def test_xmp_orientation_is_used_when_exif_has_none() -> None:
+    image = Image.fromarray(photo(np.random.default_rng(3), 11, 5))
+    xmp = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+    data = save(image, "JPEG", xmp=xmp)
+    assert_same_as_pil(data, transpose=True)
+    assert _mm.decode_image(data).shape == (11, 5, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# WebP, GIF, BMP
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA"])
+def test_webp_lossless_and_lossy_match_pil(mode: str) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    for width, height in [(1, 1), (17, 3), (64, 48), (301, 199)]:
+        image = Image.fromarray(photo(rng, width, height)).convert(mode)
+        if mode == "RGBA":
+            alpha = rng.integers(0, 256, (height, width), dtype=np.uint8)
+            image.putalpha(Image.fromarray(alpha))
+        assert_same_as_pil(save(image, "WEBP", lossless=True))
+        for quality in (5, 50, 95):
+            assert_same_as_pil(save(image, "WEBP", quality=quality))
+
+
+def test_gif_first_frame_matches_pil() -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    frames = [Image.fromarray(photo(rng, 41, 23)).quantize(64) for _ in range(3)]
+    assert_same_as_pil(save(frames[0], "GIF", save_all=True, append_images=frames[1:]))
+    gray = Image.fromarray(photo(rng, 19, 9)[..., 0])
+    assert_same_as_pil(save(gray, "GIF"))
+    with_transparency = frames[1].copy()
+    with_transparency.info["transparency"] = 3
+    assert_same_as_pil(save(with_transparency, "GIF", transparency=3, interlace=True))
+    assert _mm.decode_image(save(frames[2], "GIF")).shape == (23, 41, 3)
+
+
+@pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA"])
+def test_bmp_written_by_pil_matches(mode: str) -> None:
+    rgb = Image.fromarray(photo(np.random.default_rng(RNG_SEED), 37, 21))
+    image = rgb.quantize(16) if mode == "P" else rgb.convert(mode)
+    assert_same_as_pil(save(image, "BMP"))
+
+
+def bmp_v3(width: int, height: int, bpp: int, pixel_rows: bytes, masks: tuple[int, ...]) -> bytes:
+    """A BITMAPINFOHEADER BMP with BI_BITFIELDS masks (negative height = top-down)."""
+    compression = 3 if masks else 0
+    header = struct.pack("<IiiHHIIiiII", 40, width, height, 1, bpp, compression, 0, 0, 0, 0, 0)
+    mask_bytes = struct.pack("<" + "I" * len(masks), *masks)
+    offset = 14 + len(header) + len(mask_bytes)
+    size = offset + len(pixel_rows)
+    return b"BM" + struct.pack("<IHHI", size, 0, 0, offset) + header + mask_bytes + pixel_rows
+
+
+@pytest.mark.parametrize(
+    ("bpp", "masks"),
+    [
+        (16, ()),
+        (16, (0xF800, 0x07E0, 0x001F)),
+        (16, (0x7C00, 0x03E0, 0x001F)),
+        (32, (0xFF0000, 0xFF00, 0xFF)),
+        (32, (0xFF000000, 0xFF0000, 0xFF00)),
+    ],
+)
+@pytest.mark.parametrize("top_down", [False, True])
+def test_bmp_bit_fields_match_pil(bpp: int, masks: tuple[int, ...], top_down: bool) -> None:
+    rng = np.random.default_rng(bpp + len(masks))
+    width, height = 7, 5
+    stride = (width * bpp + 31) // 32 * 4
+    rows = rng.integers(0, 256, stride * height, dtype=np.uint8).tobytes()
+    assert_same_as_pil(bmp_v3(width, -height if top_down else height, bpp, rows, masks))
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_decompression_bomb_header_fails_fast_without_allocating() -> None:
+    bomb = png_header_only(100_000, 100_000)
+    assert len(bomb) < 60
+    started = time.perf_counter()
+    with pytest.raises(_mm.MediaError) as e:
+        _mm.decode_image(bomb)
+    # 30 GB would be refused as out of memory, not as over the limit, had it been allocated.
+    assert e.value.args[0] == "decode.too_many_pixels"
+    assert "100000x100000" in e.value.args[1]
+    assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
+def test_pixel_limit_applies_to_every_format(fmt: str) -> None:
+    data = save(Image.new("RGB", (40, 25), (9, 99, 199)), fmt)
+    assert _mm.decode_image(data, max_pixels=1000).shape == (25, 40, 3)
+    with pytest.raises(_mm.MediaError) as e:
+        _mm.decode_image(data, max_pixels=999)
+    assert e.value.args[0] == "decode.too_many_pixels"
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
+def test_truncated_and_corrupt_files_are_errors_not_crashes(fmt: str) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    image = Image.fromarray(photo(rng, 64, 40))
+    data = save(image.quantize(64) if fmt == "GIF" else image, fmt)
+    for cut in [4, 16, 40, len(data) // 2, len(data) - 30]:
+        with pytest.raises(_mm.MediaError) as e:
+            _mm.decode_image(data[:cut])
+        assert e.value.args[0] in ("decode.corrupt", "decode.unknown_format"), cut
+    for _ in range(40):
+        damaged = bytearray(data)
+        for at in rng.integers(0, len(data), 8):
+            damaged[at] = int(rng.integers(0, 256))
+        try:
+            out = _mm.decode_image(bytes(damaged))
+        except _mm.MediaError as e:
+            assert e.args[0].startswith("decode."), e.args
+        else:
+            assert out.ndim == 3 and out.shape[2] == 3
+
+
+def test_unknown_format_is_named() -> None:
+    with pytest.raises(_mm.MediaError) as e:
+        _mm.decode_image(b"<svg xmlns='http://www.w3.org/2000/svg'/>")
+    assert e.value.args[0] == "decode.unknown_format"
+
+
+def test_output_array_owns_its_rust_buffer() -> None:
+    data = save(Image.new("RGB", (5, 3), (1, 2, 3)), "PNG")
+    out = _mm.decode_image(data)
+    assert out.flags.c_contiguous and out.flags.writeable
+    assert out.tolist() == [[[1, 2, 3]] * 5] * 3
