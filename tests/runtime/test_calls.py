@@ -16,6 +16,7 @@ from mmserve.runtime import (
     DeadlineExceeded,
     PayloadTooLarge,
     RemoteError,
+    RequestContext,
     Runtime,
     Unavailable,
 )
@@ -267,3 +268,26 @@ async def test_events_reach_every_subscriber_in_order(nats_url: str) -> None:
             )
         await asyncio.wait_for(done.wait(), 5.0)
         assert received == {"a": list(range(100)), "b": list(range(100))}
+
+
+async def test_work_in_a_thread_sees_the_cancellation_flag(nats_url: str) -> None:
+    observed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def blocking_work(ctx: RequestContext) -> None:
+        while not ctx.is_cancelled():
+            time.sleep(0.01)
+        loop.call_soon_threadsafe(observed.set)
+
+    async def handler(req: p.TokenChunk, ctx: RequestContext) -> p.TokenChunk:
+        await asyncio.to_thread(blocking_work, ctx)
+        return req
+
+    async with (
+        await Runtime.connect(nats_url, "thread-cancel") as server,
+        await Runtime.connect(nats_url, "thread-cancel") as caller,
+    ):
+        await server.serve("threads", "work", handler, p.TokenChunk)
+        with pytest.raises(DeadlineExceeded):
+            await caller.client("threads", "work").call(chunk(), p.TokenChunk, timeout=0.3)
+        await asyncio.wait_for(observed.wait(), 5.0)

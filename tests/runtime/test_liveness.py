@@ -173,3 +173,26 @@ async def test_serving_without_jetstream_fails_at_start_not_silently() -> None:
 
             with pytest.raises(Unavailable, match="JetStream"):
                 await runtime.serve("svc", "echo", echo, p.TokenChunk)
+
+
+async def test_second_sigterm_skips_the_graceful_wait(
+    nats_url: str, start_service: StartService
+) -> None:
+    namespace = fresh_namespace()
+    service = start_service(nats_url, namespace, "forced")
+    async with await Runtime.connect(nats_url, namespace) as caller:
+        await wait_for_pids(caller, "forced", {service.pid})
+        in_flight = asyncio.create_task(
+            caller.client("forced", "sleep").call(sleep_request(), p.TokenChunk)
+        )
+        await asyncio.sleep(0.3)
+        service.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        assert not in_flight.done()  # the first signal waits for in-flight calls
+        service.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        with pytest.raises(Unavailable, match="shutting down"):
+            await asyncio.wait_for(in_flight, 5.0)
+        assert await asyncio.to_thread(service.wait, 5.0) == 0
+        # Well under the service's 5 s graceful timeout.
+        assert time.monotonic() - signalled < 3.0
