@@ -126,7 +126,9 @@ def build_app(
 
 def open_dispatcher(args: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
     """The pipeline behind the frontend, discovered over NATS."""
-    raise RuntimeError("no pipeline dispatcher is available in this build")
+    from mmserve.frontend.nats_dispatch import open_nats_dispatcher
+
+    return open_nats_dispatcher(args)
 
 
 async def serve(
