@@ -86,6 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="round-robin",
         help="how a worker is picked for each request (default: round-robin)",
     )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
+        help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
+    )
     MediaPolicy.add_cli_args(parser)
 
 
