@@ -43,6 +43,7 @@ def test_non_streaming_completion_with_the_openai_client(frontend: RunningFronte
     )
     sent = frontend.dispatcher.requests[-1]
     assert completion.id == sent.request_id and completion.id.startswith("chatcmpl-")
+    assert completion._request_id == completion.id  # the x-request-id header
     text = completion.choices[0].message.content
     # The chat template's turns, in order, with the model's own role markers.
     assert text == (
@@ -136,6 +137,7 @@ def test_curl_non_streaming(frontend: RunningFrontend) -> None:
     payload, status = result.stdout.rsplit("\n", 1)
     assert status == "200"
     response = json.loads(payload)
+    assert response["id"] == frontend.dispatcher.requests[-1].request_id
     assert response["object"] == "chat.completion"
     assert response["choices"][0]["message"]["role"] == "assistant"
     assert response["usage"]["total_tokens"] == (

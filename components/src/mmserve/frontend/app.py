@@ -78,11 +78,18 @@ class _Exchange:
         self._send = send
         self.started = False
         self.status = 0
+        self.extra_headers: list[tuple[bytes, bytes]] = []
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
         self.status = status
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": headers + self.extra_headers,
+            }
+        )
 
     async def body(self, data: bytes, more: bool = False) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
@@ -172,6 +179,7 @@ class FrontendApp:
     async def _chat_completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
         request_id = new_request_id()
         arrival = time.perf_counter()
+        exchange.extra_headers.append((b"x-request-id", request_id.encode()))
         metrics.REQUESTS.labels(COMPONENT).inc()
         metrics.ACTIVE.labels(COMPONENT).inc()
         outcome = "ok"
