@@ -27,6 +27,7 @@ import signal
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -161,7 +162,8 @@ class Runtime:
         self._inbox_prefix = f"_INBOX.{secrets.token_hex(11)}"
         self._next_call = 0
         self._background: set[asyncio.Task[Any]] = set()
-        self._watchers: set[InstanceWatcher] = set()
+        # Weak: watchers stopped by their owners and dropped leave no trace here.
+        self._watchers: weakref.WeakSet[InstanceWatcher] = weakref.WeakSet()
         self._registrar = Registrar(nc)
         self._keepalive_task: asyncio.Task[None] | None = None
         self._inbox_subscription: Subscription | None = None
