@@ -1,0 +1,152 @@
+# Shared by the launch scripts: flags, nats-server, process supervision.
+# Sourced, not run. Each script calls `launch_parse "$@"`, then `launch_start NAME CMD...` per
+# component, then `launch_wait`. Every process it started is stopped on Ctrl-C, on SIGTERM, or as
+# soon as one of them exits, so nothing is left behind.
+
+set -euo pipefail
+
+# Use the project's environment when the caller has not activated one.
+LAUNCH_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if ! command -v mmserve >/dev/null 2>&1 && [ -x "$LAUNCH_ROOT/.venv/bin/mmserve" ]; then
+  export PATH="$LAUNCH_ROOT/.venv/bin:$PATH"
+fi
+
+MODEL_PATH=""
+ENGINE="hf"
+HTTP_HOST="127.0.0.1"
+HTTP_PORT="8000"
+NATS_PORT="4222"
+EXTRA_ARGS=()
+MEDIA_ARGS=()
+PIDS=()
+NAMES=()
+
+launch_usage() {
+  cat <<USAGE
+usage: $(basename "$0") [--model-path DIR] [--engine hf|mock|sglang] [--http-host H] [--http-port P]
+                [--nats-port P] [-- extra worker flags...]
+
+Starts $LAUNCH_DESCRIPTION.
+  --model-path DIR  a local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL, built if missing)
+  --engine NAME     engine for the workers (default: hf)
+  --http-host H     frontend host (default: 127.0.0.1)
+  --http-port P     frontend port (default: 8000)
+  --nats-port P     port of the nats-server started when NATS_URL is unset (default: 4222)
+  --allowed-media-domains H..., --allowed-local-media-path DIR..., --media-fetch-timeout S
+                    media policy, passed to the frontend and to every process that fetches media
+Unknown flags, and everything after --, are passed to every worker.
+USAGE
+}
+
+launch_parse() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -h|--help) launch_usage; exit 0 ;;
+      --model-path) MODEL_PATH="$2"; shift 2 ;;
+      --engine) ENGINE="$2"; shift 2 ;;
+      --http-host) HTTP_HOST="$2"; shift 2 ;;
+      --http-port) HTTP_PORT="$2"; shift 2 ;;
+      --nats-port) NATS_PORT="$2"; shift 2 ;;
+      --allowed-media-domains|--allowed-local-media-path|--media-fetch-timeout|--max-media-items)
+        MEDIA_ARGS+=("$1"); shift
+        while [ $# -gt 0 ] && [[ "$1" != --* ]]; do MEDIA_ARGS+=("$1"); shift; done ;;
+      --) shift; EXTRA_ARGS+=("$@"); break ;;
+      *) EXTRA_ARGS+=("$1"); shift ;;
+    esac
+  done
+  trap launch_stop INT TERM
+  trap launch_stop_quiet EXIT
+  if [ -z "${NATS_URL:-}" ]; then
+    launch_start nats mmserve nats --port "$NATS_PORT"
+    export NATS_URL="nats://127.0.0.1:$NATS_PORT"
+    launch_wait_port 127.0.0.1 "$NATS_PORT" 30
+  fi
+  if [ -z "$MODEL_PATH" ]; then
+    MODEL_PATH=$(mmserve make-tiny-model --family qwen2_vl | tail -n 1)
+  fi
+}
+
+# The frontend, with the media policy; extra frontend flags may follow.
+launch_frontend() {
+  launch_start frontend mmserve frontend --model-path "$MODEL_PATH" --http-host "$HTTP_HOST" \
+    --http-port "$HTTP_PORT" ${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"} "$@"
+}
+
+# A worker of ROLE (worker, prefill, decode, encode) with its flags, then the extra flags.
+# Workers that fetch media (encode, and --encode ones) get the media policy too.
+launch_worker() {
+  local name=$1 role=$2; shift 2
+  local media=()
+  if [ "$role" = encode ] || [[ " $* " == *" --encode "* ]]; then
+    media=(${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"})
+  fi
+  launch_start "$name" mmserve "$role" --model-path "$MODEL_PATH" --engine "$ENGINE" "$@" \
+    ${media[@]+"${media[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+}
+
+launch_start() {
+  local name=$1; shift
+  echo "[launch] starting $name: $*" >&2
+  "$@" &
+  PIDS+=($!)
+  NAMES+=("$name")
+}
+
+launch_wait_port() {
+  local host=$1 port=$2 timeout=$3 i
+  for ((i = 0; i < timeout * 10; i++)); do
+    (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "[launch] nothing listens on $host:$port after ${timeout}s" >&2
+  return 1
+}
+
+launch_wait_ready() {
+  local url="http://$HTTP_HOST:$HTTP_PORT" i
+  for ((i = 0; i < 1800; i++)); do
+    if curl -fsS "$url/health" >/dev/null 2>&1; then
+      echo "[launch] ready: curl $url/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(basename "$MODEL_PATH")\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'"
+      return 0
+    fi
+    launch_check_alive || return 1
+    sleep 0.1
+  done
+  echo "[launch] $url/health never became ready" >&2
+  return 1
+}
+
+launch_check_alive() {
+  local i
+  for i in "${!PIDS[@]}"; do
+    if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+      echo "[launch] ${NAMES[$i]} (pid ${PIDS[$i]}) exited; stopping everything" >&2
+      return 1
+    fi
+  done
+}
+
+launch_stop_quiet() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  PIDS=()
+}
+
+launch_stop() {
+  echo "[launch] stopping" >&2
+  launch_stop_quiet
+  exit 130
+}
+
+# Blocks until one process exits (then stops the rest) or a signal arrives.
+launch_wait() {
+  launch_wait_ready || exit 1
+  local rc=0
+  wait -n "${PIDS[@]}" || rc=$?
+  launch_check_alive || true
+  exit "$rc"
+}

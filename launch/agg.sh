@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Aggregated: the frontend and one worker that encodes, prefills and decodes.
+LAUNCH_DESCRIPTION="the aggregated deployment (frontend + worker --encode)"
+source "$(dirname "$0")/_lib.sh"
+launch_parse "$@"
+launch_worker worker worker --encode
+launch_frontend
+launch_wait
