@@ -154,7 +154,7 @@ async def test_leaving_a_stream_early_cancels_it(pool_caller: Pool) -> None:
     async for reply in stream:
         if reply.token_ids[0] == 2:
             break
-    await stream.aclose()  # type: ignore[attr-defined]
+    await stream.aclose()
     await wait_seen_cancelled(runtime, target, "leave-early")
 
 

@@ -28,7 +28,7 @@ import socket
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -647,7 +647,7 @@ class Client:
         timeout: float | None = None,
         deadline: float | None = None,
         idle_timeout: float | None = None,
-    ) -> AsyncIterator[R]:
+    ) -> AsyncGenerator[R, None]:
         """Send `request` and yield its replies until the server ends the stream.
 
         The deadline is `deadline` (unix seconds; pass the upstream one along), else now +
