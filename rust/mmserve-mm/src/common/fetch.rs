@@ -483,14 +483,28 @@ fn check_public(host: &str, addrs: &[SocketAddr]) -> Result<(), FetchError> {
 }
 
 /// Loopback, private, carrier-grade NAT, link-local, unique-local, unspecified, multicast,
-/// broadcast and reserved ranges, including IPv4-mapped IPv6 forms of them.
+/// broadcast and reserved ranges, including IPv4 addresses embedded in IPv6 (mapped,
+/// compatible, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`).
 pub fn is_forbidden_ip(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_forbidden_v4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match embedded_ipv4(v6) {
             Some(v4) => is_forbidden_v4(v4),
             None => is_forbidden_v6(v6),
         },
+    }
+}
+
+fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let o = ip.octets();
+    if let Some(v4) = ip.to_ipv4() {
+        Some(v4) // ::a.b.c.d and ::ffff:a.b.c.d
+    } else if ip.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        Some(Ipv4Addr::new(o[12], o[13], o[14], o[15])) // NAT64: the last 32 bits
+    } else if ip.segments()[0] == 0x2002 {
+        Some(Ipv4Addr::new(o[2], o[3], o[4], o[5])) // 6to4: bits 16..48
+    } else {
+        None
     }
 }
 
@@ -755,6 +769,9 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
             "::ffff:169.254.169.254",
+            "::127.0.0.1",
+            "64:ff9b::a00:1",
+            "2002:c0a8:101::1",
         ] {
             assert!(is_forbidden_ip(ip.parse().unwrap()), "{ip}");
         }
@@ -765,6 +782,8 @@ mod tests {
             "100.128.0.1",
             "2606:4700::1111",
             "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
         ] {
             assert!(!is_forbidden_ip(ip.parse().unwrap()), "{ip}");
         }

@@ -14,6 +14,7 @@ use super::error::to_py;
 use crate::common::decode::{self, DecodeLimits};
 use crate::common::fetch::{self, FetchPolicy};
 use crate::common::hash;
+use crate::pipeline::DecodedImage;
 
 /// Decodes an encoded image (JPEG, PNG, WebP, GIF, BMP) to a uint8 array of shape [h, w, 3].
 #[pyfunction]
@@ -29,10 +30,14 @@ fn decode_image<'py>(
     let image = py
         .detach(|| decode::decode_image(data, &limits))
         .map_err(to_py)?;
+    rgb_array(py, image)
+}
+
+/// A decoded image as a numpy uint8 array [h, w, 3] that takes over its buffer (no copy).
+pub(super) fn rgb_array(py: Python<'_>, image: DecodedImage) -> PyResult<Bound<'_, PyArray3<u8>>> {
     let shape = (image.height as usize, image.width as usize, 3);
     let array = Array3::from_shape_vec(shape, image.data)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    // Moves the decoded buffer into the array: no copy.
     Ok(array.into_pyarray(py))
 }
 

@@ -151,14 +151,12 @@ pub(super) fn decode(
     }
     let (exif, xmp) = app1_metadata(bytes);
     let orientation = Orientation::from_metadata(exif, xmp);
-    Ok((
-        DecodedImage {
-            width,
-            height,
-            data,
-        },
-        orientation,
-    ))
+    let image = DecodedImage {
+        width,
+        height,
+        data,
+    };
+    Ok((image, orientation))
 }
 
 /// PIL: `CMYK;I` unpacking (255 - stored), then `cmyk2rgb`:

@@ -86,14 +86,12 @@ pub(super) fn decode(
         info.exif_metadata.as_deref(),
         xmp.as_deref().map(str::as_bytes),
     );
-    Ok((
-        DecodedImage {
-            width,
-            height,
-            data,
-        },
-        orientation,
-    ))
+    let image = DecodedImage {
+        width,
+        height,
+        data,
+    };
+    Ok((image, orientation))
 }
 
 /// Gray samples of 1, 2 or 4 bits stretched to 0..=255 (0xFF, 0x55, 0x11 multipliers).

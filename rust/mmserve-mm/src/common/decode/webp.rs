@@ -33,12 +33,10 @@ pub(super) fn decode(
     let exif = decoder.exif_metadata().ok().flatten();
     let xmp = decoder.xmp_metadata().ok().flatten();
     let orientation = Orientation::from_metadata(exif.as_deref(), xmp.as_deref());
-    Ok((
-        DecodedImage {
-            width,
-            height,
-            data,
-        },
-        orientation,
-    ))
+    let image = DecodedImage {
+        width,
+        height,
+        data,
+    };
+    Ok((image, orientation))
 }
