@@ -1,1 +1,175 @@
-//! TODO(driver)
+//! The request driver: the fixed per-request steps and their failure semantics.
+//!
+//! Per item: fetch (inline, in order) -> content hash of the raw bytes -> decode ->
+//! `process_item` (fanned out through `common::par`); then the family's layout ->
+//! expanded ids + per-item offsets -> positions. Any failure rejects the whole request;
+//! an item's failure carries its index.
+
+use std::borrow::Cow;
+
+use thiserror::Error;
+
+use crate::common::decode::{decode_image, DecodeLimits};
+use crate::common::fetch::{fetch_bytes, FetchPolicy};
+use crate::common::hash::content_hash;
+use crate::common::par;
+use crate::common::token_layout::expand;
+use crate::pipeline::{Family, Geometry, Positions, ProcessedItem, TokenId};
+use crate::Error;
+
+/// Most media items one request may carry.
+pub const MAX_ITEMS_PER_REQUEST: usize = 64;
+/// Most encoded bytes one request may bring in, all items together (256 MiB).
+pub const MAX_BYTES_PER_REQUEST: u64 = 256 << 20;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    #[error("request has {count} media items; the limit is {limit} per request")]
+    TooManyItems { count: usize, limit: usize },
+    #[error(
+        "request media add up to more than {limit} bytes (the per-request limit) at item {index}"
+    )]
+    TooManyBytes { index: usize, limit: u64 },
+}
+
+impl RequestError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RequestError::TooManyItems { .. } => "request.too_many_items",
+            RequestError::TooManyBytes { .. } => "request.too_many_bytes",
+        }
+    }
+}
+
+/// One media item as the request gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MediaInput<'a> {
+    /// A reference to fetch: URL, `data:` URL, bare base64 or local path.
+    Source(&'a str),
+    /// Bytes someone already fetched (the frontend, for instance).
+    Bytes(&'a [u8]),
+}
+
+/// How much of each item to produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Model inputs (pixel values and aux tensors) too.
+    Full,
+    /// Token count, hash and geometry only: no resize, no pixel values.
+    CountOnly,
+}
+
+/// Request-level settings of the driver.
+#[derive(Debug, Clone, Default)]
+pub struct DriverOptions {
+    pub fetch: FetchPolicy,
+    pub decode: DecodeLimits,
+}
+
+/// What the driver produced for one item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemOutput {
+    /// blake3 of the raw encoded bytes, truncated to u64.
+    pub hash: u64,
+    /// Size of the decoded image (after EXIF orientation).
+    pub width: u32,
+    pub height: u32,
+    pub geometry: Geometry,
+    pub num_tokens: usize,
+    /// `None` in [`Mode::CountOnly`].
+    pub processed: Option<ProcessedItem>,
+}
+
+/// The whole request, ready for the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    pub input_ids: Vec<TokenId>,
+    /// `offsets[i] = (start, end)` of item `i` in `input_ids`.
+    pub offsets: Vec<(usize, usize)>,
+    pub items: Vec<ItemOutput>,
+    pub positions: Positions,
+}
+
+/// Runs one request: `input_ids` has one placeholder per item, in item order.
+pub fn run(
+    family: &dyn Family,
+    input_ids: &[TokenId],
+    media: &[MediaInput<'_>],
+    options: &DriverOptions,
+    mode: Mode,
+) -> Result<RequestOutput, Error> {
+    if media.len() > MAX_ITEMS_PER_REQUEST {
+        return Err(RequestError::TooManyItems {
+            count: media.len(),
+            limit: MAX_ITEMS_PER_REQUEST,
+        }
+        .into());
+    }
+    let fetched = fetch_all(media, &options.fetch)?;
+    let items = par::try_map(&fetched, |bytes| prepare_item(family, bytes, options, mode))
+        .map_err(|(index, e)| e.at_item(index))?;
+
+    let geometries: Vec<Geometry> = items.iter().map(|item| item.geometry).collect();
+    let layout = family.layout(input_ids, &geometries)?;
+    let expanded = expand(&layout, input_ids, items.len())?;
+    let positions = family.positions(expanded.ids.len(), &expanded.offsets, &geometries)?;
+    Ok(RequestOutput {
+        input_ids: expanded.ids,
+        offsets: expanded.offsets,
+        items,
+        positions,
+    })
+}
+
+/// Fetches in order, refusing as soon as the running total passes the request cap.
+fn fetch_all<'a>(
+    media: &[MediaInput<'a>],
+    policy: &FetchPolicy,
+) -> Result<Vec<Cow<'a, [u8]>>, Error> {
+    let mut total: u64 = 0;
+    let mut out = Vec::with_capacity(media.len());
+    for (index, input) in media.iter().enumerate() {
+        let bytes = match input {
+            MediaInput::Source(source) => {
+                Cow::Owned(fetch_bytes(source, policy).map_err(|e| Error::from(e).at_item(index))?)
+            }
+            MediaInput::Bytes(bytes) => Cow::Borrowed(*bytes),
+        };
+        total += bytes.len() as u64;
+        if total > MAX_BYTES_PER_REQUEST {
+            return Err(RequestError::TooManyBytes {
+                index,
+                limit: MAX_BYTES_PER_REQUEST,
+            }
+            .into());
+        }
+        out.push(bytes);
+    }
+    Ok(out)
+}
+
+fn prepare_item(
+    family: &dyn Family,
+    bytes: &[u8],
+    options: &DriverOptions,
+    mode: Mode,
+) -> Result<ItemOutput, Error> {
+    let hash = content_hash(bytes);
+    let image = decode_image(bytes, &options.decode)?;
+    let (geometry, processed) = match mode {
+        Mode::CountOnly => (family.plan(image.width, image.height)?, None),
+        Mode::Full => {
+            let item = family.process_item(&image)?;
+            (item.geometry, Some(item))
+        }
+    };
+    Ok(ItemOutput {
+        hash,
+        width: image.width,
+        height: image.height,
+        geometry,
+        num_tokens: family.num_tokens(&geometry),
+        processed,
+    })
+}

@@ -4,7 +4,9 @@
 use thiserror::Error;
 
 use crate::common::{decode::DecodeError, fetch::FetchError, resize::ResizeError};
+use crate::driver::RequestError;
 use crate::pipeline::ProcessError;
+use crate::registry::SpecError;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -17,6 +19,13 @@ pub enum Error {
     Resize(#[from] ResizeError),
     #[error(transparent)]
     Process(#[from] ProcessError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// A failure of one media item of a request; keeps the item's own code.
+    #[error("image {index}: {source}")]
+    Item { index: usize, source: Box<Error> },
 }
 
 impl Error {
@@ -27,6 +36,25 @@ impl Error {
             Error::Decode(e) => e.code(),
             Error::Resize(e) => e.code(),
             Error::Process(e) => e.code(),
+            Error::Spec(e) => e.code(),
+            Error::Request(e) => e.code(),
+            Error::Item { source, .. } => source.code(),
+        }
+    }
+
+    /// The index of the request item that failed, when one did.
+    pub fn item_index(&self) -> Option<usize> {
+        match self {
+            Error::Item { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+
+    /// Tags this error with the request item it came from.
+    pub fn at_item(self, index: usize) -> Error {
+        Error::Item {
+            index,
+            source: Box::new(self),
         }
     }
 }

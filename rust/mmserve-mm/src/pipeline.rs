@@ -218,8 +218,16 @@ pub enum ProcessError {
     AspectRatio { width: u32, height: u32, limit: u32 },
     #[error("image has a zero dimension ({width}x{height})")]
     EmptyImage { width: u32, height: u32 },
-    #[error("image of {width}x{height} would need a resized size beyond {limit} pixels")]
-    ResizedTooLarge { width: u32, height: u32, limit: u64 },
+    #[error(
+        "image placeholder at prompt position {index} must sit between vision start and end \
+         tokens ({start}, {placeholder}, {end}), as the chat template writes it"
+    )]
+    PlaceholderContext {
+        index: usize,
+        start: TokenId,
+        placeholder: TokenId,
+        end: TokenId,
+    },
     #[error(
         "the prompt has {placeholders} image placeholder(s) but {items} image(s) were given; \
          put exactly one placeholder per image"
@@ -238,7 +246,7 @@ impl ProcessError {
         match self {
             ProcessError::AspectRatio { .. } => "process.aspect_ratio",
             ProcessError::EmptyImage { .. } => "process.empty_image",
-            ProcessError::ResizedTooLarge { .. } => "process.resized_too_large",
+            ProcessError::PlaceholderContext { .. } => "process.placeholder_context",
             ProcessError::PlaceholderCount { .. } => "process.placeholder_count",
             ProcessError::Offsets(_) => "process.offsets",
             ProcessError::TensorShape { .. } => "process.tensor_shape",

@@ -1,1 +1,477 @@
-//! TODO(registry)
+//! A model family from a spec of resolved parameters, and the spec from a model's
+//! Hugging Face config files so nobody writes one by hand.
+//!
+//! Where `preprocessor_config.json` leaves a value out, the spec takes what transformers'
+//! `Qwen2VLImageProcessor` would (its class attributes), after the model's `vision_config`.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::common::resize::{Backend, Filter};
+use crate::pipeline::Family;
+use crate::qwen_vl::QwenVl;
+
+/// The model families this crate preprocesses for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FamilyName {
+    Qwen2Vl,
+    #[serde(rename = "qwen2_5_vl")]
+    Qwen25Vl,
+    Qwen3Vl,
+}
+
+impl FamilyName {
+    /// Maps a `config.json` `model_type`.
+    pub fn from_model_type(model_type: &str) -> Option<Self> {
+        match model_type {
+            "qwen2_vl" => Some(Self::Qwen2Vl),
+            "qwen2_5_vl" => Some(Self::Qwen25Vl),
+            "qwen3_vl" => Some(Self::Qwen3Vl),
+            _ => None,
+        }
+    }
+}
+
+/// Spec JSON names of the resize settings (`"bicubic"`, `"pil"`, ...).
+mod names {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    use crate::common::resize::{Backend, Filter};
+
+    pub mod filter {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(filter: &Filter, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(match filter {
+                Filter::Bicubic => "bicubic",
+                Filter::Lanczos => "lanczos",
+                Filter::Bilinear => "bilinear",
+            })
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Filter, D::Error> {
+            Filter::from_name(&String::deserialize(d)?).map_err(D::Error::custom)
+        }
+    }
+
+    pub mod backend {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(backend: &Backend, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(match backend {
+                Backend::Pil => "pil",
+                Backend::TorchU8 => "torch",
+            })
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Backend, D::Error> {
+            Backend::from_name(&String::deserialize(d)?).map_err(D::Error::custom)
+        }
+    }
+}
+
+/// All parameters a family needs, resolved. Serialised as the spec JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub family: FamilyName,
+    pub patch_size: u32,
+    pub merge_size: u32,
+    pub temporal_patch_size: u32,
+    pub min_pixels: u64,
+    pub max_pixels: u64,
+    pub image_mean: [f64; 3],
+    pub image_std: [f64; 3],
+    pub rescale_factor: f64,
+    /// `bicubic`, `lanczos` or `bilinear`.
+    #[serde(with = "names::filter")]
+    pub resample: Filter,
+    /// `pil` (PIL's resize, numpy's float arithmetic) or `torch` (torchvision's).
+    #[serde(with = "names::backend")]
+    pub backend: Backend,
+    pub image_token_id: u32,
+    pub vision_start_token_id: u32,
+    pub vision_end_token_id: u32,
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    #[error("spec JSON is invalid: {0}")]
+    Json(String),
+    #[error("model_type {0:?} is not a supported family (qwen2_vl, qwen2_5_vl, qwen3_vl)")]
+    UnknownFamily(String),
+    #[error("config is missing {0}")]
+    Missing(&'static str),
+    #[error("{field} has an unusable value: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error(
+        "preprocessor_config.json and config.json disagree on {field}: {preprocessor} vs {model}"
+    )]
+    Inconsistent {
+        field: &'static str,
+        preprocessor: u64,
+        model: u64,
+    },
+}
+
+impl SpecError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            SpecError::Json(_) => "spec.json",
+            SpecError::UnknownFamily(_) => "spec.unknown_family",
+            SpecError::Missing(_) => "spec.missing",
+            SpecError::Invalid { .. } => "spec.invalid",
+            SpecError::Inconsistent { .. } => "spec.inconsistent",
+        }
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> SpecError {
+    SpecError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl Spec {
+    /// Parses and validates a spec JSON.
+    pub fn from_json(json: &str) -> Result<Self, SpecError> {
+        let spec: Spec = serde_json::from_str(json).map_err(|e| SpecError::Json(e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    pub fn to_json(&self) -> String {
+        // A struct of plain numbers, strings and arrays always serialises.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Side length every resized image is a multiple of.
+    pub fn factor(&self) -> u32 {
+        self.patch_size * self.merge_size
+    }
+
+    pub fn validate(&self) -> Result<(), SpecError> {
+        for (field, v) in [
+            ("patch_size", self.patch_size),
+            ("merge_size", self.merge_size),
+            ("temporal_patch_size", self.temporal_patch_size),
+        ] {
+            if v == 0 || v > 1024 {
+                return Err(invalid(field, format!("{v} is not in 1..=1024")));
+            }
+        }
+        if self.min_pixels == 0 || self.min_pixels > self.max_pixels {
+            return Err(invalid(
+                "min_pixels",
+                format!(
+                    "need 0 < min_pixels <= max_pixels, got {} and {}",
+                    self.min_pixels, self.max_pixels
+                ),
+            ));
+        }
+        // Keeps every pixel index and element count well inside u32/usize arithmetic.
+        const MAX_PIXELS_LIMIT: u64 = 1 << 30;
+        if self.max_pixels > MAX_PIXELS_LIMIT {
+            return Err(invalid(
+                "max_pixels",
+                format!("{} is over {MAX_PIXELS_LIMIT}", self.max_pixels),
+            ));
+        }
+        if self.image_std.iter().any(|s| !s.is_finite() || *s == 0.0)
+            || self.image_mean.iter().any(|m| !m.is_finite())
+        {
+            return Err(invalid(
+                "image_std",
+                "mean and std must be finite, std non-zero",
+            ));
+        }
+        if !self.rescale_factor.is_finite() || self.rescale_factor == 0.0 {
+            return Err(invalid("rescale_factor", "must be finite and non-zero"));
+        }
+        Ok(())
+    }
+}
+
+/// Builds the family a spec describes.
+pub fn family_from_spec(spec: &Spec) -> Result<Arc<dyn Family>, SpecError> {
+    spec.validate()?;
+    Ok(match spec.family {
+        FamilyName::Qwen2Vl | FamilyName::Qwen25Vl | FamilyName::Qwen3Vl => {
+            Arc::new(QwenVl::new(spec.clone())?)
+        }
+    })
+}
+
+/// Defaults of transformers' `Qwen2VLImageProcessor` (class attributes), used only for keys
+/// that a `preprocessor_config.json` and the model's `vision_config` both leave out.
+mod hf_defaults {
+    pub const PATCH_SIZE: u64 = 14;
+    pub const MERGE_SIZE: u64 = 2;
+    pub const TEMPORAL_PATCH_SIZE: u64 = 2;
+    pub const MIN_PIXELS: u64 = 56 * 56;
+    pub const MAX_PIXELS: u64 = 28 * 28 * 1280;
+    pub const IMAGE_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+    pub const IMAGE_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+    pub const RESCALE_FACTOR: f64 = 1.0 / 255.0;
+    pub const RESAMPLE_BICUBIC: i64 = 3;
+}
+
+fn parse_object(
+    json: &str,
+    what: &'static str,
+) -> Result<serde_json::Map<String, Value>, SpecError> {
+    match serde_json::from_str::<Value>(json) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(SpecError::Json(format!("{what} is not a JSON object"))),
+        Err(e) => Err(SpecError::Json(format!("{what}: {e}"))),
+    }
+}
+
+fn as_u64(v: &Value, field: &'static str) -> Result<u64, SpecError> {
+    v.as_u64()
+        .ok_or_else(|| invalid(field, format!("expected a non-negative integer, got {v}")))
+}
+
+fn as_u32(v: &Value, field: &'static str) -> Result<u32, SpecError> {
+    u32::try_from(as_u64(v, field)?).map_err(|_| invalid(field, format!("{v} is too large")))
+}
+
+fn as_triple(v: &Value, field: &'static str) -> Result<[f64; 3], SpecError> {
+    let bad = || invalid(field, format!("expected a number or 3 numbers, got {v}"));
+    if let Some(x) = v.as_f64() {
+        return Ok([x; 3]);
+    }
+    let list = v.as_array().ok_or_else(bad)?;
+    match list.as_slice() {
+        [a, b, c] => Ok([
+            a.as_f64().ok_or_else(bad)?,
+            b.as_f64().ok_or_else(bad)?,
+            c.as_f64().ok_or_else(bad)?,
+        ]),
+        _ => Err(bad()),
+    }
+}
+
+/// A preprocessor value, checked against the model config's value for the same quantity.
+fn size_param(
+    preprocessor: &serde_json::Map<String, Value>,
+    key: &'static str,
+    vision: Option<&Value>,
+    vision_key: &str,
+    default: u64,
+) -> Result<u32, SpecError> {
+    let from_preprocessor = preprocessor.get(key).map(|v| as_u64(v, key)).transpose()?;
+    let from_model = vision
+        .and_then(|v| v.get(vision_key))
+        .map(|v| as_u64(v, key))
+        .transpose()?;
+    let value = match (from_preprocessor, from_model) {
+        (Some(p), Some(m)) if p != m => {
+            return Err(SpecError::Inconsistent {
+                field: key,
+                preprocessor: p,
+                model: m,
+            })
+        }
+        (Some(p), _) => p,
+        (None, Some(m)) => m,
+        (None, None) => default,
+    };
+    u32::try_from(value).map_err(|_| invalid(key, format!("{value} is too large")))
+}
+
+/// The spec of a checkpoint, from the text of its `preprocessor_config.json` and
+/// `config.json`. The backend follows `image_processor_type` (`...Pil` means PIL); other
+/// processors are transformers 5's torchvision ones.
+pub fn spec_from_hf_configs(preprocessor_config: &str, config: &str) -> Result<Spec, SpecError> {
+    let pp = parse_object(preprocessor_config, "preprocessor_config.json")?;
+    let cfg = parse_object(config, "config.json")?;
+
+    let model_type = cfg
+        .get("model_type")
+        .and_then(Value::as_str)
+        .ok_or(SpecError::Missing("config.json model_type"))?;
+    let family = FamilyName::from_model_type(model_type)
+        .ok_or_else(|| SpecError::UnknownFamily(model_type.to_owned()))?;
+
+    for flag in ["do_resize", "do_rescale", "do_normalize"] {
+        if pp.get(flag).and_then(Value::as_bool) == Some(false) {
+            return Err(invalid(flag, "only true is supported"));
+        }
+    }
+
+    let vision = cfg.get("vision_config");
+    let patch_size = size_param(
+        &pp,
+        "patch_size",
+        vision,
+        "patch_size",
+        hf_defaults::PATCH_SIZE,
+    )?;
+    let merge_size = size_param(
+        &pp,
+        "merge_size",
+        vision,
+        "spatial_merge_size",
+        hf_defaults::MERGE_SIZE,
+    )?;
+    let temporal_patch_size = size_param(
+        &pp,
+        "temporal_patch_size",
+        vision,
+        "temporal_patch_size",
+        hf_defaults::TEMPORAL_PATCH_SIZE,
+    )?;
+
+    // As transformers' constructor: `min_pixels`/`max_pixels` override `size`.
+    let size = pp.get("size");
+    let pixels = |flat: &'static str, edge: &str, default: u64| -> Result<u64, SpecError> {
+        match (pp.get(flat), size.and_then(|s| s.get(edge))) {
+            (Some(v), _) => as_u64(v, flat),
+            (None, Some(v)) => as_u64(v, flat),
+            (None, None) => Ok(default),
+        }
+    };
+    let min_pixels = pixels("min_pixels", "shortest_edge", hf_defaults::MIN_PIXELS)?;
+    let max_pixels = pixels("max_pixels", "longest_edge", hf_defaults::MAX_PIXELS)?;
+
+    let image_mean = pp
+        .get("image_mean")
+        .map(|v| as_triple(v, "image_mean"))
+        .transpose()?
+        .unwrap_or(hf_defaults::IMAGE_MEAN);
+    let image_std = pp
+        .get("image_std")
+        .map(|v| as_triple(v, "image_std"))
+        .transpose()?
+        .unwrap_or(hf_defaults::IMAGE_STD);
+    let rescale_factor = match pp.get("rescale_factor") {
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| invalid("rescale_factor", format!("expected a number, got {v}")))?,
+        None => hf_defaults::RESCALE_FACTOR,
+    };
+    let resample_code = match pp.get("resample") {
+        Some(v) => v
+            .as_i64()
+            .ok_or_else(|| invalid("resample", format!("expected an integer, got {v}")))?,
+        None => hf_defaults::RESAMPLE_BICUBIC,
+    };
+    let resample =
+        Filter::from_pil_code(resample_code).map_err(|e| invalid("resample", e.to_string()))?;
+    let backend = match pp.get("image_processor_type").and_then(Value::as_str) {
+        Some(t) if t.ends_with("Pil") => Backend::Pil,
+        _ => Backend::TorchU8,
+    };
+
+    let token = |key: &'static str| -> Result<u32, SpecError> {
+        let v = cfg
+            .get(key)
+            .or_else(|| cfg.get("text_config").and_then(|t| t.get(key)))
+            .ok_or(SpecError::Missing(key))?;
+        as_u32(v, key)
+    };
+
+    let spec = Spec {
+        family,
+        patch_size,
+        merge_size,
+        temporal_patch_size,
+        min_pixels,
+        max_pixels,
+        image_mean,
+        image_std,
+        rescale_factor,
+        resample,
+        backend,
+        image_token_id: token("image_token_id")?,
+        vision_start_token_id: token("vision_start_token_id")?,
+        vision_end_token_id: token("vision_end_token_id")?,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN2_PREPROCESSOR: &str = r#"{
+        "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14,
+        "temporal_patch_size": 2, "merge_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "image_processor_type": "Qwen2VLImageProcessor"}"#;
+    const QWEN3_PREPROCESSOR: &str = r#"{
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16,
+        "temporal_patch_size": 2, "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "image_processor_type": "Qwen2VLImageProcessorPil"}"#;
+
+    fn config(model_type: &str, patch: u32) -> String {
+        format!(
+            r#"{{"model_type": "{model_type}", "image_token_id": 151655,
+                "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+                "vision_config": {{"patch_size": {patch}, "spatial_merge_size": 2}}}}"#
+        )
+    }
+
+    #[test]
+    fn qwen2_vl_spec_reads_flat_pixel_keys() {
+        let spec = spec_from_hf_configs(QWEN2_PREPROCESSOR, &config("qwen2_vl", 14)).unwrap();
+        assert_eq!(spec.family, FamilyName::Qwen2Vl);
+        assert_eq!((spec.min_pixels, spec.max_pixels), (3136, 12845056));
+        assert_eq!(spec.factor(), 28);
+        assert_eq!(spec.backend, Backend::TorchU8);
+        assert_eq!(spec.resample, Filter::Bicubic);
+        assert_eq!(spec.image_token_id, 151655);
+        assert_eq!(Spec::from_json(&spec.to_json()).unwrap(), spec);
+    }
+
+    #[test]
+    fn qwen3_vl_spec_reads_size_dict() {
+        let spec = spec_from_hf_configs(QWEN3_PREPROCESSOR, &config("qwen3_vl", 16)).unwrap();
+        assert_eq!(spec.family, FamilyName::Qwen3Vl);
+        assert_eq!((spec.min_pixels, spec.max_pixels), (65536, 16777216));
+        assert_eq!(spec.image_mean, [0.5; 3]);
+        assert_eq!(spec.factor(), 32);
+        assert_eq!(spec.backend, Backend::Pil);
+    }
+
+    #[test]
+    fn missing_preprocessor_keys_fall_back_to_the_vision_config() {
+        let spec = spec_from_hf_configs("{}", &config("qwen3_vl", 16)).unwrap();
+        assert_eq!(spec.patch_size, 16);
+        assert_eq!(spec.min_pixels, 3136);
+    }
+
+    #[test]
+    fn refusals_name_their_cause() {
+        let err = spec_from_hf_configs("{}", &config("llava", 14)).unwrap_err();
+        assert_eq!(err.code(), "spec.unknown_family");
+        let err = spec_from_hf_configs(QWEN2_PREPROCESSOR, &config("qwen2_vl", 16)).unwrap_err();
+        assert_eq!(err.code(), "spec.inconsistent");
+        let err = spec_from_hf_configs(r#"{"resample": 0}"#, &config("qwen2_vl", 14)).unwrap_err();
+        assert_eq!(err.code(), "spec.invalid");
+        let err = spec_from_hf_configs("[]", "{}").unwrap_err();
+        assert_eq!(err.code(), "spec.json");
+        let err = spec_from_hf_configs("{}", r#"{"model_type": "qwen2_vl"}"#).unwrap_err();
+        assert_eq!(err.code(), "spec.missing");
+        let mut spec = spec_from_hf_configs("{}", &config("qwen2_vl", 14)).unwrap();
+        spec.min_pixels = spec.max_pixels + 1;
+        assert_eq!(
+            Spec::from_json(&spec.to_json()).unwrap_err().code(),
+            "spec.invalid"
+        );
+        assert_eq!(
+            Spec::from_json("{\"family\": 1}").unwrap_err().code(),
+            "spec.json"
+        );
+    }
+}

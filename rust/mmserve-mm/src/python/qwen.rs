@@ -1,5 +1,307 @@
-use pyo3::prelude::*;
+//! Bindings of the model-family side: the spec, Qwen-VL preprocessing and the request driver.
+//! Arguments are turned into owned (or immutable, reference-counted) Rust values under the
+//! GIL; all work runs with the GIL released; arrays are handed to numpy without a copy.
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
+
+use super::error::to_py;
+use crate::common::par;
+use crate::driver::{self, DriverOptions, MediaInput, Mode};
+use crate::pipeline::{Family, Positions, ProcessError, Tensor, TensorData, TokenId};
+use crate::registry::{family_from_spec, spec_from_hf_configs, Spec};
+
+/// A resolved, validated family spec (immutable) and the family it builds.
+#[pyclass(name = "Spec", module = "mmserve._mm", frozen)]
+pub struct PySpec {
+    spec: Spec,
+    family: Arc<dyn Family>,
+}
+
+impl PySpec {
+    fn new(spec: Spec) -> PyResult<Self> {
+        let family = family_from_spec(&spec).map_err(to_py)?;
+        Ok(Self { spec, family })
+    }
+}
+
+#[pymethods]
+impl PySpec {
+    #[staticmethod]
+    fn from_json(json: &str) -> PyResult<Self> {
+        Self::new(Spec::from_json(json).map_err(to_py)?)
+    }
+
+    #[staticmethod]
+    fn from_hf_configs(preprocessor_config: &str, config: &str) -> PyResult<Self> {
+        Self::new(spec_from_hf_configs(preprocessor_config, config).map_err(to_py)?)
+    }
+
+    fn to_json(&self) -> String {
+        self.spec.to_json()
+    }
+
+    #[getter]
+    fn family(&self) -> String {
+        serde_json::to_value(self.spec.family)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    #[getter]
+    fn patch_size(&self) -> u32 {
+        self.spec.patch_size
+    }
+
+    #[getter]
+    fn merge_size(&self) -> u32 {
+        self.spec.merge_size
+    }
+
+    #[getter]
+    fn image_token_id(&self) -> TokenId {
+        self.spec.image_token_id
+    }
+
+    /// `(grid_thw, num_tokens)` for an image of this size, without any pixels.
+    fn plan(&self, width: u32, height: u32) -> PyResult<((u32, u32, u32), usize)> {
+        let geometry = self.family.plan(width, height).map_err(to_py)?;
+        let [t, h, w] = geometry.grid_thw();
+        Ok(((t, h, w), self.family.num_tokens(&geometry)))
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.spec == other.spec
+    }
+
+    fn __hash__(&self) -> u64 {
+        crate::common::hash::content_hash(self.spec.to_json().as_bytes())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Spec({})", self.spec.to_json())
+    }
+}
+
+/// The spec of a checkpoint from its `preprocessor_config.json` and `config.json` text.
+#[pyfunction]
+#[pyo3(name = "spec_from_hf_configs")]
+fn spec_from_hf_configs_py(preprocessor_config: &str, config: &str) -> PyResult<PySpec> {
+    PySpec::from_hf_configs(preprocessor_config, config)
+}
+
+fn tensor_to_numpy(py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
+    let (shape, data) = tensor.into_parts();
+    let elements = data.len();
+    // `Tensor::new` checked the element count; this only guards the conversion.
+    let bad_shape = |_| {
+        to_py(ProcessError::TensorShape {
+            shape: shape.clone(),
+            elements,
+        })
+    };
+    let dims = IxDyn(&shape);
+    Ok(match data {
+        TensorData::F32(v) => {
+            let a = ArrayD::from_shape_vec(dims.clone(), v).map_err(bad_shape)?;
+            PyArrayDyn::from_owned_array(py, a).into_any().unbind()
+        }
+        TensorData::I64(v) => {
+            let a = ArrayD::from_shape_vec(dims.clone(), v).map_err(bad_shape)?;
+            PyArrayDyn::from_owned_array(py, a).into_any().unbind()
+        }
+        // numpy has no bfloat16: the raw bits, as uint16.
+        TensorData::Bf16(v) => {
+            let a = ArrayD::from_shape_vec(dims.clone(), v).map_err(bad_shape)?;
+            PyArrayDyn::from_owned_array(py, a).into_any().unbind()
+        }
+    })
+}
+
+fn grid_array(py: Python<'_>, grid: [u32; 3]) -> PyResult<Py<PyAny>> {
+    let row: Vec<i64> = grid.iter().map(|&v| i64::from(v)).collect();
+    Ok(PyArray1::from_vec(py, row)
+        .reshape([1, 3])?
+        .into_any()
+        .unbind())
+}
+
+type Preprocessed = (Py<PyAny>, Py<PyAny>, u64);
+
+fn preprocess_one(
+    family: &dyn Family,
+    bytes: &[u8],
+) -> Result<(Tensor, [u32; 3], u64), crate::Error> {
+    let hash = crate::common::hash::content_hash(bytes);
+    let image = crate::common::decode::decode_image(bytes, &Default::default())?;
+    let item = family.process_item(&image)?;
+    Ok((item.feature, item.geometry.grid_thw(), hash))
+}
+
+fn to_preprocessed(
+    py: Python<'_>,
+    (feature, grid, hash): (Tensor, [u32; 3], u64),
+) -> PyResult<Preprocessed> {
+    Ok((tensor_to_numpy(py, feature)?, grid_array(py, grid)?, hash))
+}
+
+/// One encoded image to `(pixel_values, image_grid_thw, hash)`.
+#[pyfunction]
+fn qwen_vl_preprocess(
+    py: Python<'_>,
+    spec: &PySpec,
+    data: PyBackedBytes,
+) -> PyResult<Preprocessed> {
+    let family = Arc::clone(&spec.family);
+    let out = py
+        .detach(move || preprocess_one(family.as_ref(), &data))
+        .map_err(to_py)?;
+    to_preprocessed(py, out)
+}
+
+/// Several encoded images, fanned out over the pool; fails on the first bad item (by index).
+#[pyfunction]
+fn qwen_vl_preprocess_batch(
+    py: Python<'_>,
+    spec: &PySpec,
+    data: Vec<PyBackedBytes>,
+) -> PyResult<Vec<Preprocessed>> {
+    let family = Arc::clone(&spec.family);
+    let out = py
+        .detach(move || par::try_map(&data, |bytes| preprocess_one(family.as_ref(), bytes)))
+        .map_err(|(index, e)| to_py(e.at_item(index)))?;
+    out.into_iter().map(|o| to_preprocessed(py, o)).collect()
+}
+
+/// One media item of a [`PyProcessResult`].
+#[pyclass(name = "ProcessedMedia", module = "mmserve._mm", frozen, get_all)]
+pub struct PyProcessedMedia {
+    hash: u64,
+    width: u32,
+    height: u32,
+    image_grid_thw: Py<PyAny>,
+    num_tokens: usize,
+    pixel_values: Option<Py<PyAny>>,
+}
+
+/// The driver's output for one request.
+#[pyclass(name = "ProcessResult", module = "mmserve._mm", frozen, get_all)]
+pub struct PyProcessResult {
+    input_ids: Py<PyAny>,
+    offsets: Vec<(usize, usize)>,
+    items: Vec<Py<PyProcessedMedia>>,
+    positions: Option<Py<PyAny>>,
+    rope_delta: i64,
+}
+
+#[derive(FromPyObject)]
+enum ImageArg {
+    Bytes(PyBackedBytes),
+    Source(PyBackedStr),
+}
+
+/// The whole request driver: fetch, hash, decode, preprocess, expand and position.
+#[pyfunction]
+#[pyo3(signature = (spec, input_ids, images, *, allowed_local_roots = Vec::new(),
+                    allowed_domains = Vec::new(), timeout_s = None, count_only = false))]
+#[allow(clippy::too_many_arguments)]
+fn process(
+    py: Python<'_>,
+    spec: &PySpec,
+    input_ids: Vec<TokenId>,
+    images: Vec<ImageArg>,
+    allowed_local_roots: Vec<PathBuf>,
+    allowed_domains: Vec<String>,
+    timeout_s: Option<f64>,
+    count_only: bool,
+) -> PyResult<PyProcessResult> {
+    let mut options = DriverOptions::default();
+    options.fetch.allowed_local_roots = allowed_local_roots;
+    options.fetch.allowed_domains = allowed_domains;
+    if let Some(t) = timeout_s {
+        options.fetch.timeout = Duration::try_from_secs_f64(t).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!("timeout_s must be >= 0, got {t}"))
+        })?;
+    }
+    let mode = if count_only {
+        Mode::CountOnly
+    } else {
+        Mode::Full
+    };
+    let family = Arc::clone(&spec.family);
+    let out = py
+        .detach(move || {
+            let media: Vec<MediaInput<'_>> = images
+                .iter()
+                .map(|arg| match arg {
+                    ImageArg::Bytes(b) => MediaInput::Bytes(b),
+                    ImageArg::Source(s) => MediaInput::Source(s),
+                })
+                .collect();
+            driver::run(family.as_ref(), &input_ids, &media, &options, mode)
+        })
+        .map_err(to_py)?;
+
+    let ids: Vec<i64> = out.input_ids.iter().map(|&t| i64::from(t)).collect();
+    let len = ids.len();
+    let (positions, rope_delta) = match out.positions {
+        Positions::MRope { positions, delta } => {
+            let rows = PyArray1::from_vec(py, positions).reshape([3, len])?;
+            (Some(rows.into_any().unbind()), delta)
+        }
+        Positions::Rope1D { .. } => (None, 0),
+    };
+    let items = out
+        .items
+        .into_iter()
+        .map(|item| {
+            let pixel_values = item
+                .processed
+                .map(|p| tensor_to_numpy(py, p.feature))
+                .transpose()?;
+            Py::new(
+                py,
+                PyProcessedMedia {
+                    hash: item.hash,
+                    width: item.width,
+                    height: item.height,
+                    image_grid_thw: grid_array(py, item.geometry.grid_thw())?,
+                    num_tokens: item.num_tokens,
+                    pixel_values,
+                },
+            )
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PyProcessResult {
+        input_ids: PyArray1::from_vec(py, ids).into_any().unbind(),
+        offsets: out.offsets,
+        items,
+        positions,
+        rope_delta,
+    })
+}
+
+/// Pool size the extension fans out to.
+#[pyfunction]
+fn num_threads() -> usize {
+    par::num_threads()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PySpec>()?;
+    m.add_class::<PyProcessedMedia>()?;
+    m.add_class::<PyProcessResult>()?;
+    m.add_function(wrap_pyfunction!(spec_from_hf_configs_py, m)?)?;
+    m.add_function(wrap_pyfunction!(qwen_vl_preprocess, m)?)?;
+    m.add_function(wrap_pyfunction!(qwen_vl_preprocess_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(process, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     Ok(())
 }

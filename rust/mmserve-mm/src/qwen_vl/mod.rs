@@ -1,1 +1,254 @@
-//! TODO(qwen_vl)
+//! The Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): one implementation, parameters
+//! from the [`Spec`]. Mirrors transformers' `Qwen2VLImageProcessor(Pil)` and `get_rope_index`.
+
+mod geometry;
+mod positions;
+
+pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
+pub use positions::mrope;
+
+use crate::common::resize::{resize, Backend, ResizeError};
+use crate::common::transforms::{patchify, Convention, NormalizeLut, PatchGeometry};
+use crate::pipeline::{
+    Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
+    ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
+};
+use crate::registry::{Spec, SpecError};
+
+/// A Qwen-VL family configured by its spec.
+#[derive(Debug, Clone)]
+pub struct QwenVl {
+    spec: Spec,
+    lut: NormalizeLut,
+}
+
+impl QwenVl {
+    pub fn new(spec: Spec) -> Result<Self, SpecError> {
+        spec.validate()?;
+        let convention = match spec.backend {
+            Backend::Pil => Convention::PilNumpy,
+            Backend::TorchU8 => Convention::Torchvision,
+        };
+        let lut = NormalizeLut::new(
+            spec.image_mean,
+            spec.image_std,
+            spec.rescale_factor,
+            convention,
+        )
+        .map_err(|e| SpecError::Invalid {
+            field: "image_std",
+            reason: e.to_string(),
+        })?;
+        Ok(Self { spec, lut })
+    }
+
+    fn patch_geometry(&self) -> PatchGeometry {
+        PatchGeometry {
+            patch: self.spec.patch_size,
+            merge: self.spec.merge_size,
+            temporal: self.spec.temporal_patch_size,
+        }
+    }
+
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// Checks that every placeholder sits between vision start and end, the way the chat
+    /// template writes it; engines that find images by the start token rely on that.
+    fn placeholder_positions(&self, input_ids: &[TokenId]) -> Result<Vec<usize>, ProcessError> {
+        let spec = &self.spec;
+        let mut found = Vec::new();
+        for (i, &id) in input_ids.iter().enumerate() {
+            if id != spec.image_token_id {
+                continue;
+            }
+            let before = i.checked_sub(1).map(|j| input_ids[j]);
+            let after = input_ids.get(i + 1).copied();
+            if before != Some(spec.vision_start_token_id) || after != Some(spec.vision_end_token_id)
+            {
+                return Err(ProcessError::PlaceholderContext {
+                    index: i,
+                    start: spec.vision_start_token_id,
+                    placeholder: spec.image_token_id,
+                    end: spec.vision_end_token_id,
+                });
+            }
+            found.push(i);
+        }
+        Ok(found)
+    }
+}
+
+impl Family for QwenVl {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            images: true,
+            video: false,
+            rope: RopeKind::MRope,
+        }
+    }
+
+    fn plan(&self, width: u32, height: u32) -> Result<Geometry, ProcessError> {
+        let spec = &self.spec;
+        let (resized_height, resized_width) = smart_resize(
+            height,
+            width,
+            spec.factor(),
+            spec.min_pixels,
+            spec.max_pixels,
+        )?;
+        Ok(Geometry::Image {
+            resized_width,
+            resized_height,
+            grid_thw: [
+                1,
+                resized_height / spec.patch_size,
+                resized_width / spec.patch_size,
+            ],
+        })
+    }
+
+    fn num_tokens(&self, geometry: &Geometry) -> usize {
+        let [t, h, w] = geometry.grid_thw().map(|v| v as usize);
+        let merge = self.spec.merge_size as usize;
+        t * h * w / (merge * merge)
+    }
+
+    fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
+        let expected = image.width as usize * image.height as usize * 3;
+        if image.data.len() != expected {
+            return Err(ProcessError::PixelBuffer {
+                width: image.width,
+                height: image.height,
+                len: image.data.len(),
+            }
+            .into());
+        }
+        let geometry = self.plan(image.width, image.height)?;
+        let Geometry::Image {
+            resized_width,
+            resized_height,
+            grid_thw,
+        } = geometry;
+        let patches = if (resized_width, resized_height) == (image.width, image.height) {
+            patchify(image, &self.lut, self.patch_geometry())
+        } else {
+            let resized = resize(
+                image,
+                resized_width,
+                resized_height,
+                self.spec.resample,
+                self.spec.backend,
+            )?;
+            patchify(&resized, &self.lut, self.patch_geometry())
+        };
+        let (values, grid) = patches.map_err(ResizeError::from)?;
+        let feature = Tensor::new(vec![grid.rows, grid.cols], TensorData::F32(values))?;
+        let grid_tensor = Tensor::new(
+            vec![1, 3],
+            TensorData::I64(grid_thw.iter().map(|&v| i64::from(v)).collect()),
+        )?;
+        Ok(ProcessedItem {
+            feature,
+            aux: vec![("image_grid_thw", grid_tensor)],
+            geometry,
+        })
+    }
+
+    fn layout(
+        &self,
+        input_ids: &[TokenId],
+        geometries: &[Geometry],
+    ) -> Result<TokenLayout, ProcessError> {
+        let placeholders = self.placeholder_positions(input_ids)?;
+        if placeholders.len() != geometries.len() {
+            return Err(ProcessError::PlaceholderCount {
+                placeholders: placeholders.len(),
+                items: geometries.len(),
+            });
+        }
+        let mut segments = Vec::with_capacity(2 * placeholders.len() + 1);
+        let mut cursor = 0;
+        for (item, (&at, geometry)) in placeholders.iter().zip(geometries).enumerate() {
+            if at > cursor {
+                segments.push(Segment::Text(cursor..at));
+            }
+            segments.push(Segment::Media {
+                item,
+                tokens: MediaTokens::Repeat {
+                    id: self.spec.image_token_id,
+                    n: self.num_tokens(geometry),
+                },
+            });
+            cursor = at + 1;
+        }
+        if cursor < input_ids.len() {
+            segments.push(Segment::Text(cursor..input_ids.len()));
+        }
+        Ok(TokenLayout { segments })
+    }
+
+    fn positions(
+        &self,
+        len: usize,
+        offsets: &[(usize, usize)],
+        geometries: &[Geometry],
+    ) -> Result<Positions, ProcessError> {
+        let grids: Vec<[u32; 3]> = geometries.iter().map(Geometry::grid_thw).collect();
+        mrope(len, offsets, &grids, self.spec.merge_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::token_layout::expand;
+    use crate::registry::{spec_from_hf_configs, Spec};
+
+    const IMG: TokenId = 151655;
+    const START: TokenId = 151652;
+    const END: TokenId = 151653;
+
+    fn qwen2() -> QwenVl {
+        let config = r#"{"model_type": "qwen2_vl", "image_token_id": 151655,
+            "vision_start_token_id": 151652, "vision_end_token_id": 151653}"#;
+        let pp = r#"{"min_pixels": 3136, "max_pixels": 12845056}"#;
+        let spec: Spec = spec_from_hf_configs(pp, config).unwrap();
+        QwenVl::new(spec).unwrap()
+    }
+
+    #[test]
+    fn plan_gives_grid_and_token_count() {
+        let family = qwen2();
+        let g = family.plan(640, 480).unwrap();
+        assert_eq!(g.grid_thw(), [1, 34, 46]);
+        assert_eq!(family.num_tokens(&g), 34 * 46 / 4);
+    }
+
+    #[test]
+    fn layout_expands_each_placeholder_to_its_token_count() {
+        let family = qwen2();
+        let g0 = family.plan(56, 56).unwrap(); // 4 tokens
+        let g1 = family.plan(112, 56).unwrap(); // 8 tokens
+        let ids = [1, START, IMG, END, 2, START, IMG, END, 3];
+        let layout = family.layout(&ids, &[g0, g1]).unwrap();
+        let out = expand(&layout, &ids, 2).unwrap();
+        assert_eq!(out.offsets, vec![(2, 6), (9, 17)]);
+        assert_eq!(out.ids.len(), ids.len() - 2 + 12);
+        assert!(out.ids[2..6].iter().all(|&t| t == IMG));
+        assert_eq!(out.ids[17..], [END, 3]);
+    }
+
+    #[test]
+    fn layout_refuses_count_mismatch_and_bare_placeholders() {
+        let family = qwen2();
+        let g = family.plan(56, 56).unwrap();
+        let err = family.layout(&[START, IMG, END], &[g, g]).unwrap_err();
+        assert_eq!(err.code(), "process.placeholder_count");
+        let err = family.layout(&[1, IMG, END], &[g]).unwrap_err();
+        assert_eq!(err.code(), "process.placeholder_context");
+        let err = family.layout(&[START, IMG], &[g]).unwrap_err();
+        assert_eq!(err.code(), "process.placeholder_context");
+    }
+}
