@@ -20,6 +20,23 @@ from mmserve.protocol import MediaItem, PreprocessedRequest
 from mmserve.transfer import TransferAgent
 
 
+def expand_placeholders(token_ids: list[int], placeholder_id: int, counts: list[int]) -> list[int]:
+    """Each `placeholder_id` token (one per item, in order) repeated its item's token count."""
+    expanded: list[int] = []
+    items = iter(counts)
+    for token in token_ids:
+        if token == placeholder_id:
+            count = next(items, None)
+            if count is None:
+                raise ValueError("the prompt holds more image placeholders than media items")
+            expanded.extend([placeholder_id] * count)
+        else:
+            expanded.append(token)
+    if next(items, None) is not None:
+        raise ValueError("the prompt holds fewer image placeholders than media items")
+    return expanded
+
+
 @dataclass
 class Encoded:
     """A request after encode: expanded prompt ids, one embedding per media item (in prompt
@@ -49,9 +66,13 @@ class EncodeStage:
         if not request.media:
             return Encoded(token_ids=list(request.token_ids))
         started = time.perf_counter()
-        if request.expanded:
+        if all(item.pixel_values is not None for item in request.media):
+            # Frontend decoding: the frontend preprocessed the items and sent pixel_values.
             inputs = await self._inputs_from_pixels(request)
             token_ids = list(request.token_ids)
+            if not request.expanded:
+                counts = [item.token_count for item in request.media]
+                token_ids = expand_placeholders(token_ids, self.spec.image_token_id, counts)
         else:
             token_ids, inputs = await self._preprocess(request)
         metrics.STAGE_SECONDS.labels(self.component, "preprocess").observe(
@@ -96,11 +117,10 @@ class EncodeStage:
         return processed.input_ids, inputs
 
     async def _inputs_from_pixels(self, request: PreprocessedRequest) -> list[MediaInput]:
-        """Frontend decoding: the frontend preprocessed the items and sent pixel_values."""
-
         async def load(index: int, item: MediaItem) -> MediaInput:
-            if item.pixel_values is None or item.image_grid_thw is None:
-                raise ValueError(f"media item {index} of an expanded request has no pixel_values")
+            assert item.pixel_values is not None
+            if item.image_grid_thw is None:
+                raise ValueError(f"media item {index} has pixel_values but no image_grid_thw")
             pixels = await self.transfer.fetch(item.pixel_values)
             return MediaInput(
                 mm_hash=item.mm_hash, pixel_values=pixels, grid_thw=item.image_grid_thw

@@ -18,8 +18,13 @@ import argparse
 import contextlib
 from collections.abc import AsyncIterator
 
-from mmserve.protocol import PreprocessedRequest, TokenChunk
+import numpy as np
+import torch
+
+from mmserve.frontend.dispatch import Pipeline
+from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk
 from mmserve.runtime import InstanceWatcher, Runtime, Unavailable
+from mmserve.transfer import TransferAgent, create_transfer_agent
 
 GENERATE = "generate"
 COMPONENTS = ("encode", "worker", "decode", "prefill")
@@ -74,10 +79,28 @@ class NatsDispatcher:
                 yield chunk
 
 
+class TransferPixelSink:
+    """Frontend decoding: offers each item's pixel_values by transfer; the encoder reads them.
+    The lease gives the buffer back once read (or when it times out)."""
+
+    def __init__(self, transfer: TransferAgent) -> None:
+        self.transfer = transfer
+
+    async def __call__(self, request_id: str, pixel_values: np.ndarray) -> TensorHandle:
+        handle, _lease = await self.transfer.offer(torch.from_numpy(pixel_values))
+        return handle
+
+
 @contextlib.asynccontextmanager
-async def open_nats_dispatcher(args: argparse.Namespace) -> AsyncIterator[NatsDispatcher]:
-    runtime = await Runtime.connect(namespace=args.namespace)
-    try:
-        yield await NatsDispatcher.start(runtime)
-    finally:
-        await runtime.shutdown()
+async def open_nats_pipeline(args: argparse.Namespace) -> AsyncIterator[Pipeline]:
+    """The deployment of `--namespace` on NATS; with `--frontend-decoding`, a transfer agent
+    ships pixel_values to the encoders."""
+    async with contextlib.AsyncExitStack() as stack:
+        runtime = await Runtime.connect(namespace=args.namespace)
+        stack.push_async_callback(runtime.shutdown)
+        pixel_sink = None
+        if args.frontend_decoding:
+            transfer = create_transfer_agent(args)
+            stack.push_async_callback(transfer.close)
+            pixel_sink = TransferPixelSink(transfer)
+        yield Pipeline(await NatsDispatcher.start(runtime), pixel_sink)

@@ -1,0 +1,117 @@
+"""Real deployments for end-to-end tests: every component is its own process on one NATS,
+isolated from other tests by a namespace of its own."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+# Each pattern as (process name, role, role flags); the frontend comes on top.
+PATTERNS: dict[str, list[tuple[str, str, list[str]]]] = {
+    "agg": [("worker", "worker", ["--encode"])],
+    "ep_d": [("prefill", "prefill", ["--encode"]), ("decode", "decode", [])],
+    "e_pd": [("encode", "encode", []), ("worker", "worker", [])],
+    "e_p_d": [("encode", "encode", []), ("prefill", "prefill", []), ("decode", "decode", [])],
+}
+FETCHING_ROLES = {"encode"}
+STARTUP_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Deployment:
+    """One pattern's processes. `start()` launches them all; `wait_ready()` blocks until every
+    worker registered and the frontend's /health is green."""
+
+    pattern: str
+    model_path: Path
+    nats_url: str
+    log_dir: Path
+    transfer: str = "shm"
+    frontend_flags: list[str] = field(default_factory=list)
+    namespace: str = field(default_factory=lambda: f"e2e-{secrets.token_hex(4)}")
+    http_port: int = field(default_factory=free_port)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        env = {**os.environ, "NATS_URL": self.nats_url, "HF_HUB_OFFLINE": "1"}
+        log = open(self.log_dir / f"{self.pattern}-{name}.log", "wb")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "mmserve.cli", *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def start(self) -> Deployment:
+        media = ["--allowed-media-domains", "127.0.0.1"]
+        common = ["--model-path", str(self.model_path), "--namespace", self.namespace]
+        for name, role, flags in PATTERNS[self.pattern]:
+            fetches = role in FETCHING_ROLES or "--encode" in flags
+            transfer = ["--transfer", self.transfer]
+            self._spawn(name, [role, *common, *flags, *transfer, *(media if fetches else [])])
+        self._spawn(
+            "frontend",
+            [
+                "frontend",
+                *common,
+                "--http-port",
+                str(self.http_port),
+                *media,
+                *self.frontend_flags,
+            ],
+        )
+        return self
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{self.pattern}-{name}.log").read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        workers = [name for name, _, _ in PATTERNS[self.pattern]]
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
+            if all(" ready: instance " in self.log(name) for name in workers):
+                try:
+                    if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.pattern} not ready after {STARTUP_TIMEOUT_S}s")
+
+    def kill(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGKILL)
+        self.processes[name].wait()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

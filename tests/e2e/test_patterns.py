@@ -1,0 +1,115 @@
+"""The project's main correctness test: every deployment pattern gives the same greedy tokens
+as the aggregated one, for each tiny model family, with 0, 1 and 3 images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from mmserve.models.tiny import build_tiny_model
+
+from .deployment import Deployment
+from .images import data_url
+
+FAMILY_PATTERNS = {
+    "qwen2_vl": ["agg", "ep_d", "e_pd", "e_p_d"],
+    "qwen2_5_vl": ["agg", "e_p_d"],
+    "qwen3_vl": ["agg", "e_p_d"],
+}
+MAX_TOKENS = 10
+
+
+def _requests(image_server: str, image_dir: Path) -> list[list[dict[str, Any]]]:
+    return [
+        [{"role": "user", "content": "Say something about the weather."}],
+        [
+            {"role": "system", "content": "You describe pictures."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}},
+                    {"type": "text", "text": "What is in this picture?"},
+                ],
+            },
+        ],
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Compare these:"},
+                    {"type": "image_url", "image_url": {"url": f"{image_server}/tall.png"}},
+                    {"type": "image_url", "image_url": {"url": data_url(image_dir / "small.png")}},
+                    {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}},
+                ],
+            }
+        ],
+    ]
+
+
+def _complete(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> tuple:
+    response = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    usage = response.usage
+    assert usage is not None
+    return (
+        response.choices[0].message.content,
+        response.choices[0].finish_reason,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
+
+
+def _stream(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> str:
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+    )
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_PATTERNS))
+def test_every_pattern_gives_the_aggregated_tokens(
+    family: str, nats_url: str, tmp_path: Path, image_server: str, image_dir: Path
+) -> None:
+    model_path = build_tiny_model(family)
+    deployments = [
+        # E/P/D moves embeddings and KV caches over NIXL, the others over shared memory.
+        Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
+        for p in FAMILY_PATTERNS[family]
+    ]
+    requests = _requests(image_server, image_dir)
+    results: dict[str, list[tuple]] = {}
+    streamed: dict[str, list[str]] = {}
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
+            name = model_path.name
+            results[deployment.pattern] = [_complete(client, name, m) for m in requests]
+            streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+
+    aggregated = results["agg"]
+    text_only, one_image, three_images = aggregated
+    assert all(text for text, *_ in aggregated)
+    assert all(completion == MAX_TOKENS for *_, completion in aggregated)
+    # Images expand into many prompt tokens.
+    assert one_image[2] > text_only[2] + 16
+    assert three_images[2] > one_image[2]
+    for pattern, outputs in results.items():
+        assert outputs == aggregated, f"{pattern} differs from agg"
+        assert streamed[pattern] == [text for text, *_ in aggregated], f"{pattern} streamed"
