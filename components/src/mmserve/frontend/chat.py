@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mmserve import _mm, media
 from mmserve._mm import MediaError
+from mmserve.frontend.dispatch import PixelSink
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import ModelSpec, resolve_model_spec
@@ -26,13 +24,9 @@ from mmserve.protocol import (
     PreprocessedRequest,
     SamplingParams,
     StopConditions,
-    TensorHandle,
     TextPart,
     mm_hash_hex,
 )
-
-# Ships a frontend-decoded item's pixel_values to the first hop (the transfer layer).
-PixelSink = Callable[[str, np.ndarray], Awaitable[TensorHandle]]
 
 
 def new_request_id() -> str:
@@ -51,9 +45,9 @@ class ServedModel:
 
     @classmethod
     def load(cls, path: str | Path, name: str | None = None) -> ServedModel:
+        spec = resolve_model_spec(path)  # before the slow import: a bad path fails at once
         from transformers import AutoTokenizer
 
-        spec = resolve_model_spec(path)
         tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"{spec.path} has no chat template in its tokenizer config")

@@ -15,16 +15,14 @@ from mmserve.media.policy import MediaPolicy
 
 if TYPE_CHECKING:
     from mmserve.frontend.app import FrontendApp
-    from mmserve.frontend.chat import PixelSink, ServedModel
-    from mmserve.frontend.dispatch import Dispatcher
+    from mmserve.frontend.chat import ServedModel
+    from mmserve.frontend.dispatch import Dispatcher, Pipeline, PixelSink
 
 log = logging.getLogger("mmserve.frontend")
 
-# Opens the connection to the pipeline for the parsed arguments; entered inside the server's
-# event loop and left when the server stops.
-DispatcherFactory = Callable[
-    [argparse.Namespace], contextlib.AbstractAsyncContextManager["Dispatcher"]
-]
+# Connects to the pipeline for the parsed arguments; entered inside the server's event loop
+# (after the model loaded) and left when the server stops.
+PipelineFactory = Callable[[argparse.Namespace], contextlib.AbstractAsyncContextManager["Pipeline"]]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -129,21 +127,19 @@ def build_app(
     )
 
 
-def open_dispatcher(args: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
+def open_pipeline(args: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[Pipeline]:
     """The pipeline behind the frontend, discovered over NATS."""
-    from mmserve.frontend.nats_dispatch import open_nats_dispatcher
-
-    return open_nats_dispatcher(args)
+    raise RuntimeError("no pipeline is available in this build")
 
 
 async def serve(
-    args: argparse.Namespace, dispatcher_factory: DispatcherFactory = open_dispatcher
+    args: argparse.Namespace, pipeline_factory: PipelineFactory = open_pipeline
 ) -> None:
     import uvicorn
 
     model = await asyncio.to_thread(load_model, args)
-    async with dispatcher_factory(args) as dispatcher:
-        app = build_app(args, model, dispatcher)
+    async with pipeline_factory(args) as pipeline:
+        app = build_app(args, model, pipeline.dispatcher, pipeline.pixel_sink)
         config = uvicorn.Config(
             app,
             host=args.http_host,

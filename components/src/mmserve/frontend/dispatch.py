@@ -7,10 +7,17 @@ decode worker, whichever the deployment registered) and streams back `TokenChunk
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
-from mmserve.protocol import PreprocessedRequest, TokenChunk
+import numpy as np
+
+from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk
+
+# With frontend decoding: ships one item's pixel_values (request id, array) to the first hop
+# and returns the handle that travels in `MediaItem.pixel_values` (the transfer layer).
+PixelSink = Callable[[str, np.ndarray], Awaitable[TensorHandle]]
 
 
 class Dispatcher(Protocol):
@@ -27,3 +34,12 @@ class Dispatcher(Protocol):
     def ready(self) -> bool: ...
 
     def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]: ...
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What the frontend is connected to: the dispatcher, and the pixel sink that
+    `--frontend-decoding` needs."""
+
+    dispatcher: Dispatcher
+    pixel_sink: PixelSink | None = None

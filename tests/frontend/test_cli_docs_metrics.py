@@ -1,14 +1,24 @@
 """`/openapi.json` is a valid OpenAPI 3.1 document of the routes; `/metrics` counts requests,
-errors by kind and latencies; `mmserve frontend --help` documents the flags."""
+errors by kind and latencies; `mmserve frontend` documents its flags, fails fast with a reason,
+and `serve()` runs the app over the pipeline its factory connects."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import argparse
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
+import pytest
 
-from .conftest import RunningFrontend
+from mmserve.cli import main
+from mmserve.frontend.cli import serve
+from mmserve.frontend.dispatch import Pipeline
+
+from .conftest import EchoDispatcher, RunningFrontend, parse_frontend_args
 
 
 def _resolve(document: dict, ref: str) -> dict:
@@ -67,14 +77,11 @@ def test_metrics_count_requests_errors_and_latency(frontend: RunningFrontend) ->
     assert samples['mmserve_stage_seconds_count{component="frontend",stage="preprocess"}'] >= 1
 
 
-def test_cli_help_lists_the_flags() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "mmserve.cli", "frontend", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
+def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["frontend", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
     for flag in (
         "--http-host",
         "--http-port",
@@ -86,17 +93,49 @@ def test_cli_help_lists_the_flags() -> None:
         "--allowed-local-media-path",
         "--media-fetch-timeout",
     ):
-        assert flag in result.stdout
+        assert flag in out
 
 
-def test_cli_exits_with_a_one_line_reason_when_the_model_is_missing(tmp_path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "mmserve.cli", "frontend", "--model-path", str(tmp_path / "none")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
+def test_cli_exits_with_a_one_line_reason_when_the_model_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["frontend", "--model-path", str(tmp_path / "none")]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mmserve frontend: ")
     assert str(tmp_path / "none") in lines[0]
+
+
+async def test_serve_connects_the_pipeline_and_closes_it(tiny_model_path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = parse_frontend_args(tiny_model_path, "--http-port", str(port))
+    dispatcher = EchoDispatcher()
+    closed = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def echo_pipeline(parsed: argparse.Namespace) -> AsyncIterator[Pipeline]:
+        assert parsed is args
+        try:
+            yield Pipeline(dispatcher)
+        finally:
+            closed.set()
+
+    server = asyncio.create_task(serve(args, echo_pipeline))
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(timeout=30) as client:
+        while True:
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    break
+            except httpx.ConnectError:
+                assert not server.done(), server.exception()
+                await asyncio.sleep(0.05)
+        body = {"model": "tiny-qwen2_vl-seed0", "messages": [{"role": "user", "content": "hi"}]}
+        response = await client.post(url + "/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert response.json()["id"] == dispatcher.requests[-1].request_id
+    server.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await server
+    assert closed.is_set()
