@@ -84,7 +84,10 @@ class NatsServer:
         if self.jetstream:
             argv += ["-js", "-sd", self.store_dir]
         with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            # Its own session: a terminal's Ctrl-C reaches the owner, which stops it in order.
+            self._process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
