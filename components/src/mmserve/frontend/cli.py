@@ -129,7 +129,9 @@ def build_app(
 
 def open_pipeline(args: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[Pipeline]:
     """The pipeline behind the frontend, discovered over NATS."""
-    raise RuntimeError("no pipeline is available in this build")
+    from mmserve.frontend.nats_dispatch import open_nats_pipeline
+
+    return open_nats_pipeline(args)
 
 
 async def serve(
@@ -162,7 +164,9 @@ async def serve(
 def _handle(args: argparse.Namespace) -> int:
     import uvloop
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from mmserve.observability.logging import configure_logging
+
+    configure_logging()
     try:
         uvloop.run(serve(args))
     except Exception as err:

@@ -50,12 +50,13 @@ async def fetch(source: str, policy: MediaPolicy) -> bytes:
 async def process(
     spec: _mm.Spec,
     input_ids: list[int],
-    sources: list[str],
+    sources: list[str | bytes],
     policy: MediaPolicy,
     *,
     count_only: bool,
 ) -> ProcessedRequest:
-    """Fetches and describes every item of a request. `input_ids` holds one placeholder per
+    """Fetches and describes every item of a request: `sources` are references (URL, `data:`
+    URL, base64, local path) or bytes already fetched. `input_ids` holds one placeholder per
     item. With `count_only` the core fetches, hashes and decodes each item (which validates it
     and applies its EXIF orientation) and plans its grid, but skips resize and pixel values."""
     output = await asyncio.to_thread(
