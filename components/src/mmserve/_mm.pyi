@@ -1,11 +1,17 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
+from typing import final
+
 import numpy
 
 __version__: str
 
 class MediaError(ValueError):
-    """A media item was refused or could not be processed: args = (code, message)."""
+    """A media item was refused or could not be processed.
+
+    args = (code, message, item_index): a stable code such as ``process.aspect_ratio``, a
+    message that says what to change, and the request item at fault (None for the request).
+    """
 
 # media
 def decode_image(
@@ -51,3 +57,137 @@ def normalize_patchify(
     """Rescale + normalize + patchify a resized uint8 RGB image into HF's pixel_values rows
     [grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]; convention "pil" (numpy
     arithmetic) or "torchvision" (torch's fused float32 arithmetic)."""
+
+# qwen
+@final
+class Spec:
+    """A resolved, validated model-family spec (immutable); see docs/preprocessing.md."""
+
+    @staticmethod
+    def from_json(json: str) -> Spec: ...
+    @staticmethod
+    def from_hf_configs(preprocessor_config: str, config: str) -> Spec: ...
+    def to_json(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def patch_size(self) -> int: ...
+    @property
+    def merge_size(self) -> int: ...
+    @property
+    def image_token_id(self) -> int: ...
+    def plan(self, width: int, height: int) -> tuple[tuple[int, int, int], int]:
+        """((t, h, w) patch grid, token count) of a width x height image, without pixels."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+def spec_from_hf_configs(preprocessor_config: str, config: str) -> Spec:
+    """The spec of a checkpoint from the text of its preprocessor_config.json and config.json."""
+
+def qwen_vl_preprocess(
+    spec: Spec, data: bytes
+) -> tuple[
+    numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]],
+    numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]],
+    int,
+]:
+    """Encoded image -> (pixel_values [patches, dim], image_grid_thw [1, 3], content hash)."""
+
+def qwen_vl_preprocess_batch(
+    spec: Spec, data: list[bytes]
+) -> list[
+    tuple[
+        numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]],
+        numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]],
+        int,
+    ]
+]:
+    """qwen_vl_preprocess of each image, fanned out over the pool, in input order."""
+
+@final
+class ProcessedMedia:
+    """One image of a request: hash, decoded size, grid, token count and pixel values."""
+
+    @property
+    def hash(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def height(self) -> int: ...
+    @property
+    def image_grid_thw(self) -> numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]]: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def pixel_values(
+        self,
+    ) -> numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]] | None:
+        """None when the request ran with count_only=True."""
+
+@final
+class ProcessResult:
+    """The prompt expanded for the model, its images and their M-RoPE positions."""
+
+    @property
+    def input_ids(self) -> numpy.ndarray[tuple[int], numpy.dtype[numpy.int64]]: ...
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        """(start, end) of each image's tokens in input_ids."""
+    @property
+    def items(self) -> list[ProcessedMedia]: ...
+    @property
+    def positions(self) -> numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]] | None:
+        """[3, len] M-RoPE position ids (None for 1-D rope families)."""
+    @property
+    def rope_delta(self) -> int: ...
+
+def process(
+    spec: Spec,
+    input_ids: list[int],
+    images: list[str | bytes],
+    *,
+    allowed_local_roots: list[str] = ...,
+    allowed_domains: list[str] = ...,
+    timeout_s: float | None = None,
+    count_only: bool = False,
+) -> ProcessResult:
+    """The request driver: one placeholder per image in input_ids, images as references
+    (URL, data: URL, base64, local path) or already-fetched bytes."""
+
+def num_threads() -> int:
+    """Size of the pool the extension fans work out to (1 without the parallel build)."""
+
+# kv_index
+class UnknownParentError(KeyError):
+    """A stored KV event names a parent block the index does not hold for that worker."""
+
+def compute_block_hashes(
+    tokens: numpy.ndarray[tuple[int], numpy.dtype[numpy.uint32]],
+    block_size: int,
+    media_spans: list[tuple[int, int, int]] = ...,
+    lora_name: str | None = None,
+) -> list[int]:
+    """Dynamo-compatible local hashes of the complete blocks; `media_spans` lists
+    (mm_hash, start, end) token ranges, attached to every block they overlap."""
+
+def compute_seq_hashes(local_hashes: list[int], parent: int | None = None) -> list[int]:
+    """Chained sequence hashes of consecutive local hashes, continuing after `parent`."""
+
+class KvIndex:
+    """Radix index of the KV blocks each worker holds."""
+
+    def __init__(self) -> None: ...
+    def apply_stored(
+        self, worker_id: str, parent_hash: int | None, blocks: list[tuple[int, int]]
+    ) -> None:
+        """Store (block_hash, tokens_hash) blocks in order after `parent_hash`."""
+    def apply_removed(self, worker_id: str, block_hashes: list[int]) -> None: ...
+    def clear_worker(self, worker_id: str) -> None: ...
+    def remove_worker(self, worker_id: str) -> None: ...
+    def find_matches(self, local_hashes: list[int]) -> dict[str, int]:
+        """{worker_id: overlap_blocks} for the workers holding a prefix of local_hashes."""
+    def dump(self, worker_id: str) -> list[tuple[int | None, list[tuple[int, int]]]]:
+        """The worker's blocks as (parent_hash, [(block_hash, tokens_hash), ...]) runs."""
+    def workers(self) -> list[str]: ...
+    def num_blocks(self, worker_id: str) -> int: ...
+    def num_nodes(self) -> int: ...
