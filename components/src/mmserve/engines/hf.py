@@ -1,0 +1,492 @@
+"""The `hf` engine: transformers' Qwen-VL model code, on CPU or GPU, from any local checkpoint.
+
+The engine drives the model's parts itself rather than `generate`: the vision tower
+(`model.model.visual` via `get_image_features`), the embedding table, the language model with an
+explicit M-RoPE position grid (`get_rope_index`, the model's own) and a `DynamicCache`, and the
+LM head. That is what lets a prefill start from precomputed embeddings and from cached prefix
+blocks, and a decode continue from a cache made in another process, while giving the tokens of
+`generate(pixel_values=...)`.
+
+Every model call runs on one dedicated thread per engine, so the asyncio loop never blocks and
+the model, the prefix cache and the encoder cache have a single owner. Decode streams submit one
+step at a time to that thread; its FIFO queue interleaves active streams round-robin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from mmserve.engines.base import (
+    Engine,
+    EngineError,
+    EngineOverloaded,
+    EngineRequest,
+    ItemEmbedding,
+    KvEventSink,
+    KvHandle,
+    MediaInput,
+)
+from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
+from mmserve.engines.sampling import StopRules, check_sampling, make_generator, sample_token
+from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.protocol import SamplingParams, StopConditions, TokenChunk, Usage
+from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.router.pad import PadScheme
+from mmserve.router.view import RoutingMedia
+
+Result = TypeVar("Result")
+
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+DEFAULT_ENCODER_CACHE_BYTES = 256 << 20
+
+
+@dataclass
+class _KvState:
+    """What decode needs beyond the handle: the cache, the M-RoPE offset, the random source."""
+
+    cache: Any  # transformers DynamicCache
+    rope_delta: int
+    generator: torch.Generator | None
+
+
+def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _EncoderCache:
+    """LRU of item embeddings keyed by (spec id, content hash, grid), under a byte budget."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, int, tuple[int, int, int]], ItemEmbedding] = (
+            OrderedDict()
+        )
+        self._num_bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _size(item: ItemEmbedding) -> int:
+        return _tensor_bytes((item.embeddings, *item.deepstack))
+
+    def get(self, key: tuple[str, int, tuple[int, int, int]]) -> ItemEmbedding | None:
+        item = self._entries.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return item
+
+    def put(self, key: tuple[str, int, tuple[int, int, int]], item: ItemEmbedding) -> None:
+        size = self._size(item)
+        if size > self.max_bytes or key in self._entries:
+            return
+        self._entries[key] = item
+        self._num_bytes += size
+        while self._num_bytes > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self._num_bytes -= self._size(evicted)
+
+
+class HfEngine(Engine):
+    """A transformers Qwen-VL model behind the engine interface."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
+        prefix_cache_blocks: int | None = None,
+        encoder_cache_bytes: int = DEFAULT_ENCODER_CACHE_BYTES,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        pad_scheme: PadScheme = PadScheme.DYNAMO,
+    ) -> None:
+        """Load the checkpoint (blocking: use `HfEngine.load` from async code)."""
+        import transformers
+
+        self.spec: ModelSpec = resolve_model_spec(model_path)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.max_queue = max_queue
+        self.pad_scheme = pad_scheme
+        model_class = getattr(transformers, self.spec.family.model_class)
+        self.model = model_class.from_pretrained(self.spec.path, dtype=dtype).to(self.device)
+        self.model.eval()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.spec.path)
+        self._inner = self.model.model
+        self._text_config = self.model.config.get_text_config()
+        self.prefix_cache: PrefixCache[torch.Tensor] = PrefixCache(
+            block_size,
+            max_bytes=prefix_cache_bytes,
+            max_blocks=prefix_cache_blocks,
+            payload_bytes=lambda block: block.numel() * block.element_size(),
+        )
+        self.encoder_cache = _EncoderCache(encoder_cache_bytes)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._admitted = 0
+        self._closed = False
+
+    @classmethod
+    async def load(cls, model_path: str | Path, **options: Any) -> HfEngine:
+        """Load without blocking the event loop."""
+        return await asyncio.to_thread(functools.partial(cls, model_path, **options))
+
+    # -- admission and the model thread --------------------------------------------------------
+
+    def _admit(self) -> None:
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if self._admitted >= self.max_queue:
+            raise EngineOverloaded(
+                f"engine queue is full ({self._admitted} requests in flight, limit "
+                f"{self.max_queue}); retry later or on another worker"
+            )
+        self._admitted += 1
+
+    def _leave(self) -> None:
+        self._admitted -= 1
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests admitted and not finished (encode, prefill, live decode streams)."""
+        return self._admitted
+
+    async def _call(self, fn: Callable[..., Result], *args: Any) -> Result:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._in_inference_mode, fn, *args)
+
+    @staticmethod
+    def _in_inference_mode(fn: Callable[..., Result], *args: Any) -> Result:
+        with torch.inference_mode():
+            return fn(*args)
+
+    async def _admitted_call(self, fn: Callable[..., Result], *args: Any) -> Result:
+        self._admit()
+        try:
+            return await self._call(fn, *args)
+        finally:
+            self._leave()
+
+    # -- encode ---------------------------------------------------------------------------------
+
+    async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
+        if not items:
+            return []
+        return await self._admitted_call(self._encode_sync, list(items))
+
+    def _encode_sync(self, items: list[MediaInput]) -> list[ItemEmbedding]:
+        results: list[ItemEmbedding | None] = []
+        missing: list[tuple[int, MediaInput]] = []
+        for index, item in enumerate(items):
+            self._check_media(item)
+            cached = self.encoder_cache.get(self._encoder_key(item))
+            results.append(cached)
+            if cached is None:
+                missing.append((index, item))
+        if missing:
+            pixel_values = torch.cat([item.pixel_values for _, item in missing]).to(self.device)
+            grid = torch.tensor([item.grid_thw for _, item in missing], device=self.device)
+            output = self._inner.get_image_features(pixel_values, grid, return_dict=True)
+            deepstack_layers = getattr(output, "deepstack_features", None) or []
+            for position, (index, item) in enumerate(missing):
+                embedding = ItemEmbedding(
+                    mm_hash=item.mm_hash,
+                    grid_thw=item.grid_thw,
+                    embeddings=output.pooler_output[position].contiguous(),
+                    deepstack=tuple(layer[position].contiguous() for layer in deepstack_layers),
+                )
+                self.encoder_cache.put(self._encoder_key(item), embedding)
+                results[index] = embedding
+        return [result for result in results if result is not None]
+
+    def _encoder_key(self, item: MediaInput) -> tuple[str, int, tuple[int, int, int]]:
+        return (self.spec.spec_id, item.mm_hash, tuple(item.grid_thw))
+
+    def _check_media(self, item: MediaInput) -> None:
+        t, h, w = item.grid_thw
+        merge = self.spec.spatial_merge_size
+        if min(t, h, w) <= 0 or h % merge or w % merge:
+            raise EngineError(f"image grid {item.grid_thw} does not fit merge size {merge}")
+        if item.pixel_values.ndim != 2 or item.pixel_values.shape[0] != t * h * w:
+            raise EngineError(
+                f"pixel_values of shape {tuple(item.pixel_values.shape)} do not match grid "
+                f"{item.grid_thw} ({t * h * w} patches)"
+            )
+
+    # -- prefill --------------------------------------------------------------------------------
+
+    async def prefill(
+        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
+    ) -> KvHandle:
+        check_sampling(request.sampling, request.stop)
+        return await self._admitted_call(self._prefill_sync, request, list(embeddings))
+
+    def _media_offsets(self, ids: torch.Tensor, embeddings: list[ItemEmbedding]) -> list[int]:
+        """The first token of each item's placeholder run, checked against the embeddings."""
+        positions = torch.nonzero(ids == self.spec.image_token_id).flatten().tolist()
+        expected = sum(item.num_tokens for item in embeddings)
+        if len(positions) != expected:
+            raise EngineError(
+                f"prompt has {len(positions)} image placeholder tokens but the embeddings have "
+                f"{expected} rows"
+            )
+        offsets = []
+        start = 0
+        for item in embeddings:
+            run = positions[start : start + item.num_tokens]
+            if run[-1] - run[0] != item.num_tokens - 1:
+                raise EngineError(f"placeholder run of item {len(offsets)} is not contiguous")
+            if item.num_tokens != self.spec.image_token_count(item.grid_thw):
+                raise EngineError(f"item {len(offsets)} has rows that do not match its grid")
+            offsets.append(run[0])
+            start += item.num_tokens
+        return offsets
+
+    def _positions(
+        self, ids: torch.Tensor, embeddings: list[ItemEmbedding]
+    ) -> tuple[torch.Tensor, int]:
+        """M-RoPE positions `[3, 1, len]` and the rope delta, from the model's `get_rope_index`."""
+        if not embeddings:
+            positions = torch.arange(len(ids), device=self.device).view(1, 1, -1).expand(3, 1, -1)
+            return positions, 0
+        grid = torch.tensor([item.grid_thw for item in embeddings], device=self.device)
+        mm_token_type_ids = (ids == self.spec.image_token_id).int()[None]
+        positions, delta = self._inner.get_rope_index(
+            ids[None], mm_token_type_ids, image_grid_thw=grid
+        )
+        return positions, int(delta.flatten()[0])
+
+    def _prefill_sync(self, request: EngineRequest, embeddings: list[ItemEmbedding]) -> KvHandle:
+        from transformers import DynamicCache
+
+        if not request.token_ids:
+            raise EngineError("the prompt is empty")
+        ids = torch.tensor(request.token_ids, dtype=torch.long, device=self.device)
+        if int(ids.max()) >= self.spec.vocab_size or int(ids.min()) < 0:
+            raise EngineError(f"token ids must lie in [0, {self.spec.vocab_size})")
+        offsets = self._media_offsets(ids, embeddings)
+        positions, rope_delta = self._positions(ids, embeddings)
+
+        block_size = self.prefix_cache.block_size
+        media = [
+            RoutingMedia(item.mm_hash, item.num_tokens, offset)
+            for item, offset in zip(embeddings, offsets, strict=True)
+        ]
+        keys = prompt_block_keys(request.token_ids, media, block_size, self.pad_scheme)
+        # At least one token must run to produce the first token's logits.
+        blocks = self.prefix_cache.match(keys.seq_hashes, (len(ids) - 1) // block_size)
+        cached = len(blocks) * block_size
+
+        cache = DynamicCache(config=self._text_config)
+        if blocks:
+            past = torch.cat(blocks, dim=3)  # [layers, 2, kv_heads, cached, head_dim]
+            for layer in range(past.shape[0]):
+                cache.update(past[layer, 0][None], past[layer, 1][None], layer)
+
+        image_mask = ids == self.spec.image_token_id
+        inputs_embeds = self._inner.get_input_embeddings()(ids[None])
+        if embeddings:
+            rows = torch.cat([item.embeddings for item in embeddings])
+            inputs_embeds[0, image_mask] = rows.to(self.device, inputs_embeds.dtype)
+        extra = self._deepstack_inputs(embeddings, image_mask, cached)
+        output = self._inner.language_model(
+            inputs_embeds=inputs_embeds[:, cached:],
+            position_ids=positions[:, :, cached:],
+            cache=cache,
+            use_cache=True,
+            **extra,
+        )
+        logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
+
+        full_blocks = len(ids) // block_size
+        self.prefix_cache.store(
+            keys,
+            len(blocks),
+            [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
+        )
+        generator = make_generator(request.sampling, self.device)
+        first_token = sample_token(logits, request.sampling, generator)
+        return KvHandle(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(request.token_ids),
+            first_token=first_token,
+            cached_tokens=cached,
+            state=_KvState(cache, rope_delta, generator),
+        )
+
+    def _deepstack_inputs(
+        self, embeddings: list[ItemEmbedding], image_mask: torch.Tensor, cached: int
+    ) -> dict[str, Any]:
+        """Qwen3-VL's deepstack features for the image tokens that are not cached."""
+        if not self.spec.family.has_deepstack or not embeddings:
+            return {}
+        suffix_mask = image_mask[cached:]
+        if not bool(suffix_mask.any()):
+            return {}
+        skipped = int(image_mask[:cached].sum())
+        num_layers = len(embeddings[0].deepstack)
+        features = [
+            torch.cat([item.deepstack[layer] for item in embeddings])[skipped:].to(self.device)
+            for layer in range(num_layers)
+        ]
+        return {"visual_pos_masks": suffix_mask[None], "deepstack_visual_embeds": features}
+
+    def _block_kv(self, cache: Any, index: int) -> torch.Tensor:
+        """Block `index` of a cache as one tensor `[layers, 2, kv_heads, block, head_dim]`."""
+        size = self.prefix_cache.block_size
+        window = slice(index * size, (index + 1) * size)
+        return torch.stack(
+            [
+                torch.stack([layer.keys[0, :, window], layer.values[0, :, window]])
+                for layer in cache.layers
+            ]
+        ).clone()
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    def _state(self, kv: KvHandle) -> _KvState:
+        if not isinstance(kv.state, _KvState) or kv.state.cache is None:
+            raise EngineError(f"KV handle of request {kv.request_id} is not live in this engine")
+        return kv.state
+
+    async def decode(
+        self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
+    ) -> AsyncIterator[TokenChunk]:
+        state = self._state(kv)
+        check_sampling(sampling, stop)
+        self._admit()
+        try:
+            if state.generator is None:
+                state.generator = make_generator(sampling, self.device)
+            rules = StopRules(stop, self.spec.eos_token_ids)
+            detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, list(stop.stop))
+            token = kv.first_token
+            completion_tokens = 0
+            while True:
+                completion_tokens += 1
+                finish = rules.on_token(token, completion_tokens)
+                text = ""
+                if token not in rules.stop_ids:
+                    text = detokenizer.push([token])
+                    if detokenizer.stopped:
+                        finish = "stop"
+                if finish is None:
+                    yield TokenChunk(request_id=kv.request_id, token_ids=[token], text=text)
+                    token = await self._call(self._decode_step, state, token, sampling)
+                    continue
+                yield TokenChunk(
+                    request_id=kv.request_id,
+                    token_ids=[token],
+                    text=text + detokenizer.flush(),
+                    finish_reason=finish,
+                    usage=Usage(
+                        prompt_tokens=kv.prompt_tokens,
+                        completion_tokens=completion_tokens,
+                        cached_tokens=kv.cached_tokens,
+                    ),
+                )
+                return
+        finally:
+            self._leave()
+            state.cache = None
+
+    def _decode_step(self, state: _KvState, token: int, sampling: SamplingParams) -> int:
+        position = state.cache.get_seq_length() + state.rope_delta
+        positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
+        ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        output = self._inner.language_model(
+            inputs_embeds=self._inner.get_input_embeddings()(ids),
+            position_ids=positions,
+            cache=state.cache,
+            use_cache=True,
+        )
+        logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
+        return sample_token(logits, sampling, state.generator)
+
+    def release(self, kv: KvHandle) -> None:
+        if isinstance(kv.state, _KvState):
+            kv.state.cache = None
+
+    # -- KV export / import ---------------------------------------------------------------------
+
+    async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
+        return await self._call(self._export_sync, kv)
+
+    def _export_sync(self, kv: KvHandle) -> dict[str, torch.Tensor]:
+        state = self._state(kv)
+        layers = state.cache.layers
+        generator_state = (
+            state.generator.get_state()
+            if state.generator is not None
+            else torch.empty(0, dtype=torch.uint8)
+        )
+        return {
+            "keys": torch.stack([layer.keys[0] for layer in layers]).cpu().contiguous(),
+            "values": torch.stack([layer.values[0] for layer in layers]).cpu().contiguous(),
+            "prompt_token_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.int64),
+            "first_token": torch.tensor([kv.first_token], dtype=torch.int64),
+            "cached_tokens": torch.tensor([kv.cached_tokens], dtype=torch.int64),
+            "rope_delta": torch.tensor([state.rope_delta], dtype=torch.int64),
+            "generator_state": generator_state.cpu().contiguous(),
+        }
+
+    async def import_kv(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
+        return await self._call(self._import_sync, request_id, tensors)
+
+    def _import_sync(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
+        from transformers import DynamicCache
+
+        keys, values = tensors["keys"], tensors["values"]
+        prompt = tensors["prompt_token_ids"].tolist()
+        config = self._text_config
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        expected = (config.num_hidden_layers, config.num_key_value_heads, len(prompt), head_dim)
+        if tuple(keys.shape) != expected or tuple(values.shape) != expected:
+            raise EngineError(
+                f"imported KV of shape {tuple(keys.shape)} does not fit this model {expected}"
+            )
+        cache = DynamicCache(config=config)
+        for layer in range(keys.shape[0]):
+            cache.update(
+                keys[layer][None].to(self.device, self.dtype),
+                values[layer][None].to(self.device, self.dtype),
+                layer,
+            )
+        generator = None
+        generator_state = tensors.get("generator_state")
+        if generator_state is not None and generator_state.numel():
+            generator = torch.Generator(device=self.device)
+            generator.set_state(generator_state)
+        return KvHandle(
+            request_id=request_id,
+            prompt_token_ids=tuple(prompt),
+            first_token=int(tensors["first_token"][0]),
+            cached_tokens=int(tensors["cached_tokens"][0]),
+            state=_KvState(cache, int(tensors["rope_delta"][0]), generator),
+        )
+
+    # -- events and lifecycle -------------------------------------------------------------------
+
+    def subscribe_kv_events(self, sink: KvEventSink) -> None:
+        self.prefix_cache.subscribe(sink)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,144 @@
+"""A prefix cache of KV blocks keyed by Dynamo-compatible block hashes.
+
+The key of a block is its chained sequence hash over the routing view of the prompt (media runs
+replaced by their pad values, `mmserve.router.view`), so the engine's blocks are exactly the ones
+the router indexes. A block's KV depends on every token before it, hence the chained hash rather
+than the block's local one. Payloads are opaque (the hf engine stores KV tensors, the mock
+engine nothing); eviction is LRU under a byte and/or block budget, and every change is reported
+as a KV event.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from mmserve.engines.base import KvEventData, KvEventSink
+from mmserve.protocol import KvBlock, KvCleared, KvRemoved, KvStored
+from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
+from mmserve.router.pad import PadScheme
+from mmserve.router.view import RoutingMedia, routing_view
+
+Payload = TypeVar("Payload")
+
+
+@dataclass(frozen=True)
+class BlockKeys:
+    """Hashes of a prompt's complete blocks: local (per block) and chained (the cache keys)."""
+
+    local_hashes: tuple[int, ...]
+    seq_hashes: tuple[int, ...]
+
+
+@dataclass
+class _Entry(Generic[Payload]):
+    payload: Payload
+    num_bytes: int
+
+
+def prompt_block_keys(
+    token_ids: Sequence[int],
+    media: Sequence[RoutingMedia],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    scheme: PadScheme = PadScheme.DYNAMO,
+) -> BlockKeys:
+    """Block keys of expanded `token_ids` whose media runs start at each item's `offset`."""
+    local = routing_view(token_ids, media, scheme=scheme).block_hashes(block_size)
+    return BlockKeys(tuple(local), tuple(compute_seq_hashes(local)))
+
+
+class PrefixCache(Generic[Payload]):
+    """LRU map from sequence hash to block payload; not thread-safe (one engine thread owns it)."""
+
+    def __init__(
+        self,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        *,
+        max_bytes: int | None = None,
+        max_blocks: int | None = None,
+        payload_bytes: Callable[[Payload], int] = lambda _: 0,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.max_bytes = max_bytes
+        self.max_blocks = max_blocks
+        self._payload_bytes = payload_bytes
+        self._entries: OrderedDict[int, _Entry[Payload]] = OrderedDict()
+        self._num_bytes = 0
+        self._sinks: list[KvEventSink] = []
+
+    def subscribe(self, sink: KvEventSink) -> None:
+        self._sinks.append(sink)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._entries)
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
+
+    def match(self, seq_hashes: Sequence[int], max_blocks: int | None = None) -> list[Payload]:
+        """Payloads of the longest cached prefix of `seq_hashes` (at most `max_blocks`)."""
+        limit = len(seq_hashes) if max_blocks is None else min(max_blocks, len(seq_hashes))
+        found: list[Payload] = []
+        for seq_hash in seq_hashes[:limit]:
+            entry = self._entries.get(seq_hash)
+            if entry is None:
+                break
+            found.append(entry.payload)
+        self._touch(seq_hashes[: len(found)])
+        return found
+
+    def store(self, keys: BlockKeys, start: int, payloads: Sequence[Payload]) -> None:
+        """Store the payloads of blocks `start, start + 1, ...` of a prompt with `keys`."""
+        end = start + len(payloads)
+        if end > len(keys.seq_hashes):
+            raise ValueError(f"{end} blocks stored for a prompt of {len(keys.seq_hashes)}")
+        new_blocks: list[KvBlock] = []
+        for index, payload in zip(range(start, end), payloads, strict=True):
+            seq_hash = keys.seq_hashes[index]
+            if seq_hash in self._entries:
+                continue
+            entry = _Entry(payload, self._payload_bytes(payload))
+            self._entries[seq_hash] = entry
+            self._num_bytes += entry.num_bytes
+            if not new_blocks:
+                parent = keys.seq_hashes[index - 1] if index > 0 else None
+            new_blocks.append(KvBlock(block_hash=seq_hash, tokens_hash=keys.local_hashes[index]))
+        self._touch(keys.seq_hashes[:end])
+        if new_blocks:
+            self._emit(KvStored(parent_hash=parent, blocks=new_blocks))
+        self._evict()
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._num_bytes = 0
+        self._emit(KvCleared())
+
+    def _touch(self, seq_hashes: Sequence[int]) -> None:
+        # Deepest block first, so a chain's parents are always more recent than its children:
+        # eviction then trims chains from the tail and never strands a child without its parent.
+        for seq_hash in reversed(seq_hashes):
+            self._entries.move_to_end(seq_hash)
+
+    def _over_budget(self) -> bool:
+        return (self.max_blocks is not None and len(self._entries) > self.max_blocks) or (
+            self.max_bytes is not None and self._num_bytes > self.max_bytes
+        )
+
+    def _evict(self) -> None:
+        removed: list[int] = []
+        while self._entries and self._over_budget():
+            seq_hash, entry = self._entries.popitem(last=False)
+            self._num_bytes -= entry.num_bytes
+            removed.append(seq_hash)
+        if removed:
+            self._emit(KvRemoved(block_hashes=removed))
+
+    def _emit(self, event: KvEventData) -> None:
+        for sink in self._sinks:
+            sink(event)

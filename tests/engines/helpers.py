@@ -1,0 +1,80 @@
+"""Images, preprocessing and the transformers reference for the engine tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import xxhash
+from PIL import Image
+
+from mmserve.engines.base import MediaInput
+
+IMAGE_TOKEN_ID = 151655
+
+
+def make_image(width: int, height: int, seed: int) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def preprocess(model_path: Path, images: Sequence[Image.Image]) -> list[MediaInput]:
+    """pixel_values + grid per image with transformers' own processor (the Rust core's twin)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    config = json.loads((model_path / "preprocessor_config.json").read_text())
+    processor = Qwen2VLImageProcessorPil(
+        **{k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
+    )
+    items = []
+    for image in images:
+        out = processor(images=[image], return_tensors="pt")
+        grid = tuple(int(v) for v in out["image_grid_thw"][0])
+        mm_hash = xxhash.xxh3_64_intdigest(image.tobytes())
+        items.append(MediaInput(mm_hash, out["pixel_values"], grid))
+    return items
+
+
+def expand_prompt(
+    tokenizer, text_parts: Sequence[str], items: Sequence[MediaInput], merge: int = 2
+) -> list[int]:
+    """A chat prompt with one image part per item, placeholders expanded to the token count."""
+    content: list[dict] = [{"type": "image"} for _ in items]
+    content += [{"type": "text", "text": part} for part in text_parts]
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tokenizer(text)["input_ids"]
+    counts = iter([int(np.prod(item.grid_thw)) // merge**2 for item in items])
+    expanded: list[int] = []
+    for token in ids:
+        expanded.extend([token] * next(counts) if token == IMAGE_TOKEN_ID else [token])
+    return expanded
+
+
+def reference_generate(model, ids: list[int], items: Sequence[MediaInput], max_new_tokens: int):
+    """transformers' own greedy `generate` with pixel_values: (new tokens, first-step logits)."""
+    input_ids = torch.tensor([ids])
+    kwargs = {}
+    if items:
+        kwargs = {
+            "pixel_values": torch.cat([item.pixel_values for item in items]),
+            "image_grid_thw": torch.tensor([item.grid_thw for item in items]),
+            "mm_token_type_ids": (input_ids == IMAGE_TOKEN_ID).int(),
+        }
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    return out.sequences[0, len(ids) :].tolist(), out.logits[0][0]

@@ -1,0 +1,271 @@
+"""The hf engine against transformers' own `generate`, on the three tiny families."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmserve.engines.base import EngineError, EngineOverloaded, EngineRequest
+from mmserve.engines.hf import HfEngine
+from mmserve.protocol import (
+    KvCleared,
+    KvRemoved,
+    KvStored,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+)
+
+from .helpers import expand_prompt, make_image, preprocess, reference_generate
+
+GREEDY = SamplingParams(temperature=0.0)
+EIGHT_TOKENS = StopConditions(max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> HfEngine:
+    return HfEngine(tiny_model)
+
+
+async def collect(stream) -> list[TokenChunk]:
+    return [chunk async for chunk in stream]
+
+
+def tokens_of(chunks: list[TokenChunk]) -> list[int]:
+    return [token for chunk in chunks for token in chunk.token_ids]
+
+
+async def run(
+    engine: HfEngine,
+    ids: list[int],
+    items=(),
+    sampling: SamplingParams = GREEDY,
+    stop: StopConditions = EIGHT_TOKENS,
+    request_id: str = "r",
+) -> list[TokenChunk]:
+    embeddings = await engine.encode(items)
+    request = EngineRequest(request_id, tuple(ids), sampling, stop)
+    return await collect(engine.generate(request, embeddings))
+
+
+@pytest.mark.parametrize("num_images", [0, 1, 3])
+async def test_greedy_tokens_match_transformers_generate(engine: HfEngine, num_images: int):
+    # Different sizes and aspect ratios, so every item has its own grid.
+    images = [make_image(56 + 28 * i, 84 - 14 * i, seed=i) for i in range(num_images)]
+    items = preprocess(engine.spec.path, images)
+    ids = expand_prompt(engine.tokenizer, [f"Describe {num_images} images."], items)
+    expected, _ = reference_generate(engine.model, ids, items, max_new_tokens=8)
+
+    chunks = await run(engine, ids, items, request_id=f"images-{num_images}")
+
+    assert tokens_of(chunks) == expected
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == len(ids)
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+async def test_repeated_image_skips_the_vision_tower(engine: HfEngine):
+    items = preprocess(engine.spec.path, [make_image(84, 56, seed=11)])
+    first = await engine.encode(items)
+    hits = engine.encoder_cache.hits
+    second = await engine.encode(items)
+    assert engine.encoder_cache.hits == hits + 1
+    assert second[0].embeddings is first[0].embeddings
+    assert len(first[0].deepstack) == (2 if engine.spec.family.has_deepstack else 0)
+
+
+async def test_encoder_cache_key_separates_grids_under_one_hash(engine: HfEngine):
+    # The same content hash preprocessed to another grid (other pixel bounds) is another entry.
+    wide, tall = preprocess(engine.spec.path, [make_image(112, 56, 12), make_image(56, 112, 12)])
+    tall = type(tall)(wide.mm_hash, tall.pixel_values, tall.grid_thw)
+    assert wide.grid_thw != tall.grid_thw
+    first, second = await engine.encode([wide]), await engine.encode([tall])
+    assert second[0].grid_thw == tall.grid_thw
+    assert not torch.equal(first[0].embeddings, second[0].embeddings)
+
+
+async def test_prefix_cache_reuses_blocks_with_identical_output(tiny_model: Path):
+    engine = HfEngine(tiny_model)
+    events: list = []
+    engine.subscribe_kv_events(events.append)
+    items = preprocess(tiny_model, [make_image(84, 56, seed=3)])
+    ids_a = expand_prompt(engine.tokenizer, ["First question about it."], items)
+    ids_b = expand_prompt(engine.tokenizer, ["Another, different question."], items)
+
+    first = await run(engine, ids_a, items)
+    again = await run(engine, ids_a, items)
+    assert first[-1].usage.cached_tokens == 0
+    assert again[-1].usage.cached_tokens == (len(ids_a) - 1) // 16 * 16
+    assert tokens_of(again) == tokens_of(first)
+    stored = [event for event in events if isinstance(event, KvStored)]
+    assert sum(len(event.blocks) for event in stored) == len(ids_a) // 16
+
+    # A new question about the same image reuses the blocks holding the image tokens and still
+    # gives transformers' tokens.
+    other = await run(engine, ids_b, items)
+    expected, _ = reference_generate(engine.model, ids_b, items, max_new_tokens=8)
+    assert other[-1].usage.cached_tokens > 0
+    assert tokens_of(other) == expected
+
+    # A different image with the same token count must not hit the image blocks.
+    other_items = preprocess(tiny_model, [make_image(84, 56, seed=4)])
+    changed = await run(engine, ids_a, other_items)
+    image_start = ids_a.index(151655)
+    assert changed[-1].usage.cached_tokens <= image_start // 16 * 16
+
+
+async def test_eviction_under_a_small_budget_emits_removed_events(tiny_model: Path):
+    engine = HfEngine(tiny_model, prefix_cache_blocks=2)
+    events: list = []
+    engine.subscribe_kv_events(events.append)
+    ids = expand_prompt(engine.tokenizer, ["word " * 60], [])
+    chunks = await run(engine, ids)
+    removed = [hash_ for e in events if isinstance(e, KvRemoved) for hash_ in e.block_hashes]
+    stored = [block.block_hash for e in events if isinstance(e, KvStored) for block in e.blocks]
+    assert len(stored) == len(ids) // 16
+    assert len(removed) == len(stored) - 2
+    assert engine.prefix_cache.num_blocks == 2
+    # The survivors are the chain's first blocks, so the repeat still hits them.
+    again = await run(engine, ids)
+    assert again[-1].usage.cached_tokens == 32
+    assert tokens_of(again) == tokens_of(chunks)
+    engine.prefix_cache.clear()
+    assert isinstance(events[-1], KvCleared)
+
+
+async def test_seeded_sampling_is_reproducible(engine: HfEngine):
+    ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7)
+    first = await run(engine, ids, sampling=sampling)
+    second = await run(engine, ids, sampling=sampling)
+    other = await run(engine, ids, sampling=SamplingParams(temperature=0.8, seed=8))
+    assert tokens_of(first) == tokens_of(second)
+    assert tokens_of(first) != tokens_of(other)
+
+
+async def test_stop_string_across_a_token_boundary(engine: HfEngine):
+    ids = expand_prompt(engine.tokenizer, ["Say something."], [])
+    stop = StopConditions(max_tokens=24, ignore_eos=True)
+    free = await run(engine, ids, stop=stop)
+    pieces = [engine.tokenizer.decode([token]) for token in tokens_of(free)]
+    full = "".join(chunk.text for chunk in free)
+    # Find two neighbouring tokens with visible text; the stop string spans their boundary.
+    for index in range(len(pieces) - 1):
+        before = "".join(pieces[: index + 1])
+        left, right = pieces[index], pieces[index + 1]
+        if left and right and full.startswith(before):
+            stop_string = left[-1] + right[0]
+            if full.find(stop_string) == len(before) - 1:
+                break
+    else:
+        pytest.fail("no token boundary with visible text in the generated text")
+
+    cut = await run(
+        engine, ids, stop=StopConditions(max_tokens=24, ignore_eos=True, stop=[stop_string])
+    )
+    text = "".join(chunk.text for chunk in cut)
+    assert text == full[: len(before) - 1]
+    assert stop_string not in text
+    assert cut[-1].finish_reason == "stop"
+    assert tokens_of(cut) == tokens_of(free)[: index + 2]
+    assert cut[-1].usage.completion_tokens == index + 2
+
+
+async def test_stop_token_ids_end_the_stream(engine: HfEngine):
+    ids = expand_prompt(engine.tokenizer, ["Count."], [])
+    free = await run(engine, ids)
+    stop_id = tokens_of(free)[2]
+    stopped = await run(
+        engine, ids, stop=StopConditions(max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id])
+    )
+    expected = tokens_of(free)[: tokens_of(free).index(stop_id) + 1]
+    assert tokens_of(stopped) == expected
+    assert stopped[-1].finish_reason == "stop"
+
+
+async def test_concurrent_streams_interleave_and_match_sequential(engine: HfEngine):
+    prompts = [expand_prompt(engine.tokenizer, [f"Prompt number {i}."], []) for i in range(4)]
+    sequential = [tokens_of(await run(engine, ids)) for ids in prompts]
+    arrivals: list[int] = []
+
+    async def stream(index: int) -> list[int]:
+        request = EngineRequest(f"c{index}", tuple(prompts[index]), GREEDY, EIGHT_TOKENS)
+        tokens = []
+        async for chunk in engine.generate(request):
+            arrivals.append(index)
+            tokens += chunk.token_ids
+        return tokens
+
+    concurrent = await asyncio.gather(*(stream(i) for i in range(4)))
+    assert list(concurrent) == sequential
+    # Round-robin stepping: no stream runs to completion before the others start.
+    assert arrivals[:4] != [arrivals[0]] * 4
+    assert set(arrivals[:8]) == {0, 1, 2, 3}
+
+
+async def test_queue_limit_raises_overloaded(tiny_model: Path):
+    engine = HfEngine(tiny_model, max_queue=1)
+    ids = expand_prompt(engine.tokenizer, ["Hello."], [])
+    kv = await engine.prefill(EngineRequest("a", tuple(ids)))
+    stream = engine.decode(kv, GREEDY, EIGHT_TOKENS)
+    await anext(stream)
+    with pytest.raises(EngineOverloaded, match="queue is full"):
+        await engine.prefill(EngineRequest("b", tuple(ids)))
+    await stream.aclose()
+    kv = await engine.prefill(EngineRequest("b", tuple(ids)))
+    engine.release(kv)
+    await engine.close()
+
+
+async def test_mismatched_embeddings_are_rejected(engine: HfEngine):
+    items = preprocess(engine.spec.path, [make_image(56, 56, seed=5)])
+    ids = expand_prompt(engine.tokenizer, ["Too few rows."], items)
+    embeddings = await engine.encode(items)
+    with pytest.raises(EngineError, match="placeholder"):
+        one_extra = (*ids[:-8], 151655, *ids[-8:])
+        await engine.prefill(EngineRequest("bad", one_extra), embeddings)
+
+
+async def test_positions_and_pixels_change_the_logits(engine: HfEngine):
+    # Guards the tiny models' init scale: a model deaf to its inputs would pass every
+    # equality test trivially.
+    items = preprocess(engine.spec.path, [make_image(56, 56, seed=1)])
+    darker = [type(items[0])(items[0].mm_hash + 1, items[0].pixel_values * 0.5, items[0].grid_thw)]
+    ids = expand_prompt(engine.tokenizer, ["What is this?"], items)
+    _, logits = reference_generate(engine.model, ids, items, max_new_tokens=1)
+    _, logits_darker = reference_generate(engine.model, ids, darker, max_new_tokens=1)
+    swapped = list(ids)
+    swapped[-8], swapped[-9] = swapped[-9], swapped[-8]
+    _, logits_swapped = reference_generate(engine.model, swapped, items, max_new_tokens=1)
+    # Float noise between such runs is below 1e-4; these are changes in what the model says.
+    assert (logits - logits_darker).abs().max() > 0.5
+    assert (logits - logits_swapped).abs().max() > 0.05
+    assert torch.isfinite(logits).all()
+
+
+async def test_first_token_logits_are_bit_identical_to_generate(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A fresh engine: no prefix-cache hit, all items through the vision tower together, so the
+    # arithmetic is generate's own, operation for operation.
+    import mmserve.engines.hf as hf
+
+    seen: list[torch.Tensor] = []
+
+    def keep_logits(logits, sampling, generator):
+        seen.append(logits.clone())
+        return hf_sample_token(logits, sampling, generator)
+
+    hf_sample_token = hf.sample_token
+    monkeypatch.setattr(hf, "sample_token", keep_logits)
+    engine = HfEngine(tiny_model)
+    images = [make_image(56 + 28 * i, 84 - 14 * i, seed=30 + i) for i in range(3)]
+    items = preprocess(tiny_model, images)
+    ids = expand_prompt(engine.tokenizer, ["Three pictures."], items)
+    _, expected = reference_generate(engine.model, ids, items, max_new_tokens=1)
+    engine.release(await engine.prefill(EngineRequest("x", tuple(ids)), await engine.encode(items)))
+    assert torch.equal(seen[0], expected)

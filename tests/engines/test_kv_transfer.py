@@ -1,0 +1,68 @@
+"""A prefill's KV exported, imported by a fresh engine in another process, decoded there."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+import torch
+
+from mmserve.engines.base import EngineRequest
+from mmserve.engines.hf import HfEngine
+from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
+from mmserve.protocol import SamplingParams, StopConditions
+
+from .helpers import expand_prompt, make_image, preprocess
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+async def export_job(family: str, tmp_path: Path) -> tuple[dict, list[int]]:
+    """Prefill on a local engine: the exported KV as a job, and the uninterrupted tokens."""
+    model = build_tiny_model(family)
+    engine = HfEngine(model)
+    items = preprocess(model, [make_image(84, 56, seed=21), make_image(56, 56, seed=22)])
+    ids = expand_prompt(engine.tokenizer, ["Compare them."], items)
+    # Seeded sampling: the random source's state travels with the KV too.
+    sampling = SamplingParams(temperature=0.9, top_k=40, seed=5)
+    stop = StopConditions(max_tokens=10, ignore_eos=True)
+    request = EngineRequest("p", tuple(ids), sampling, stop)
+    embeddings = await engine.encode(items)
+    uninterrupted = [t async for c in engine.generate(request, embeddings) for t in c.token_ids]
+
+    kv = await engine.prefill(request, embeddings)
+    tensors = await engine.export_kv(kv)
+    engine.release(kv)
+    await engine.close()
+    assert all(t.is_contiguous() and t.device.type == "cpu" for t in tensors.values())
+    kv_file = tmp_path / f"{family}.kv"
+    torch.save(tensors, kv_file)
+    job = {
+        "model": str(model),
+        "kv": str(kv_file),
+        "sampling": msgspec.to_builtins(sampling),
+        "stop": msgspec.to_builtins(stop),
+    }
+    return job, uninterrupted
+
+
+async def test_decode_continues_from_imported_kv_in_another_process(tmp_path: Path):
+    # One child process for all families: its start (importing torch) is the slow part.
+    exported = [await export_job(family, tmp_path) for family in TINY_FAMILIES]
+    jobs_file = tmp_path / "jobs.json"
+    jobs_file.write_text(json.dumps([job for job, _ in exported]))
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "tests.engines.kv_continue", str(jobs_file)),
+        cwd=REPO_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=180)
+    assert process.returncode == 0, stderr.decode()
+    continued = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert continued == [uninterrupted for _, uninterrupted in exported]
