@@ -11,11 +11,12 @@ import xxhash
 from dynamo.llm import compute_block_hash_for_seq
 
 from mmserve.router.hashing import (
-    BLOCK_HASH_SEED,
-    block_hash_seed,
     compute_block_hashes,
+    compute_block_hashes_with_spans,
     compute_seq_hashes,
 )
+
+BLOCK_HASH_SEED = 1337
 
 
 def dynamo_mm_infos(block_mm_infos: list[list[int]]) -> list[dict | None]:
@@ -59,12 +60,13 @@ def test_mm_hashes_are_sorted_and_appended() -> None:
 
 def test_lora_shifts_the_seed_with_wrapping_add() -> None:
     lora_part = xxhash.xxh3_64_intdigest(b"adapter", seed=0)
-    assert block_hash_seed("adapter") == (1337 + lora_part) % 2**64
     tokens = list(range(16))
     expected = xxhash.xxh3_64_intdigest(
         struct.pack("<16I", *tokens), seed=(1337 + lora_part) % 2**64
     )
     assert compute_block_hashes(tokens, lora_name="adapter") == [expected]
+    # An empty name is no adapter, as in Dynamo.
+    assert compute_block_hashes(tokens, lora_name="") == compute_block_hashes(tokens)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -77,6 +79,19 @@ def test_parity_with_dynamo_on_random_sequences(seed: int) -> None:
         ours = compute_block_hashes(tokens, block_size, block_mm_infos=mm, lora_name=lora)
         theirs = compute_block_hash_for_seq(tokens, block_size, dynamo_mm_infos(mm), lora)
         assert ours == theirs
+
+
+def test_spans_attach_to_every_block_they_overlap() -> None:
+    tokens = list(range(64))
+    # Media at [10, 40) overlaps blocks 0, 1 and 2 of 16 tokens; block 3 has none.
+    by_span = compute_block_hashes_with_spans(tokens, 16, [(99, 10, 40)])
+    by_block = compute_block_hashes(tokens, 16, [[99], [99], [99], []])
+    assert by_span == by_block
+    assert by_span[3] == compute_block_hashes(tokens, 16)[3]
+    with pytest.raises(ValueError, match="empty or reversed"):
+        compute_block_hashes_with_spans(tokens, 16, [(99, 5, 5)])
+    with pytest.raises(ValueError, match="block_size"):
+        compute_block_hashes(tokens, 0)
 
 
 def test_numpy_input_matches_list_input() -> None:

@@ -484,6 +484,12 @@ class KvEvent(WireMessage, frozen=True):
     data: KvStored | KvRemoved | KvCleared
 
 
+class KvDumpRequest(WireMessage, frozen=True):
+    """A router asks `worker_id` to publish its whole cache as KV events (it lost track)."""
+
+    worker_id: str
+
+
 class WorkerLoad(WireMessage, frozen=True):
     worker_id: str
     timestamp: float
@@ -527,6 +533,7 @@ class ReplyFrame(WireMessage, frozen=True):
     request_id: str
     seq: int
     payload: msgspec.Raw
+    instance_id: str = ""  # who serves the call: the caller fails it if that instance dies
 
 
 class EndFrame(WireMessage, frozen=True):
@@ -541,6 +548,7 @@ class KeepaliveFrame(WireMessage, frozen=True):
     """Sent by a server whose handler is working but has nothing to reply yet."""
 
     request_id: str
+    instance_id: str = ""
 
 
 class CancelFrame(WireMessage, frozen=True):

@@ -7,6 +7,7 @@
 pub mod common;
 pub mod driver;
 pub mod error;
+pub mod kv_index;
 pub mod pipeline;
 pub mod qwen_vl;
 pub mod registry;

@@ -1,12 +1,11 @@
-"""KV block hashes, compatible with Dynamo's KV router.
+"""KV block hashes, compatible with Dynamo's KV router (computed in the Rust core).
 
 The local hash of a complete block of `block_size` tokens is xxh3_64 over the tokens as u32
 little-endian, followed, when media objects are attached to that block, by their mm_hashes
 sorted ascending as u64 little-endian. The seed is 1337, plus (wrapping u64 add)
 `xxh3_64(lora_name, seed 0)` when a LoRA adapter is named (a non-empty name). A partial tail
-block is not hashed.
-`dynamo.llm.compute_block_hash_for_seq` (ai-dynamo-runtime) returns exactly these values; the
-tests compare against it.
+block is not hashed. `dynamo.llm.compute_block_hash_for_seq` (ai-dynamo-runtime) returns exactly
+these values; the tests compare against it.
 
 Sequence hashes chain the local hashes by position, as KV events carry them:
 `seq_0 = local_0`, `seq_i = xxh3_64(le(seq_{i-1}) || le(local_i), seed 1337)`.
@@ -14,40 +13,32 @@ Sequence hashes chain the local hashes by position, as KV events carry them:
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import numpy as np
-import xxhash
+
+from mmserve import _mm
 
 DEFAULT_BLOCK_SIZE = 16
-BLOCK_HASH_SEED = 1337
-_U64_MASK = (1 << 64) - 1
 
-_xxh3_64 = xxhash.xxh3_64_intdigest
-
-
-def block_hash_seed(lora_name: str | None = None) -> int:
-    """The xxh3 seed of the local block hashes: 1337, shifted per LoRA adapter.
-
-    An empty name means no adapter, as in Dynamo.
-    """
-    if not lora_name:
-        return BLOCK_HASH_SEED
-    return (BLOCK_HASH_SEED + _xxh3_64(lora_name.encode(), seed=0)) & _U64_MASK
+MediaSpan = tuple[int, int, int]
+"""`(mm_hash, start, end)`: a media item's token range `[start, end)` in a sequence."""
 
 
-def tokens_as_u32_le(tokens: Sequence[int] | np.ndarray) -> bytes:
-    """The token ids as u32 little-endian bytes; ids outside [0, 2**32) are rejected."""
+def tokens_as_u32(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The token ids as a contiguous uint32 array; ids outside [0, 2**32) are rejected."""
     array = np.asarray(tokens)
     if array.ndim != 1:
         raise ValueError(f"token ids must be one-dimensional, got shape {array.shape}")
-    if array.size and array.dtype != np.uint32:
-        if not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(f"token ids must be integers, got dtype {array.dtype}")
-        if int(array.min()) < 0 or int(array.max()) > 0xFFFF_FFFF:
-            raise ValueError("token ids must lie in [0, 2**32)")
-    return array.astype("<u4", copy=False).tobytes()
+    if array.dtype == np.uint32:
+        return np.ascontiguousarray(array)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.uint32)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got dtype {array.dtype}")
+    if int(array.min()) < 0 or int(array.max()) > 0xFFFF_FFFF:
+        raise ValueError("token ids must lie in [0, 2**32)")
+    return array.astype(np.uint32)
 
 
 def compute_block_hashes(
@@ -59,35 +50,27 @@ def compute_block_hashes(
     """Local hashes of the complete blocks of `tokens`.
 
     `block_mm_infos[i]` lists the mm_hashes of the media objects attached to block `i` (empty or
-    None for none; entries past the last complete block are ignored). Order does not matter:
-    the hashes are sorted before hashing, as Dynamo does.
+    None for none; entries past the last complete block are ignored), as in Dynamo's
+    `compute_block_hash_for_seq`.
     """
+    spans = [
+        (mm_hash, index * block_size, (index + 1) * block_size)
+        for index, hashes in enumerate(block_mm_infos or ())
+        for mm_hash in hashes or ()
+    ]
+    return compute_block_hashes_with_spans(tokens, block_size, spans, lora_name)
+
+
+def compute_block_hashes_with_spans(
+    tokens: Sequence[int] | np.ndarray,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    media_spans: Sequence[MediaSpan] = (),
+    lora_name: str | None = None,
+) -> list[int]:
+    """Local block hashes, each media span attached to every block it overlaps."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    data = tokens_as_u32_le(tokens)
-    block_bytes = 4 * block_size
-    num_blocks = len(data) // block_bytes
-    seed = block_hash_seed(lora_name)
-    view = memoryview(data)
-    if not block_mm_infos:
-        return [
-            _xxh3_64(view[start : start + block_bytes], seed=seed)
-            for start in range(0, num_blocks * block_bytes, block_bytes)
-        ]
-    hashes = []
-    suffixes: dict[tuple[int, ...], bytes] = {}
-    for index in range(num_blocks):
-        block = view[index * block_bytes : (index + 1) * block_bytes]
-        mm_hashes = block_mm_infos[index] if index < len(block_mm_infos) else None
-        if mm_hashes:
-            key = tuple(mm_hashes)
-            suffix = suffixes.get(key)
-            if suffix is None:
-                suffix = suffixes[key] = struct.pack(f"<{len(key)}Q", *sorted(key))
-            hashes.append(_xxh3_64(bytes(block) + suffix, seed=seed))
-        else:
-            hashes.append(_xxh3_64(block, seed=seed))
-    return hashes
+    return _mm.compute_block_hashes(tokens_as_u32(tokens), block_size, list(media_spans), lora_name)
 
 
 def compute_seq_hashes(
@@ -98,15 +81,4 @@ def compute_seq_hashes(
     `parent_seq_hash` is the sequence hash of the block just before the first one, when the run
     does not start at the beginning of the sequence.
     """
-    seq_hashes = []
-    previous = parent_seq_hash
-    for local in local_hashes:
-        if previous is None:
-            current = local
-        else:
-            current = _xxh3_64(
-                previous.to_bytes(8, "little") + local.to_bytes(8, "little"), seed=BLOCK_HASH_SEED
-            )
-        seq_hashes.append(current)
-        previous = current
-    return seq_hashes
+    return _mm.compute_seq_hashes(list(local_hashes), parent_seq_hash)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_block_hashes
+from mmserve.router.hashing import (
+    DEFAULT_BLOCK_SIZE,
+    MediaSpan,
+    compute_block_hashes_with_spans,
+    tokens_as_u32,
+)
 from mmserve.router.pad import PadScheme, routing_pad_run
 
 
@@ -32,11 +36,27 @@ class RoutingMedia:
     offset: int | None = None
 
 
-class RoutingView(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class RoutingView:
     ids: np.ndarray
-    """u32 token ids, media runs replaced by their routing pad values."""
-    block_mm_infos: list[tuple[int, ...]]
-    """Per block (the partial tail included): mm_hashes of the items overlapping it."""
+    """uint32 token ids, media runs replaced by their routing pad values."""
+    media_spans: tuple[MediaSpan, ...]
+    """`(mm_hash, start, end)` of each media item in `ids`, in prompt order."""
+
+    def block_mm_infos(self, block_size: int = DEFAULT_BLOCK_SIZE) -> list[tuple[int, ...]]:
+        """Per block (a partial tail included): the mm_hashes of the items overlapping it, the
+        `block_mm_infos` of Dynamo's frontend."""
+        attached: list[list[int]] = [[] for _ in range(-(-len(self.ids) // block_size))]
+        for mm_hash, start, end in self.media_spans:
+            for block in range(start // block_size, (end - 1) // block_size + 1):
+                attached[block].append(mm_hash)
+        return [tuple(hashes) for hashes in attached]
+
+    def block_hashes(
+        self, block_size: int = DEFAULT_BLOCK_SIZE, lora_name: str | None = None
+    ) -> list[int]:
+        """Local hashes of the view's complete blocks."""
+        return compute_block_hashes_with_spans(self.ids, block_size, self.media_spans, lora_name)
 
 
 def routing_view(
@@ -44,99 +64,70 @@ def routing_view(
     media: Sequence[RoutingMedia],
     *,
     placeholder_id: int | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
     scheme: PadScheme = PadScheme.DYNAMO,
 ) -> RoutingView:
     """Build the routing view of a prompt.
 
     Either every item has an `offset` into already expanded ids, whose runs are overwritten in
     place, or none has, and each `placeholder_id` token in `token_ids` (one per item, in order)
-    expands to `token_count` pad values.
+    expands to `token_count` pad values. Items with no tokens are left out of the spans.
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
     source = np.asarray(token_ids, dtype=np.int64)
     if source.ndim != 1:
         raise ValueError(f"token ids must be one-dimensional, got shape {source.shape}")
+    if any(item.token_count < 0 for item in media):
+        raise ValueError("media token counts must not be negative")
     with_offsets = [item.offset is not None for item in media]
     if all(with_offsets):
-        ids, spans = _overwrite_expanded(source, media, scheme)
+        ids, starts = _overwrite_expanded(source, media, scheme)
     elif not any(with_offsets):
         if placeholder_id is None:
             raise ValueError("media without offsets need the placeholder token id")
-        ids, spans = _expand_placeholders(source, media, placeholder_id, scheme)
+        ids, starts = _expand_placeholders(source, media, placeholder_id, scheme)
     else:
         raise ValueError("either every media item has an offset or none has")
-    return RoutingView(ids, _block_mm_infos(len(ids), block_size, media, spans))
-
-
-def routing_block_hashes(
-    view: RoutingView, block_size: int = DEFAULT_BLOCK_SIZE, lora_name: str | None = None
-) -> list[int]:
-    """Local block hashes of a routing view (built with the same `block_size`)."""
-    return compute_block_hashes(view.ids, block_size, view.block_mm_infos, lora_name)
+    spans = tuple(
+        (item.mm_hash, start, start + item.token_count)
+        for item, start in zip(media, starts, strict=True)
+        if item.token_count > 0
+    )
+    return RoutingView(ids, spans)
 
 
 def _overwrite_expanded(
     source: np.ndarray, media: Sequence[RoutingMedia], scheme: PadScheme
-) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    _check_u32(source)
-    ids = source.astype(np.uint32)
-    spans = []
+) -> tuple[np.ndarray, list[int]]:
+    ids = tokens_as_u32(source).copy()
+    starts = []
     for item in media:
-        start = item.offset if item.offset is not None else 0
+        start = item.offset or 0
         end = start + item.token_count
-        if item.token_count < 0 or start < 0 or end > len(ids):
+        if start < 0 or end > len(ids):
             raise ValueError(f"media span [{start}, {end}) does not fit in {len(ids)} token ids")
         ids[start:end] = routing_pad_run(item.mm_hash, item.token_count, scheme)
-        spans.append((start, end))
-    return ids, spans
+        starts.append(start)
+    return ids, starts
 
 
 def _expand_placeholders(
     source: np.ndarray, media: Sequence[RoutingMedia], placeholder_id: int, scheme: PadScheme
-) -> tuple[np.ndarray, list[tuple[int, int]]]:
+) -> tuple[np.ndarray, list[int]]:
     positions = np.flatnonzero(source == placeholder_id)
     if len(positions) != len(media):
         raise ValueError(
             f"{len(positions)} placeholder tokens ({placeholder_id}) for {len(media)} media items"
         )
-    _check_u32(source)
+    text = tokens_as_u32(source)
     pieces = []
-    spans = []
+    starts = []
     previous = 0
     expanded_length = 0
     for position, item in zip(positions.tolist(), media, strict=True):
-        if item.token_count < 0:
-            raise ValueError(f"negative token count {item.token_count}")
-        text = source[previous:position]
-        pieces.append(text)
-        expanded_length += len(text)
+        pieces.append(text[previous:position])
+        expanded_length += position - previous
         pieces.append(routing_pad_run(item.mm_hash, item.token_count, scheme))
-        spans.append((expanded_length, expanded_length + item.token_count))
+        starts.append(expanded_length)
         expanded_length += item.token_count
         previous = position + 1
-    pieces.append(source[previous:])
-    ids = np.concatenate([piece.astype(np.uint32, copy=False) for piece in pieces])
-    return ids, spans
-
-
-def _check_u32(ids: np.ndarray) -> None:
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > 0xFFFF_FFFF):
-        raise ValueError("token ids must lie in [0, 2**32)")
-
-
-def _block_mm_infos(
-    num_tokens: int,
-    block_size: int,
-    media: Sequence[RoutingMedia],
-    spans: Sequence[tuple[int, int]],
-) -> list[tuple[int, ...]]:
-    num_blocks = -(-num_tokens // block_size)
-    attached: list[list[int]] = [[] for _ in range(num_blocks)]
-    for item, (start, end) in zip(media, spans, strict=True):
-        if end <= start:
-            continue
-        for block in range(start // block_size, (end - 1) // block_size + 1):
-            attached[block].append(item.mm_hash)
-    return [tuple(hashes) for hashes in attached]
+    pieces.append(text[previous:])
+    return np.concatenate(pieces), starts

@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod error;
+mod kv_index;
 mod media;
 mod qwen;
 mod resize;
@@ -15,5 +16,6 @@ fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     media::register(m)?;
     resize::register(m)?;
     qwen::register(m)?;
+    kv_index::register(m)?;
     Ok(())
 }

@@ -1,0 +1,255 @@
+"""KV events over NATS: workers publish the changes of their prefix cache, routers follow them.
+
+Both travel as runtime events (`Runtime.publish` / `Runtime.subscribe`, msgpack):
+
+- topic `kv_events-<component>` (`protocol.KvEvent`): every worker of the component publishes
+  its events here, `worker_id` being its runtime's `instance_id`; `event_id` counts from 0 per
+  worker, one by one.
+- topic `kv_dump-<component>` (`protocol.KvDumpRequest`): a router that lost track of a worker
+  (it started late, or saw a gap in the ids) asks it for a dump. The worker answers on its event
+  topic with `dump_events`: a cleared event, then its whole cache as stored events, with the next
+  ids. Every router applies them; a router that was in step rebuilds the same state.
+
+A subscriber follows a worker only from an event it can place: id 0 (the worker's first) or a
+cleared event. Until then, and after any gap, it drops that worker's events and asks for a
+dump, at most once per `dump_retry_s`. Discovery's removals (`follow_discovery`) drop a worker
+and its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+
+import nats.errors
+from nats.aio.subscription import Subscription
+
+from mmserve.protocol import KvBlock, KvCleared, KvDumpRequest, KvEvent, KvStored
+from mmserve.router.indexer import KvEventData, KvIndexer, UnknownParentError
+from mmserve.runtime import InstanceWatcher, Runtime
+from mmserve.runtime.errors import Disconnected
+
+log = logging.getLogger(__name__)
+
+MAX_DUMP_RUN_BLOCKS = 256
+"""Longest run of blocks in one dumped stored event (keeps each message a few KiB)."""
+
+CacheSnapshot = Callable[[], Iterable[tuple[int, int | None, int]]]
+"""A worker's cached blocks as `(block_hash, parent_hash, tokens_hash)`, in any order."""
+
+
+def kv_events_topic(component: str) -> str:
+    return f"kv_events-{component}"
+
+
+def kv_dump_topic(component: str) -> str:
+    return f"kv_dump-{component}"
+
+
+def dump_events(
+    worker_id: str,
+    first_event_id: int,
+    blocks: Iterable[tuple[int, int | None, int]],
+) -> list[KvEvent]:
+    """A worker's whole cache as KV events, for a router that lost track of it.
+
+    `blocks` are `(block_hash, parent_hash, tokens_hash)` in any order; a block whose parent is
+    not cached is left out (it cannot count towards an overlap). The events are a cleared event,
+    then stored runs, parents first, with consecutive ids from `first_event_id`.
+    """
+    children: dict[int | None, list[tuple[int, int]]] = {}
+    for block_hash, parent_hash, tokens_hash in blocks:
+        children.setdefault(parent_hash, []).append((block_hash, tokens_hash))
+    data: list[KvEventData] = [KvCleared()]
+    pending: list[int | None] = [None]
+    visited: set[int] = set()  # a block listed twice under two parents must not loop
+    while pending:
+        parent = pending.pop()
+        for block_hash, tokens_hash in children.get(parent, ()):
+            if block_hash in visited:
+                continue
+            visited.add(block_hash)
+            run = [KvBlock(block_hash=block_hash, tokens_hash=tokens_hash)]
+            # Extend the run down a chain of only children.
+            while len(run) < MAX_DUMP_RUN_BLOCKS:
+                below = children.get(run[-1].block_hash, ())
+                if len(below) != 1 or below[0][0] in visited:
+                    break
+                visited.add(below[0][0])
+                run.append(KvBlock(block_hash=below[0][0], tokens_hash=below[0][1]))
+            data.append(KvStored(parent_hash=parent, blocks=run))
+            pending.append(run[-1].block_hash)
+    return [
+        KvEvent(worker_id=worker_id, event_id=first_event_id + offset, data=item)
+        for offset, item in enumerate(data)
+    ]
+
+
+class KvEventPublisher:
+    """A worker's side: numbers and publishes its KV events, answers dump requests.
+
+    Call `publish` on the event loop's thread (hand engine-thread events over with
+    `loop.call_soon_threadsafe`). `snapshot` lists the cache's blocks when a router asks.
+    """
+
+    def __init__(self, runtime: Runtime, component: str, snapshot: CacheSnapshot) -> None:
+        self._runtime = runtime
+        self._topic = kv_events_topic(component)
+        self._dump_topic = kv_dump_topic(component)
+        self.worker_id = runtime.instance_id
+        self._snapshot = snapshot
+        self._next_event_id = 0
+        self._lock = asyncio.Lock()
+        self._subscription: Subscription | None = None
+
+    async def start(self) -> KvEventPublisher:
+        self._subscription = await self._runtime.subscribe(
+            self._dump_topic, KvDumpRequest, self._on_dump_request
+        )
+        await self._runtime.nc.flush()  # subscribed at the server before returning
+        return self
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            await _unsubscribe(self._subscription)
+            self._subscription = None
+
+    async def __aenter__(self) -> KvEventPublisher:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def publish(self, data: KvEventData) -> None:
+        """Publish one change of the cache (raises `Disconnected` while NATS is away: the
+        routers then see a gap and ask for a dump)."""
+        async with self._lock:
+            event = KvEvent(worker_id=self.worker_id, event_id=self._next_event_id, data=data)
+            self._next_event_id += 1
+            await self._runtime.publish(self._topic, event)
+
+    async def _on_dump_request(self, request: KvDumpRequest) -> None:
+        if request.worker_id != self.worker_id:
+            return
+        async with self._lock:
+            events = dump_events(self.worker_id, self._next_event_id, self._snapshot())
+            self._next_event_id += len(events)
+            for event in events:
+                await self._runtime.publish(self._topic, event)
+
+
+class KvEventSubscriber:
+    """A router's side: applies the workers' KV events to an indexer, in order."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        indexer: KvIndexer,
+        component: str,
+        *,
+        dump_retry_s: float = 1.0,
+    ) -> None:
+        self._runtime = runtime
+        self._indexer = indexer
+        self._component = component
+        self._dump_retry_s = dump_retry_s
+        # worker id -> id of the last applied event; absent while the worker is not followed
+        self._last_event_id: dict[str, int] = {}
+        self._dump_asked_at: dict[str, float] = {}
+        self._removed: set[str] = set()
+        self._subscription: Subscription | None = None
+        self._requests: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> KvEventSubscriber:
+        self._subscription = await self._runtime.subscribe(
+            kv_events_topic(self._component), KvEvent, self._on_event
+        )
+        await self._runtime.nc.flush()  # subscribed at the server before returning
+        return self
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            await _unsubscribe(self._subscription)
+            self._subscription = None
+        for task in list(self._requests):
+            task.cancel()
+        await asyncio.gather(*self._requests, return_exceptions=True)
+
+    async def __aenter__(self) -> KvEventSubscriber:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def following(self, worker_id: str) -> bool:
+        """Whether the index is in step with the worker's events."""
+        return worker_id in self._last_event_id
+
+    def on_instance_removed(self, worker_id: str) -> None:
+        """The worker left: drop its blocks and ignore its late events."""
+        self._removed.add(worker_id)
+        self._last_event_id.pop(worker_id, None)
+        self._dump_asked_at.pop(worker_id, None)
+        self._indexer.remove_worker(worker_id)
+
+    async def _on_event(self, event: KvEvent) -> None:
+        self.apply(event)
+
+    def apply(self, event: KvEvent) -> None:
+        """Apply one event if it is the next one of its worker; otherwise resynchronise."""
+        worker_id = event.worker_id
+        if worker_id in self._removed:
+            return
+        last = self._last_event_id.get(worker_id)
+        if last is not None and event.event_id <= last:
+            return  # a duplicate
+        in_step = event.event_id == (0 if last is None else last + 1)
+        if not in_step and not isinstance(event.data, KvCleared):
+            self._lose_track(worker_id)
+            return
+        try:
+            self._indexer.apply_event(worker_id, event.data)
+        except UnknownParentError as exc:
+            log.warning("KV index out of step with worker %s: %s", worker_id, exc)
+            self._lose_track(worker_id)
+            return
+        self._last_event_id[worker_id] = event.event_id
+        self._dump_asked_at.pop(worker_id, None)
+
+    def _lose_track(self, worker_id: str) -> None:
+        self._last_event_id.pop(worker_id, None)
+        now = asyncio.get_running_loop().time()
+        asked_at = self._dump_asked_at.get(worker_id)
+        if asked_at is not None and now - asked_at < self._dump_retry_s:
+            return
+        self._dump_asked_at[worker_id] = now
+        task = asyncio.create_task(self._ask_dump(worker_id))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def _ask_dump(self, worker_id: str) -> None:
+        try:
+            await self._runtime.publish(
+                kv_dump_topic(self._component), KvDumpRequest(worker_id=worker_id)
+            )
+        except Disconnected as exc:
+            log.warning("cannot ask worker %s for a KV dump: %s", worker_id, exc)
+
+
+async def follow_discovery(
+    watcher: InstanceWatcher, *on_instance_removed: Callable[[str], None]
+) -> None:
+    """Call each `on_instance_removed(instance_id)` when discovery drops an instance (a worker
+    that stopped, or stopped heartbeating). Runs until cancelled."""
+    async for event in watcher.events():
+        if event.kind == "removed":
+            for callback in on_instance_removed:
+                callback(event.record.instance_id)
+
+
+async def _unsubscribe(subscription: Subscription) -> None:
+    # Already gone when the connection closed first.
+    with contextlib.suppress(nats.errors.Error):
+        await subscription.unsubscribe()

@@ -1,0 +1,224 @@
+"""Worker selection: KV-aware cost, round robin or random, behind one interface.
+
+KV mode scores each worker with
+
+    logit = overlap_weight * uncached_prefill_blocks + active_decode_blocks
+            + queue_weight * queued_requests
+
+where `uncached_prefill_blocks` is the part of this prompt the worker does not hold plus the
+prefill work already sent to it, `active_decode_blocks` the KV blocks of its requests in flight
+and `queued_requests` those still waiting for their first token. The lowest logit wins, ties are
+broken at random; a positive temperature samples from a softmax over the normalised logits
+instead. The router counts in-flight load itself, from its own decisions, so a burst of requests
+spreads out before any worker reports back.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.router.indexer import KvIndexer
+from mmserve.router.view import RoutingView
+
+
+class RouterMode(enum.Enum):
+    KV = "kv"
+    ROUND_ROBIN = "round-robin"
+    RANDOM = "random"
+
+
+class NoWorkersError(RuntimeError):
+    """There is no worker to route to."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvCostConfig:
+    overlap_weight: float = 1.0
+    queue_weight: float = 0.0
+    temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.overlap_weight < 0 or self.queue_weight < 0 or self.temperature < 0:
+            raise ValueError("overlap_weight, queue_weight and temperature must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the router needs of a request: its block hashes and its size in blocks.
+
+    With no block hashes (e.g. the decode hop of E/P/D), KV mode routes by load alone.
+    """
+
+    request_id: str
+    block_hashes: Sequence[int] = ()
+    num_blocks: int = 0  # KV blocks the prompt occupies, a partial tail block included
+
+    @classmethod
+    def from_view(
+        cls,
+        request_id: str,
+        view: RoutingView,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        lora_name: str | None = None,
+    ) -> RouteRequest:
+        return cls(
+            request_id=request_id,
+            block_hashes=view.block_hashes(block_size, lora_name),
+            num_blocks=-(-len(view.ids) // block_size),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    worker_id: str
+    overlap_blocks: int  # leading blocks of the prompt the worker already holds
+    request_blocks: int
+
+
+@dataclass(slots=True)
+class _InFlight:
+    worker_id: str
+    prefill_blocks: int
+    total_blocks: int
+    prefilled: bool = False
+
+
+@dataclass(slots=True)
+class _WorkerLoad:
+    prefill_blocks: int = 0
+    decode_blocks: int = 0
+    queued: int = 0
+
+
+@dataclass(slots=True)
+class LoadTracker:
+    """In-flight load per worker, counted from the router's own dispatches."""
+
+    _requests: dict[str, _InFlight] = field(default_factory=dict)
+    _workers: dict[str, _WorkerLoad] = field(default_factory=dict)
+
+    def on_dispatch(
+        self, request_id: str, worker_id: str, prefill_blocks: int, total_blocks: int
+    ) -> None:
+        self.on_finish(request_id)  # a retried request replaces its earlier dispatch
+        self._requests[request_id] = _InFlight(worker_id, prefill_blocks, total_blocks)
+        load = self._workers.setdefault(worker_id, _WorkerLoad())
+        load.prefill_blocks += prefill_blocks
+        load.decode_blocks += total_blocks
+        load.queued += 1
+
+    def on_first_token(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is None or request.prefilled:
+            return
+        request.prefilled = True
+        load = self._workers[request.worker_id]
+        load.prefill_blocks -= request.prefill_blocks
+        load.queued -= 1
+
+    def on_finish(self, request_id: str) -> None:
+        self.on_first_token(request_id)
+        request = self._requests.pop(request_id, None)
+        if request is not None:
+            self._workers[request.worker_id].decode_blocks -= request.total_blocks
+
+    def remove_worker(self, worker_id: str) -> None:
+        self._workers.pop(worker_id, None)
+        for request_id in [r for r, req in self._requests.items() if req.worker_id == worker_id]:
+            del self._requests[request_id]
+
+    def load(self, worker_id: str) -> tuple[int, int, int]:
+        """`(pending prefill blocks, active decode blocks, queued requests)` of a worker."""
+        load = self._workers.get(worker_id)
+        if load is None:
+            return (0, 0, 0)
+        return (load.prefill_blocks, load.decode_blocks, load.queued)
+
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+
+class Router:
+    """Picks a worker per request (`select`) and tracks the load it sent.
+
+    `select` counts the request as dispatched to the chosen worker; call `on_first_token` when
+    its first token arrives and `on_finish` when it ends, however it ends.
+    """
+
+    def __init__(
+        self,
+        mode: RouterMode = RouterMode.KV,
+        indexer: KvIndexer | None = None,
+        cost: KvCostConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.mode = mode
+        self.indexer = indexer if indexer is not None else KvIndexer()
+        self.cost = cost if cost is not None else KvCostConfig()
+        self.load = LoadTracker()
+        self._rng = rng if rng is not None else random.Random()
+        self._next_round_robin = 0
+
+    def select(self, request: RouteRequest, workers: Sequence[str]) -> RoutingDecision:
+        if not workers:
+            raise NoWorkersError("no worker is available")
+        overlaps = self.indexer.find_matches(request.block_hashes) if request.block_hashes else {}
+        if self.mode is RouterMode.KV:
+            worker_id = self._pick_by_cost(self.logits(request, workers, overlaps))
+        elif self.mode is RouterMode.ROUND_ROBIN:
+            worker_id = workers[self._next_round_robin % len(workers)]
+            self._next_round_robin += 1
+        else:
+            worker_id = self._rng.choice(list(workers))
+        num_blocks = max(request.num_blocks, len(request.block_hashes))
+        overlap = overlaps.get(worker_id, 0)
+        self.load.on_dispatch(request.request_id, worker_id, num_blocks - overlap, num_blocks)
+        return RoutingDecision(worker_id, overlap, num_blocks)
+
+    def logits(
+        self,
+        request: RouteRequest,
+        workers: Sequence[str],
+        overlaps: dict[str, int] | None = None,
+    ) -> dict[str, float]:
+        """The KV cost of sending `request` to each worker (lower is better)."""
+        if overlaps is None:
+            overlaps = self.indexer.find_matches(request.block_hashes)
+        num_blocks = max(request.num_blocks, len(request.block_hashes))
+        logits = {}
+        for worker_id in workers:
+            pending_prefill, decode_blocks, queued = self.load.load(worker_id)
+            uncached = num_blocks - overlaps.get(worker_id, 0) + pending_prefill
+            logits[worker_id] = (
+                self.cost.overlap_weight * uncached
+                + decode_blocks
+                + self.cost.queue_weight * queued
+            )
+        return logits
+
+    def on_first_token(self, request_id: str) -> None:
+        self.load.on_first_token(request_id)
+
+    def on_finish(self, request_id: str) -> None:
+        self.load.on_finish(request_id)
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget a worker that left: its blocks and its in-flight load."""
+        self.indexer.remove_worker(worker_id)
+        self.load.remove_worker(worker_id)
+
+    def _pick_by_cost(self, logits: dict[str, float]) -> str:
+        lowest, highest = min(logits.values()), max(logits.values())
+        if self.cost.temperature == 0 or highest == lowest:
+            return self._rng.choice([w for w, logit in logits.items() if logit == lowest])
+        # Normalise to [0, 1] so the temperature does not depend on the prompt's size.
+        weights = [
+            math.exp(-(logit - lowest) / (highest - lowest) / self.cost.temperature)
+            for logit in logits.values()
+        ]
+        return self._rng.choices(list(logits), weights=weights)[0]

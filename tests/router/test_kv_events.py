@@ -1,0 +1,169 @@
+"""KV events over a real nats-server: a router follows workers, catches up, drops the gone."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from mmserve.protocol import KvBlock, KvDumpRequest, KvEvent, KvRemoved, KvStored
+from mmserve.router.hashing import compute_seq_hashes
+from mmserve.router.indexer import KvIndexer
+from mmserve.router.kv_events import (
+    KvEventPublisher,
+    KvEventSubscriber,
+    dump_events,
+    follow_discovery,
+    kv_events_topic,
+)
+from mmserve.runtime import Runtime
+
+COMPONENT = "worker"
+
+
+class FakeCacheOwner:
+    """Stands in for an engine's block cache: blocks it holds and the events it emits."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, tuple[int | None, int]] = {}
+
+    def store(self, local: list[int], parent_local: list[int] | None = None) -> KvStored:
+        prefix = parent_local or []
+        seq = compute_seq_hashes(prefix + local)
+        parent = seq[len(prefix) - 1] if prefix else None
+        blocks = []
+        for block_hash, tokens_hash in zip(seq[len(prefix) :], local, strict=True):
+            self.blocks[block_hash] = (parent, tokens_hash)
+            blocks.append(KvBlock(block_hash=block_hash, tokens_hash=tokens_hash))
+            parent = block_hash
+        return KvStored(parent_hash=seq[len(prefix) - 1] if prefix else None, blocks=blocks)
+
+    def remove(self, block_hashes: list[int]) -> KvRemoved:
+        for block_hash in block_hashes:
+            self.blocks.pop(block_hash)
+        return KvRemoved(block_hashes=block_hashes)
+
+    def snapshot(self) -> list[tuple[int, int | None, int]]:
+        return [(b, parent, tokens) for b, (parent, tokens) in self.blocks.items()]
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def runtimes(nats_url: str) -> AsyncIterator[tuple[Runtime, Runtime]]:
+    """A worker's runtime and a router's runtime in a namespace of this test alone."""
+    namespace = f"router-{uuid.uuid4().hex[:8]}"
+    worker = await Runtime.connect(nats_url, namespace)
+    router = await Runtime.connect(nats_url, namespace)
+    yield worker, router
+    await router.shutdown()
+    await worker.shutdown()
+
+
+async def test_router_follows_a_worker(runtimes: tuple[Runtime, Runtime]) -> None:
+    worker_rt, router_rt = runtimes
+    cache, indexer = FakeCacheOwner(), KvIndexer()
+    async with (
+        KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber,
+        KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher,
+    ):
+        worker = publisher.worker_id
+        first = cache.store([1, 2])
+        await publisher.publish(first)
+        await publisher.publish(cache.store([3, 4], parent_local=[1, 2]))
+        await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 4})
+        await publisher.publish(cache.remove([first.blocks[1].block_hash]))
+        await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 1})
+        assert subscriber.following(worker)
+
+
+async def test_late_router_catches_up_from_a_dump(runtimes: tuple[Runtime, Runtime]) -> None:
+    worker_rt, router_rt = runtimes
+    cache = FakeCacheOwner()
+    async with KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher:
+        worker = publisher.worker_id
+        # Events nobody hears: the router is not there yet.
+        await publisher.publish(cache.store([1, 2, 3]))
+        await publisher.publish(cache.store([7, 8], parent_local=[1]))
+        await publisher.publish(cache.store([5]))
+        indexer = KvIndexer()
+        async with KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber:
+            # The next event cannot be placed: the router asks for a dump and catches up.
+            await publisher.publish(cache.store([4], parent_local=[1, 2, 3]))
+            await eventually(lambda: subscriber.following(worker))
+            await eventually(lambda: indexer.num_blocks(worker) == len(cache.blocks))
+            assert indexer.find_matches([1, 2, 3, 4]) == {worker: 4}
+            assert indexer.find_matches([1, 7, 8]) == {worker: 3}
+            assert indexer.find_matches([5]) == {worker: 1}
+            # And keeps following afterwards.
+            await publisher.publish(cache.store([6], parent_local=[5]))
+            await eventually(lambda: indexer.find_matches([5, 6]) == {worker: 2})
+
+
+async def test_a_gap_in_event_ids_resynchronises(runtimes: tuple[Runtime, Runtime]) -> None:
+    worker_rt, router_rt = runtimes
+    cache, indexer = FakeCacheOwner(), KvIndexer()
+    async with (
+        KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber,
+        KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher,
+    ):
+        worker = publisher.worker_id
+        await publisher.publish(cache.store([1]))
+        await eventually(lambda: indexer.find_matches([1]) == {worker: 1})
+        # A stored event the router never sees, and one after it that names it as parent.
+        cache.store([2], parent_local=[1])
+        await worker_rt.publish(
+            kv_events_topic(COMPONENT),
+            KvEvent(worker_id=worker, event_id=5, data=cache.store([3], parent_local=[1, 2])),
+        )
+        await eventually(lambda: indexer.find_matches([1, 2, 3]) == {worker: 3})
+        assert subscriber.following(worker)
+
+
+async def test_worker_leaving_discovery_leaves_the_index(
+    runtimes: tuple[Runtime, Runtime],
+) -> None:
+    worker_rt, router_rt = runtimes
+
+    async def ping(request: KvDumpRequest, _ctx: object) -> KvDumpRequest:
+        return request
+
+    await worker_rt.serve(COMPONENT, "generate", ping, KvDumpRequest)
+    cache, indexer = FakeCacheOwner(), KvIndexer()
+    watcher = await router_rt.watch(COMPONENT)
+    async with (
+        KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber,
+        KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher,
+    ):
+        follower = asyncio.create_task(follow_discovery(watcher, subscriber.on_instance_removed))
+        worker = publisher.worker_id
+        await watcher.wait_until(lambda records: len(records) == 1, timeout=5)
+        await publisher.publish(cache.store([1, 2]))
+        await eventually(lambda: indexer.find_matches([1, 2]) == {worker: 2})
+        await worker_rt.shutdown()  # deregisters: discovery drops the instance at once
+        await eventually(lambda: indexer.find_matches([1, 2]) == {})
+        assert indexer.workers() == []
+        follower.cancel()
+
+
+def test_dump_events_order_parents_first_and_skip_orphans() -> None:
+    cache = FakeCacheOwner()
+    cache.store([1, 2, 3])
+    cache.store([7], parent_local=[1])
+    blocks = cache.snapshot()
+    orphan = (999, 12345, 9)  # its parent is not cached
+    events = dump_events("w", 10, [*reversed(blocks), orphan])
+    assert [e.event_id for e in events] == list(range(10, 10 + len(events)))
+    indexer = KvIndexer()
+    for event in events:
+        indexer.apply_event("w", event.data)  # raises on a parent that comes too late
+    assert indexer.num_blocks("w") == 4
+    assert indexer.find_matches([1, 2, 3]) == {"w": 3}
