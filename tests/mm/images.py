@@ -135,3 +135,59 @@ def turbojpeg_encode(rgb: np.ndarray, quality: int, subsampling: str) -> bytes:
     finally:
         lib.tjFree(buf)
         lib.tjDestroy(handle)
+
+
+def _lzw_literals(indices: bytes) -> bytes:
+    """GIF LZW data (minimum code size 8) that codes every index as a literal, with a clear
+    code often enough that the code size stays at 9 bits."""
+    clear, end = 256, 257
+    codes = [clear]
+    for i, index in enumerate(indices):
+        if i and i % 250 == 0:
+            codes.append(clear)
+        codes.append(index)
+    codes.append(end)
+    bits = 0
+    nbits = 0
+    out = bytearray()
+    for code in codes:
+        bits |= code << nbits
+        nbits += 9
+        while nbits >= 8:
+            out.append(bits & 0xFF)
+            bits >>= 8
+            nbits -= 8
+    if nbits:
+        out.append(bits & 0xFF)
+    blocks = b"".join(
+        bytes([len(out[i : i + 255])]) + out[i : i + 255] for i in range(0, len(out), 255)
+    )
+    return b"\x08" + blocks + b"\x00"
+
+
+def encode_gif(
+    screen: tuple[int, int],
+    frame: tuple[int, int, int, int],
+    indices: np.ndarray,
+    *,
+    global_palette: bytes | None,
+    local_palette: bytes | None = None,
+    transparent: int | None = None,
+    background: int = 0,
+) -> bytes:
+    """A one-frame GIF: `frame` is (left, top, width, height); palettes hold 2**n RGB entries."""
+
+    def table_bits(palette: bytes) -> int:
+        return (len(palette) // 3).bit_length() - 2
+
+    flags = 0x80 | table_bits(global_palette) if global_palette else 0
+    out = b"GIF89a" + struct.pack("<HHBBB", *screen, flags, background, 0)
+    out += global_palette or b""
+    if transparent is not None:
+        out += b"\x21\xf9\x04\x01\x00\x00" + bytes([transparent]) + b"\x00"
+    left, top, width, height = frame
+    local_flags = 0x80 | table_bits(local_palette) if local_palette else 0
+    out += b"\x2c" + struct.pack("<HHHHB", left, top, width, height, local_flags)
+    out += local_palette or b""
+    out += _lzw_literals(indices.astype(np.uint8).tobytes())
+    return out + b"\x3b"

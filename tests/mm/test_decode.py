@@ -14,7 +14,14 @@ from PIL import Image, ImageFile, ImageOps
 
 from mmserve import _mm
 
-from .images import CHANNELS, TJSAMP, encode_png, png_header_only, turbojpeg_encode
+from .images import (
+    CHANNELS,
+    TJSAMP,
+    encode_gif,
+    encode_png,
+    png_header_only,
+    turbojpeg_encode,
+)
 
 RNG_SEED = 20260
 
@@ -89,6 +96,11 @@ def test_png_matches_pil(color_type: int, bit_depth: int) -> None:
             interlace=case % 2 == 0,
         )
         assert_same_as_pil(data)
+
+
+def test_png_indices_past_the_palette_match_pil() -> None:
+    indices = np.arange(64).reshape(8, 8, 1)
+    assert_same_as_pil(encode_png(indices, 3, 8, palette=bytes(range(10, 40))))
 
 
 @pytest.mark.parametrize("mode", ["1", "L", "LA", "P", "RGB", "RGBA"])
@@ -206,6 +218,36 @@ def test_gif_first_frame_matches_pil() -> None:
     with_transparency.info["transparency"] = 3
     assert_same_as_pil(save(with_transparency, "GIF", transparency=3, interlace=True))
     assert _mm.decode_image(save(frames[2], "GIF")).shape == (23, 41, 3)
+
+
+GIF_CASES = {
+    "frame inside the screen": ((20, 10), (3, 2, 9, 5), 16, None, None),
+    "transparent index fills the canvas": ((20, 10), (3, 2, 9, 5), 16, None, 5),
+    "frame overhangs the screen": ((8, 8), (4, 5, 9, 6), 16, None, None),
+    "local table wins": ((9, 6), (0, 0, 9, 6), 16, 4, None),
+    "indices past the table": ((9, 6), (0, 0, 9, 6), 4, None, None),
+    "no color table at all": ((9, 6), (0, 0, 9, 6), 0, None, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GIF_CASES))
+def test_gif_canvas_rules_match_pil(case: str) -> None:
+    screen, frame, global_entries, local_entries, transparent = GIF_CASES[case]
+    rng = np.random.default_rng(len(case))
+
+    def table(entries: int | None) -> bytes | None:
+        return rng.integers(0, 256, entries * 3, dtype=np.uint8).tobytes() if entries else None
+
+    indices = rng.integers(0, 256 if global_entries in (0, 4) else 16, (frame[3], frame[2]))
+    data = encode_gif(
+        screen,
+        frame,
+        indices,
+        global_palette=table(global_entries),
+        local_palette=table(local_entries),
+        transparent=transparent,
+    )
+    assert_same_as_pil(data)
 
 
 @pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA"])

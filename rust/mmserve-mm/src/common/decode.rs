@@ -225,10 +225,10 @@ fn unpack_sample(row: &[u8], x: usize, bits: usize) -> u8 {
     }
 }
 
-/// A 256-entry RGB lookup table as PIL builds it: the given entries, then its default gray
-/// ramp (i, i, i), so that indices past a short palette read gray rather than fail.
+/// A 256-entry RGB lookup table as PIL builds it: the given entries, then black, so that
+/// indices past a short palette read (0, 0, 0) rather than fail.
 fn pil_palette(entries: impl Iterator<Item = [u8; 3]>) -> Vec<u8> {
-    let mut table: Vec<u8> = (0..=255u8).flat_map(|i| [i, i, i]).collect();
+    let mut table = vec![0u8; 256 * 3];
     for (slot, rgb) in table.chunks_exact_mut(3).zip(entries) {
         slot.copy_from_slice(&rgb);
     }

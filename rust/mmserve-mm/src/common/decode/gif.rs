@@ -1,6 +1,7 @@
 //! GIF, first frame only, as PIL composes it: the canvas is the logical screen (grown to hold
 //! the frame if the frame overhangs it), filled with the transparent index when the frame has
-//! one and with index 0 otherwise, then looked up in the frame's palette (else the global one).
+//! one and with index 0 otherwise, then looked up in the frame's palette (else the global one;
+//! a file with no color table at all is grayscale, index = level, as PIL's `L` mode reads it).
 
 use std::io::Cursor;
 
@@ -14,7 +15,35 @@ use crate::pipeline::DecodedImage;
 
 const FORMAT: ImageFormat = ImageFormat::Gif;
 
+/// Logical screen descriptor: flags byte, and its "global color table present" bit.
+const SCREEN_FLAGS_AT: usize = 10;
+const HEADER_LEN: usize = 13;
+const HAS_GLOBAL_TABLE: u8 = 0x80;
+/// Global table present, 256 entries.
+const FULL_GLOBAL_TABLE: u8 = 0x87;
+
 pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage, DecodeError> {
+    match bytes.get(SCREEN_FLAGS_AT) {
+        Some(&flags) if flags & HAS_GLOBAL_TABLE == 0 => {
+            decode_with_table(&with_gray_global_table(bytes, flags), limits)
+        }
+        _ => decode_with_table(bytes, limits),
+    }
+}
+
+/// A copy of `bytes` with a gray-ramp global color table (a frame's local table still wins),
+/// so that a file without any table decodes as PIL's grayscale reading of it.
+fn with_gray_global_table(bytes: &[u8], flags: u8) -> Vec<u8> {
+    let mut patched = Vec::with_capacity(bytes.len() + 768);
+    patched.extend_from_slice(&bytes[..SCREEN_FLAGS_AT]);
+    patched.push(flags | FULL_GLOBAL_TABLE);
+    patched.extend_from_slice(&bytes[SCREEN_FLAGS_AT + 1..HEADER_LEN.min(bytes.len())]);
+    patched.extend((0..=255u8).flat_map(|i| [i, i, i]));
+    patched.extend_from_slice(bytes.get(HEADER_LEN..).unwrap_or(&[]));
+    patched
+}
+
+fn decode_with_table(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage, DecodeError> {
     let corrupt = |e: gif::DecodingError| DecodeError::corrupt(FORMAT, e);
     let mut options = DecodeOptions::new();
     options.set_color_output(ColorOutput::Indexed);

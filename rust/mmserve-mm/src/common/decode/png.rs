@@ -1,6 +1,6 @@
 //! PNG through the `png` crate with no transformations; the conversion to RGB is PIL's:
 //! 1/2/4-bit gray scaled by bit replication, palettes looked up (indices past the palette
-//! read PIL's default gray ramp), alpha and tRNS dropped, gAMA ignored.
+//! read black), alpha and tRNS dropped, gAMA ignored.
 
 use std::io::Cursor;
 
