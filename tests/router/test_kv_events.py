@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -68,21 +69,38 @@ async def runtimes(nats_url: str) -> AsyncIterator[tuple[Runtime, Runtime]]:
     await worker.shutdown()
 
 
-async def test_router_follows_a_worker(runtimes: tuple[Runtime, Runtime]) -> None:
+@dataclass
+class Link:
+    """A worker publishing its cache's events and a router following them, both started."""
+
+    worker_rt: Runtime
+    cache: FakeCacheOwner
+    indexer: KvIndexer
+    subscriber: KvEventSubscriber
+    publisher: KvEventPublisher
+
+
+@pytest.fixture
+async def link(runtimes: tuple[Runtime, Runtime]) -> AsyncIterator[Link]:
     worker_rt, router_rt = runtimes
     cache, indexer = FakeCacheOwner(), KvIndexer()
     async with (
         KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber,
         KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher,
     ):
-        worker = publisher.worker_id
-        first = cache.store([1, 2])
-        await publisher.publish(first)
-        await publisher.publish(cache.store([3, 4], parent_local=[1, 2]))
-        await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 4})
-        await publisher.publish(cache.remove([first.blocks[1].block_hash]))
-        await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 1})
-        assert subscriber.following(worker)
+        yield Link(worker_rt, cache, indexer, subscriber, publisher)
+
+
+async def test_router_follows_a_worker(link: Link) -> None:
+    cache, indexer, publisher = link.cache, link.indexer, link.publisher
+    worker = publisher.worker_id
+    first = cache.store([1, 2])
+    await publisher.publish(first)
+    await publisher.publish(cache.store([3, 4], parent_local=[1, 2]))
+    await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 4})
+    await publisher.publish(cache.remove([first.blocks[1].block_hash]))
+    await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 1})
+    assert link.subscriber.following(worker)
 
 
 async def test_late_router_catches_up_from_a_dump(runtimes: tuple[Runtime, Runtime]) -> None:
@@ -108,24 +126,19 @@ async def test_late_router_catches_up_from_a_dump(runtimes: tuple[Runtime, Runti
             await eventually(lambda: indexer.find_matches([5, 6]) == {worker: 2})
 
 
-async def test_a_gap_in_event_ids_resynchronises(runtimes: tuple[Runtime, Runtime]) -> None:
-    worker_rt, router_rt = runtimes
-    cache, indexer = FakeCacheOwner(), KvIndexer()
-    async with (
-        KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber,
-        KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher,
-    ):
-        worker = publisher.worker_id
-        await publisher.publish(cache.store([1]))
-        await eventually(lambda: indexer.find_matches([1]) == {worker: 1})
-        # A stored event the router never sees, and one after it that names it as parent.
-        cache.store([2], parent_local=[1])
-        await worker_rt.publish(
-            kv_events_topic(COMPONENT),
-            KvEvent(worker_id=worker, event_id=5, data=cache.store([3], parent_local=[1, 2])),
-        )
-        await eventually(lambda: indexer.find_matches([1, 2, 3]) == {worker: 3})
-        assert subscriber.following(worker)
+async def test_a_gap_in_event_ids_resynchronises(link: Link) -> None:
+    cache, indexer, publisher = link.cache, link.indexer, link.publisher
+    worker = publisher.worker_id
+    await publisher.publish(cache.store([1]))
+    await eventually(lambda: indexer.find_matches([1]) == {worker: 1})
+    # A stored event the router never sees, and one after it that names it as parent.
+    cache.store([2], parent_local=[1])
+    await link.worker_rt.publish(
+        kv_events_topic(COMPONENT),
+        KvEvent(worker_id=worker, event_id=5, data=cache.store([3], parent_local=[1, 2])),
+    )
+    await eventually(lambda: indexer.find_matches([1, 2, 3]) == {worker: 3})
+    assert link.subscriber.following(worker)
 
 
 async def test_worker_leaving_discovery_leaves_the_index(

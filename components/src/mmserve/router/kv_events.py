@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 import nats.errors
 from nats.aio.subscription import Subscription
@@ -32,6 +33,8 @@ from mmserve.runtime import InstanceWatcher, Runtime
 from mmserve.runtime.errors import Disconnected
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M")
 
 MAX_DUMP_RUN_BLOCKS = 256
 """Longest run of blocks in one dumped stored event (keeps each message a few KiB)."""
@@ -105,10 +108,9 @@ class KvEventPublisher:
         self._subscription: Subscription | None = None
 
     async def start(self) -> KvEventPublisher:
-        self._subscription = await self._runtime.subscribe(
-            self._dump_topic, KvDumpRequest, self._on_dump_request
+        self._subscription = await _subscribe(
+            self._runtime, self._dump_topic, KvDumpRequest, self._on_dump_request
         )
-        await self._runtime.nc.flush()  # subscribed at the server before returning
         return self
 
     async def stop(self) -> None:
@@ -163,10 +165,9 @@ class KvEventSubscriber:
         self._requests: set[asyncio.Task[None]] = set()
 
     async def start(self) -> KvEventSubscriber:
-        self._subscription = await self._runtime.subscribe(
-            kv_events_topic(self._component), KvEvent, self._on_event
+        self._subscription = await _subscribe(
+            self._runtime, kv_events_topic(self._component), KvEvent, self._on_event
         )
-        await self._runtime.nc.flush()  # subscribed at the server before returning
         return self
 
     async def stop(self) -> None:
@@ -247,6 +248,14 @@ async def follow_discovery(
         if event.kind == "removed":
             for callback in on_instance_removed:
                 callback(event.record.instance_id)
+
+
+async def _subscribe(
+    runtime: Runtime, topic: str, message_type: type[M], callback: Callable[[M], Awaitable[None]]
+) -> Subscription:
+    subscription = await runtime.subscribe(topic, message_type, callback)
+    await runtime.nc.flush()  # subscribed at the server before the caller goes on
+    return subscription
 
 
 async def _unsubscribe(subscription: Subscription) -> None:
