@@ -24,7 +24,7 @@ from mmserve.frontend.detokenize import IncrementalDetokenizer
 from mmserve.frontend.dispatch import Dispatcher
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.openapi import openapi_document
-from mmserve.observability import metrics
+from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     AssistantMessage,
     ChatCompletionChoice,
@@ -231,7 +231,8 @@ class FrontendApp:
         self.preprocessor.validate(request)
         if not self.dispatcher.ready():
             raise ApiError(503, "no_worker", "no worker is reachable for the model; retry later")
-        preprocessed = await self.preprocessor.preprocess(request, request_id, deadline)
+        with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
+            preprocessed = await self.preprocessor.preprocess(request, request_id, deadline)
         metrics.STAGE_SECONDS.labels(COMPONENT, "preprocess").observe(time.perf_counter() - arrival)
         generation = _Generation(self, request, preprocessed, arrival)
         if request.stream:
