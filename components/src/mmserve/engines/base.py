@@ -160,6 +160,11 @@ class Engine(abc.ABC):
         """
 
     @abc.abstractmethod
+    def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
+        """Every cached block as `(block_hash, parent_hash, tokens_hash)`; callable from any
+        thread (a router that lost track of this worker asks for a dump)."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Stop the engine's thread; pending calls fail."""
 

@@ -487,6 +487,9 @@ class HfEngine(Engine):
     def subscribe_kv_events(self, sink: KvEventSink) -> None:
         self.prefix_cache.subscribe(sink)
 
+    def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
+        return self.prefix_cache.snapshot()
+
     async def close(self) -> None:
         self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)

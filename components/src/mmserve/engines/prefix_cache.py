@@ -10,6 +10,7 @@ as a KV event.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ class BlockKeys:
 class _Entry(Generic[Payload]):
     payload: Payload
     num_bytes: int
+    parent_hash: int | None
+    tokens_hash: int
 
 
 def prompt_block_keys(
@@ -50,7 +53,10 @@ def prompt_block_keys(
 
 
 class PrefixCache(Generic[Payload]):
-    """LRU map from sequence hash to block payload; not thread-safe (one engine thread owns it)."""
+    """LRU map from sequence hash to block payload.
+
+    One thread (the engine's) uses and changes it; `snapshot` may be called from any thread.
+    """
 
     def __init__(
         self,
@@ -69,6 +75,7 @@ class PrefixCache(Generic[Payload]):
         self._entries: OrderedDict[int, _Entry[Payload]] = OrderedDict()
         self._num_bytes = 0
         self._sinks: list[KvEventSink] = []
+        self._lock = threading.Lock()  # guards _entries against a concurrent snapshot
 
     def subscribe(self, sink: KvEventSink) -> None:
         self._sinks.append(sink)
@@ -98,32 +105,49 @@ class PrefixCache(Generic[Payload]):
         end = start + len(payloads)
         if end > len(keys.seq_hashes):
             raise ValueError(f"{end} blocks stored for a prompt of {len(keys.seq_hashes)}")
-        new_blocks: list[KvBlock] = []
+        # One stored event per run of new blocks, each naming the block before it as parent.
+        runs: list[tuple[int | None, list[KvBlock]]] = []
+        previous_new = False
         for index, payload in zip(range(start, end), payloads, strict=True):
             seq_hash = keys.seq_hashes[index]
             if seq_hash in self._entries:
+                previous_new = False
                 continue
-            entry = _Entry(payload, self._payload_bytes(payload))
-            self._entries[seq_hash] = entry
+            parent_hash = keys.seq_hashes[index - 1] if index > 0 else None
+            tokens_hash = keys.local_hashes[index]
+            entry = _Entry(payload, self._payload_bytes(payload), parent_hash, tokens_hash)
+            with self._lock:
+                self._entries[seq_hash] = entry
             self._num_bytes += entry.num_bytes
-            if not new_blocks:
-                parent = keys.seq_hashes[index - 1] if index > 0 else None
-            new_blocks.append(KvBlock(block_hash=seq_hash, tokens_hash=keys.local_hashes[index]))
+            if not previous_new:
+                runs.append((parent_hash, []))
+            runs[-1][1].append(KvBlock(block_hash=seq_hash, tokens_hash=tokens_hash))
+            previous_new = True
         self._touch(keys.seq_hashes[:end])
-        if new_blocks:
-            self._emit(KvStored(parent_hash=parent, blocks=new_blocks))
+        for parent_hash, blocks in runs:
+            self._emit(KvStored(parent_hash=parent_hash, blocks=blocks))
         self._evict()
 
+    def snapshot(self) -> list[tuple[int, int | None, int]]:
+        """Every cached block as `(block_hash, parent_hash, tokens_hash)`, for a KV dump."""
+        with self._lock:
+            return [
+                (seq_hash, entry.parent_hash, entry.tokens_hash)
+                for seq_hash, entry in self._entries.items()
+            ]
+
     def clear(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
         self._num_bytes = 0
         self._emit(KvCleared())
 
     def _touch(self, seq_hashes: Sequence[int]) -> None:
         # Deepest block first, so a chain's parents are always more recent than its children:
         # eviction then trims chains from the tail and never strands a child without its parent.
-        for seq_hash in reversed(seq_hashes):
-            self._entries.move_to_end(seq_hash)
+        with self._lock:
+            for seq_hash in reversed(seq_hashes):
+                self._entries.move_to_end(seq_hash)
 
     def _over_budget(self) -> bool:
         return (self.max_blocks is not None and len(self._entries) > self.max_blocks) or (
@@ -133,7 +157,8 @@ class PrefixCache(Generic[Payload]):
     def _evict(self) -> None:
         removed: list[int] = []
         while self._entries and self._over_budget():
-            seq_hash, entry = self._entries.popitem(last=False)
+            with self._lock:
+                seq_hash, entry = self._entries.popitem(last=False)
             self._num_bytes -= entry.num_bytes
             removed.append(seq_hash)
         if removed:
