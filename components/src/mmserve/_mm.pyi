@@ -173,6 +173,7 @@ def compute_block_hashes(
 def compute_seq_hashes(local_hashes: list[int], parent: int | None = None) -> list[int]:
     """Chained sequence hashes of consecutive local hashes, continuing after `parent`."""
 
+@final
 class KvIndex:
     """Radix index of the KV blocks each worker holds."""
 
