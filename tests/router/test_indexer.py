@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmserve.protocol import KvBlock, KvCleared, KvRemoved, KvStored
 from mmserve.router.hashing import compute_seq_hashes
@@ -110,3 +112,72 @@ def test_dump_rebuilds_the_worker_in_an_empty_index() -> None:
     for local in sequences:
         assert rebuilt.find_matches(local)["a"] == index.find_matches(local)["a"] == len(local)
     assert index.dump("nobody") == []
+
+
+class ReferenceIndex:
+    """The index's meaning, computed the slow way: a worker holds a prefix (a tuple of local
+    hashes) when it holds a block at that path."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, dict[int, tuple[int, ...]]] = {}  # worker -> block hash -> path
+
+    def store(self, worker: str, parent: int | None, blocks: list[KvBlock]) -> None:
+        held = self.paths.setdefault(worker, {})
+        if parent is not None and parent not in held:
+            raise UnknownParentError(parent)
+        path = held[parent] if parent is not None else ()
+        for block in blocks:
+            path = (*path, block.tokens_hash)
+            held[block.block_hash] = path
+
+    def overlap(self, worker: str, query: list[int]) -> int:
+        held = set(self.paths.get(worker, {}).values())
+        depth = 0
+        while depth < len(query) and tuple(query[: depth + 1]) in held:
+            depth += 1
+        return depth
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_index_matches_the_reference_under_random_events(data: st.DataObject) -> None:
+    index, reference = KvIndexer(), ReferenceIndex()
+    workers = ["a", "b", "c"]
+    paths: list[list[int]] = [[]]  # prefixes seen so far, to grow and query
+    for _ in range(data.draw(st.integers(1, 40))):
+        worker = data.draw(st.sampled_from(workers))
+        action = data.draw(st.sampled_from(["store", "store", "store", "remove", "clear", "leave"]))
+        if action == "store":
+            base = data.draw(st.sampled_from(paths))
+            cut = data.draw(st.integers(0, len(base)))
+            local = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=4))
+            event = stored(local, parent_local=base[:cut])
+            expect_error = False
+            try:
+                reference.store(worker, event.parent_hash, event.blocks)
+            except UnknownParentError:
+                expect_error = True
+            if expect_error:
+                with pytest.raises(UnknownParentError):
+                    index.apply_event(worker, event)
+            else:
+                index.apply_event(worker, event)
+                paths.append(base[:cut] + local)
+        elif action == "remove":
+            held = sorted(reference.paths.get(worker, {}))
+            if held:
+                gone = data.draw(st.lists(st.sampled_from(held), max_size=3, unique=True))
+                index.apply_event(worker, KvRemoved(block_hashes=gone))
+                for block_hash in gone:
+                    del reference.paths[worker][block_hash]
+        elif action == "clear":
+            index.apply_event(worker, KvCleared())
+            reference.paths.get(worker, {}).clear()
+        else:
+            index.remove_worker(worker)
+            reference.paths.pop(worker, None)
+    for query in paths:
+        expected = {w: reference.overlap(w, query) for w in workers}
+        assert index.find_matches(query) == {w: n for w, n in expected.items() if n > 0}
+        for worker in workers:
+            assert index.num_blocks(worker) == len(reference.paths.get(worker, {}))
