@@ -147,6 +147,7 @@ async def list_instances(
 class InstanceEvent(msgspec.Struct, frozen=True):
     kind: Literal["added", "removed"]
     record: protocol.InstanceRecord
+    expired: bool = False  # removed because its heartbeats stopped (a crash), not deregistered
 
 
 class InstanceWatcher:
@@ -242,10 +243,10 @@ class InstanceWatcher:
         if not known:
             self._notify(InstanceEvent("added", record))
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str, expired: bool = False) -> None:
         entry = self._live.pop(key, None)
         if entry is not None:
-            self._notify(InstanceEvent("removed", entry[0]))
+            self._notify(InstanceEvent("removed", entry[0], expired))
 
     def _notify(self, event: InstanceEvent) -> None:
         for queue in self._listeners:
@@ -258,4 +259,4 @@ class InstanceWatcher:
             await asyncio.sleep(SWEEP_INTERVAL)
             expired_before = time.monotonic() - LEASE_TTL
             for key in [k for k, (_, seen) in self._live.items() if seen < expired_before]:
-                self._remove(key)
+                self._remove(key, expired=True)

@@ -115,6 +115,8 @@ class _ServerCall:
 class _CallerCall:
     reply_subject: str
     request_id: str
+    endpoint: tuple[str, str]  # (component, endpoint)
+    instance_id: str  # the serving instance, once known
     frames: asyncio.Queue[
         protocol.ReplyFrame | protocol.EndFrame | protocol.KeepaliveFrame | RemoteError
     ]
@@ -166,6 +168,7 @@ class Runtime:
         self._watchers: weakref.WeakSet[InstanceWatcher] = weakref.WeakSet()
         self._registrar = Registrar(nc)
         self._keepalive_task: asyncio.Task[None] | None = None
+        self._liveness_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._inbox_subscription: Subscription | None = None
         self._cancel_subscription: Subscription | None = None
 
@@ -284,8 +287,9 @@ class Runtime:
             await watcher.stop()
         for call in list(self._caller_calls.values()):
             call.fail(Cancelled(None, "runtime shut down"))
-        if self._keepalive_task is not None:
-            self._keepalive_task.cancel()
+        for task in [self._keepalive_task, *self._liveness_tasks.values()]:
+            if task is not None:
+                task.cancel()
         if self._background:  # last end and cancel frames: let them go out before the drain
             await asyncio.wait(self._background, timeout=1.0)
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
@@ -411,7 +415,10 @@ class Runtime:
     async def _send_reply(self, call: _ServerCall, reply: protocol.WireMessage) -> None:
         payload = protocol.encode(reply)
         frame = protocol.ReplyFrame(
-            request_id=call.context.request_id, seq=call.next_seq, payload=msgspec.Raw(payload)
+            request_id=call.context.request_id,
+            seq=call.next_seq,
+            payload=msgspec.Raw(payload),
+            instance_id=self.instance_id,
         )
         await self._publish(call.reply_subject, protocol.encode(frame), "reply")
         call.next_seq += 1
@@ -460,7 +467,9 @@ class Runtime:
             for call in list(self._server_calls.values()):
                 if now - call.last_sent >= half and self.nc.is_connected:
                     call.last_sent = now
-                    keepalive = protocol.KeepaliveFrame(request_id=call.context.request_id)
+                    keepalive = protocol.KeepaliveFrame(
+                        request_id=call.context.request_id, instance_id=self.instance_id
+                    )
                     with contextlib.suppress(nats.errors.Error):
                         await self.nc.publish(call.reply_subject, protocol.encode(keepalive))
             forget_before = now - _CANCELLED_MEMORY_S
@@ -487,15 +496,43 @@ class Runtime:
         except nats.errors.Error as exc:
             raise Disconnected(None, f"publish to {subject} failed: {exc!r}") from exc
 
-    def _open_call(self, request_id: str) -> _CallerCall:
+    def _open_call(
+        self, request_id: str, endpoint: tuple[str, str], instance_id: str
+    ) -> _CallerCall:
         self._next_call += 1
         call = _CallerCall(
             reply_subject=f"{self._inbox_prefix}.{self._next_call}",
             request_id=request_id,
+            endpoint=endpoint,
+            instance_id=instance_id,
             frames=asyncio.Queue(maxsize=self.max_pending_replies),
         )
         self._caller_calls[call.reply_subject] = call
+        if endpoint not in self._liveness_tasks:
+            self._liveness_tasks[endpoint] = asyncio.create_task(
+                self._fail_calls_of_dead_instances(*endpoint), name="mmserve-call-liveness"
+            )
         return call
+
+    async def _fail_calls_of_dead_instances(self, component: str, endpoint: str) -> None:
+        """Fail open calls served by an instance whose heartbeats stopped, sooner than their idle
+        timeout would. Instances that deregister (graceful shutdown) still finish their calls."""
+        try:
+            watcher = await self.watch(component, endpoint)
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            log.debug("no liveness for calls to %s.%s: %r", component, endpoint, exc)
+            return
+        async for event in watcher.events():
+            if event.kind != "removed" or not event.expired:
+                continue
+            dead = event.record.instance_id
+            for call in list(self._caller_calls.values()):
+                if call.endpoint == (component, endpoint) and call.instance_id == dead:
+                    call.fail(
+                        Disconnected(
+                            None, f"instance {dead} of {component}.{endpoint} stopped heartbeating"
+                        )
+                    )
 
     def _close_call(self, call: _CallerCall, reason: str) -> None:
         self._caller_calls.pop(call.reply_subject, None)
@@ -524,6 +561,8 @@ class Runtime:
         except protocol.ProtocolError as exc:
             call.fail(WireProtocolError(None, str(exc)))
             return
+        if not call.instance_id and not isinstance(frame, protocol.EndFrame):
+            call.instance_id = frame.instance_id
         try:
             call.frames.put_nowait(frame)
         except asyncio.QueueFull:
@@ -663,7 +702,7 @@ class Client:
         frame = protocol.RequestFrame(
             request_id=request_id, deadline=deadline, payload=msgspec.Raw(protocol.encode(request))
         )
-        call = runtime._open_call(request_id)
+        call = runtime._open_call(request_id, (self.component, self.endpoint), instance_id or "")
         close_reason = protocol.ERROR_CANCELLED
         try:
             try:
