@@ -1,0 +1,88 @@
+"""The router's command-line options, for the components that route (the frontend)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.router.pad import PadScheme
+from mmserve.router.scheduler import KvCostConfig, Router, RouterMode
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    mode: RouterMode = RouterMode.ROUND_ROBIN
+    block_size: int = DEFAULT_BLOCK_SIZE  # must equal the workers' KV block size
+    pad_scheme: PadScheme = PadScheme.DYNAMO  # must equal the engines' scheme
+    cost: KvCostConfig = field(default_factory=KvCostConfig)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("routing")
+        group.add_argument(
+            "--router-mode",
+            choices=[mode.value for mode in RouterMode],
+            default=RouterMode.ROUND_ROBIN.value,
+            help="how a worker is picked for each request: kv (longest cached prefix, images "
+            "included, weighed against load), round-robin or random (default: round-robin)",
+        )
+        group.add_argument(
+            "--kv-block-size",
+            type=int,
+            default=DEFAULT_BLOCK_SIZE,
+            metavar="TOKENS",
+            help=f"KV block size of the workers (default: {DEFAULT_BLOCK_SIZE})",
+        )
+        group.add_argument(
+            "--pad-scheme",
+            choices=[scheme.value for scheme in PadScheme],
+            default=PadScheme.DYNAMO.value,
+            help="media pad values of the engines' prefix caches: dynamo (SGLang 0.5.1x) or "
+            "sglang-wide (SGLang 0.5.2x) (default: dynamo)",
+        )
+        group.add_argument(
+            "--kv-overlap-weight",
+            type=float,
+            default=1.0,
+            metavar="W",
+            help="weight of the uncached prefill blocks against the active decode blocks in "
+            "kv mode (default: 1.0)",
+        )
+        group.add_argument(
+            "--router-queue-weight",
+            type=float,
+            default=0.0,
+            metavar="W",
+            help="cost in blocks of each request still waiting for its first token on a "
+            "worker (default: 0)",
+        )
+        group.add_argument(
+            "--router-temperature",
+            type=float,
+            default=0.0,
+            metavar="T",
+            help="softmax temperature over the normalised costs; 0 picks the cheapest (default: 0)",
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RouterSettings:
+        if args.kv_block_size <= 0:
+            raise SystemExit(f"--kv-block-size must be positive, got {args.kv_block_size}")
+        try:
+            cost = KvCostConfig(
+                overlap_weight=args.kv_overlap_weight,
+                queue_weight=args.router_queue_weight,
+                temperature=args.router_temperature,
+            )
+        except ValueError as exc:
+            raise SystemExit(f"router options: {exc}") from exc
+        return cls(
+            mode=RouterMode(args.router_mode),
+            block_size=args.kv_block_size,
+            pad_scheme=PadScheme(args.pad_scheme),
+            cost=cost,
+        )
+
+    def build_router(self) -> Router:
+        return Router(self.mode, cost=self.cost)

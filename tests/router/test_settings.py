@@ -1,0 +1,50 @@
+"""The router's command-line options."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from mmserve.router.pad import PadScheme
+from mmserve.router.scheduler import RouterMode
+from mmserve.router.settings import RouterSettings
+
+
+def parse(*argv: str) -> RouterSettings:
+    parser = argparse.ArgumentParser()
+    RouterSettings.add_cli_args(parser)
+    return RouterSettings.from_args(parser.parse_args(argv))
+
+
+def test_defaults() -> None:
+    assert parse() == RouterSettings()
+
+
+def test_options_reach_the_router() -> None:
+    settings = parse(
+        "--router-mode=kv",
+        "--kv-block-size=32",
+        "--pad-scheme=sglang-wide",
+        "--kv-overlap-weight=2",
+        "--router-queue-weight=4",
+        "--router-temperature=0.5",
+    )
+    assert settings.mode is RouterMode.KV
+    assert settings.block_size == 32
+    assert settings.pad_scheme is PadScheme.SGLANG_WIDE
+    router = settings.build_router()
+    assert router.mode is RouterMode.KV
+    assert (router.cost.overlap_weight, router.cost.queue_weight, router.cost.temperature) == (
+        2.0,
+        4.0,
+        0.5,
+    )
+
+
+@pytest.mark.parametrize(
+    "argv", [["--kv-block-size=0"], ["--router-temperature=-1"], ["--kv-overlap-weight=-2"]]
+)
+def test_bad_values_exit_with_a_reason(argv: list[str]) -> None:
+    with pytest.raises(SystemExit, match="must be"):
+        parse(*argv)
