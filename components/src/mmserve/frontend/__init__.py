@@ -1,1 +1,1 @@
-"""frontend."""
+"""The OpenAI-compatible HTTP frontend: `mmserve frontend` (see docs/frontend.md)."""
