@@ -191,3 +191,38 @@ def encode_gif(
     out += local_palette or b""
     out += _lzw_literals(indices.astype(np.uint8).tobytes())
     return out + b"\x3b"
+
+
+def random_rle_ops(
+    rng: np.random.Generator, width: int, height: int, four_bit: bool, complete: bool
+) -> bytes:
+    """A random BMP RLE stream: encoded runs (some overlong), absolute runs, end of line and
+    delta escapes; `complete` appends enough full rows to set every pixel, then end of bitmap."""
+    out = bytearray()
+    for _ in range(int(rng.integers(1, 3 * height + 2))):
+        op = int(rng.integers(0, 10))
+        if op < 5:
+            out += bytes([int(rng.integers(1, 2 * width + 2)), int(rng.integers(0, 256))])
+        elif op < 7:
+            n = int(rng.integers(3, 40))
+            literal = rng.integers(0, 256, (n + 1) // 2 if four_bit else n, np.uint8)
+            out += bytes([0, n]) + literal.tobytes()
+            out += b"\0" * (len(out) % 2)
+        elif op < 9:
+            out += b"\0\0"
+        else:
+            out += bytes([0, 2, int(rng.integers(0, 5)), int(rng.integers(0, 2))])
+    if complete:
+        out += bytes([min(width, 255), 7, 0, 0]) * height
+    return bytes(out + b"\0\1")
+
+
+def encode_bmp_rle(width: int, height: int, four_bit: bool, data: bytes, palette: bytes) -> bytes:
+    """A BITMAPINFOHEADER BMP with RLE4 / RLE8 data and a BGRX palette."""
+    header = struct.pack(
+        "<IiiHHIIiiII",
+        40, width, height, 1, 4 if four_bit else 8, 2 if four_bit else 1,
+        len(data), 0, 0, len(palette) // 4, 0,
+    )  # fmt: skip
+    offset = 14 + len(header) + len(palette)
+    return b"BM" + struct.pack("<IHHI", offset + len(data), 0, 0, offset) + header + palette + data

@@ -17,9 +17,11 @@ from mmserve import _mm
 from .images import (
     CHANNELS,
     TJSAMP,
+    encode_bmp_rle,
     encode_gif,
     encode_png,
     png_header_only,
+    random_rle_ops,
     turbojpeg_encode,
 )
 
@@ -284,6 +286,27 @@ def test_bmp_bit_fields_match_pil(bpp: int, masks: tuple[int, ...], top_down: bo
     stride = (width * bpp + 31) // 32 * 4
     rows = rng.integers(0, 256, stride * height, dtype=np.uint8).tobytes()
     assert_same_as_pil(bmp_v3(width, -height if top_down else height, bpp, rows, masks))
+
+
+@pytest.mark.parametrize("four_bit", [False, True])
+def test_bmp_rle_matches_pil_including_its_refusals(four_bit: bool) -> None:
+    outcomes = set()
+    for seed in range(80):
+        rng = np.random.default_rng(seed)
+        width, height = (int(v) for v in rng.integers(1, 30, 2))
+        palette = rng.integers(0, 256, (16 if four_bit else 256) * 4, np.uint8).tobytes()
+        ops = random_rle_ops(rng, width, height, four_bit, complete=seed % 5 != 0)
+        data = encode_bmp_rle(width, height if seed % 3 else -height, four_bit, ops, palette)
+        try:
+            reference = pil_rgb(data)
+        except (OSError, ValueError):
+            with pytest.raises(_mm.MediaError):
+                _mm.decode_image(data)
+            outcomes.add("refused")
+            continue
+        np.testing.assert_array_equal(_mm.decode_image(data), reference)
+        outcomes.add("decoded")
+    assert outcomes == {"refused", "decoded"}
 
 
 # ---------------------------------------------------------------------------------------------

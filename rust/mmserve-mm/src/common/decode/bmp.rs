@@ -1,6 +1,9 @@
 //! BMP: 1/4/8-bit palette, 16-bit (5-5-5, 5-6-5), 24-bit and 32-bit (plain or bit fields)
 //! uncompressed images, bottom-up or top-down, with PIL's conversions (16-bit channels scale
-//! as `v * 255 / max`, alpha is dropped). RLE-compressed BMPs are refused.
+//! as `v * 255 / max`, alpha is dropped), and RLE8 / RLE4 expanded exactly as PIL's
+//! `BmpRleDecoder` does.
+
+use std::borrow::Cow;
 
 use super::{
     alloc_zeroed, buffer_len, check_dimensions, pil_palette, unpack_sample, DecodeError,
@@ -11,6 +14,8 @@ use crate::pipeline::DecodedImage;
 const FORMAT: ImageFormat = ImageFormat::Bmp;
 const FILE_HEADER_LEN: usize = 14;
 const BI_RGB: u32 = 0;
+const BI_RLE8: u32 = 1;
+const BI_RLE4: u32 = 2;
 const BI_BITFIELDS: u32 = 3;
 const BI_ALPHABITFIELDS: u32 = 6;
 
@@ -70,7 +75,7 @@ pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
     let bpp = u32::from(bpp);
 
     let layout = match (bpp, compression) {
-        (1 | 2 | 4 | 8, BI_RGB) => {
+        (1 | 2 | 4 | 8, BI_RGB) | (8, BI_RLE8) | (4, BI_RLE4) => {
             let entry = if core { 3 } else { 4 };
             let count = if colors_used == 0 {
                 1usize << bpp
@@ -108,7 +113,12 @@ pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
                 masks,
             }
         }
-        (_, 1 | 2) => return Err(DecodeError::unsupported(FORMAT, "RLE compression")),
+        (bits, BI_RLE8 | BI_RLE4) => {
+            return Err(DecodeError::unsupported(
+                FORMAT,
+                format!("RLE with {bits}-bit pixels"),
+            ))
+        }
         (bits, BI_RGB | BI_BITFIELDS) if bits > 32 || bits == 0 => {
             return Err(DecodeError::UnsupportedBitDepth {
                 format: FORMAT.name(),
@@ -123,13 +133,25 @@ pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
         }
     };
 
-    let stride = (width as usize * bpp as usize).div_ceil(32) * 4;
-    let pixel_bytes = stride
-        .checked_mul(height as usize)
-        .and_then(|n| n.checked_add(data_offset))
-        .filter(|&end| end <= bytes.len())
-        .ok_or_else(|| corrupt("pixel data is truncated"))?;
-    let pixels = &bytes[data_offset..pixel_bytes];
+    let (pixels, stride, layout) = if compression == BI_RLE8 || compression == BI_RLE4 {
+        let encoded = bytes
+            .get(data_offset..)
+            .ok_or_else(|| corrupt("pixel data is missing"))?;
+        let indices = expand_rle(encoded, data_offset, width, height, compression == BI_RLE4)?;
+        let layout = match layout {
+            Layout::Indexed { palette, .. } => Layout::Indexed { bits: 8, palette },
+            other => other,
+        };
+        (Cow::Owned(indices), width as usize, layout)
+    } else {
+        let stride = (width as usize * bpp as usize).div_ceil(32) * 4;
+        let end = stride
+            .checked_mul(height as usize)
+            .and_then(|n| n.checked_add(data_offset))
+            .filter(|&end| end <= bytes.len())
+            .ok_or_else(|| corrupt("pixel data is truncated"))?;
+        (Cow::Borrowed(&bytes[data_offset..end]), stride, layout)
+    };
     let mut data = alloc_zeroed(buffer_len(width, height, 3)?)?;
     let row_len = width as usize * 3;
     for (y, dst) in data.chunks_exact_mut(row_len).enumerate() {
@@ -169,6 +191,89 @@ fn convert_row(layout: &Layout, src: &[u8], dst: &mut [u8]) {
             }
         }
     }
+}
+
+/// PIL's `BmpRleDecoder`: one palette index per pixel, rows in file order. Runs are clipped
+/// to the row, escapes are end of line (zero-fill to the row end), end of bitmap, delta
+/// (zero-fill) and absolute runs (word-aligned in the file). Data that ends before every pixel
+/// is set is an error, as in PIL.
+fn expand_rle(
+    encoded: &[u8],
+    file_offset: usize,
+    width: u32,
+    height: u32,
+    four_bit: bool,
+) -> Result<Vec<u8>, DecodeError> {
+    let xsize = width as usize;
+    let total = buffer_len(width, height, 1)?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(total)
+        .map_err(|_| DecodeError::OutOfMemory { bytes: total })?;
+    let (mut at, mut x) = (0usize, 0usize);
+    while out.len() < total {
+        let (Some(&count), Some(&value)) = (encoded.get(at), encoded.get(at + 1)) else {
+            break;
+        };
+        at += 2;
+        if count > 0 {
+            let n = usize::from(count).min(xsize.saturating_sub(x));
+            let (hi, lo) = if four_bit {
+                (value >> 4, value & 0x0F)
+            } else {
+                (value, value)
+            };
+            out.extend((0..n).map(|i| if i % 2 == 0 { hi } else { lo }));
+            x += n;
+            continue;
+        }
+        match value {
+            0 => {
+                let pad = (xsize - out.len() % xsize) % xsize;
+                out.resize(out.len() + pad, 0);
+                x = 0;
+            }
+            1 => break,
+            2 => {
+                let (Some(&right), Some(&up)) = (encoded.get(at), encoded.get(at + 1)) else {
+                    break;
+                };
+                at += 2;
+                let skip = (usize::from(right) + usize::from(up) * xsize).min(total - out.len());
+                out.resize(out.len() + skip, 0);
+                x = out.len() % xsize;
+            }
+            n => {
+                let wanted = usize::from(n).min(total - out.len());
+                let byte_count = if four_bit { wanted.div_ceil(2) } else { wanted };
+                let run = encoded
+                    .get(at..(at + byte_count).min(encoded.len()))
+                    .unwrap_or(&[]);
+                at += run.len();
+                if four_bit {
+                    for (i, &b) in run.iter().enumerate() {
+                        out.push(b >> 4);
+                        if i * 2 + 1 < wanted {
+                            out.push(b & 0x0F);
+                        }
+                    }
+                } else {
+                    out.extend_from_slice(run);
+                }
+                if run.len() < byte_count || out.len() == total {
+                    break;
+                }
+                x += usize::from(n);
+                if !(file_offset + at).is_multiple_of(2) {
+                    at += 1;
+                }
+            }
+        }
+    }
+    if out.len() < total {
+        return Err(corrupt("RLE data ends before the last pixel"));
+    }
+    out.truncate(total);
+    Ok(out)
 }
 
 fn is_contiguous(mask: u32) -> bool {
