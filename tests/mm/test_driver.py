@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import blake3
 import numpy as np
 import pytest
 from PIL import Image
@@ -178,3 +180,30 @@ def test_output_is_identical_for_any_pool_size() -> None:
         assert pool == threads
         digests[threads] = digest
     assert digests["1"] == digests["3"] == digest_of_a_request()
+
+
+GOLDEN = Path(__file__).with_name("golden")
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_golden_fixtures(index: int) -> None:
+    """Regression against tests/mm/golden (made from transformers by tests/make_mm_golden.py)."""
+    golden = json.loads((GOLDEN / "qwen_vl.json").read_text())
+    case = golden["cases"][index]
+    images = [(GOLDEN / name).read_bytes() for name in golden["images"]]
+    spec = _mm.spec_from_hf_configs(
+        json.dumps(case["preprocessor_config"]), json.dumps(case["config"])
+    )
+    result = _mm.process(spec, case["input_ids"], images)
+    assert result.input_ids.tolist() == case["expanded_ids"]
+    assert [list(o) for o in result.offsets] == case["offsets"]
+    assert result.positions is not None and result.positions.tolist() == case["positions"]
+    assert result.rope_delta == case["rope_delta"]
+    for item, expected in zip(result.items, case["items"], strict=True):
+        assert f"{item.hash:016x}" == expected["hash"]
+        assert item.image_grid_thw[0].tolist() == expected["grid_thw"]
+        assert item.num_tokens == expected["num_tokens"]
+        assert item.pixel_values is not None
+        assert list(item.pixel_values.shape) == expected["pixel_values_shape"]
+        digest = blake3.blake3(item.pixel_values.astype("<f4").tobytes()).hexdigest()
+        assert digest == expected["pixel_values_blake3"]
