@@ -138,7 +138,7 @@ class ReferenceIndex:
         return depth
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_index_matches_the_reference_under_random_events(data: st.DataObject) -> None:
     index, reference = KvIndexer(), ReferenceIndex()

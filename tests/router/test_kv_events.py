@@ -126,6 +126,22 @@ async def test_late_router_catches_up_from_a_dump(runtimes: tuple[Runtime, Runti
             await eventually(lambda: indexer.find_matches([5, 6]) == {worker: 2})
 
 
+async def test_late_router_catches_up_with_an_idle_worker(
+    runtimes: tuple[Runtime, Runtime],
+) -> None:
+    worker_rt, router_rt = runtimes
+    cache = FakeCacheOwner()
+    async with KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher:
+        worker = publisher.worker_id
+        await publisher.publish(cache.store([1, 2, 3]))
+        indexer = KvIndexer()
+        async with KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber:
+            # No event follows; the router asks the workers discovery lists.
+            subscriber.catch_up([worker])
+            await eventually(lambda: indexer.find_matches([1, 2, 3]) == {worker: 3})
+            assert subscriber.following(worker)
+
+
 async def test_a_gap_in_event_ids_resynchronises(link: Link) -> None:
     cache, indexer, publisher = link.cache, link.indexer, link.publisher
     worker = publisher.worker_id

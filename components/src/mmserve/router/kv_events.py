@@ -188,6 +188,13 @@ class KvEventSubscriber:
         """Whether the index is in step with the worker's events."""
         return worker_id in self._last_event_id
 
+    def catch_up(self, worker_ids: Iterable[str]) -> None:
+        """Ask each of `worker_ids` not followed yet for a dump (a router that starts late
+        would otherwise learn an idle worker's cache only at its next event)."""
+        for worker_id in worker_ids:
+            if worker_id not in self._removed and not self.following(worker_id):
+                self._lose_track(worker_id)
+
     def on_instance_removed(self, worker_id: str) -> None:
         """The worker left: drop its blocks and ignore its late events."""
         self._removed.add(worker_id)
