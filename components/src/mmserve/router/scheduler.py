@@ -19,7 +19,7 @@ import enum
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.router.indexer import KvIndexer
@@ -95,12 +95,12 @@ class _WorkerLoad:
     queued: int = 0
 
 
-@dataclass(slots=True)
 class LoadTracker:
     """In-flight load per worker, counted from the router's own dispatches."""
 
-    _requests: dict[str, _InFlight] = field(default_factory=dict)
-    _workers: dict[str, _WorkerLoad] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._requests: dict[str, _InFlight] = {}
+        self._workers: dict[str, _WorkerLoad] = {}
 
     def on_dispatch(
         self, request_id: str, worker_id: str, prefill_blocks: int, total_blocks: int
