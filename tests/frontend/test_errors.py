@@ -138,7 +138,7 @@ def test_too_many_images(start_frontend) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     messages = [{"role": "user", "content": [image, image, image, {"type": "text", "text": "?"}]}]
     error = _assert_error(
-        _post(frontend, _chat(frontend, messages=messages)), 400, "media.too_many_items"
+        _post(frontend, _chat(frontend, messages=messages)), 400, "request.too_many_items"
     )
     assert "at most 2" in error["message"]
 

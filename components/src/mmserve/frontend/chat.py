@@ -93,7 +93,7 @@ class ChatPreprocessor:
         images = _image_refs(request)
         if len(images) > self.options.policy.max_items:
             raise ApiError.bad_request(
-                "media.too_many_items",
+                "request.too_many_items",
                 f"the request has {len(images)} images; at most "
                 f"{self.options.policy.max_items} are allowed",
                 param="messages",
