@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import resource
 import time
 from collections.abc import Callable
 
@@ -105,11 +106,14 @@ def main() -> None:
     workers = [f"worker-{i}" for i in range(args.workers)]
 
     indexer = KvIndexer()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     events_per_s = fill_index(indexer, workers, args.blocks_per_worker, prompt_hashes)
+    rss_growth_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
     router = Router(RouterMode.KV, indexer)
     print(
         f"index: {args.workers} workers x {indexer.num_blocks(workers[0])} blocks, "
-        f"{indexer.num_nodes()} tree nodes, filled at {events_per_s:,.0f} stored events/s"
+        f"{indexer.num_nodes()} tree nodes, filled at {events_per_s:,.0f} stored events/s, "
+        f"peak memory +{rss_growth_mib:,.0f} MiB"
     )
     print(f"prompt: {len(view.ids)} tokens, {len(media)} images, {len(prompt_hashes)} full blocks")
 
