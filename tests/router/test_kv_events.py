@@ -17,6 +17,7 @@ from mmserve.router.kv_events import (
     KvEventSubscriber,
     dump_events,
     follow_discovery,
+    kv_dump_topic,
     kv_events_topic,
 )
 from mmserve.runtime import Runtime
@@ -95,12 +96,36 @@ async def test_router_follows_a_worker(link: Link) -> None:
     cache, indexer, publisher = link.cache, link.indexer, link.publisher
     worker = publisher.worker_id
     first = cache.store([1, 2])
-    await publisher.publish(first)
-    await publisher.publish(cache.store([3, 4], parent_local=[1, 2]))
+    publisher.publish(first)
+    publisher.publish(cache.store([3, 4], parent_local=[1, 2]))
     await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 4})
-    await publisher.publish(cache.remove([first.blocks[1].block_hash]))
+    publisher.publish(cache.remove([first.blocks[1].block_hash]))
     await eventually(lambda: indexer.find_matches([1, 2, 3, 4]) == {worker: 1})
     assert link.subscriber.following(worker)
+
+
+async def test_events_from_an_engine_thread_arrive_in_order(
+    link: Link, runtimes: tuple[Runtime, Runtime]
+) -> None:
+    _, router_rt = runtimes
+    dump_requests: list[KvDumpRequest] = []
+
+    async def record(request: KvDumpRequest) -> None:
+        dump_requests.append(request)
+
+    await router_rt.subscribe(kv_dump_topic(COMPONENT), KvDumpRequest, record)
+    cache, indexer, publisher = link.cache, link.indexer, link.publisher
+    chain = list(range(1, 301))
+
+    def engine_thread() -> None:
+        # Each block's parent is the one before: any reordering would break the chain.
+        for depth in range(len(chain)):
+            publisher.publish(cache.store([chain[depth]], parent_local=chain[:depth]))
+
+    await asyncio.to_thread(engine_thread)
+    worker = publisher.worker_id
+    await eventually(lambda: indexer.find_matches(chain) == {worker: len(chain)})
+    assert dump_requests == []
 
 
 async def test_late_router_catches_up_from_a_dump(runtimes: tuple[Runtime, Runtime]) -> None:
@@ -109,20 +134,20 @@ async def test_late_router_catches_up_from_a_dump(runtimes: tuple[Runtime, Runti
     async with KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher:
         worker = publisher.worker_id
         # Events nobody hears: the router is not there yet.
-        await publisher.publish(cache.store([1, 2, 3]))
-        await publisher.publish(cache.store([7, 8], parent_local=[1]))
-        await publisher.publish(cache.store([5]))
+        publisher.publish(cache.store([1, 2, 3]))
+        publisher.publish(cache.store([7, 8], parent_local=[1]))
+        publisher.publish(cache.store([5]))
         indexer = KvIndexer()
         async with KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber:
             # The next event cannot be placed: the router asks for a dump and catches up.
-            await publisher.publish(cache.store([4], parent_local=[1, 2, 3]))
+            publisher.publish(cache.store([4], parent_local=[1, 2, 3]))
             await eventually(lambda: subscriber.following(worker))
             await eventually(lambda: indexer.num_blocks(worker) == len(cache.blocks))
             assert indexer.find_matches([1, 2, 3, 4]) == {worker: 4}
             assert indexer.find_matches([1, 7, 8]) == {worker: 3}
             assert indexer.find_matches([5]) == {worker: 1}
             # And keeps following afterwards.
-            await publisher.publish(cache.store([6], parent_local=[5]))
+            publisher.publish(cache.store([6], parent_local=[5]))
             await eventually(lambda: indexer.find_matches([5, 6]) == {worker: 2})
 
 
@@ -133,7 +158,7 @@ async def test_late_router_catches_up_with_an_idle_worker(
     cache = FakeCacheOwner()
     async with KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher:
         worker = publisher.worker_id
-        await publisher.publish(cache.store([1, 2, 3]))
+        publisher.publish(cache.store([1, 2, 3]))
         indexer = KvIndexer()
         async with KvEventSubscriber(router_rt, indexer, COMPONENT) as subscriber:
             # No event follows; the router asks the workers discovery lists.
@@ -145,7 +170,7 @@ async def test_late_router_catches_up_with_an_idle_worker(
 async def test_a_gap_in_event_ids_resynchronises(link: Link) -> None:
     cache, indexer, publisher = link.cache, link.indexer, link.publisher
     worker = publisher.worker_id
-    await publisher.publish(cache.store([1]))
+    publisher.publish(cache.store([1]))
     await eventually(lambda: indexer.find_matches([1]) == {worker: 1})
     # A stored event the router never sees, and one after it that names it as parent.
     cache.store([2], parent_local=[1])
@@ -175,7 +200,7 @@ async def test_worker_leaving_discovery_leaves_the_index(
         follower = asyncio.create_task(follow_discovery(watcher, subscriber.on_instance_removed))
         worker = publisher.worker_id
         await watcher.wait_until(lambda records: len(records) == 1, timeout=5)
-        await publisher.publish(cache.store([1, 2]))
+        publisher.publish(cache.store([1, 2]))
         await eventually(lambda: indexer.find_matches([1, 2]) == {worker: 2})
         await worker_rt.shutdown()  # deregisters: discovery drops the instance at once
         await eventually(lambda: indexer.find_matches([1, 2]) == {})

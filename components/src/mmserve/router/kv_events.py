@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
@@ -93,8 +94,12 @@ def dump_events(
 class KvEventPublisher:
     """A worker's side: numbers and publishes its KV events, answers dump requests.
 
-    Call `publish` on the event loop's thread (hand engine-thread events over with
-    `loop.call_soon_threadsafe`). `snapshot` lists the cache's blocks when a router asks.
+    `publish` may be called from any thread (pass it to `Engine.subscribe_kv_events` as is):
+    it numbers the event at once and hands it to one sender task on the event loop, so events
+    leave in the order of their ids, dumps included. `snapshot` lists the cache's blocks when
+    a router asks; it runs on the event loop's thread under the publisher's lock, so it must not
+    wait for a thread that is inside `publish` (a cache that emits events outside its own lock,
+    as `engines.prefix_cache.PrefixCache` does, is fine).
     """
 
     def __init__(self, runtime: Runtime, component: str, snapshot: CacheSnapshot) -> None:
@@ -104,19 +109,33 @@ class KvEventPublisher:
         self.worker_id = runtime.instance_id
         self._snapshot = snapshot
         self._next_event_id = 0
-        self._lock = asyncio.Lock()
+        # Numbering and queueing happen together under this lock, so queue order is id order.
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: asyncio.Queue[KvEvent | None] = asyncio.Queue()
+        self._sender: asyncio.Task[None] | None = None
         self._subscription: Subscription | None = None
 
     async def start(self) -> KvEventPublisher:
+        self._loop = asyncio.get_running_loop()
+        self._sender = asyncio.create_task(self._send(), name="mmserve-kv-events")
         self._subscription = await _subscribe(
             self._runtime, self._dump_topic, KvDumpRequest, self._on_dump_request
         )
         return self
 
-    async def stop(self) -> None:
+    async def stop(self, drain_timeout: float = 2.0) -> None:
+        """Stop answering dumps, send what is queued (up to `drain_timeout`), stop sending."""
         if self._subscription is not None:
             await _unsubscribe(self._subscription)
             self._subscription = None
+        if self._sender is not None:
+            self._outbox.put_nowait(None)
+            try:
+                await asyncio.wait_for(self._sender, drain_timeout)
+            except asyncio.TimeoutError:
+                log.warning("KV events of %s left unsent at shutdown", self.worker_id)
+            self._sender = None
 
     async def __aenter__(self) -> KvEventPublisher:
         return await self.start()
@@ -124,22 +143,34 @@ class KvEventPublisher:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    async def publish(self, data: KvEventData) -> None:
-        """Publish one change of the cache (raises `Disconnected` while NATS is away: the
-        routers then see a gap and ask for a dump)."""
-        async with self._lock:
+    def publish(self, data: KvEventData) -> None:
+        """Queue one change of the cache for publishing; thread-safe, never blocks."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("KvEventPublisher.publish before start()")
+        with self._lock:
             event = KvEvent(worker_id=self.worker_id, event_id=self._next_event_id, data=data)
             self._next_event_id += 1
-            await self._runtime.publish(self._topic, event)
+            loop.call_soon_threadsafe(self._outbox.put_nowait, event)
 
     async def _on_dump_request(self, request: KvDumpRequest) -> None:
         if request.worker_id != self.worker_id:
             return
-        async with self._lock:
+        # The snapshot is taken under the lock so that no event numbered before the dump
+        # describes a change the snapshot misses.
+        with self._lock:
             events = dump_events(self.worker_id, self._next_event_id, self._snapshot())
             self._next_event_id += len(events)
             for event in events:
+                self._outbox.put_nowait(event)
+
+    async def _send(self) -> None:
+        while (event := await self._outbox.get()) is not None:
+            try:
                 await self._runtime.publish(self._topic, event)
+            except Disconnected as exc:
+                # Routers see the gap in the ids and ask for a dump once NATS is back.
+                log.warning("KV event %d of %s lost: %s", event.event_id, self.worker_id, exc)
 
 
 class KvEventSubscriber:
