@@ -11,6 +11,7 @@ import pytest
 from mmserve.protocol import KvBlock, KvStored
 from mmserve.router.hashing import compute_seq_hashes
 from mmserve.router.indexer import KvIndexer
+from mmserve.router.pad import PadScheme
 from mmserve.router.scheduler import (
     KvCostConfig,
     NoWorkersError,
@@ -145,6 +146,16 @@ def test_removed_worker_loses_blocks_and_load() -> None:
     assert router.indexer.find_matches(request.block_hashes) == {}
     assert router.load.load("w0") == (0, 0, 0)
     assert router.load.in_flight() == 0
+
+
+def test_request_for_uses_the_routers_block_size_and_pad_scheme() -> None:
+    router = Router(block_size=4, pad_scheme=PadScheme.SGLANG_WIDE)
+    ids = [*SYSTEM, IMAGE_PAD, 7]
+    media = [RoutingMedia(CAT, 10)]
+    request = router.request_for("r", ids, media, placeholder_id=IMAGE_PAD, lora_name="x")
+    view = routing_view(ids, media, placeholder_id=IMAGE_PAD, scheme=PadScheme.SGLANG_WIDE)
+    assert request == RouteRequest.from_view("r", view, block_size=4, lora_name="x")
+    assert request.num_blocks == -(-(32 + 10 + 1) // 4)
 
 
 def test_no_workers_is_an_error() -> None:

@@ -35,6 +35,7 @@ def test_options_reach_the_router() -> None:
     assert settings.pad_scheme is PadScheme.SGLANG_WIDE
     router = settings.build_router()
     assert router.mode is RouterMode.KV
+    assert (router.block_size, router.pad_scheme) == (32, PadScheme.SGLANG_WIDE)
     assert (router.cost.overlap_weight, router.cost.queue_weight, router.cost.temperature) == (
         2.0,
         4.0,

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.router.indexer import KvIndexer
-from mmserve.router.view import RoutingView
+from mmserve.router.pad import PadScheme
+from mmserve.router.view import RoutingMedia, RoutingView, routing_view
 
 
 class RouterMode(enum.Enum):
@@ -156,13 +157,32 @@ class Router:
         indexer: KvIndexer | None = None,
         cost: KvCostConfig | None = None,
         rng: random.Random | None = None,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        pad_scheme: PadScheme = PadScheme.DYNAMO,
     ) -> None:
         self.mode = mode
+        self.block_size = block_size
+        self.pad_scheme = pad_scheme
         self.indexer = indexer if indexer is not None else KvIndexer()
         self.cost = cost if cost is not None else KvCostConfig()
         self.load = LoadTracker()
         self._rng = rng if rng is not None else random.Random()
         self._next_round_robin = 0
+
+    def request_for(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        media: Sequence[RoutingMedia] = (),
+        *,
+        placeholder_id: int | None = None,
+        lora_name: str | None = None,
+    ) -> RouteRequest:
+        """The routing request of a prompt, with this router's block size and pad scheme
+        (`routing_view` explains `media` and `placeholder_id`)."""
+        view = routing_view(token_ids, media, placeholder_id=placeholder_id, scheme=self.pad_scheme)
+        return RouteRequest.from_view(request_id, view, self.block_size, lora_name)
 
     def select(self, request: RouteRequest, workers: Sequence[str]) -> RoutingDecision:
         if not workers:

@@ -85,4 +85,6 @@ class RouterSettings:
         )
 
     def build_router(self) -> Router:
-        return Router(self.mode, cost=self.cost)
+        return Router(
+            self.mode, cost=self.cost, block_size=self.block_size, pad_scheme=self.pad_scheme
+        )
