@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
+from dynamo.llm import RadixTree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -181,3 +183,57 @@ def test_index_matches_the_reference_under_random_events(data: st.DataObject) ->
         assert index.find_matches(query) == {w: n for w, n in expected.items() if n > 0}
         for worker in workers:
             assert index.num_blocks(worker) == len(reference.paths.get(worker, {}))
+
+
+def dynamo_event(event_id: int, event: KvStored | KvRemoved | KvCleared) -> bytes:
+    """The JSON form of a KV event that Dynamo's RadixTree applies."""
+    if isinstance(event, KvStored):
+        blocks = [{"block_hash": b.block_hash, "tokens_hash": b.tokens_hash} for b in event.blocks]
+        data: object = {"stored": {"parent_hash": event.parent_hash, "blocks": blocks}}
+    elif isinstance(event, KvRemoved):
+        data = {"removed": {"block_hashes": list(event.block_hashes)}}
+    else:
+        data = "cleared"
+    return json.dumps({"event_id": event_id, "data": data}).encode()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_overlaps_equal_dynamos_radix_tree(seed: int) -> None:
+    """Engine-like event streams (runs stored after cached blocks, leaves evicted, caches
+    cleared) give the same overlaps here as in Dynamo's own index."""
+    rng = random.Random(seed)
+    ours, theirs = KvIndexer(), RadixTree()
+    # worker -> block hash -> (path of local hashes, parent block hash)
+    cached: dict[int, dict[int, tuple[tuple[int, ...], int | None]]] = {0: {}, 1: {}, 2: {}}
+    queries: list[list[int]] = []
+    for event_id in range(300):
+        worker = rng.randrange(3)
+        held = cached[worker]
+        roll = rng.random()
+        if roll < 0.6:
+            parent = rng.choice([None, *held]) if held else None
+            prefix = list(held[parent][0]) if parent is not None else []
+            local = [rng.randrange(4) for _ in range(rng.randint(1, 4))]
+            event = stored(local, parent_local=prefix)
+            for depth, block in enumerate(event.blocks):
+                path = tuple(prefix + local[: depth + 1])
+                before = event.blocks[depth - 1].block_hash if depth else event.parent_hash
+                held[block.block_hash] = (path, before)
+            queries.append(prefix + local)
+        elif roll < 0.95:
+            parents = {parent for _, parent in held.values()}
+            leaves = [block for block in held if block not in parents]
+            if not leaves:
+                continue
+            gone = rng.sample(leaves, min(len(leaves), rng.randint(1, 3)))
+            event = KvRemoved(block_hashes=gone)
+            for block in gone:
+                del held[block]
+        else:
+            event = KvCleared()
+            held.clear()
+        ours.apply_event(str(worker), event)
+        theirs.apply_event(worker, dynamo_event(event_id, event))
+    for query in queries:
+        expected = {str(w): n for (w, _rank), n in theirs.find_matches(query).scores.items()}
+        assert ours.find_matches(query) == {w: n for w, n in expected.items() if n > 0}
