@@ -19,6 +19,8 @@ use thiserror::Error;
 use crate::pipeline::DecodedImage;
 
 mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 /// Output sizes above this many pixels are refused before anything is allocated.
 pub const MAX_OUTPUT_PIXELS: u64 = 1 << 28;
@@ -577,9 +579,16 @@ mod tests {
             eprintln!("no AVX2 on this CPU: only the native kernels exist here");
         }
         let native = kernels::Kernels::native();
-        for (i, &(w, h, ow, oh)) in [(97, 61, 301, 17), (640, 480, 644, 476), (5, 300, 1, 299)]
-            .iter()
-            .enumerate()
+        for (i, &(w, h, ow, oh)) in [
+            (97, 61, 301, 17),
+            (640, 480, 644, 476),
+            (5, 300, 1, 299),
+            (1000, 7, 13, 9),
+            (3, 3, 700, 5),
+            (2, 1, 1, 1),
+        ]
+        .iter()
+        .enumerate()
         {
             let img = image(w, h, i as u32);
             for backend in [Backend::Pil, Backend::TorchU8] {

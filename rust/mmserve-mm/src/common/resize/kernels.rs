@@ -1,8 +1,8 @@
 //! The two 1-D convolution passes over interleaved RGB8.
 //!
-//! One generic body per pass is the reference ("native"); on x86-64 the same body is also
-//! compiled with AVX2 enabled and picked at run time. Integer arithmetic makes both
-//! bit-identical by construction, and the tests check it.
+//! One generic body per pass is the reference ("native"). On x86-64 with AVX2 the vertical
+//! pass is the same body compiled for AVX2, and the horizontal pass is `x86::horizontal`.
+//! All are exact integer arithmetic, so they agree bit for bit; the tests check it.
 
 use super::{AxisCoeffs, CHANNELS};
 
@@ -51,8 +51,9 @@ impl Kernels {
         let rows = &src[first_row * src_width * CHANNELS..end_row * src_width * CHANNELS];
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
+            let weights = super::x86::PairWeights::new(coeffs);
             // SAFETY: the CPU supports AVX2 (checked in `detect`).
-            unsafe { horizontal_avx2(rows, src_width, coeffs, &mut out) };
+            unsafe { super::x86::horizontal(rows, src_width, coeffs, &weights, &mut out) };
             return out;
         }
         horizontal_pass(rows, src_width, coeffs, &mut out);
@@ -77,12 +78,6 @@ impl Kernels {
         vertical_pass(src, width, coeffs, row_offset, &mut out);
         out
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn horizontal_avx2(src: &[u8], src_width: usize, coeffs: &AxisCoeffs, out: &mut [u8]) {
-    horizontal_pass(src, src_width, coeffs, out)
 }
 
 #[cfg(target_arch = "x86_64")]
