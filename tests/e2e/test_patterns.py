@@ -77,6 +77,24 @@ def _stream(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -
     return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
 
+def _run_patterns(deployments: list[Deployment], requests: list) -> tuple[dict, dict]:
+    results: dict[str, list[tuple]] = {}
+    streamed: dict[str, list[str]] = {}
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
+            name = deployment.model_path.name
+            results[deployment.pattern] = [_complete(client, name, m) for m in requests]
+            streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+    return results, streamed
+
+
 @pytest.mark.parametrize("family", sorted(FAMILY_PATTERNS))
 def test_every_pattern_gives_the_aggregated_tokens(
     family: str, nats_url: str, tmp_path: Path, image_server: str, image_dir: Path
@@ -87,22 +105,7 @@ def test_every_pattern_gives_the_aggregated_tokens(
         Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
         for p in FAMILY_PATTERNS[family]
     ]
-    requests = _requests(image_server, image_dir)
-    results: dict[str, list[tuple]] = {}
-    streamed: dict[str, list[str]] = {}
-    try:
-        for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
-            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
-            name = model_path.name
-            results[deployment.pattern] = [_complete(client, name, m) for m in requests]
-            streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
-    finally:
-        for deployment in deployments:
-            deployment.stop()
-
+    results, streamed = _run_patterns(deployments, _requests(image_server, image_dir))
     aggregated = results["agg"]
     text_only, one_image, three_images = aggregated
     assert all(text for text, *_ in aggregated)
@@ -113,3 +116,22 @@ def test_every_pattern_gives_the_aggregated_tokens(
     for pattern, outputs in results.items():
         assert outputs == aggregated, f"{pattern} differs from agg"
         assert streamed[pattern] == [text for text, *_ in aggregated], f"{pattern} streamed"
+
+
+def test_frontend_decoding_gives_the_same_tokens(
+    nats_url: str, tmp_path: Path, image_server: str, image_dir: Path
+) -> None:
+    """With --frontend-decoding the frontend preprocesses and ships pixel_values by transfer;
+    E/PD and E/P/D answer exactly what the aggregated worker answers from URLs."""
+    model_path = build_tiny_model("qwen2_vl")
+    decoding = ["--frontend-decoding", "--transfer", "shm"]
+    deployments = [
+        Deployment("agg", model_path, nats_url, tmp_path),
+        Deployment("e_pd", model_path, nats_url, tmp_path, frontend_flags=decoding),
+        Deployment("e_p_d", model_path, nats_url, tmp_path, frontend_flags=decoding),
+    ]
+    requests = _requests(image_server, image_dir)[1:]
+    results, streamed = _run_patterns(deployments, requests)
+    for pattern in ("e_pd", "e_p_d"):
+        assert streamed[pattern] == [text for text, *_ in results["agg"]]
+        assert results[pattern] == results["agg"], f"{pattern} with frontend decoding"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mmserve.media.policy import MediaPolicy
+from mmserve.transfer.options import add_transfer_arguments
 
 if TYPE_CHECKING:
     from mmserve.frontend.app import FrontendApp
@@ -90,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
     )
     MediaPolicy.add_cli_args(parser)
+    add_transfer_arguments(parser)
 
 
 def load_model(args: argparse.Namespace) -> ServedModel:
