@@ -259,14 +259,31 @@ def test_bmp_written_by_pil_matches(mode: str) -> None:
     assert_same_as_pil(save(image, "BMP"))
 
 
-def bmp_v3(width: int, height: int, bpp: int, pixel_rows: bytes, masks: tuple[int, ...]) -> bytes:
-    """A BITMAPINFOHEADER BMP with BI_BITFIELDS masks (negative height = top-down)."""
+def bmp_v3(
+    width: int,
+    height: int,
+    bpp: int,
+    pixel_rows: bytes,
+    masks: tuple[int, ...] = (),
+    palette: bytes = b"",
+) -> bytes:
+    """A BITMAPINFOHEADER BMP, with BI_BITFIELDS masks or a BGRX palette (negative height =
+    top-down)."""
     compression = 3 if masks else 0
-    header = struct.pack("<IiiHHIIiiII", 40, width, height, 1, bpp, compression, 0, 0, 0, 0, 0)
-    mask_bytes = struct.pack("<" + "I" * len(masks), *masks)
-    offset = 14 + len(header) + len(mask_bytes)
+    colors = len(palette) // 4
+    header = struct.pack("<IiiHHIIiiII", 40, width, height, 1, bpp, compression, 0, 0, 0, colors, 0)
+    tables = struct.pack("<" + "I" * len(masks), *masks) + palette
+    offset = 14 + len(header) + len(tables)
     size = offset + len(pixel_rows)
-    return b"BM" + struct.pack("<IHHI", size, 0, 0, offset) + header + mask_bytes + pixel_rows
+    return b"BM" + struct.pack("<IHHI", size, 0, 0, offset) + header + tables + pixel_rows
+
+
+def test_bmp_indices_past_a_short_palette_match_pil() -> None:
+    indices = bytes(range(0, 256, 8))  # 8 x 4 pixels, most of them past 16 entries
+    gray_ramp = b"".join(bytes([i, i, i, 0]) for i in range(16))
+    colored = b"".join(bytes([i, 2 * i, 3 * i, 0]) for i in range(16))
+    for palette in (gray_ramp, colored):
+        assert_same_as_pil(bmp_v3(8, 4, 8, indices, palette=palette))
 
 
 @pytest.mark.parametrize(

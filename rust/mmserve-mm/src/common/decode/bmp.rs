@@ -86,7 +86,19 @@ pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
             let table = bytes
                 .get(start..start + count.min(256) * entry)
                 .ok_or_else(|| corrupt("palette is truncated"))?;
-            let palette = pil_palette(table.chunks_exact(entry).map(|c| [c[2], c[1], c[0]]));
+            let entries = table.chunks_exact(entry).map(|c| [c[2], c[1], c[0]]);
+            // PIL reads a palette that is exactly the gray ramp as an `L` image, where every
+            // index (also past the palette) is its own gray level.
+            let gray_ramp = count > 2
+                && entries
+                    .clone()
+                    .enumerate()
+                    .all(|(i, rgb)| rgb == [i as u8; 3]);
+            let palette = if gray_ramp {
+                pil_palette((0..=255u8).map(|i| [i; 3]))
+            } else {
+                pil_palette(entries)
+            };
             Layout::Indexed { bits: bpp, palette }
         }
         (24, BI_RGB) => Layout::Bgr24,
