@@ -9,10 +9,11 @@ over NATS on loopback. Sizes: 64 KiB, 2.8 MiB (one Qwen2.5-VL-7B image embedding
 - write: this process offers a destination, the probe writes; time = the probe's `write()`
   (copy into its pool + WRITE).
 - e2e: offer here + handle over NATS + fetch there + reply + the lease's completion here.
-- memcpy: `torch.Tensor.copy_` of the same size in this process, measured in the same run.
+- memcpy: `torch.Tensor.copy_` of the same size in this process, between the transfers.
 
-Medians over the repeats; ratio = transfer time / memcpy time. Goals: NIXL read at 64 MiB within
-2x of memcpy, and the 2.8 MiB end to end under 5 ms.
+Medians (and minimum) over the repeats; ratio = median transfer time / median memcpy time, the
+memcpy being timed between the transfers so both see the same machine load. Goals: NIXL read
+at 64 MiB within 2x of memcpy, and the 2.8 MiB end to end under 5 ms.
 
     .venv/bin/python bench/transfer.py [--backends nixl,shm,inline] [--repeat-scale 1.0]
 """
@@ -24,7 +25,7 @@ import asyncio
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,36 +45,55 @@ NIXL_MEMCPY_RATIO_GOAL = 2.0
 
 
 @dataclass
+class Timings:
+    """Seconds per repeat (warm-up excluded)."""
+
+    samples: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float, repeat: int) -> None:
+        if repeat >= WARMUP:
+            self.samples.append(seconds)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+@dataclass
 class Row:
     backend: str
     mode: str
     size: str
     nbytes: int
-    seconds: float
-    memcpy_seconds: float
+    timings: Timings
+    memcpy: Timings
 
     def cells(self) -> list[str]:
-        gib_s = self.nbytes / self.seconds / 2**30
         return [
             self.backend,
             self.mode,
             self.size,
-            f"{self.seconds * 1e3:.3f}",
-            f"{gib_s:.2f}",
-            f"{self.memcpy_seconds * 1e3:.3f}",
-            f"{self.seconds / self.memcpy_seconds:.2f}x",
+            f"{self.timings.median * 1e3:.3f}",
+            f"{min(self.timings.samples) * 1e3:.3f}",
+            f"{self.nbytes / self.timings.median / 2**30:.2f}",
+            f"{self.memcpy.median * 1e3:.3f}",
+            f"{self.timings.median / self.memcpy.median:.2f}x",
         ]
 
 
-def memcpy_seconds(nbytes: int, repeats: int) -> float:
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.zeros(nbytes, dtype=torch.uint8)
-    times = []
-    for _ in range(WARMUP + repeats):
+class Memcpy:
+    """An in-process copy of the same size, timed between transfers so that both see the same
+    machine load."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._src = torch.ones(nbytes, dtype=torch.uint8)
+        self._dst = torch.zeros(nbytes, dtype=torch.uint8)
+        self.timings = Timings()
+
+    def run(self, repeat: int) -> None:
         start = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[WARMUP:])
+        self._dst.copy_(self._src)
+        self.timings.add(time.perf_counter() - start, repeat)
 
 
 def make_agent(backend: str) -> TransferAgent:
@@ -91,36 +111,36 @@ def make_agent(backend: str) -> TransferAgent:
 
 
 async def measure_read(
-    agent: TransferAgent, probe: ProbeProcess, tensor: torch.Tensor, repeats: int
-) -> tuple[float, float]:
-    """(median fetch time at the probe, median end-to-end time here)."""
-    fetch_times, e2e_times = [], []
-    for _ in range(WARMUP + repeats):
+    agent: TransferAgent, probe: ProbeProcess, tensor: torch.Tensor, repeats: int, memcpy: Memcpy
+) -> tuple[Timings, Timings]:
+    """(fetch times at the probe, end-to-end times here)."""
+    fetch, e2e = Timings(), Timings()
+    for repeat in range(WARMUP + repeats):
         start = time.perf_counter()
         handle, lease = await agent.offer(tensor)
         reply = await probe.fetch([handle], check=False)
         await lease.wait()
-        e2e_times.append(time.perf_counter() - start)
-        fetch_times.extend(reply.seconds)
-    return statistics.median(fetch_times[WARMUP:]), statistics.median(e2e_times[WARMUP:])
+        e2e.add(time.perf_counter() - start, repeat)
+        fetch.add(reply.seconds[0], repeat)
+        memcpy.run(repeat)
+    return fetch, e2e
 
 
 async def measure_write(
-    agent: TransferAgent, probe: ProbeProcess, tensor: torch.Tensor, repeats: int
-) -> float:
-    """Median `write()` time at the probe."""
-    write_times = []
-    for seed in range(WARMUP + repeats):
+    agent: TransferAgent, probe: ProbeProcess, tensor: torch.Tensor, repeats: int, memcpy: Memcpy
+) -> Timings:
+    """`write()` times at the probe."""
+    write = Timings()
+    for repeat in range(WARMUP + repeats):
         landing = await agent.offer_destination(tensor.shape, tensor.dtype)
-        reply = await probe.write([landing.handle], seed)
+        reply = await probe.write([landing.handle], repeat)
         await landing.receive()
-        write_times.extend(reply.seconds)
-    return statistics.median(write_times[WARMUP:])
+        write.add(reply.seconds[0], repeat)
+        memcpy.run(repeat)
+    return write
 
 
-async def bench_backend(
-    backend: str, nats_url: str, scale: float, memcpy: dict[str, float]
-) -> list[Row]:
+async def bench_backend(backend: str, nats_url: str, scale: float) -> list[Row]:
     rows = []
     probe = await ProbeProcess.start(
         nats_url,
@@ -137,19 +157,20 @@ async def bench_backend(
                 if backend == "inline" and nbytes > MAX_INLINE_BYTES:
                     continue
                 count = max(3, int(repeats * scale))
-                fetch_s, e2e_s = await measure_read(agent, probe, tensor, count)
-                rows.append(Row(backend, "read", size, nbytes, fetch_s, memcpy[size]))
+                memcpy = Memcpy(nbytes)
+                fetch, e2e = await measure_read(agent, probe, tensor, count, memcpy)
+                rows.append(Row(backend, "read", size, nbytes, fetch, memcpy.timings))
                 if backend != "inline":
-                    write_s = await measure_write(agent, probe, tensor, count)
-                    rows.append(Row(backend, "write", size, nbytes, write_s, memcpy[size]))
-                rows.append(Row(backend, "e2e read", size, nbytes, e2e_s, memcpy[size]))
+                    write = await measure_write(agent, probe, tensor, count, memcpy)
+                    rows.append(Row(backend, "write", size, nbytes, write, memcpy.timings))
+                rows.append(Row(backend, "e2e read", size, nbytes, e2e, memcpy.timings))
     finally:
         await probe.stop()
     return rows
 
 
 def print_table(rows: list[Row]) -> None:
-    header = ["backend", "mode", "size", "median ms", "GiB/s", "memcpy ms", "vs memcpy"]
+    header = ["backend", "mode", "size", "median ms", "min ms", "GiB/s", "memcpy ms", "vs memcpy"]
     table = [header, *(row.cells() for row in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for index, line in enumerate(table):
@@ -163,26 +184,25 @@ def print_goals(rows: list[Row]) -> None:
     read_64 = found.get(("nixl", "read", "64MiB"))
     e2e = found.get(("nixl", "e2e read", "2.8MiB"))
     if read_64 is not None:
-        ratio = read_64.seconds / read_64.memcpy_seconds
+        ratio = read_64.timings.median / read_64.memcpy.median
         verdict = "met" if ratio <= NIXL_MEMCPY_RATIO_GOAL else "MISSED"
         print(
             f"goal NIXL read 64 MiB within {NIXL_MEMCPY_RATIO_GOAL}x memcpy: {ratio:.2f}x {verdict}"
         )
     if e2e is not None:
-        verdict = "met" if e2e.seconds < E2E_GOAL_S else "MISSED"
-        print(f"goal NIXL 2.8 MiB end to end under 5 ms: {e2e.seconds * 1e3:.2f} ms {verdict}")
+        verdict = "met" if e2e.timings.median < E2E_GOAL_S else "MISSED"
+        print(
+            f"goal NIXL 2.8 MiB end to end under 5 ms: {e2e.timings.median * 1e3:.2f} ms {verdict}"
+        )
 
 
 async def run(backends: list[str], scale: float) -> None:
-    memcpy = {
-        size: memcpy_seconds(2 * shape[0] * shape[1], max(3, int(repeats * scale)))
-        for size, (shape, repeats) in SIZES.items()
-    }
     rows = []
     with nats_url_from_env_or_private() as url:
         for backend in backends:
-            rows.extend(await bench_backend(backend, url, scale, memcpy))
-    print(f"cores: {os.cpu_count()}, torch threads: {torch.get_num_threads()}")
+            rows.extend(await bench_backend(backend, url, scale))
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"cores: {os.cpu_count()}, load average: {load}; medians over the repeats")
     print_table(rows)
     print_goals(rows)
 

@@ -103,9 +103,14 @@ class NixlTransferAgent(TransferAgent):
             # nixl logs every agent and backend creation at INFO on stdout.
             logging.getLogger("nixl").setLevel(logging.WARNING)
         self.name = name or f"mmserve-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        # STRICT: the progress thread polls while the event loop posts transfers.
+        # No NIXL progress thread: it spins without pause (a whole core per process). UCX makes
+        # progress inside our calls instead, which `ProgressThread` keeps making while anything
+        # is pending (connection set-up with a peer needs both sides to progress).
+        # STRICT: that thread polls while the event loop posts transfers.
         config = nixl_agent_config(
-            backends=["UCX"], sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+            enable_prog_thread=False,
+            backends=["UCX"],
+            sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
         )
         self._agent = nixl_agent(self.name, config)
         if "UCX" not in self._agent.backends:
