@@ -64,14 +64,16 @@ def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+EncoderKey = tuple[str, int, tuple[int, int, int]]
+"""(model spec id, item content hash, grid): equal keys mean equal embeddings."""
+
+
 class _EncoderCache:
     """LRU of item embeddings keyed by (spec id, content hash, grid), under a byte budget."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, int, tuple[int, int, int]], ItemEmbedding] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[EncoderKey, ItemEmbedding] = OrderedDict()
         self._num_bytes = 0
         self.hits = 0
         self.misses = 0
@@ -80,7 +82,7 @@ class _EncoderCache:
     def _size(item: ItemEmbedding) -> int:
         return _tensor_bytes((item.embeddings, *item.deepstack))
 
-    def get(self, key: tuple[str, int, tuple[int, int, int]]) -> ItemEmbedding | None:
+    def get(self, key: EncoderKey) -> ItemEmbedding | None:
         item = self._entries.get(key)
         if item is None:
             self.misses += 1
@@ -89,7 +91,7 @@ class _EncoderCache:
         self._entries.move_to_end(key)
         return item
 
-    def put(self, key: tuple[str, int, tuple[int, int, int]], item: ItemEmbedding) -> None:
+    def put(self, key: EncoderKey, item: ItemEmbedding) -> None:
         size = self._size(item)
         if size > self.max_bytes or key in self._entries:
             return
@@ -134,7 +136,7 @@ class HfEngine(Engine):
             block_size,
             max_bytes=prefix_cache_bytes,
             max_blocks=prefix_cache_blocks,
-            payload_bytes=lambda block: block.numel() * block.element_size(),
+            payload_bytes=lambda block: _tensor_bytes((block,)),
         )
         self.encoder_cache = _EncoderCache(encoder_cache_bytes)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
@@ -214,7 +216,7 @@ class HfEngine(Engine):
                 results[index] = embedding
         return [result for result in results if result is not None]
 
-    def _encoder_key(self, item: MediaInput) -> tuple[str, int, tuple[int, int, int]]:
+    def _encoder_key(self, item: MediaInput) -> EncoderKey:
         return (self.spec.spec_id, item.mm_hash, tuple(item.grid_thw))
 
     def _check_media(self, item: MediaInput) -> None:
