@@ -24,7 +24,7 @@ Chunk = p.TokenChunk
 
 
 async def main(url: str, namespace: str, component: str) -> None:
-    runtime = await Runtime.connect(url, namespace, keepalive_interval=0.5, graceful_timeout=5.0)
+    runtime = await Runtime.connect(url, namespace, keepalive_interval=0.25, graceful_timeout=60.0)
     runtime.install_signal_handlers()
     cancelled: list[str] = []
 

@@ -57,7 +57,7 @@ async def test_stream_delivers_every_reply_in_order(pool_caller: Pool) -> None:
 async def test_stream_keeps_a_slow_call_alive_with_keepalives(pool_caller: Pool) -> None:
     runtime, _ = pool_caller
     # Each reply takes 1.5 s, longer than this call's 1 s idle timeout: keepalives (the
-    # service sends one at least every 0.5 s) must keep the call open.
+    # service sends one at least every 0.25 s) must keep the call open.
     client = runtime.client("svc", "count")
     replies = [
         r.token_ids[0]
@@ -93,7 +93,7 @@ async def test_unknown_instance_or_endpoint_is_unavailable_at_once(pool_caller: 
         await runtime.client("svc", "echo").call(chunk(), p.TokenChunk, instance_id="0" * 16)
     with pytest.raises(Unavailable):
         await runtime.client("svc", "no-such-endpoint").call(chunk(), p.TokenChunk)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5.0
 
 
 async def test_handler_errors_arrive_typed(pool_caller: Pool) -> None:
@@ -120,7 +120,7 @@ async def seen_cancelled(runtime: Runtime, instance_id: str) -> list[str]:
 
 
 async def wait_seen_cancelled(runtime: Runtime, instance_id: str, request_id: str) -> None:
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 10.0
     while request_id not in await seen_cancelled(runtime, instance_id):
         assert time.monotonic() < deadline, f"{request_id} was not cancelled on the server"
         await asyncio.sleep(0.05)
@@ -166,7 +166,7 @@ async def test_deadline_is_a_typed_timeout_and_cancels_the_handler(pool_caller: 
         await runtime.client("svc", "sleep").call(
             chunk(), p.TokenChunk, instance_id=target, timeout=0.5, request_id="too-slow"
         )
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 10.0
     await wait_seen_cancelled(runtime, target, "too-slow")
 
 

@@ -50,14 +50,15 @@ async def test_sigkilled_instance_leaves_discovery_and_its_calls_fail_fast(
         victim.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
 
+        # Bounds: the lease plus slack for a loaded machine, far below the idle timeout.
         with pytest.raises(Disconnected, match="stopped heartbeating"):
-            await asyncio.wait_for(in_flight, LEASE_TTL + 3.0)
-        assert time.monotonic() - killed_at < LEASE_TTL + SWEEP_INTERVAL + 1.0
+            await asyncio.wait_for(in_flight, LEASE_TTL + 10.0)
+        assert time.monotonic() - killed_at < LEASE_TTL + SWEEP_INTERVAL + 5.0
 
-        event = await asyncio.wait_for(next_event, LEASE_TTL + 3.0)
+        event = await asyncio.wait_for(next_event, LEASE_TTL + 10.0)
         gone_after = time.monotonic() - killed_at
-        assert (event.kind, event.record.pid) == ("removed", victim.pid)
-        assert gone_after < LEASE_TTL + SWEEP_INTERVAL + 1.0
+        assert (event.kind, event.record.pid, event.expired) == ("removed", victim.pid, True)
+        assert gone_after < LEASE_TTL + SWEEP_INTERVAL + 5.0
         assert {r.pid for r in watcher.instances()} == {survivor.pid}
 
         started = time.monotonic()
@@ -65,7 +66,7 @@ async def test_sigkilled_instance_leaves_discovery_and_its_calls_fail_fast(
             await caller.client("victim", "echo").call(
                 sleep_request(), p.TokenChunk, instance_id=victim_id
             )
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
         # Balanced calls go to the survivor only.
         reply = await caller.client("victim", "echo").call(sleep_request(), p.TokenChunk)
         assert not reply.text.startswith(victim_id)
@@ -83,6 +84,7 @@ async def test_sigterm_drains_in_flight_calls_then_deregisters(
     async with await Runtime.connect(nats_url, namespace) as caller:
         await wait_for_pids(caller, "graceful", {service.pid})
         watcher = await caller.watch("graceful", "count")
+        next_event = asyncio.ensure_future(anext(watcher.events()))
         slow = p.TokenChunk(request_id="", token_ids=[5], usage=p.Usage(prompt_tokens=100))
         replies: list[int] = []
 
@@ -93,8 +95,9 @@ async def test_sigterm_drains_in_flight_calls_then_deregisters(
         in_flight = asyncio.create_task(consume())
         await asyncio.sleep(0.15)
         service.send_signal(signal.SIGTERM)
-        # Deregistered at once (not after the lease), while the call still runs to its end.
-        await watcher.wait_until(lambda found: not found, timeout=LEASE_TTL - 0.5)
+        # Deregistered (not expired), while the call still runs to its end.
+        event = await asyncio.wait_for(next_event, 10.0)
+        assert (event.kind, event.expired) == ("removed", False)
         await asyncio.wait_for(in_flight, 10.0)
         assert replies == [0, 1, 2, 3, 4]
         assert await asyncio.to_thread(service.wait, 10.0) == 0
@@ -193,7 +196,7 @@ async def test_second_sigterm_skips_the_graceful_wait(
         service.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         with pytest.raises(Unavailable, match="shutting down"):
-            await asyncio.wait_for(in_flight, 5.0)
-        assert await asyncio.to_thread(service.wait, 5.0) == 0
-        # Well under the service's 5 s graceful timeout.
-        assert time.monotonic() - signalled < 3.0
+            await asyncio.wait_for(in_flight, 20.0)
+        assert await asyncio.to_thread(service.wait, 20.0) == 0
+        # Well under the service's 60 s graceful timeout.
+        assert time.monotonic() - signalled < 20.0

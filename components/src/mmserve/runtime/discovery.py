@@ -137,8 +137,12 @@ async def list_instances(
     records = []
     try:
         while (entry := await watcher.updates(timeout=5.0)) is not None:
-            if entry.value:
+            if not entry.value:
+                continue
+            try:
                 records.append(protocol.decode(entry.value, protocol.InstanceRecord))
+            except protocol.ProtocolError as exc:
+                log.warning("ignoring instance record %s: %s", entry.key, exc)
     finally:
         await watcher.stop()
     return records
