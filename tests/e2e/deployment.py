@@ -77,6 +77,7 @@ class Deployment:
                 "--http-port",
                 str(self.http_port),
                 *media,
+                *(["--transfer", self.transfer] if "--transfer" not in self.frontend_flags else []),
                 *self.frontend_flags,
             ],
         )

@@ -74,7 +74,7 @@ def _prompt_tokens(request: PreprocessedRequest) -> int:
 
 
 @dataclass
-class InlinePixelSink:
+class InlineTensorSink:
     """Test double of the transfer layer for frontend decoding: ships pixel_values with the
     `inline` backend (the descriptor is the tensor's bytes) and keeps what it shipped."""
 
@@ -95,7 +95,7 @@ class RunningFrontend:
     url: str
     app: FrontendApp
     dispatcher: EchoDispatcher
-    pixel_sink: InlinePixelSink
+    tensor_sink: InlineTensorSink
 
     @property
     def model(self) -> str:
@@ -130,9 +130,9 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             frontend.dispatcher.cancelled.clear()
             return frontend
         dispatcher = EchoDispatcher()
-        pixel_sink = InlinePixelSink()
+        tensor_sink = InlineTensorSink()
         args = parse_frontend_args(tiny_model_path, *extra)
-        app = build_app(args, model, dispatcher, pixel_sink if args.frontend_decoding else None)
+        app = build_app(args, model, dispatcher, tensor_sink if args.frontend_decoding else None)
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning")
         )
@@ -149,7 +149,7 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             thread.join(timeout=10)
 
         stops.append(stop)
-        running[extra] = RunningFrontend(f"http://127.0.0.1:{port}", app, dispatcher, pixel_sink)
+        running[extra] = RunningFrontend(f"http://127.0.0.1:{port}", app, dispatcher, tensor_sink)
         return running[extra]
 
     yield start

@@ -168,7 +168,7 @@ def test_frontend_decoding_ships_pixel_values(start_frontend) -> None:
     # Qwen2-VL patches: one row per 14x14 patch, 3 channels x temporal 2 x 14 x 14 values.
     assert item.pixel_values is not None
     assert item.pixel_values.shape == (t * h * w, 3 * 2 * 14 * 14)
-    request_id, shipped = frontend.pixel_sink.shipped[-1]
+    request_id, shipped = frontend.tensor_sink.shipped[-1]
     assert request_id == sent.request_id and shipped.tobytes() == item.pixel_values.descriptor
 
 

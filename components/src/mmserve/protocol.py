@@ -379,6 +379,7 @@ class MediaItem(msgspec.Struct, frozen=True, kw_only=True):
     mm_hash: int = 0  # blake3 of the raw encoded bytes, truncated to u64
     token_count: int = 0  # expanded placeholder tokens
     image_grid_thw: tuple[int, int, int] | None = None
+    encoded: TensorHandle | None = None  # the encoded bytes (uint8), shipped by transfer
     pixel_values: TensorHandle | None = None  # set with frontend decoding
     embeddings: EmbeddingsHandle | None = None  # set after encode
 

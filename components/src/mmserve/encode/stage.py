@@ -98,10 +98,13 @@ class EncodeStage:
     async def _preprocess(self, request: PreprocessedRequest) -> tuple[list[int], list[MediaInput]]:
         sources: list[str | bytes] = []
         for index, item in enumerate(request.media):
-            source = item.data if item.data is not None else item.url
-            if source is None:
+            if item.encoded is not None:
+                encoded = await self.transfer.fetch(item.encoded)
+                sources.append(encoded.numpy().tobytes())
+            elif item.data is not None or item.url is not None:
+                sources.append(item.data if item.data is not None else item.url)  # type: ignore[arg-type]
+            else:
                 raise ValueError(f"media item {index} has neither a URL nor data")
-            sources.append(source)
         processed = await media.process(
             self.spec, list(request.token_ids), sources, self.policy, count_only=False
         )

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mmserve import _mm, media
 from mmserve._mm import MediaError
-from mmserve.frontend.dispatch import PixelSink
+from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import ModelSpec, resolve_model_spec
@@ -78,13 +80,13 @@ class _ImageRef:
 
 class ChatPreprocessor:
     def __init__(
-        self, model: ServedModel, options: ChatOptions, pixel_sink: PixelSink | None = None
+        self, model: ServedModel, options: ChatOptions, tensor_sink: TensorSink | None = None
     ) -> None:
-        if options.frontend_decoding and pixel_sink is None:
-            raise ValueError("frontend decoding needs a pixel sink to ship pixel_values")
+        if options.frontend_decoding and tensor_sink is None:
+            raise ValueError("frontend decoding needs a tensor sink to ship pixel_values")
         self.model = model
         self.options = options
-        self._pixel_sink = pixel_sink
+        self._tensor_sink = tensor_sink
 
     async def preprocess(
         self, request: ChatCompletionRequest, request_id: str, deadline: float
@@ -178,30 +180,38 @@ class ChatPreprocessor:
     async def _media_items(
         self, token_ids: list[int], images: list[_ImageRef], request_id: str
     ) -> list[MediaItem]:
-        """Hash, grid and token count of each item; with frontend decoding, its pixels too."""
+        """Hash, grid and token count of each item. With frontend decoding its pixels travel
+        by transfer; otherwise inline sources (data URLs, base64) travel by transfer as their
+        encoded bytes, so a large one never meets the NATS payload limit, and URLs travel as
+        they are for the encoder to fetch."""
+        decoding = self.options.frontend_decoding
         try:
             processed = await media.process(
                 self.model.media_spec,
                 token_ids,
                 [image.url for image in images],
                 self.options.policy,
-                count_only=self._pixel_sink is None,
+                count_only=not decoding,
             )
         except MediaError as err:
             raise ApiError.from_media_error(err, [image.param for image in images]) from err
         items = []
         for image, item in zip(images, processed.items, strict=True):
-            pixel_values = None
-            if self._pixel_sink is not None and item.pixel_values is not None:
-                pixel_values = await self._pixel_sink(request_id, item.pixel_values)
+            pixel_values = encoded = None
+            sink = self._tensor_sink
+            if decoding and sink is not None and item.pixel_values is not None:
+                pixel_values = await sink(request_id, item.pixel_values)
+            elif sink is not None and media.is_inline(image.url):
+                data = await media.fetch(image.url, self.options.policy)
+                encoded = await sink(request_id, np.frombuffer(bytearray(data), dtype=np.uint8))
             items.append(
                 MediaItem(
-                    # Decoded pixels replace the reference; otherwise the encoder fetches it.
-                    url=None if pixel_values is not None else image.url,
+                    url=None if pixel_values or encoded else image.url,
                     mm_hash=item.mm_hash,
                     token_count=item.token_count,
                     image_grid_thw=item.grid_thw,
                     pixel_values=pixel_values,
+                    encoded=encoded,
                 )
             )
         return items

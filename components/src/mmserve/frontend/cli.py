@@ -17,7 +17,7 @@ from mmserve.transfer.options import add_transfer_arguments
 if TYPE_CHECKING:
     from mmserve.frontend.app import FrontendApp
     from mmserve.frontend.chat import ServedModel
-    from mmserve.frontend.dispatch import Dispatcher, Pipeline, PixelSink
+    from mmserve.frontend.dispatch import Dispatcher, Pipeline, TensorSink
 
 log = logging.getLogger("mmserve.frontend")
 
@@ -110,7 +110,7 @@ def build_app(
     args: argparse.Namespace,
     model: ServedModel,
     dispatcher: Dispatcher,
-    pixel_sink: PixelSink | None = None,
+    tensor_sink: TensorSink | None = None,
 ) -> FrontendApp:
     """The ASGI app for parsed arguments."""
     from mmserve.frontend.app import FrontendApp, HttpOptions
@@ -123,7 +123,7 @@ def build_app(
         frontend_decoding=args.frontend_decoding,
     )
     return FrontendApp(
-        ChatPreprocessor(model, options, pixel_sink),
+        ChatPreprocessor(model, options, tensor_sink),
         dispatcher,
         HttpOptions(api_key=args.api_key, max_body_bytes=args.max_request_body_bytes),
     )
@@ -143,7 +143,7 @@ async def serve(
 
     model = await asyncio.to_thread(load_model, args)
     async with pipeline_factory(args) as pipeline:
-        app = build_app(args, model, pipeline.dispatcher, pipeline.pixel_sink)
+        app = build_app(args, model, pipeline.dispatcher, pipeline.tensor_sink)
         config = uvicorn.Config(
             app,
             host=args.http_host,

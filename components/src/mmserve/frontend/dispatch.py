@@ -15,9 +15,10 @@ import numpy as np
 
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk
 
-# With frontend decoding: ships one item's pixel_values (request id, array) to the first hop
-# and returns the handle that travels in `MediaItem.pixel_values` (the transfer layer).
-PixelSink = Callable[[str, np.ndarray], Awaitable[TensorHandle]]
+# Ships one array of a request (pixel_values with frontend decoding, else the encoded bytes of
+# an inline image) to the first hop by transfer; returns the handle that travels in the
+# `MediaItem`.
+TensorSink = Callable[[str, np.ndarray], Awaitable[TensorHandle]]
 
 
 class Dispatcher(Protocol):
@@ -42,4 +43,4 @@ class Pipeline:
     `--frontend-decoding` needs."""
 
     dispatcher: Dispatcher
-    pixel_sink: PixelSink | None = None
+    tensor_sink: TensorSink | None = None

@@ -79,28 +79,26 @@ class NatsDispatcher:
                 yield chunk
 
 
-class TransferPixelSink:
-    """Frontend decoding: offers each item's pixel_values by transfer; the encoder reads them.
-    The lease gives the buffer back once read (or when it times out)."""
+class TransferTensorSink:
+    """Offers a request's arrays by transfer (pixel_values with frontend decoding, else the
+    encoded bytes of inline images); the encoder reads them. Each lease gives its buffer back
+    once read (or when it times out)."""
 
     def __init__(self, transfer: TransferAgent) -> None:
         self.transfer = transfer
 
-    async def __call__(self, request_id: str, pixel_values: np.ndarray) -> TensorHandle:
-        handle, _lease = await self.transfer.offer(torch.from_numpy(pixel_values))
+    async def __call__(self, request_id: str, array: np.ndarray) -> TensorHandle:
+        handle, _lease = await self.transfer.offer(torch.from_numpy(array))
         return handle
 
 
 @contextlib.asynccontextmanager
 async def open_nats_pipeline(args: argparse.Namespace) -> AsyncIterator[Pipeline]:
-    """The deployment of `--namespace` on NATS; with `--frontend-decoding`, a transfer agent
-    ships pixel_values to the encoders."""
+    """The deployment of `--namespace` on NATS, with a transfer agent for the arrays the
+    frontend ships to the encoders."""
     async with contextlib.AsyncExitStack() as stack:
         runtime = await Runtime.connect(namespace=args.namespace)
         stack.push_async_callback(runtime.shutdown)
-        pixel_sink = None
-        if args.frontend_decoding:
-            transfer = create_transfer_agent(args)
-            stack.push_async_callback(transfer.close)
-            pixel_sink = TransferPixelSink(transfer)
-        yield Pipeline(await NatsDispatcher.start(runtime), pixel_sink)
+        transfer = create_transfer_agent(args)
+        stack.push_async_callback(transfer.close)
+        yield Pipeline(await NatsDispatcher.start(runtime), TransferTensorSink(transfer))

@@ -42,6 +42,15 @@ class ProcessedRequest:
     items: list[ProcessedItem]
 
 
+_REFERENCE_PREFIXES = ("http://", "https://", "file://", "/")
+
+
+def is_inline(source: str) -> bool:
+    """Whether the source carries the media itself (a `data:` URL or bare base64) rather than
+    pointing at it (http(s), `file://`, an absolute path), as the core classifies sources."""
+    return not source.lower().startswith(_REFERENCE_PREFIXES)
+
+
 async def fetch(source: str, policy: MediaPolicy) -> bytes:
     """The encoded bytes of one media item (URL, `data:` URL, base64 or allowed local path)."""
     return await asyncio.to_thread(_mm.fetch_bytes, source, **_fetch_options(policy))

@@ -1,0 +1,125 @@
+"""One aggregated deployment under real clients: curl, large inline images, and bad input that
+gets its documented 4xx while the deployment keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mmserve.models.tiny import build_tiny_model
+
+from .deployment import Deployment
+from .images import data_url, photo_like, png_bytes
+
+
+@pytest.fixture(scope="module")
+def agg(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    deployment = Deployment(
+        "agg",
+        build_tiny_model("qwen2_vl"),
+        nats_url,
+        tmp_path_factory.mktemp("agg-logs"),
+        frontend_flags=["--max-media-items", "4"],
+    ).start()
+    try:
+        deployment.wait_ready()
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def _body(content: Any, max_tokens: int = 4) -> dict[str, Any]:
+    return {
+        "model": "tiny-qwen2_vl-seed0",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _post(agg: Deployment, body: Any) -> httpx.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(
+        f"{agg.base_url}/v1/chat/completions",
+        content=data,
+        headers={"Content-Type": "application/json"},
+        timeout=120,
+    )
+
+
+def test_curl_gets_a_completion(agg: Deployment, image_server: str) -> None:
+    body = _body([_image(f"{image_server}/photo.jpg"), {"type": "text", "text": "Hi"}])
+    out = subprocess.run(
+        [
+            "curl", "-sS", f"{agg.base_url}/v1/chat/completions",
+            "-H", "Content-Type: application/json", "-d", json.dumps(body),
+        ],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    response = json.loads(out.stdout)
+    assert response["object"] == "chat.completion"
+    assert response["usage"]["completion_tokens"] == 4
+    assert response["choices"][0]["message"]["content"]
+
+
+def test_a_data_url_over_the_nats_payload_limit_is_served(agg: Deployment) -> None:
+    # ~2.3 MB of PNG noise: its data URL alone exceeds NATS' 1 MiB message limit.
+    big = png_bytes(photo_like(1000, 800, seed=7, noise=127))
+    assert len(big) > 2 * 1024 * 1024
+    url = "data:image/png;base64," + base64.b64encode(big).decode()
+    response = _post(agg, _body([_image(url), {"type": "text", "text": "Hi"}]))
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] > 500
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "code"),
+    [
+        ("malformed_json", 400, None),
+        ("unknown_part", 400, None),
+        ("broken_base64", 400, None),
+        ("truncated_jpeg", 400, "decode."),
+        ("missing_image", 400, "fetch.http_status"),
+        ("too_many_images", 400, "request.too_many_items"),
+        ("local_path", 400, "fetch.local_path_not_allowed"),
+        ("private_address", 400, "fetch.forbidden_address"),
+        ("unknown_model", 404, None),
+    ],
+)
+def test_bad_input_gets_a_4xx_and_serving_goes_on(
+    agg: Deployment, image_server: str, image_dir: Path, name: str, status: int, code: str | None
+) -> None:
+    port = image_server.rsplit(":", 1)[1]
+    bodies: dict[str, Any] = {
+        "malformed_json": b'{"model": "tiny-qwen2_vl-seed0", "messages": [',
+        "unknown_part": _body([{"type": "audio_url", "audio_url": {"url": "x"}}]),
+        "broken_base64": _body([_image("data:image/png;base64,!!!not-base64!!!")]),
+        "truncated_jpeg": _body([_image(f"{image_server}/truncated.jpg")]),
+        "missing_image": _body([_image(f"{image_server}/missing.png")]),
+        "too_many_images": _body([_image(f"{image_server}/small.png")] * 5),
+        "local_path": _body([_image(str(image_dir / "small.png"))]),
+        # Loopback by another name than the allowed one is still refused.
+        "private_address": _body([_image(f"http://localhost:{port}/small.png")]),
+        "unknown_model": {**_body("Hello"), "model": "gpt-nothing"},
+    }
+    response = _post(agg, bodies[name])
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"]
+    if code is not None:
+        assert error["code"].startswith(code), error
+    healthy = _post(
+        agg, _body([_image(data_url(image_dir / "small.png")), {"type": "text", "text": "ok"}])
+    )
+    assert healthy.status_code == 200, healthy.text
