@@ -173,3 +173,94 @@ fn prepare_item(
         processed,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{family_from_spec, spec_from_hf_configs};
+
+    const IMG: TokenId = 151655;
+    const START: TokenId = 151652;
+    const END: TokenId = 151653;
+
+    fn family() -> std::sync::Arc<dyn Family> {
+        let config = r#"{"model_type": "qwen2_vl", "image_token_id": 151655,
+            "vision_start_token_id": 151652, "vision_end_token_id": 151653}"#;
+        family_from_spec(&spec_from_hf_configs("{}", config).unwrap()).unwrap()
+    }
+
+    fn png(width: u32, height: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut encoder = png::Encoder::new(&mut out, width, height);
+        encoder.set_color(png::ColorType::Rgb);
+        let mut writer = encoder.write_header().unwrap();
+        let data: Vec<u8> = (0..width * height * 3).map(|i| (i % 251) as u8).collect();
+        writer.write_image_data(&data).unwrap();
+        writer.finish().unwrap();
+        out
+    }
+
+    fn prompt(n: usize) -> Vec<TokenId> {
+        let mut ids = vec![1];
+        for _ in 0..n {
+            ids.extend([START, IMG, END, 2]);
+        }
+        ids
+    }
+
+    fn run_bytes(ids: &[TokenId], items: &[&[u8]], mode: Mode) -> Result<RequestOutput, Error> {
+        let media: Vec<MediaInput<'_>> = items.iter().map(|b| MediaInput::Bytes(b)).collect();
+        run(
+            family().as_ref(),
+            ids,
+            &media,
+            &DriverOptions::default(),
+            mode,
+        )
+    }
+
+    #[test]
+    fn count_only_matches_full_without_pixels() {
+        let (a, b) = (png(90, 40), png(33, 70));
+        let full = run_bytes(&prompt(2), &[&a, &b], Mode::Full).unwrap();
+        let cheap = run_bytes(&prompt(2), &[&a, &b], Mode::CountOnly).unwrap();
+        assert_eq!(full.input_ids, cheap.input_ids);
+        assert_eq!(full.offsets, cheap.offsets);
+        assert_eq!(full.positions, cheap.positions);
+        for (f, c) in full.items.iter().zip(&cheap.items) {
+            assert_eq!(
+                (f.hash, f.geometry, f.num_tokens),
+                (c.hash, c.geometry, c.num_tokens)
+            );
+            assert!(f.processed.is_some() && c.processed.is_none());
+        }
+    }
+
+    #[test]
+    fn caps_name_their_limit() {
+        let small = png(8, 8);
+        let many: Vec<&[u8]> = vec![&small; MAX_ITEMS_PER_REQUEST + 1];
+        let err = run_bytes(&prompt(many.len()), &many, Mode::CountOnly).unwrap_err();
+        assert_eq!(err.code(), "request.too_many_items");
+        assert!(err.to_string().contains("64"));
+
+        let big = vec![0u8; (MAX_BYTES_PER_REQUEST / 4 + 1) as usize];
+        let err = run_bytes(&prompt(4), &[&big, &big, &big, &big], Mode::CountOnly).unwrap_err();
+        assert_eq!(err.code(), "request.too_many_bytes");
+        assert!(err.to_string().contains("item 3"));
+    }
+
+    #[test]
+    fn the_failing_item_is_named() {
+        let good = png(20, 20);
+        let err = run_bytes(&prompt(3), &[&good, &good, b"junk"], Mode::Full).unwrap_err();
+        assert_eq!(err.item_index(), Some(2));
+        assert_eq!(err.code(), "decode.unknown_format");
+        assert!(err.to_string().starts_with("image 2: "));
+        let err = run_bytes(&prompt(2), &[&good], Mode::Full).unwrap_err();
+        assert_eq!(
+            (err.code(), err.item_index()),
+            ("process.placeholder_count", None)
+        );
+    }
+}
