@@ -12,6 +12,7 @@ whole, p50 and p99 over repeated decisions.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import resource
 import time
@@ -142,6 +143,8 @@ def main() -> None:
         print(f"{name:>15}: {percentiles(timed(args.repeat, step))}")
         built.clear()
         hashes.clear()
+    load_1min = os.getloadavg()[0]
+    print(f"machine: load average {load_1min:.1f} on {os.cpu_count()} cores (p99 counts it)")
     overlaps = indexer.find_matches(prompt_hashes)
     print(f"overlap per worker: {sorted(set(overlaps.values()))} blocks (all hold the prompt)")
 
