@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -22,6 +25,7 @@ from mmserve.runtime import (
 )
 
 Pool = tuple[Runtime, list[p.InstanceRecord]]
+CALLER = str(Path(__file__).with_name("caller.py"))
 
 
 def chunk(text: str = "", token_ids: list[int] | None = None, delay_ms: int = 0) -> p.TokenChunk:
@@ -156,6 +160,26 @@ async def test_leaving_a_stream_early_cancels_it(pool_caller: Pool) -> None:
             break
     await stream.aclose()
     await wait_seen_cancelled(runtime, target, "leave-early")
+
+
+async def test_a_killed_caller_stops_the_work_it_asked_for(
+    pool_caller: Pool, nats_url: str, service_pool: tuple[str, list[subprocess.Popen[bytes]]]
+) -> None:
+    runtime, records = pool_caller
+    target = records[0].instance_id
+    argv = [CALLER, nats_url, service_pool[0], target, "orphaned"]
+    caller = await asyncio.create_subprocess_exec(sys.executable, *argv, stdout=subprocess.PIPE)
+    try:
+        assert caller.stdout is not None
+        line = await asyncio.wait_for(caller.stdout.readline(), 30.0)
+        assert line.strip() == b"streaming"
+        caller.kill()
+        await caller.wait()
+        await wait_seen_cancelled(runtime, target, "orphaned")
+    finally:
+        if caller.returncode is None:
+            caller.kill()
+            await caller.wait()
 
 
 async def test_deadline_is_a_typed_timeout_and_cancels_the_handler(pool_caller: Pool) -> None:

@@ -105,6 +105,9 @@ class ServedEndpoint:
 class _ServerCall:
     reply_subject: str
     context: RequestContext
+    # Reply subject of the frames sent to the caller: NATS answers "no responders" there once
+    # the caller's connection is gone, and the call is cancelled.
+    probe_subject: str = ""
     task: asyncio.Task[None] | None = None
     next_seq: int = 0
     last_sent: float = field(default_factory=time.monotonic)
@@ -159,6 +162,7 @@ class Runtime:
         self._stopping = False
         self._endpoints: list[ServedEndpoint] = []
         self._server_calls: dict[str, _ServerCall] = {}
+        self._server_calls_by_probe: dict[str, _ServerCall] = {}
         self._recently_cancelled: dict[str, float] = {}
         self._caller_calls: dict[str, _CallerCall] = {}
         self._inbox_prefix = f"_INBOX.{secrets.token_hex(11)}"
@@ -371,12 +375,19 @@ class Runtime:
             return
         if self._recently_cancelled.pop(reply_subject, None) is not None:
             return
+        self._next_call += 1
+        call.probe_subject = f"{self._inbox_prefix}.s{self._next_call}"
         self._server_calls[reply_subject] = call
+        self._server_calls_by_probe[call.probe_subject] = call
         call.task = asyncio.create_task(
             self._run_handler(served, frame, call), name=f"mmserve-{frame.request_id}"
         )
         # Also forgets a call cancelled before its task ever ran (so before its `finally`).
-        call.task.add_done_callback(lambda _: self._server_calls.pop(reply_subject, None))
+        call.task.add_done_callback(lambda _: self._forget_server_call(call))
+
+    def _forget_server_call(self, call: _ServerCall) -> None:
+        self._server_calls.pop(call.reply_subject, None)
+        self._server_calls_by_probe.pop(call.probe_subject, None)
 
     async def _run_handler(
         self, served: ServedEndpoint, frame: protocol.RequestFrame, call: _ServerCall
@@ -409,7 +420,7 @@ class Runtime:
             error = RemoteError(protocol.ERROR_INTERNAL, f"{type(exc).__name__}: {exc}")
         finally:
             expiry.cancel()
-        self._server_calls.pop(call.reply_subject, None)
+        self._forget_server_call(call)
         await self._send_end(call, error)
 
     async def _send_reply(self, call: _ServerCall, reply: protocol.WireMessage) -> None:
@@ -420,7 +431,9 @@ class Runtime:
             payload=msgspec.Raw(payload),
             instance_id=self.instance_id,
         )
-        await self._publish(call.reply_subject, protocol.encode(frame), "reply")
+        await self._publish(
+            call.reply_subject, protocol.encode(frame), "reply", reply=call.probe_subject
+        )
         call.next_seq += 1
         call.last_sent = time.monotonic()
 
@@ -471,7 +484,11 @@ class Runtime:
                         request_id=call.context.request_id, instance_id=self.instance_id
                     )
                     with contextlib.suppress(nats.errors.Error):
-                        await self.nc.publish(call.reply_subject, protocol.encode(keepalive))
+                        await self.nc.publish(
+                            call.reply_subject,
+                            protocol.encode(keepalive),
+                            reply=call.probe_subject,
+                        )
             forget_before = now - _CANCELLED_MEMORY_S
             for subject in [s for s, t in self._recently_cancelled.items() if t < forget_before]:
                 del self._recently_cancelled[subject]
@@ -550,10 +567,18 @@ class Runtime:
             )
 
     async def _on_reply(self, msg: Msg) -> None:
+        no_responders = bool(msg.headers and msg.headers.get("Status") == _NO_RESPONDERS)
+        served = self._server_calls_by_probe.get(msg.subject)
+        if served is not None:
+            if no_responders:
+                self._cancel_server_call(
+                    served, Cancelled(None, "the caller is gone (nothing listens for replies)")
+                )
+            return
         call = self._caller_calls.get(msg.subject)
         if call is None:
             return
-        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+        if no_responders:
             call.fail(Unavailable(None, "no instance serves this endpoint"))
             return
         try:
