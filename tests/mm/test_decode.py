@@ -252,6 +252,12 @@ def test_gif_canvas_rules_match_pil(case: str) -> None:
     assert_same_as_pil(data)
 
 
+def test_gif_gray_ramp_table_reads_indices_as_levels_like_pil() -> None:
+    ramp = bytes(i for i in range(4) for _ in range(3))
+    indices = np.arange(54).reshape(6, 9)
+    assert_same_as_pil(encode_gif((9, 6), (0, 0, 9, 6), indices, global_palette=ramp))
+
+
 @pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA"])
 def test_bmp_written_by_pil_matches(mode: str) -> None:
     rgb = Image.fromarray(photo(np.random.default_rng(RNG_SEED), 37, 21))

@@ -235,8 +235,23 @@ fn pil_palette(entries: impl Iterator<Item = [u8; 3]>) -> Vec<u8> {
     table
 }
 
+/// The table for a palette that PIL reads as an `L` image when it is exactly the gray ramp
+/// (entry i = (i, i, i)): then every index, also past the palette, is its own gray level.
+fn pil_palette_gray_ramp_as_l(entries: impl Iterator<Item = [u8; 3]> + Clone) -> Vec<u8> {
+    let mut gray_ramp = entries
+        .clone()
+        .enumerate()
+        .all(|(i, rgb)| rgb == [i as u8; 3]);
+    gray_ramp &= entries.clone().next().is_some();
+    if gray_ramp {
+        pil_palette((0..=255u8).map(|i| [i; 3]))
+    } else {
+        pil_palette(entries)
+    }
+}
+
 /// Palette entries stored as packed RGB triples (PNG, GIF).
-fn rgb_entries(packed: &[u8]) -> impl Iterator<Item = [u8; 3]> + '_ {
+fn rgb_entries(packed: &[u8]) -> impl Iterator<Item = [u8; 3]> + Clone + '_ {
     packed.chunks_exact(3).map(|c| [c[0], c[1], c[2]])
 }
 

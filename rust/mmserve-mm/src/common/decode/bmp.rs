@@ -6,8 +6,8 @@
 use std::borrow::Cow;
 
 use super::{
-    alloc_zeroed, buffer_len, check_dimensions, pil_palette, unpack_sample, DecodeError,
-    DecodeLimits, ImageFormat,
+    alloc_zeroed, buffer_len, check_dimensions, pil_palette_gray_ramp_as_l, unpack_sample,
+    DecodeError, DecodeLimits, ImageFormat,
 };
 use crate::pipeline::DecodedImage;
 
@@ -87,18 +87,8 @@ pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
                 .get(start..start + count.min(256) * entry)
                 .ok_or_else(|| corrupt("palette is truncated"))?;
             let entries = table.chunks_exact(entry).map(|c| [c[2], c[1], c[0]]);
-            // PIL reads a palette that is exactly the gray ramp as an `L` image, where every
-            // index (also past the palette) is its own gray level.
-            let gray_ramp = count > 2
-                && entries
-                    .clone()
-                    .enumerate()
-                    .all(|(i, rgb)| rgb == [i as u8; 3]);
-            let palette = if gray_ramp {
-                pil_palette((0..=255u8).map(|i| [i; 3]))
-            } else {
-                pil_palette(entries)
-            };
+            // Two-entry gray palettes read as PIL's `1` mode, which is the same lookup.
+            let palette = pil_palette_gray_ramp_as_l(entries);
             Layout::Indexed { bits: bpp, palette }
         }
         (24, BI_RGB) => Layout::Bgr24,

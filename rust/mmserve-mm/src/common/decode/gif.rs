@@ -8,8 +8,8 @@ use std::io::Cursor;
 use gif::{ColorOutput, DecodeOptions, MemoryLimit};
 
 use super::{
-    alloc_zeroed, buffer_len, check_dimensions, pil_palette, rgb_entries, DecodeError,
-    DecodeLimits, ImageFormat,
+    alloc_zeroed, buffer_len, check_dimensions, pil_palette_gray_ramp_as_l, rgb_entries,
+    DecodeError, DecodeLimits, ImageFormat,
 };
 use crate::pipeline::DecodedImage;
 
@@ -62,7 +62,7 @@ fn decode_with_table(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
     let height = screen_h.max(top + frame_h);
     check_dimensions(FORMAT, width, height, limits)?;
     let transparent = frame.transparent;
-    let palette = pil_palette(rgb_entries(
+    let palette = pil_palette_gray_ramp_as_l(rgb_entries(
         frame
             .palette
             .as_deref()
