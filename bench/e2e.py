@@ -1,0 +1,191 @@
+"""End-to-end serving benchmark on the tiny model, per deployment pattern.
+
+For each pattern (agg, EP/D, E/PD, E/P/D) it starts a real deployment (one process per
+component, a private nats-server), then sends streaming chat requests with one 1280x960 JPEG:
+at concurrency 1 and 8, with a new image per request (cold: fetch, preprocess and vision tower
+every time) and with the same image repeated (encoder and prefix caches warm). It prints TTFT
+p50/p99 and requests/s, and the frontend's own added latency (HTTP arrival to first-hop
+dispatch, from its Prometheus histogram). The aggregated pattern is the anchor: ratios are
+against it.
+
+    .venv/bin/python bench/e2e.py [--patterns agg e_p_d] [--requests 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import http.server
+import io
+import json
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.deployment import PATTERNS, Deployment  # noqa: E402
+
+from mmserve.models.tiny import build_tiny_model  # noqa: E402
+from mmserve.runtime.nats_server import NatsServer  # noqa: E402
+
+MAX_TOKENS = 8
+
+
+def photo_jpeg(seed: int, width: int = 1280, height: int = 960) -> bytes:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // (width - 1), y * 255 // (height - 1), (x * 3 + y) % 256], -1)
+    pixels = np.clip(base + rng.integers(-25, 26, base.shape), 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def serve_dir(root: Path) -> str:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, image: str) -> float:
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": image}},
+                    {"type": "text", "text": "Describe the picture."},
+                ],
+            }
+        ],
+    }
+    started = time.perf_counter()
+    ttft = None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if ttft is None and line.startswith("data: ") and '"content"' in line:
+                ttft = time.perf_counter() - started
+    assert ttft is not None, "no content streamed"
+    return ttft
+
+
+async def run_load(url: str, model: str, images: list[str], concurrency: int) -> dict[str, float]:
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for image in images:
+        queue.put_nowait(image)
+    ttfts: list[float] = []
+
+    async def user(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            ttfts.append(await one_request(client, url, model, queue.get_nowait()))
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=300) as client:
+        await asyncio.gather(*(user(client) for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    ttfts.sort()
+    return {
+        "p50": statistics.median(ttfts) * 1000,
+        "p99": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))] * 1000,
+        "rps": len(ttfts) / wall,
+    }
+
+
+def frontend_dispatch_ms(url: str) -> float:
+    """Mean of the frontend's preprocess histogram (HTTP arrival to first-hop dispatch)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    sums = re.findall(
+        r'mmserve_stage_seconds_(sum|count)\{component="frontend",stage="preprocess"\} (\S+)', text
+    )
+    values = dict(sums)
+    if "count" not in values or float(values["count"]) == 0:
+        return float("nan")
+    return float(values["sum"]) / float(values["count"]) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--patterns", nargs="*", default=list(PATTERNS))
+    parser.add_argument("--requests", type=int, default=16, help="requests per measurement")
+    parser.add_argument("--transfer", default="shm", choices=["shm", "nixl"])
+    args = parser.parse_args()
+
+    model_path = build_tiny_model("qwen2_vl")
+    work = Path(tempfile.mkdtemp(prefix="mmserve-bench-e2e-"))
+    images = work / "images"
+    images.mkdir()
+    count = args.requests * 4 + 2
+    for seed in range(count):
+        (images / f"{seed}.jpg").write_bytes(photo_jpeg(seed))
+    base = serve_dir(images)
+    cold = iter(f"{base}/{seed}.jpg" for seed in range(1, count))
+
+    rows = []
+    with NatsServer() as nats:
+        for pattern in args.patterns:
+            deployment = Deployment(
+                pattern, model_path, nats.url, work, transfer=args.transfer
+            ).start()
+            try:
+                deployment.wait_ready()
+                url, model = deployment.base_url, model_path.name
+                asyncio.run(run_load(url, model, [f"{base}/0.jpg"], 1))  # warm-up
+                for concurrency in (1, 8):
+                    fresh = [next(cold) for _ in range(args.requests)]
+                    rows.append(
+                        (
+                            pattern,
+                            concurrency,
+                            "cold",
+                            asyncio.run(run_load(url, model, fresh, concurrency)),
+                        )
+                    )
+                    same = [f"{base}/0.jpg"] * args.requests
+                    rows.append(
+                        (
+                            pattern,
+                            concurrency,
+                            "repeat",
+                            asyncio.run(run_load(url, model, same, concurrency)),
+                        )
+                    )
+                rows.append((pattern, 0, "frontend", {"dispatch_ms": frontend_dispatch_ms(url)}))
+            finally:
+                deployment.stop()
+
+    anchors = {(c, kind): r for p, c, kind, r in rows if p == "agg" and kind != "frontend"}
+    print(f"\ntiny Qwen2-VL, 1280x960 JPEG, {MAX_TOKENS} tokens, {args.requests} requests each")
+    print(f"{'pattern':8} {'conc':>4} {'image':7} {'TTFT p50 ms':>12} {'p99 ms':>9} {'req/s':>7} "
+          f"{'p50 vs agg':>11}")  # fmt: skip
+    for pattern, concurrency, kind, result in rows:
+        if kind == "frontend":
+            print(f"{pattern:8} frontend added latency (arrival -> dispatch), mean "
+                  f"{result['dispatch_ms']:.2f} ms")  # fmt: skip
+            continue
+        anchor = anchors.get((concurrency, kind))
+        ratio = result["p50"] / anchor["p50"] if anchor else float("nan")
+        print(f"{pattern:8} {concurrency:4} {kind:7} {result['p50']:12.1f} {result['p99']:9.1f} "
+              f"{result['rps']:7.2f} {ratio:10.2f}x")  # fmt: skip
+    print(json.dumps({"rows": [[p, c, k, r] for p, c, k, r in rows]}))
+
+
+if __name__ == "__main__":
+    main()
