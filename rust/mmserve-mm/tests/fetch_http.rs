@@ -76,6 +76,11 @@ fn loopback_needs_an_explicit_allowance() {
     let err = fetch_bytes(&url, &FetchPolicy::default()).unwrap_err();
     assert_eq!(err.code(), "fetch.forbidden_address");
     assert_eq!(fetch_bytes(&url, &allowing_loopback()).unwrap(), b"hello");
+    let with_fragment = format!("{url}#part");
+    assert_eq!(
+        fetch_bytes(&with_fragment, &allowing_loopback()).unwrap(),
+        b"hello"
+    );
     let missing = format!("http://127.0.0.1:{port}/missing");
     let err = fetch_bytes(&missing, &allowing_loopback()).unwrap_err();
     assert_eq!(err.code(), "fetch.http_status");

@@ -300,6 +300,10 @@ fn fetch_http(source: &str, policy: &FetchPolicy) -> Result<Vec<u8>, FetchError>
     let proxies = ProxyEnv::from_env();
     let mut url = source.to_string();
     for _hop in 0..=policy.max_redirects {
+        // A fragment names a part of the resource and is never sent to the server.
+        if let Some(hash) = url.find('#') {
+            url.truncate(hash);
+        }
         let target = Target::parse(&url)?;
         let proxy = proxies.proxy_for(&target)?;
         let allowed = policy
@@ -446,6 +450,8 @@ fn join_url(base: &Target, location: &str) -> String {
         format!("{scheme}://{rest}")
     } else if location.starts_with('/') {
         format!("{scheme}://{}{location}", base.authority)
+    } else if location.starts_with('?') {
+        format!("{scheme}://{}{}{location}", base.authority, base.path)
     } else {
         let dir = base.path.rfind('/').map_or("/", |i| &base.path[..=i]);
         format!("{scheme}://{}{dir}{location}", base.authority)
@@ -814,6 +820,7 @@ mod tests {
         assert_eq!(join_url(&base, "//o/x"), "http://o/x");
         assert_eq!(join_url(&base, "/x"), "http://h:8080/x");
         assert_eq!(join_url(&base, "d.png"), "http://h:8080/a/b/d.png");
+        assert_eq!(join_url(&base, "?y=2"), "http://h:8080/a/b/c.png?y=2");
     }
 
     #[test]
