@@ -10,11 +10,10 @@ PROBE = """
 import json
 from mmserve.observability import nvtx
 with nvtx.nvtx_range(nvtx.ENC_GENERATE):
-    nvtx.range_push(nvtx.PD_TTFT)
-    nvtx.range_pop()
+    nvtx.range_end(nvtx.range_start(nvtx.PD_TTFT))
 print(json.dumps({
     "enabled": nvtx.ENABLED,
-    "noop": nvtx.nvtx_range is nvtx._noop_range and nvtx.range_push is nvtx._noop_push,
+    "noop": nvtx.nvtx_range is nvtx._noop_range and nvtx.range_start is nvtx._noop_start,
     "shared_null": nvtx.nvtx_range("a") is nvtx.nvtx_range("b"),
 }))
 """

@@ -58,4 +58,5 @@ async def load_embeddings(
             deepstack=deepstack,
         )
 
-    return list(await asyncio.gather(*(load(item) for item in media)))
+    with nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ):
+        return list(await asyncio.gather(*(load(item) for item in media)))

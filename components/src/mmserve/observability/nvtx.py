@@ -35,30 +35,33 @@ def _enabled() -> bool:
     return os.environ.get("DYN_NVTX", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _load_backend() -> tuple[Callable[[str], object], Callable[[], object]] | None:
-    """The push/pop pair of the `nvtx` package, else torch's, else None."""
+def _load_backend() -> tuple[Callable[[str], object], Callable[[object], object]] | None:
+    """The start/end pair of the `nvtx` package, else torch's, else None.
+
+    Start/end ranges (not push/pop) because async handlers interleave on one thread: a range
+    belongs to its request, not to the thread's stack.
+    """
     try:
         import nvtx  # type: ignore[import-not-found]
 
-        return nvtx.push_range, nvtx.pop_range
+        return (lambda name: nvtx.start_range(message=name)), nvtx.end_range
     except ImportError:
         pass
     try:
         import torch.cuda.nvtx as torch_nvtx
 
-        torch_nvtx.range_push("mm:probe")
-        torch_nvtx.range_pop()
-        return torch_nvtx.range_push, torch_nvtx.range_pop
+        torch_nvtx.range_end(torch_nvtx.range_start("mm:probe"))
+        return torch_nvtx.range_start, torch_nvtx.range_end
     except Exception as exc:  # torch without CUDA libraries raises here
         log.warning("DYN_NVTX=1 but no NVTX backend is usable (%s); ranges are off", exc)
         return None
 
 
-def _noop_push(name: str) -> None:
+def _noop_start(name: str) -> None:
     return None
 
 
-def _noop_pop() -> None:
+def _noop_end(range_id: object) -> None:
     return None
 
 
@@ -69,14 +72,14 @@ def _noop_range(name: str) -> contextlib.AbstractContextManager[None]:
     return _NULL_CONTEXT
 
 
-def _make_range(push: Callable[[str], object], pop: Callable[[], object]):
+def _make_range(start: Callable[[str], object], end: Callable[[object], object]):
     @contextlib.contextmanager
     def nvtx_range(name: str) -> Iterator[None]:
-        push(name)
+        range_id = start(name)
         try:
             yield
         finally:
-            pop()
+            end(range_id)
 
     return nvtx_range
 
@@ -85,9 +88,9 @@ _backend = _load_backend() if _enabled() else None
 ENABLED: bool = _backend is not None
 
 if _backend is None:
-    range_push = _noop_push
-    range_pop = _noop_pop
+    range_start = _noop_start
+    range_end = _noop_end
     nvtx_range = _noop_range
 else:
-    range_push, range_pop = _backend  # type: ignore[assignment]
+    range_start, range_end = _backend  # type: ignore[assignment]
     nvtx_range = _make_range(*_backend)  # type: ignore[assignment]

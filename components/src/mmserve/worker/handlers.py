@@ -99,12 +99,12 @@ async def _stream_tokens(
     """Pass chunks through, recording time to first token and inter-token latency."""
     started = last = time.perf_counter()
     first = True
-    nvtx.range_push(ttft_range)
+    ttft = nvtx.range_start(ttft_range)
     try:
         async for chunk in chunks:
             now = time.perf_counter()
             if first:
-                nvtx.range_pop()
+                nvtx.range_end(ttft)
                 metrics.TTFT.labels(component).observe(now - started)
                 first = False
             else:
@@ -113,7 +113,7 @@ async def _stream_tokens(
             yield chunk
     finally:
         if first:
-            nvtx.range_pop()
+            nvtx.range_end(ttft)
 
 
 class AggregatedHandler(WorkerHandler):
@@ -182,7 +182,8 @@ class PrefillHandler(WorkerHandler):
                     encoded = await self._multimodal(request)
                 done, leases = await self._prefill(request, encoded.token_ids, encoded.embeddings)
                 yield done
-                await asyncio.gather(*(lease.wait() for lease in leases))
+                with nvtx.nvtx_range(nvtx.NIXL_WAIT_COMPLETION):
+                    await asyncio.gather(*(lease.wait() for lease in leases))
             outcome = "done"
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -243,11 +244,8 @@ class DecodeHandler(WorkerHandler):
         outcome = "failed"
         try:
             with typed_errors():
-                nvtx.range_push(nvtx.DEC_FIRST_TOKEN)
-                try:
+                with nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
                     kv = await self._remote_prefill(request)
-                finally:
-                    nvtx.range_pop()
                 chunks = self.engine.decode(kv, request.sampling, request.stop)
                 async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT):
                     yield chunk
@@ -274,9 +272,10 @@ class DecodeHandler(WorkerHandler):
         )
         async for reply in replies:
             if isinstance(reply, PrefillDone):
-                tensors = {
-                    name: await self.transfer.fetch(handle) for name, handle in reply.kv.items()
-                }
+                with nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ):
+                    tensors = {
+                        name: await self.transfer.fetch(handle) for name, handle in reply.kv.items()
+                    }
         if tensors is None:
             raise RemoteError(
                 protocol.ERROR_PROTOCOL, "prefill ended without handing over the KV cache"
