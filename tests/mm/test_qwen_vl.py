@@ -19,6 +19,7 @@ from .images import encode_png
 from .qwen_refs import (
     BACKENDS,
     PREPROCESSOR_CONFIGS,
+    PROCESSOR_TYPES,
     encode,
     hf_pixels,
     hf_processor,
@@ -242,3 +243,20 @@ def test_batch_equals_one_by_one_and_names_the_failing_item() -> None:
     with pytest.raises(_mm.MediaError) as err:
         _mm.qwen_vl_preprocess_batch(spec, [images[0], b"not an image", images[1]])
     assert err.value.args[2] == 1 and "image 1" in err.value.args[1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("resample", [1, 2, 3], ids=["lanczos", "bilinear", "bicubic"])
+def test_resample_filter_from_the_config(backend: str, resample: int) -> None:
+    preprocessor = dict(PREPROCESSOR_CONFIGS["qwen2_vl"], resample=resample)
+    processor = hf_processor("qwen2_vl", backend).__class__(**preprocessor)
+    preprocessor["image_processor_type"] = PROCESSOR_TYPES[backend]
+    config = json.dumps(model_config("qwen2_vl"))
+    spec = _mm.spec_from_hf_configs(json.dumps(preprocessor), config)
+    rng = np.random.default_rng(21 + resample)
+    for w, h in [(300, 200), (57, 430)]:
+        data = encode(Image.fromarray(photo(rng, w, h)), "PNG")
+        ref_pixels, ref_grid = hf_pixels(processor, data)
+        pixels, grid, _ = _mm.qwen_vl_preprocess(spec, data)
+        assert grid.tolist() == ref_grid.tolist()
+        assert np.array_equal(pixels, ref_pixels), f"{backend} resample={resample} {w}x{h}"
