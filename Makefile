@@ -11,7 +11,7 @@ setup:
 
 ## ext: rebuild the Rust extension into the environment after Rust changes
 ext:
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --skip-install --quiet
 
 ## run: the aggregated deployment on the default tiny model
 run:
