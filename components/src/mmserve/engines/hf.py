@@ -300,14 +300,16 @@ class HfEngine(Engine):
             for layer in range(past.shape[0]):
                 cache.update(past[layer, 0][None], past[layer, 1][None], layer)
 
+        # Only the uncached suffix runs: its embeddings, with the image rows that fall in it.
         image_mask = ids == self.spec.image_token_id
-        inputs_embeds = self._inner.get_input_embeddings()(ids[None])
-        if embeddings:
-            rows = torch.cat([item.embeddings for item in embeddings])
-            inputs_embeds[0, image_mask] = rows.to(self.device, inputs_embeds.dtype)
+        rows_cached = int(image_mask[:cached].sum())
+        inputs_embeds = self._inner.get_input_embeddings()(ids[None, cached:])
+        if rows_cached < int(image_mask.sum()):
+            rows = torch.cat([item.embeddings for item in embeddings])[rows_cached:]
+            inputs_embeds[0, image_mask[cached:]] = rows.to(self.device, inputs_embeds.dtype)
         extra = self._deepstack_inputs(embeddings, image_mask, cached)
         output = self._inner.language_model(
-            inputs_embeds=inputs_embeds[:, cached:],
+            inputs_embeds=inputs_embeds,
             position_ids=positions[:, :, cached:],
             cache=cache,
             use_cache=True,
