@@ -36,6 +36,9 @@ OVER_LIMIT = [(1, 201), (201, 1), (2, 401), (3, 601), (7, 1401), (1401, 7)]
 COLOR_MODES = ("gray", "palette", "rgba", "gray_alpha")
 COLOR_ROUNDS = 6
 FORMAT_SIZES = [(97, 61), (640, 480), (333, 500)]
+# Qwen2-VL resizes these with one side growing and the other shrinking (640x480 -> 644x476),
+# where the order of the two resize passes shows.
+MIXED_DIRECTION = [(640, 480), (480, 640), (1280, 960), (1920, 1080)]
 FORMATS = ("jpeg_420", "jpeg_444", "jpeg_gray", "webp_lossless", "gif", "bmp")
 SIXTEEN_BIT = [(0, 1), (2, 3), (4, 2), (6, 4)]
 
@@ -46,6 +49,7 @@ CASE_COUNTS = {
     "aspect_ratio": 2 * (len(NEAR_LIMIT) + len(OVER_LIMIT)),
     "color_modes": len(COLOR_MODES) * COLOR_ROUNDS * parity_scale(),
     "formats": len(FORMATS) * len(FORMAT_SIZES),
+    "mixed_direction": len(MIXED_DIRECTION),
     "large": parity_scale(),
     "16bit": len(SIXTEEN_BIT),
 }
@@ -137,6 +141,13 @@ def test_formats() -> None:
         ]
         for name, data in zip(FORMATS, encoded, strict=True):
             compare(name, data, family, f"{w}x{h}")
+
+
+def test_mixed_direction_resizes() -> None:
+    rng = np.random.default_rng(22)
+    for w, h in MIXED_DIRECTION:
+        data = encode(Image.fromarray(photo(rng, w, h)), "PNG")
+        compare("mixed_direction", data, "qwen2_vl", f"{w}x{h}")
 
 
 def test_large_images() -> None:
