@@ -28,7 +28,9 @@ pub enum RequestError {
     #[error("request has {count} media items; the limit is {limit} per request")]
     TooManyItems { count: usize, limit: usize },
     #[error(
-        "request media add up to more than {limit} bytes (the per-request limit) at item {index}"
+        "request media add up to more than {} MiB ({limit} bytes, the per-request limit) \
+         at item {index}; send fewer or smaller images",
+        limit >> 20
     )]
     TooManyBytes { index: usize, limit: u64 },
 }
