@@ -208,6 +208,8 @@ fn to_rgb_in_place(buf: &mut Vec<u8>, pixels: usize, channels: usize) {
                 buf.copy_within(i * 4..i * 4 + 3, i * 3);
             }
             buf.truncate(pixels * 3);
+            // The array handed to Python keeps the allocation; give the alpha quarter back.
+            buf.shrink_to_fit();
         }
         _ => {}
     }

@@ -174,6 +174,7 @@ fn inverted_cmyk_to_rgb_in_place(data: &mut Vec<u8>) {
         data[i * 3..i * 3 + 3].copy_from_slice(&rgb);
     }
     data.truncate(pixels * 3);
+    data.shrink_to_fit();
 }
 
 /// The first APP1 `Exif` payload and the first APP1 XMP packet, as PIL keeps them.
