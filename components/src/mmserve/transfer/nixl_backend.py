@@ -30,6 +30,7 @@ from typing import Any, Literal
 import msgspec
 import torch
 
+from mmserve.observability import nvtx
 from mmserve.protocol import (
     NixlBufferDescriptor,
     ProtocolError,
@@ -205,6 +206,8 @@ class NixlTransferAgent(TransferAgent):
         """Move `nbytes` between `buffer` and the remote buffer; the remote side gets the done
         notification from NIXL, or our failure notification."""
         registration: _Registration = buffer.backend_state
+        reading = operation == "READ"
+        begin_read = nvtx.range_start(nvtx.NIXL_BEGIN_READ) if reading else None
         try:
             self._load_remote(remote)
             local_descs = self._agent.get_xfer_descs(
@@ -222,17 +225,25 @@ class NixlTransferAgent(TransferAgent):
                 DONE_PREFIX + remote.transfer_id.encode(),
             )
         except Exception as exc:
+            if reading:
+                nvtx.range_end(begin_read)
             self._notify_failure(remote, f"{operation} setup failed: {exc}")
-            raise TransferError(f"NIXL {operation} from {remote.agent} failed: {exc}") from exc
+            raise TransferError(f"NIXL {operation} with {remote.agent} failed: {exc}") from exc
         try:
-            state = self._spin_until_done(xfer, self._agent.transfer(xfer))
-            if state == "PROC":
-                state = await self._poll_between_tasks(xfer)
-            error = None
-            if state == "PROC":
-                error = await self._wait_for_xfer(xfer)
-            elif state != "DONE":
-                error = TransferError(f"NIXL {operation} to {remote.agent} was rejected")
+            try:
+                posted = self._agent.transfer(xfer)
+            finally:
+                if reading:
+                    nvtx.range_end(begin_read)
+            with nvtx.nvtx_range(nvtx.NIXL_WAIT_COMPLETION):
+                state = self._spin_until_done(xfer, posted)
+                if state == "PROC":
+                    state = await self._poll_between_tasks(xfer)
+                error = None
+                if state == "PROC":
+                    error = await self._wait_for_xfer(xfer)
+                elif state != "DONE":
+                    error = TransferError(f"NIXL {operation} with {remote.agent} was rejected")
         except BaseException as exc:
             self._notify_failure(remote, f"{operation} interrupted: {exc!r}")
             self._release_xfer(xfer, pool, buffer)
