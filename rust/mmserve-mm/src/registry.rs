@@ -445,6 +445,13 @@ mod tests {
     }
 
     #[test]
+    fn flat_pixel_keys_override_the_size_dict() {
+        let pp = r#"{"min_pixels": 1000, "size": {"shortest_edge": 5, "longest_edge": 9000}}"#;
+        let spec = spec_from_hf_configs(pp, &config("qwen2_vl", 14)).unwrap();
+        assert_eq!((spec.min_pixels, spec.max_pixels), (1000, 9000));
+    }
+
+    #[test]
     fn missing_preprocessor_keys_fall_back_to_the_vision_config() {
         let spec = spec_from_hf_configs("{}", &config("qwen3_vl", 16)).unwrap();
         assert_eq!(spec.patch_size, 16);
