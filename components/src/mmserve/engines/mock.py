@@ -1,0 +1,247 @@
+"""The `mock` engine: no model, simulated timing, a real prefix cache and real KV events.
+
+It serves the router, the frontend and every deployment pattern at scale without compute:
+
+- prefill sleeps `prefill_us_per_token` per prompt token the prefix cache does not hold, one
+  prefill at a time (as one accelerator runs them), so queueing and cache hits show in TTFT;
+- decode sleeps `decode_ms_per_token` per token, streams running side by side (as a batch);
+- the prefix cache is `engines.prefix_cache.PrefixCache` with no payloads, keyed by the same
+  block hashes as the hf engine (pad values included), with LRU eviction under `cache_blocks`,
+  so its KV events are the ones a real engine would publish for the same prompts;
+- tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
+  prompt gives the same completion on any worker and in any pattern;
+- encode returns deterministic embeddings of the right row count (grid / merge^2) keyed by the
+  item's hash; export/import move a few small tensors, so P/D works over the transfer layer.
+
+Everything runs on the event loop: KV event sinks are called on the loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+from mmserve.engines.base import (
+    Engine,
+    EngineError,
+    EngineOverloaded,
+    EngineRequest,
+    ItemEmbedding,
+    KvEventSink,
+    KvHandle,
+    MediaInput,
+)
+from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
+from mmserve.engines.sampling import StopRules, check_sampling
+from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.protocol import SamplingParams, StopConditions, TokenChunk, Usage
+from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.router.pad import PadScheme
+from mmserve.router.view import RoutingMedia
+
+DEFAULT_PREFILL_US_PER_TOKEN = 100.0
+DEFAULT_DECODE_MS_PER_TOKEN = 10.0
+DEFAULT_CACHE_BLOCKS = 65536
+DEFAULT_MAX_QUEUE = 64
+EMBEDDING_DIM = 8  # columns of a mock embedding: small, so transfers stay cheap
+PSEUDO_TOKENS = (1_000, 100_000)  # ordinary vocabulary ids, far from the special tokens
+
+
+@dataclass
+class _MockKv:
+    seed: int  # the completion's pseudo-random stream
+    live: bool = True
+
+
+def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
+    """The seed of a prompt's completion: its ids and its media contents."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    digest.update(np.asarray(mm_hashes, dtype=np.uint64).tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 1  # fits an int64 tensor
+
+
+class MockEngine(Engine):
+    """Simulated prefill and decode behind the engine interface."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        cache_blocks: int = DEFAULT_CACHE_BLOCKS,
+        prefill_us_per_token: float = DEFAULT_PREFILL_US_PER_TOKEN,
+        decode_ms_per_token: float = DEFAULT_DECODE_MS_PER_TOKEN,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        pad_scheme: PadScheme = PadScheme.DYNAMO,
+    ) -> None:
+        """Read the checkpoint's spec and tokenizer (blocking: use `MockEngine.load`)."""
+        from transformers import AutoTokenizer
+
+        if prefill_us_per_token < 0 or decode_ms_per_token < 0:
+            raise ValueError("mock prefill and decode times must be >= 0")
+        self.spec: ModelSpec = resolve_model_spec(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
+        self.prefill_s_per_token = prefill_us_per_token / 1e6
+        self.decode_s_per_token = decode_ms_per_token / 1e3
+        self.max_queue = max_queue
+        self.pad_scheme = pad_scheme
+        self.prefix_cache: PrefixCache[None] = PrefixCache(block_size, max_blocks=cache_blocks)
+        self._prefill_turn = asyncio.Lock()
+        self._admitted = 0
+        self._closed = False
+
+    @classmethod
+    async def load(cls, model_path: str | Path, **options: Any) -> MockEngine:
+        return await asyncio.to_thread(cls, model_path, **options)
+
+    def _admit(self) -> None:
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if self._admitted >= self.max_queue:
+            raise EngineOverloaded(
+                f"engine queue is full ({self._admitted} requests in flight, limit "
+                f"{self.max_queue}); retry later or on another worker"
+            )
+        self._admitted += 1
+
+    async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
+        embeddings = []
+        for item in items:
+            rows = self.spec.image_token_count(item.grid_thw)
+            if rows <= 0:
+                raise EngineError(f"image grid {item.grid_thw} has no tokens")
+            generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
+            values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
+            embeddings.append(ItemEmbedding(item.mm_hash, tuple(item.grid_thw), values))
+        return embeddings
+
+    def _media(
+        self, token_ids: Sequence[int], embeddings: Sequence[ItemEmbedding]
+    ) -> list[RoutingMedia]:
+        """Each item at the start of its placeholder run, checked against the embeddings."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        positions = np.flatnonzero(ids == self.spec.image_token_id)
+        if len(positions) != sum(item.num_tokens for item in embeddings):
+            raise EngineError(
+                f"prompt has {len(positions)} image placeholder tokens for embeddings of "
+                f"{sum(item.num_tokens for item in embeddings)} rows"
+            )
+        media = []
+        for item in embeddings:
+            run, positions = positions[: item.num_tokens], positions[item.num_tokens :]
+            if run[-1] - run[0] != item.num_tokens - 1:
+                raise EngineError(f"placeholder run of item {len(media)} is not contiguous")
+            media.append(RoutingMedia(item.mm_hash, item.num_tokens, int(run[0])))
+        return media
+
+    async def prefill(
+        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
+    ) -> KvHandle:
+        check_sampling(request.sampling, request.stop)
+        if not request.token_ids:
+            raise EngineError("the prompt is empty")
+        media = self._media(request.token_ids, embeddings)
+        cache = self.prefix_cache
+        keys = prompt_block_keys(request.token_ids, media, cache.block_size, self.pad_scheme)
+        self._admit()
+        try:
+            async with self._prefill_turn:
+                # At least one token runs, as in a real engine (it yields the first token).
+                limit = (len(request.token_ids) - 1) // cache.block_size
+                cached = len(cache.match(keys.seq_hashes, limit)) * cache.block_size
+                await asyncio.sleep((len(request.token_ids) - cached) * self.prefill_s_per_token)
+                stored = cached // cache.block_size
+                cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
+        finally:
+            self._admitted -= 1
+        seed = prompt_seed(request.token_ids, [item.mm_hash for item in media])
+        return KvHandle(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(request.token_ids),
+            first_token=random.Random(seed).randrange(*PSEUDO_TOKENS),
+            cached_tokens=cached,
+            state=_MockKv(seed),
+        )
+
+    def _state(self, kv: KvHandle) -> _MockKv:
+        if not isinstance(kv.state, _MockKv) or not kv.state.live:
+            raise EngineError(f"KV handle of request {kv.request_id} is not live in this engine")
+        return kv.state
+
+    async def decode(
+        self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
+    ) -> AsyncIterator[TokenChunk]:
+        state = self._state(kv)
+        check_sampling(sampling, stop)
+        self._admit()
+        try:
+            tokens = random.Random(state.seed)
+            rules = StopRules(stop, self.spec.eos_token_ids)
+            detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, list(stop.stop))
+            for count in range(1, stop.max_tokens + 1):
+                token = tokens.randrange(*PSEUDO_TOKENS)  # the first equals kv.first_token
+                finish = rules.on_token(token, count)
+                text = "" if token in rules.stop_ids else detokenizer.push([token])
+                if detokenizer.stopped:
+                    finish = "stop"
+                chunk = TokenChunk(request_id=kv.request_id, token_ids=[token], text=text)
+                if finish is None:
+                    yield chunk
+                    await asyncio.sleep(self.decode_s_per_token)
+                    continue
+                usage = Usage(
+                    prompt_tokens=kv.prompt_tokens,
+                    completion_tokens=count,
+                    cached_tokens=kv.cached_tokens,
+                )
+                text += detokenizer.flush()
+                yield msgspec.structs.replace(chunk, text=text, finish_reason=finish, usage=usage)
+                return
+        finally:
+            self._admitted -= 1
+            state.live = False
+
+    def release(self, kv: KvHandle) -> None:
+        if isinstance(kv.state, _MockKv):
+            kv.state.live = False
+
+    async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
+        state = self._state(kv)
+        return {
+            "prompt_token_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.int64),
+            "first_token": torch.tensor([kv.first_token], dtype=torch.int64),
+            "cached_tokens": torch.tensor([kv.cached_tokens], dtype=torch.int64),
+            "seed": torch.tensor([state.seed], dtype=torch.int64),
+        }
+
+    async def import_kv(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
+        try:
+            return KvHandle(
+                request_id=request_id,
+                prompt_token_ids=tuple(tensors["prompt_token_ids"].tolist()),
+                first_token=int(tensors["first_token"][0]),
+                cached_tokens=int(tensors["cached_tokens"][0]),
+                state=_MockKv(int(tensors["seed"][0])),
+            )
+        except KeyError as exc:
+            raise EngineError(f"imported KV lacks {exc} (not made by a mock engine)") from None
+
+    def subscribe_kv_events(self, sink: KvEventSink) -> None:
+        self.prefix_cache.subscribe(sink)
+
+    def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
+        return self.prefix_cache.snapshot()
+
+    async def close(self) -> None:
+        self._closed = True

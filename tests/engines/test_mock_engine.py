@@ -1,0 +1,151 @@
+"""The mock engine: cache hits shorten prefill, its KV events key like the hf engine's, its
+tokens depend on the prompt only, and a prefill continues in another mock engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
+from mmserve.engines.mock import MockEngine
+from mmserve.engines.prefix_cache import prompt_block_keys
+from mmserve.models.tiny import build_tiny_model
+from mmserve.protocol import KvRemoved, KvStored, StopConditions, TokenChunk
+from mmserve.router.pad import PadScheme
+from mmserve.router.view import RoutingMedia
+
+from .helpers import IMAGE_TOKEN_ID
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return build_tiny_model("qwen2_vl")
+
+
+async def engine_for(model_path: Path, **options: object) -> MockEngine:
+    defaults: dict[str, object] = {"prefill_us_per_token": 0.0, "decode_ms_per_token": 0.0}
+    return await MockEngine.load(model_path, **{**defaults, **options})
+
+
+async def image(engine: MockEngine, mm_hash: int) -> ItemEmbedding:
+    # A 112x84 image: grid (1, 6, 8), 12 tokens after the 2x2 merge.
+    (embedding,) = await engine.encode([MediaInput(mm_hash, torch.zeros(48, 1176), (1, 6, 8))])
+    return embedding
+
+
+def prompt(text: list[int], images: int, tokens_per_image: int = 12) -> tuple[int, ...]:
+    ids = list(text)
+    for _ in range(images):
+        ids += [151652, *[IMAGE_TOKEN_ID] * tokens_per_image, 151653, 200, 201]
+    return tuple(ids)
+
+
+async def collect(stream: object) -> list[TokenChunk]:
+    return [chunk async for chunk in stream]  # type: ignore[attr-defined]
+
+
+async def test_encode_gives_deterministic_rows_per_merged_patch(model_path: Path) -> None:
+    engine = await engine_for(model_path)
+    first, again, other = await image(engine, 5), await image(engine, 5), await image(engine, 6)
+    assert first.num_tokens == 12
+    assert torch.equal(first.embeddings, again.embeddings)
+    assert not torch.equal(first.embeddings, other.embeddings)
+
+
+async def test_cached_prefix_skips_prefill_time_and_counts_in_usage(model_path: Path) -> None:
+    engine = await engine_for(model_path, prefill_us_per_token=2000.0)
+    ids = prompt(list(range(1000, 1090)), images=1)  # 106 tokens, 6 complete blocks
+    emb = [await image(engine, 42)]
+    request = EngineRequest("a", ids, stop=StopConditions(max_tokens=4))
+    started = time.perf_counter()
+    cold = await engine.prefill(request, emb)
+    cold_s = time.perf_counter() - started
+    started = time.perf_counter()
+    warm = await engine.prefill(EngineRequest("b", ids, stop=request.stop), emb)
+    warm_s = time.perf_counter() - started
+    assert (cold.cached_tokens, warm.cached_tokens) == (0, 6 * BLOCK)
+    assert cold_s >= len(ids) * 0.002  # slept for every token
+    assert warm_s < cold_s
+    cold_chunks = await collect(engine.decode(cold, request.sampling, request.stop))
+    warm_chunks = await collect(engine.decode(warm, request.sampling, request.stop))
+    assert [c.token_ids for c in cold_chunks] == [c.token_ids for c in warm_chunks]
+    assert warm_chunks[-1].usage is not None
+    assert warm_chunks[-1].usage.cached_tokens == 6 * BLOCK
+    assert warm_chunks[-1].usage.completion_tokens == 4
+    assert warm_chunks[-1].finish_reason == "length"
+
+
+async def test_kv_events_carry_the_routing_views_hashes(model_path: Path) -> None:
+    engine = await engine_for(model_path, pad_scheme=PadScheme.SGLANG_WIDE)
+    events: list = []
+    engine.subscribe_kv_events(events.append)
+    ids = prompt(list(range(1000, 1040)), images=1)
+    await engine.prefill(EngineRequest("a", ids), [await image(engine, 99)])
+    offset = ids.index(IMAGE_TOKEN_ID)
+    keys = prompt_block_keys(ids, [RoutingMedia(99, 12, offset)], BLOCK, PadScheme.SGLANG_WIDE)
+    (stored,) = events
+    assert isinstance(stored, KvStored)
+    assert [b.block_hash for b in stored.blocks] == list(keys.seq_hashes)
+    assert [b.tokens_hash for b in stored.blocks] == list(keys.local_hashes)
+    assert {block for block, _, _ in engine.kv_cache_snapshot()} == set(keys.seq_hashes)
+    # A different image after the same text shares only the blocks before it.
+    other = await engine.prefill(EngineRequest("b", ids), [await image(engine, 100)])
+    assert other.cached_tokens == offset // BLOCK * BLOCK
+
+
+async def test_lru_eviction_under_the_block_budget(model_path: Path) -> None:
+    engine = await engine_for(model_path, cache_blocks=4)
+    events: list = []
+    engine.subscribe_kv_events(events.append)
+    first, second = tuple(range(1000, 1049)), tuple(range(2000, 2049))  # 3 blocks each
+    await engine.prefill(EngineRequest("a", first))
+    await engine.prefill(EngineRequest("b", second))
+    assert engine.prefix_cache.num_blocks == 4
+    assert isinstance(events[-1], KvRemoved) and len(events[-1].block_hashes) == 2
+    assert (await engine.prefill(EngineRequest("c", second))).cached_tokens == 3 * BLOCK
+    assert (await engine.prefill(EngineRequest("d", first))).cached_tokens == BLOCK
+
+
+async def test_prefills_take_turns_and_decode_streams_run_together(model_path: Path) -> None:
+    engine = await engine_for(model_path, prefill_us_per_token=1000.0, decode_ms_per_token=20.0)
+    requests = [EngineRequest(str(i), tuple(range(i * 100, i * 100 + 50))) for i in range(3)]
+    started = time.perf_counter()
+    handles = await asyncio.gather(*(engine.prefill(r) for r in requests))
+    assert time.perf_counter() - started >= 3 * 50 * 0.001
+    stop = StopConditions(max_tokens=5)
+    streams = await asyncio.gather(
+        *(
+            collect(engine.decode(kv, r.sampling, stop))
+            for kv, r in zip(handles, requests, strict=True)
+        )
+    )
+    assert all(len(chunks) == 5 for chunks in streams)
+    assert len({tuple(c.token_ids[0] for c in chunks) for chunks in streams}) == 3
+
+
+async def test_export_import_continues_the_stream(model_path: Path) -> None:
+    prefill, decode = await engine_for(model_path), await engine_for(model_path)
+    ids = prompt(list(range(1000, 1030)), images=1)
+    request = EngineRequest("a", ids, stop=StopConditions(max_tokens=6))
+    local = await prefill.prefill(request, [await image(prefill, 1)])
+    tensors = await prefill.export_kv(local)
+    imported = await decode.import_kv("a", tensors)
+    expected = await collect(prefill.decode(local, request.sampling, request.stop))
+    continued = await collect(decode.decode(imported, request.sampling, request.stop))
+    assert [c.token_ids for c in continued] == [c.token_ids for c in expected]
+    assert "".join(c.text for c in continued) == "".join(c.text for c in expected)
+    with pytest.raises(EngineError, match="not live"):
+        await prefill.export_kv(local)  # decode consumed the handle
+
+
+async def test_placeholders_must_match_the_embeddings(model_path: Path) -> None:
+    engine = await engine_for(model_path)
+    ids = prompt([1, 2, 3], images=1, tokens_per_image=10)
+    with pytest.raises(EngineError, match="placeholder"):
+        await engine.prefill(EngineRequest("a", ids), [await image(engine, 1)])
