@@ -9,7 +9,7 @@ over NATS on loopback. Sizes: 64 KiB, 2.8 MiB (one Qwen2.5-VL-7B image embedding
 - write: this process offers a destination, the probe writes; time = the probe's `write()`
   (copy into its pool + WRITE).
 - e2e: offer here + handle over NATS + fetch there + reply + the lease's completion here.
-- memcpy: `torch.Tensor.copy_` of the same size in this process, between the transfers.
+- memcpy: `numpy.copyto` of the same size in this process, between the transfers.
 
 Medians (and minimum) over the repeats; ratio = median transfer time / median memcpy time, the
 memcpy being timed between the transfers so both see the same machine load. Goals: NIXL read
@@ -27,6 +27,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mmserve.runtime.nats_server import nats_url_from_env_or_private
@@ -86,13 +87,13 @@ class Memcpy:
     machine load."""
 
     def __init__(self, nbytes: int) -> None:
-        self._src = torch.ones(nbytes, dtype=torch.uint8)
-        self._dst = torch.zeros(nbytes, dtype=torch.uint8)
+        self._src = np.ones(nbytes, dtype=np.uint8)
+        self._dst = np.zeros(nbytes, dtype=np.uint8)
         self.timings = Timings()
 
     def run(self, repeat: int) -> None:
         start = time.perf_counter()
-        self._dst.copy_(self._src)
+        np.copyto(self._dst, self._src)
         self.timings.add(time.perf_counter() - start, repeat)
 
 

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from mmserve.protocol import TensorHandle, TransferPoolStats
@@ -94,14 +95,26 @@ def typed_view(raw: torch.Tensor, shape: Sequence[int], dtype: torch.dtype) -> t
     return raw[:nbytes].view(dtype).view(tuple(shape))
 
 
+def host_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """The bytes of a contiguous CPU tensor as a flat uint8 array sharing its memory."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
 async def copy_tensor(dst: torch.Tensor, src: torch.Tensor) -> None:
     """`dst.copy_(src)` (any strides), off the event loop when large; waits for CUDA copies."""
 
     def run() -> None:
-        dst.copy_(src)
-        for tensor in (dst, src):
-            if tensor.is_cuda:
-                torch.cuda.current_stream(tensor.device).synchronize()
+        if dst.is_cuda or src.is_cuda:
+            dst.copy_(src)
+            for tensor in (dst, src):
+                if tensor.is_cuda:
+                    torch.cuda.current_stream(tensor.device).synchronize()
+        elif dst.is_contiguous() and src.is_contiguous():
+            # numpy copies on this thread; torch would split the copy over its intra-op pool
+            # and wait for a second thread, which takes milliseconds on a loaded machine.
+            np.copyto(host_bytes(dst), host_bytes(src))
+        else:
+            dst.copy_(src)
 
     if src.numel() * src.element_size() >= THREADED_COPY_BYTES:
         await asyncio.to_thread(run)
@@ -365,6 +378,10 @@ class TransferAgent(ABC):
         """Run on the progress thread: whether anything is waiting for `_poll_completions`."""
         return bool(self._reservations)
 
+    def _is_busy(self) -> bool:
+        """Run on the progress thread: whether local work advances only while polled."""
+        return False
+
     def _new_transfer_id(self) -> str:
         return str(next(self._transfer_ids))
 
@@ -381,6 +398,7 @@ class TransferAgent(ABC):
                 has_pending=self._has_pending,
                 deliver=self._deliver,
                 loop=asyncio.get_running_loop(),
+                busy=self._is_busy,
             )
         self._progress.wake()
 

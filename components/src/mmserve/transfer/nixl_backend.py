@@ -332,6 +332,10 @@ class NixlTransferAgent(TransferAgent):
     def _has_pending(self) -> bool:
         return bool(self._reservations) or bool(self._xfers)
 
+    def _is_busy(self) -> bool:
+        # Without NIXL's progress thread, a posted transfer moves only inside our polls.
+        return bool(self._xfers)
+
     def _poll_completions(self) -> list[tuple[str, TransferError | None]]:
         completions: list[tuple[str, TransferError | None]] = []
         with self._xfer_lock:

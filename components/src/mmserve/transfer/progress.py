@@ -26,7 +26,9 @@ Completion = TypeVar("Completion")
 
 
 class ProgressThread(Generic[Completion]):
-    """Calls `poll()` while `has_pending()`; hands non-empty results to `deliver` on `loop`."""
+    """Calls `poll()` while `has_pending()`; hands non-empty results to `deliver` on `loop`.
+    While `busy()` (work that moves only when polled, like a NIXL transfer without a progress
+    thread) it never backs off."""
 
     def __init__(
         self,
@@ -36,9 +38,11 @@ class ProgressThread(Generic[Completion]):
         has_pending: Callable[[], bool],
         deliver: Callable[[list[Completion]], None],
         loop: asyncio.AbstractEventLoop,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self._poll = poll
         self._has_pending = has_pending
+        self._busy = busy
         self._deliver = deliver
         self._loop = loop
         self._work = threading.Event()
@@ -76,7 +80,7 @@ class ProgressThread(Generic[Completion]):
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     return
                 last_activity = now
-            if now - last_activity < FAST_POLL_WINDOW_S:
+            if self._busy() or now - last_activity < FAST_POLL_WINDOW_S:
                 interval = MIN_POLL_INTERVAL_S
             else:
                 interval = min(interval * 2, MAX_POLL_INTERVAL_S)
