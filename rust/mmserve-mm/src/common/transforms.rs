@@ -12,6 +12,8 @@
 //! The patch order is HF's: rows are `(gh / m, gw / m, m, m)` over the patch grid, each row
 //! is `(C, temporal, p, p)`, with the single frame repeated over the temporal patch.
 
+use std::mem::MaybeUninit;
+
 use thiserror::Error;
 
 use crate::common::resize::ImageView;
@@ -199,17 +201,7 @@ pub fn patchify_into(
     geometry: PatchGeometry,
     out: &mut [f32],
 ) -> Result<PatchGrid, TransformError> {
-    write_patches(image.into(), lut, geometry, out, |v| v)
-}
-
-/// [`patchify_into`] of a borrowed image.
-pub fn patchify_view_into(
-    image: ImageView<'_>,
-    lut: &NormalizeLut,
-    geometry: PatchGeometry,
-    out: &mut [f32],
-) -> Result<PatchGrid, TransformError> {
-    write_patches(image, lut, geometry, out, |v| v)
+    write_patches(image.into(), lut, geometry, out, |v| v, copy_row)
 }
 
 /// Allocates and fills the `[rows, cols]` f32 patch matrix.
@@ -218,21 +210,78 @@ pub fn patchify(
     lut: &NormalizeLut,
     geometry: PatchGeometry,
 ) -> Result<(Vec<f32>, PatchGrid), TransformError> {
+    patchify_view(image.into(), lut, geometry)
+}
+
+/// [`patchify`] of a borrowed image.
+pub fn patchify_view(
+    image: ImageView<'_>,
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+) -> Result<(Vec<f32>, PatchGrid), TransformError> {
     let grid = geometry.grid(image.width, image.height)?;
-    let mut out = vec![0.0f32; grid.len()];
-    patchify_into(image, lut, geometry, &mut out)?;
+    let mut out = Vec::with_capacity(grid.len());
+    advise_huge_pages(&out);
+    // Every element is written exactly once, so the buffer is never zero-filled first:
+    // that fill was as much memory traffic as the patches themselves.
+    let spare = out.spare_capacity_mut();
+    write_patches(image, lut, geometry, spare, MaybeUninit::new, stream_row)?;
+    // SAFETY: `write_patches` succeeded, so it wrote all `grid.len()` elements.
+    unsafe { out.set_len(grid.len()) };
     Ok((out, grid))
 }
 
-/// As [`patchify_into`], with bfloat16 values (raw bits), rounded to nearest-even as
-/// torch's `.to(torch.bfloat16)` does.
-pub fn patchify_bf16_into(
-    image: &DecodedImage,
-    lut: &NormalizeLut,
-    geometry: PatchGeometry,
-    out: &mut [u16],
-) -> Result<PatchGrid, TransformError> {
-    write_patches(image.into(), lut, geometry, out, f32_to_bf16_bits)
+fn copy_row<T: Copy>(row: &[T], destination: &mut [T]) {
+    destination.copy_from_slice(row);
+}
+
+/// Copies a finished row with non-temporal stores where the alignment allows: the output
+/// is far larger than the caches and is not read back here, so this skips reading every
+/// destination line before writing it.
+fn stream_row(row: &[MaybeUninit<f32>], destination: &mut [MaybeUninit<f32>]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
+        let aligned = destination.as_ptr() as usize % 16 == 0 && row.len() % 4 == 0;
+        if aligned && destination.len() == row.len() {
+            // SAFETY: SSE is part of x86-64; both slices hold `row.len()` f32 (every
+            // element of `row` was written), the destination is 16-byte aligned and the
+            // length a multiple of 4; the fence orders the streamed stores before later ones.
+            unsafe {
+                let src = row.as_ptr() as *const f32;
+                let dst = destination.as_mut_ptr() as *mut f32;
+                for i in (0..row.len()).step_by(4) {
+                    _mm_stream_ps(dst.add(i), _mm_loadu_ps(src.add(i)));
+                }
+                _mm_sfence();
+            }
+            return;
+        }
+    }
+    destination.copy_from_slice(row);
+}
+
+/// The output is tens of MB written once, and faulting it in 4 KiB pages costs about as
+/// much as computing it; on Linux the untouched range is first marked for transparent huge
+/// pages (a hint: without THP it stays 4 KiB pages).
+fn advise_huge_pages(buffer: &Vec<f32>) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        const HUGE_PAGE: usize = 2 << 20;
+        let bytes = buffer.capacity() * std::mem::size_of::<f32>();
+        if bytes >= 2 * HUGE_PAGE {
+            let start = (buffer.as_ptr() as usize).next_multiple_of(PAGE);
+            let end = (buffer.as_ptr() as usize + bytes) / PAGE * PAGE;
+            // SAFETY: the range lies inside the allocation; madvise reads no memory and a
+            // failure only leaves the default page size.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = buffer;
 }
 
 /// Round-to-nearest-even truncation of an f32 to its top 16 bits (NaN kept quiet).
@@ -251,6 +300,7 @@ fn write_patches<T: Copy>(
     geometry: PatchGeometry,
     out: &mut [T],
     convert: impl Fn(f32) -> T,
+    emit: impl Fn(&[T], &mut [T]),
 ) -> Result<PatchGrid, TransformError> {
     let grid = geometry.grid(image.width, image.height)?;
     let expected_bytes = image.width as usize * image.height as usize * CHANNELS;
@@ -275,36 +325,73 @@ fn write_patches<T: Copy>(
         .map(|row| std::array::from_fn(|v| convert(row[v])))
         .collect();
 
-    let p = geometry.patch as usize;
-    let m = geometry.merge as usize;
-    let plane = p * p;
-    let channel_stride = geometry.temporal as usize * plane;
-    let row_bytes = image.width as usize * CHANNELS;
-    let blocks_w = grid.grid_w as usize / m;
-    for (index, row) in out.chunks_exact_mut(grid.cols).enumerate() {
-        // Row index -> (block_y, block_x, within-block y, within-block x).
-        let (block, within) = (index / (m * m), index % (m * m));
-        let patch_y = (block / blocks_w) * m + within / m;
-        let patch_x = (block % blocks_w) * m + within % m;
-        for py in 0..p {
-            let y = patch_y * p + py;
-            let src = &image.data[y * row_bytes + patch_x * p * CHANNELS..][..p * CHANNELS];
-            for (px, rgb) in src.chunks_exact(CHANNELS).enumerate() {
-                let at = py * p + px;
-                row[at] = table[0][usize::from(rgb[0])];
-                row[channel_stride + at] = table[1][usize::from(rgb[1])];
-                row[2 * channel_stride + at] = table[2][usize::from(rgb[2])];
-            }
-        }
-        // The single frame repeated over the temporal patch.
-        for c in 0..CHANNELS {
-            let base = c * channel_stride;
-            for t in 1..geometry.temporal as usize {
-                row.copy_within(base..base + plane, base + t * plane);
-            }
-        }
+    let rows = PatchRows {
+        data: image.data,
+        row_bytes: image.width as usize * CHANNELS,
+        merge: geometry.merge as usize,
+        temporal: geometry.temporal as usize,
+        blocks_w: grid.grid_w as usize / geometry.merge as usize,
+        cols: grid.cols,
+    };
+    // The usual patch sizes as constants, so the per-row loops unroll.
+    match geometry.patch {
+        14 => rows.fill(14, &table, out, &emit),
+        16 => rows.fill(16, &table, out, &emit),
+        p => rows.fill(p as usize, &table, out, &emit),
     }
     Ok(grid)
+}
+
+/// What [`write_patches`] needs to fill the patch rows of one image.
+struct PatchRows<'a> {
+    data: &'a [u8],
+    row_bytes: usize,
+    merge: usize,
+    temporal: usize,
+    blocks_w: usize,
+    cols: usize,
+}
+
+impl PatchRows<'_> {
+    /// Builds each row in a small staging buffer (it stays in L1) and hands it to `emit`,
+    /// which writes it to its place in `out`.
+    #[inline(always)]
+    fn fill<T: Copy>(
+        &self,
+        p: usize,
+        table: &[[T; 256]],
+        out: &mut [T],
+        emit: &impl Fn(&[T], &mut [T]),
+    ) {
+        let m = self.merge;
+        let plane = p * p;
+        let channel_stride = self.temporal * plane;
+        let mut row = vec![table[0][0]; self.cols];
+        for (index, destination) in out.chunks_exact_mut(self.cols).enumerate() {
+            // Row index -> (block_y, block_x, within-block y, within-block x).
+            let (block, within) = (index / (m * m), index % (m * m));
+            let patch_y = (block / self.blocks_w) * m + within / m;
+            let patch_x = (block % self.blocks_w) * m + within % m;
+            for py in 0..p {
+                let y = patch_y * p + py;
+                let src = &self.data[y * self.row_bytes + patch_x * p * CHANNELS..][..p * CHANNELS];
+                for (c, lut) in table.iter().enumerate() {
+                    let dst = &mut row[c * channel_stride + py * p..][..p];
+                    for (d, rgb) in dst.iter_mut().zip(src.chunks_exact(CHANNELS)) {
+                        *d = lut[usize::from(rgb[c])];
+                    }
+                }
+            }
+            // The single frame repeated over the temporal patch.
+            for c in 0..CHANNELS {
+                let base = c * channel_stride;
+                for t in 1..self.temporal {
+                    row.copy_within(base..base + plane, base + t * plane);
+                }
+            }
+            emit(&row, destination);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -94,12 +94,7 @@ fn normalize_patchify<'py>(
         temporal: temporal_patch_size,
     };
     let (values, grid) = with_view(&image, |view| {
-        py.detach(|| {
-            let grid = geometry.grid(view.width, view.height)?;
-            let mut values = vec![0.0f32; grid.len()];
-            transforms::patchify_view_into(view, &lut, geometry, &mut values)?;
-            Ok::<_, transforms::TransformError>((values, grid))
-        })
+        py.detach(|| transforms::patchify_view(view, &lut, geometry))
     })?
     .map_err(|e| to_py(ResizeError::from(e)))?;
     let array = Array2::from_shape_vec((grid.rows, grid.cols), values)
