@@ -242,7 +242,8 @@ fn stream_row(row: &[MaybeUninit<f32>], destination: &mut [MaybeUninit<f32>]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
-        let aligned = destination.as_ptr() as usize % 16 == 0 && row.len() % 4 == 0;
+        let aligned =
+            (destination.as_ptr() as usize).is_multiple_of(16) && row.len().is_multiple_of(4);
         if aligned && destination.len() == row.len() {
             // SAFETY: SSE is part of x86-64; both slices hold `row.len()` f32 (every
             // element of `row` was written), the destination is 16-byte aligned and the
