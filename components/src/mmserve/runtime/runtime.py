@@ -415,7 +415,9 @@ class Runtime:
             error = exc
         except protocol.ProtocolError as exc:
             error = WireProtocolError(None, str(exc))
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # also a Rust panic: pyo3's PanicException is no Exception
             log.exception("%s.%s failed on %s", served.component, served.endpoint, frame.request_id)
             error = RemoteError(protocol.ERROR_INTERNAL, f"{type(exc).__name__}: {exc}")
         finally:

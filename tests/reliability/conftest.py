@@ -1,0 +1,70 @@
+"""Fixtures of the reliability suite, and the table it writes for `docs/reliability.md`.
+
+Each test records what it tried, how many times and what happened (`trial(...)`). With
+`MMSERVE_RELIABILITY_REPORT=docs/reliability.md` the run rewrites the table between the
+`<!-- suite:begin -->` and `<!-- suite:end -->` markers of that file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
+
+
+@dataclass
+class _Row:
+    nodeid: str
+    tried: str
+    times: int
+    happened: str
+
+
+_rows: list[_Row] = []
+_outcomes: dict[str, str] = {}
+
+Trial = Callable[[str, int, str], None]
+
+
+@pytest.fixture
+def trial(request: pytest.FixtureRequest) -> Trial:
+    """`trial(what was tried, how many times, what happened)`: one row of the report."""
+
+    def record(tried: str, times: int, happened: str) -> None:
+        _rows.append(_Row(request.node.nodeid, tried, times, happened))
+
+    return record
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        _outcomes[report.nodeid] = "failed"
+    elif hasattr(report, "wasxfail"):
+        _outcomes[report.nodeid] = "xfail"
+    elif report.when == "call":
+        _outcomes.setdefault(report.nodeid, report.outcome)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get("MMSERVE_RELIABILITY_REPORT")
+    if not target or not _rows:
+        return
+    path = Path(target)
+    text = path.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    lines = [
+        "| area | what was tried | times | what happened | test |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in _rows:
+        area = row.nodeid.split("::")[0].rsplit("/", 1)[-1].removeprefix("test_")
+        area = area.removesuffix(".py").replace("_", " ")
+        outcome = _outcomes.get(row.nodeid, "not run")
+        lines.append(f"| {area} | {row.tried} | {row.times} | {row.happened} | {outcome} |")
+    path.write_text(f"{head}{BEGIN}\n{chr(10).join(lines)}\n{END}{tail}")

@@ -1,0 +1,56 @@
+"""A Rust panic reaches Python as pyo3's `PanicException`, which derives from BaseException,
+not Exception: code that catches `Exception` lets it through. A served handler that meets one
+must still answer its caller with an error at once, and the endpoint must keep serving."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from mmserve import protocol as p
+from mmserve.runtime import RemoteError, RequestContext, Runtime
+
+from .conftest import Trial
+
+
+class PanicException(BaseException):
+    """Stands in for `pyo3_runtime.PanicException` (not importable from Python)."""
+
+
+async def _panics(request: p.TokenChunk, ctx: RequestContext) -> AsyncIterator[p.TokenChunk]:
+    if request.text == "panic":
+        raise PanicException("index out of bounds: the len is 3 but the index is 7")
+    yield p.TokenChunk(request_id=ctx.request_id, text="fine")
+
+
+async def test_a_panicking_handler_answers_internal_and_keeps_serving(
+    nats_url: str, trial: Trial
+) -> None:
+    namespace = f"panic-{uuid.uuid4().hex[:8]}"
+    # The idle timeout is the backstop for an answer that never comes: make it long, so only
+    # a real error answer can end the call within the bound below.
+    async with await Runtime.connect(nats_url, namespace, idle_timeout=60) as runtime:
+        await runtime.serve("svc", "generate", _panics, p.TokenChunk)
+        client = runtime.client("svc", "generate")
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(RemoteError) as raised:
+                async for _chunk in client.stream(
+                    p.TokenChunk(request_id="", text="panic"), p.TokenChunk, timeout=30
+                ):
+                    pass
+            assert raised.value.code == p.ERROR_INTERNAL, raised.value
+            assert "PanicException" in raised.value.message
+            assert time.monotonic() - started < 10
+            replies = [
+                chunk.text
+                async for chunk in client.stream(
+                    p.TokenChunk(request_id="", text="ok"), p.TokenChunk, timeout=30
+                )
+            ]
+            assert replies == ["fine"]
+    trial("a handler raising a PanicException (BaseException)", 3,
+          "caller gets `internal` at once; the next call is served")  # fmt: skip
