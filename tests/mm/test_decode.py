@@ -173,6 +173,16 @@ def test_cmyk_conversion_matches_pil_for_every_ink_and_black_level() -> None:
     assert_same_as_pil(save(Image.fromarray(cmyk, "CMYK"), "JPEG", quality=100, subsampling=0))
 
 
+def test_jpeg_deeper_than_8_bits_is_refused() -> None:
+    data = bytearray(save(Image.new("RGB", (16, 16), (10, 20, 30)), "JPEG"))
+    precision_at = data.index(b"\xff\xc0") + 4  # SOF0: marker, length, then precision
+    data[precision_at] = 12
+    with pytest.raises(_mm.MediaError) as e:
+        _mm.decode_image(bytes(data))
+    assert e.value.args[0] == "decode.unsupported_bit_depth"
+    assert "12-bit" in e.value.args[1]
+
+
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_exif_orientation_matches_exif_transpose(orientation: int) -> None:
     image = Image.fromarray(photo(np.random.default_rng(orientation), 13, 7))

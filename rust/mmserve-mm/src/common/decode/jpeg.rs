@@ -98,6 +98,12 @@ pub(super) fn decode(
 ) -> Result<(DecodedImage, Orientation), DecodeError> {
     let size = c_ulong::try_from(bytes.len())
         .map_err(|_| DecodeError::corrupt(FORMAT, "file too large"))?;
+    if let Some(bits) = sample_precision(bytes).filter(|&bits| bits > 8) {
+        return Err(DecodeError::UnsupportedBitDepth {
+            format: FORMAT.name(),
+            bits: u32::from(bits),
+        });
+    }
     let tj = Decompressor::new()?;
     let (mut width, mut height, mut subsamp, mut colorspace) = (0, 0, 0, 0);
     // SAFETY: `bytes` is valid for `size` bytes; the out-pointers point at live locals.
@@ -177,32 +183,47 @@ fn inverted_cmyk_to_rgb_in_place(data: &mut Vec<u8>) {
     data.shrink_to_fit();
 }
 
-/// The first APP1 `Exif` payload and the first APP1 XMP packet, as PIL keeps them.
-fn app1_metadata(bytes: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
-    const XMP_ID: &[u8] = b"http://ns.adobe.com/xap/1.0/\0";
-    let (mut exif, mut xmp) = (None, None);
+/// The marker segments before the first scan: `(marker, payload)`.
+fn header_segments(bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
     let mut at = 2; // after SOI
-    while at + 4 <= bytes.len() && bytes[at] == 0xFF {
+    std::iter::from_fn(move || loop {
+        if at + 4 > bytes.len() || bytes[at] != 0xFF {
+            return None;
+        }
         let marker = bytes[at + 1];
         if marker == 0xFF {
             at += 1; // fill byte
             continue;
         }
         if marker == 0xDA || marker == 0xD9 {
-            break; // start of scan / end of image: no more metadata
+            return None; // start of scan / end of image
         }
         let len = usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
-        let Some(payload) = bytes.get(at + 4..at + 2 + len).filter(|_| len >= 2) else {
-            break;
-        };
-        if marker == 0xE1 {
-            if exif.is_none() && payload.starts_with(b"Exif\0\0") {
-                exif = Some(payload);
-            } else if xmp.is_none() && payload.starts_with(XMP_ID) {
-                xmp = Some(&payload[XMP_ID.len()..]);
-            }
-        }
+        let payload = bytes.get(at + 4..at + 2 + len).filter(|_| len >= 2)?;
         at += 2 + len;
+        return Some((marker, payload));
+    })
+}
+
+/// The sample precision of the frame header (SOF0..SOF15, except DHT, JPG and DAC).
+fn sample_precision(bytes: &[u8]) -> Option<u8> {
+    header_segments(bytes)
+        .find(|&(marker, _)| {
+            (0xC0..=0xCF).contains(&marker) && ![0xC4, 0xC8, 0xCC].contains(&marker)
+        })
+        .and_then(|(_, payload)| payload.first().copied())
+}
+
+/// The first APP1 `Exif` payload and the first APP1 XMP packet, as PIL keeps them.
+fn app1_metadata(bytes: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
+    const XMP_ID: &[u8] = b"http://ns.adobe.com/xap/1.0/\0";
+    let (mut exif, mut xmp) = (None, None);
+    for (_, payload) in header_segments(bytes).filter(|&(marker, _)| marker == 0xE1) {
+        if exif.is_none() && payload.starts_with(b"Exif\0\0") {
+            exif = Some(payload);
+        } else if xmp.is_none() && payload.starts_with(XMP_ID) {
+            xmp = Some(&payload[XMP_ID.len()..]);
+        }
     }
     (exif, xmp)
 }
