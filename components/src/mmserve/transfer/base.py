@@ -24,17 +24,15 @@ import torch
 
 from mmserve.protocol import TensorHandle, TransferPoolStats
 
+from .defaults import (
+    DEFAULT_INLINE_THRESHOLD,
+    DEFAULT_LEASE_TIMEOUT_S,
+    MAX_INLINE_BYTES,
+)
 from .progress import ProgressThread
 
 logger = logging.getLogger(__name__)
 
-# Below this size a registered-buffer round trip costs more than carrying the bytes in the message.
-DEFAULT_INLINE_THRESHOLD = 64 * 1024
-# NATS' default max_payload is 1 MiB; inline tensors stay well under it, leaving room for the
-# message around them.
-MAX_INLINE_BYTES = 512 * 1024
-DEFAULT_LEASE_TIMEOUT_S = 30.0
-DEFAULT_POOL_BYTES = 1 << 30
 # Copies at least this large (about a millisecond) run in a worker thread (torch releases the
 # GIL) so the event loop stays responsive; smaller ones cost less than the hand-off.
 THREADED_COPY_BYTES = 4 << 20

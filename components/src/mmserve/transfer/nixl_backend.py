@@ -41,9 +41,6 @@ from mmserve.protocol import (
 )
 
 from .base import (
-    DEFAULT_INLINE_THRESHOLD,
-    DEFAULT_LEASE_TIMEOUT_S,
-    DEFAULT_POOL_BYTES,
     Landing,
     Lease,
     TransferAgent,
@@ -53,6 +50,7 @@ from .base import (
     dtype_from_name,
     typed_view,
 )
+from .defaults import DEFAULT_INLINE_THRESHOLD, DEFAULT_LEASE_TIMEOUT_S, DEFAULT_POOL_BYTES
 from .pool import BufferPool, PooledBuffer
 
 logger = logging.getLogger(__name__)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from typing import TYPE_CHECKING
 
-from .base import (
+from .defaults import (
     DEFAULT_INLINE_THRESHOLD,
     DEFAULT_LEASE_TIMEOUT_S,
     DEFAULT_POOL_BYTES,
     MAX_INLINE_BYTES,
-    TransferAgent,
 )
+
+if TYPE_CHECKING:
+    from .base import TransferAgent
 
 BACKENDS = ("nixl", "shm", "inline")
 
