@@ -206,8 +206,10 @@ fn percent_decode(input: &[u8]) -> Result<Vec<u8>, String> {
     let mut i = 0;
     while i < input.len() {
         if input[i] == b'%' {
+            // Exactly two hex digits: `from_str_radix` alone would also take a sign ("%+1").
             let hex = input
                 .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| format!("invalid percent escape at byte {i}"))?;
