@@ -8,7 +8,14 @@ fn percent_escapes_need_two_hex_digits() {
     let policy = FetchPolicy::default();
     assert_eq!(fetch_bytes("data:,a%41%2f", &policy).unwrap(), b"aA/");
     // A sign is no hex digit, though `u8::from_str_radix("+1", 16)` reads it as 1.
-    for bad in ["data:,%+1", "data:,%-1", "data:,% 1", "data:,%1", "data:,%", "data:,%g0"] {
+    for bad in [
+        "data:,%+1",
+        "data:,%-1",
+        "data:,% 1",
+        "data:,%1",
+        "data:,%",
+        "data:,%g0",
+    ] {
         let err = fetch_bytes(bad, &policy).unwrap_err();
         assert_eq!(err.code(), "fetch.bad_data_url", "{bad}");
     }
@@ -20,7 +27,10 @@ fn decoded_payloads_are_capped() {
         max_bytes: 4,
         ..FetchPolicy::default()
     };
-    assert_eq!(fetch_bytes("data:;base64,AAAAAA==", &policy).unwrap().len(), 4);
+    assert_eq!(
+        fetch_bytes("data:;base64,AAAAAA==", &policy).unwrap().len(),
+        4
+    );
     for over in ["data:;base64,AAAAAAA=", "data:,abcde", "AAAAAAA="] {
         let err = fetch_bytes(over, &policy).unwrap_err();
         assert_eq!(err.code(), "fetch.too_large", "{over}");
