@@ -310,6 +310,9 @@ def test_bmp_indices_past_a_short_palette_match_pil() -> None:
         (16, (0x7C00, 0x03E0, 0x001F)),
         (32, (0xFF0000, 0xFF00, 0xFF)),
         (32, (0xFF000000, 0xFF0000, 0xFF00)),
+        (32, (0xFF000000, 0xFF00, 0xFF)),
+        (32, (0, 0, 0)),
+        (24, (0xFF0000, 0xFF00, 0xFF)),
     ],
 )
 @pytest.mark.parametrize("top_down", [False, True])

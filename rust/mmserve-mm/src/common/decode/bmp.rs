@@ -100,10 +100,13 @@ pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
             bytes: 4,
             masks: [0xFF_0000, 0xFF00, 0xFF],
         },
-        (16 | 32, BI_BITFIELDS | BI_ALPHABITFIELDS) => {
+        (16 | 24 | 32, BI_BITFIELDS | BI_ALPHABITFIELDS) => {
             // Masks follow a 40-byte header and are part of larger ones, at the same offset.
             let at = FILE_HEADER_LEN + 40;
-            let masks = [r.u32(at)?, r.u32(at + 4)?, r.u32(at + 8)?];
+            let mut masks = [r.u32(at)?, r.u32(at + 4)?, r.u32(at + 8)?];
+            if bpp == 32 && masks == [0; 3] {
+                masks = [0xFF_0000, 0xFF00, 0xFF]; // PIL reads all-zero masks as BGRA
+            }
             if masks.iter().any(|&m| m == 0 || !is_contiguous(m)) {
                 return Err(DecodeError::unsupported(
                     FORMAT,
