@@ -43,9 +43,16 @@ class Deployment:
     log_dir: Path
     transfer: str = "shm"
     frontend_flags: list[str] = field(default_factory=list)
+    worker_flags: list[str] = field(default_factory=list)  # added to every worker, e.g. engine
+    # (process name, role, role flags) to start instead of the pattern's own processes
+    components: list[tuple[str, str, list[str]]] = field(default_factory=list)
     namespace: str = field(default_factory=lambda: f"e2e-{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def workers(self) -> list[tuple[str, str, list[str]]]:
+        return self.components or PATTERNS[self.pattern]
 
     @property
     def base_url(self) -> str:
@@ -65,10 +72,11 @@ class Deployment:
     def start(self) -> Deployment:
         media = ["--allowed-media-domains", "127.0.0.1"]
         common = ["--model-path", str(self.model_path), "--namespace", self.namespace]
-        for name, role, flags in PATTERNS[self.pattern]:
+        for name, role, flags in self.workers:
             fetches = role in FETCHING_ROLES or "--encode" in flags
             transfer = ["--transfer", self.transfer]
-            self._spawn(name, [role, *common, *flags, *transfer, *(media if fetches else [])])
+            media_flags = media if fetches else []
+            self._spawn(name, [role, *common, *flags, *self.worker_flags, *transfer, *media_flags])
         self._spawn(
             "frontend",
             [
@@ -88,7 +96,7 @@ class Deployment:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        workers = [name for name, _, _ in PATTERNS[self.pattern]]
+        workers = [name for name, _, _ in self.workers]
         while time.monotonic() < deadline:
             for name, process in self.processes.items():
                 if process.poll() is not None:

@@ -389,6 +389,8 @@ class PreprocessedRequest(WireMessage, frozen=True):
 
     `token_ids` holds one placeholder per media item until `expanded` is true (each placeholder
     then repeated `token_count` times, after encode). `deadline` is unix time in seconds.
+    `route` names the instance the router chose per component (`worker`, `prefill`, `decode`);
+    a hop that calls one of them addresses that instance.
     """
 
     request_id: str
@@ -401,6 +403,7 @@ class PreprocessedRequest(WireMessage, frozen=True):
     stop: StopConditions = StopConditions()
     lora_name: str | None = None
     expanded: bool = False
+    route: dict[str, str] = {}  # component -> instance id
 
 
 class EncodeRequest(WireMessage, frozen=True):

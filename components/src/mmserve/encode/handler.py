@@ -2,11 +2,13 @@
 the expanded prompt and the embeddings to the next hop and stream its answer back.
 
 The next hop is discovered: a decode worker when the deployment has one (E/P/D), else an
-aggregated worker (E/PD).
+aggregated worker (E/PD). The instance is the one the frontend's router chose
+(`PreprocessedRequest.route`), or any instance when none was chosen or it is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +20,7 @@ from mmserve.encode.embeddings import offer_embeddings
 from mmserve.encode.stage import EncodeStage
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import PreprocessedRequest, TokenChunk
+from mmserve.router.route import stream_routed
 from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext, Runtime
 from mmserve.transfer import TransferAgent
 from mmserve.worker.errors import typed_errors
@@ -71,10 +74,17 @@ class EncodeHandler:
                     request, token_ids=encoded.token_ids, media=media, expanded=True
                 )
                 # Leases return their buffers once the next hop has read them (or time out).
-                async for chunk in next_hop.stream(
-                    downstream, TokenChunk, request_id=request.request_id, deadline=request.deadline
-                ):
-                    yield chunk
+                replies = stream_routed(
+                    next_hop,
+                    downstream,
+                    TokenChunk,
+                    instance_id=request.route.get(next_hop.component),
+                    request_id=request.request_id,
+                    deadline=request.deadline,
+                )
+                async with contextlib.aclosing(replies):
+                    async for chunk in replies:
+                        yield chunk
             outcome = "done"
         except RemoteError as exc:
             metrics.ERRORS.labels(COMPONENT, exc.code).inc()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mmserve.media.policy import MediaPolicy
+from mmserve.router.settings import RouterSettings
 from mmserve.transfer.options import add_transfer_arguments
 
 if TYPE_CHECKING:
@@ -80,18 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fetch, decode and preprocess images here and ship pixel_values to the encoder",
     )
     parser.add_argument(
-        "--router-mode",
-        choices=["kv", "round-robin", "random"],
-        default="round-robin",
-        help="how a worker is picked for each request (default: round-robin)",
-    )
-    parser.add_argument(
         "--namespace",
         default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
     )
     MediaPolicy.add_cli_args(parser)
     add_transfer_arguments(parser)
+    RouterSettings.add_cli_args(parser)
 
 
 def load_model(args: argparse.Namespace) -> ServedModel:

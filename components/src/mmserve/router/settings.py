@@ -12,7 +12,7 @@ from mmserve.router.scheduler import KvCostConfig, Router, RouterMode
 
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
-    mode: RouterMode = RouterMode.ROUND_ROBIN
+    mode: RouterMode = RouterMode.KV
     block_size: int = DEFAULT_BLOCK_SIZE  # must equal the workers' KV block size
     pad_scheme: PadScheme = PadScheme.DYNAMO  # must equal the engines' scheme
     cost: KvCostConfig = field(default_factory=KvCostConfig)
@@ -23,9 +23,9 @@ class RouterSettings:
         group.add_argument(
             "--router-mode",
             choices=[mode.value for mode in RouterMode],
-            default=RouterMode.ROUND_ROBIN.value,
+            default=RouterMode.KV.value,
             help="how a worker is picked for each request: kv (longest cached prefix, images "
-            "included, weighed against load), round-robin or random (default: round-robin)",
+            "included, weighed against load), round-robin or random (default: kv)",
         )
         group.add_argument(
             "--kv-block-size",

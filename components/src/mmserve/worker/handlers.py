@@ -8,6 +8,7 @@ expanded by an encode worker, with the embeddings waiting to be fetched by trans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import socket
@@ -29,6 +30,7 @@ from mmserve.protocol import (
     PreprocessedRequest,
     TokenChunk,
 )
+from mmserve.router.route import stream_routed
 from mmserve.runtime import RemoteError, RequestContext, Runtime
 from mmserve.transfer import Lease, TransferAgent
 from mmserve.worker.errors import typed_errors
@@ -261,21 +263,25 @@ class DecodeHandler(WorkerHandler):
             self._log_request(request, started, outcome)
 
     async def _remote_prefill(self, request: PreprocessedRequest) -> KvHandle:
-        """Run the prompt on a prefill worker; read its stream to the end, so prefill sees
-        its KV buffers read before it finishes."""
+        """Run the prompt on a prefill worker (the one the router chose, if any); read its
+        stream to the end, so prefill sees its KV buffers read before it finishes."""
         tensors: dict[str, torch.Tensor] | None = None
-        replies = self.prefill.stream(
+        replies = stream_routed(
+            self.prefill,
             PrefillRequest(request=request),
             PrefillReply,
+            instance_id=request.route.get(PrefillHandler.component),
             request_id=request.request_id,
             deadline=request.deadline,
         )
-        async for reply in replies:
-            if isinstance(reply, PrefillDone):
-                with nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ):
-                    tensors = {
-                        name: await self.transfer.fetch(handle) for name, handle in reply.kv.items()
-                    }
+        async with contextlib.aclosing(replies):
+            async for reply in replies:
+                if isinstance(reply, PrefillDone):
+                    with nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ):
+                        tensors = {
+                            name: await self.transfer.fetch(handle)
+                            for name, handle in reply.kv.items()
+                        }
         if tensors is None:
             raise RemoteError(
                 protocol.ERROR_PROTOCOL, "prefill ended without handing over the KV cache"

@@ -9,14 +9,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmserve.engines.base import Engine
+from mmserve.engines.mock import (
+    DEFAULT_CACHE_BLOCKS,
+    DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_PREFILL_US_PER_TOKEN,
+    MockEngine,
+)
 from mmserve.media import MediaPolicy
 from mmserve.observability.metrics import serve_metrics
+from mmserve.router.kv_events import KvEventPublisher
+from mmserve.router.pad import PadScheme
 from mmserve.runtime import Runtime
 from mmserve.transfer import TransferAgent, add_transfer_arguments, create_transfer_agent
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("hf",)
+ENGINES = ("hf", "mock")
+KV_CACHING_ROLES = ("worker", "prefill")
+"""Roles whose engine keeps the prompts it runs in its prefix cache, and so publish KV events
+(decode imports a prefill's KV without caching it)."""
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> None:
@@ -26,7 +37,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
         default=None,
         help="local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL, built if missing)",
     )
-    parser.add_argument("--engine", choices=ENGINES, default="hf", help="inference engine")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="hf",
+        help="inference engine: hf (transformers) or mock (no model, simulated timing, for "
+        "routing at scale) (default: hf)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device for the hf engine")
     parser.add_argument(
         "--namespace",
@@ -35,6 +52,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
     )
     parser.add_argument(
         "--block-size", type=int, default=16, help="KV block size in tokens (default: 16)"
+    )
+    parser.add_argument(
+        "--pad-scheme",
+        choices=[scheme.value for scheme in PadScheme],
+        default=PadScheme.DYNAMO.value,
+        help="media pad values in the prefix cache's block hashes; must match the frontend's "
+        "--pad-scheme (default: dynamo)",
     )
     parser.add_argument(
         "--max-queue",
@@ -47,6 +71,29 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
         type=int,
         default=0,
         help="serve Prometheus /metrics on this port (default: 0, off)",
+    )
+    mock = parser.add_argument_group("mock engine")
+    mock.add_argument(
+        "--mock-prefill-us-per-token",
+        type=float,
+        default=DEFAULT_PREFILL_US_PER_TOKEN,
+        metavar="US",
+        help="simulated prefill time per uncached prompt token "
+        f"(default: {DEFAULT_PREFILL_US_PER_TOKEN:g})",
+    )
+    mock.add_argument(
+        "--mock-decode-ms-per-token",
+        type=float,
+        default=DEFAULT_DECODE_MS_PER_TOKEN,
+        metavar="MS",
+        help=f"simulated time per decoded token (default: {DEFAULT_DECODE_MS_PER_TOKEN:g})",
+    )
+    mock.add_argument(
+        "--mock-cache-blocks",
+        type=int,
+        default=DEFAULT_CACHE_BLOCKS,
+        metavar="N",
+        help=f"prefix cache budget in KV blocks (default: {DEFAULT_CACHE_BLOCKS})",
     )
     add_transfer_arguments(parser)
     if encodes:
@@ -65,11 +112,22 @@ def resolve_model_path(args: argparse.Namespace) -> Path:
 
 
 async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
+    common = {
+        "block_size": args.block_size,
+        "max_queue": args.max_queue,
+        "pad_scheme": PadScheme(args.pad_scheme),
+    }
     if args.engine == "hf":
         from mmserve.engines.hf import HfEngine
 
-        return await HfEngine.load(
-            model_path, device=args.device, block_size=args.block_size, max_queue=args.max_queue
+        return await HfEngine.load(model_path, device=args.device, **common)
+    if args.engine == "mock":
+        return await MockEngine.load(
+            model_path,
+            cache_blocks=args.mock_cache_blocks,
+            prefill_us_per_token=args.mock_prefill_us_per_token,
+            decode_ms_per_token=args.mock_decode_ms_per_token,
+            **common,
         )
     raise SystemExit(f"unknown engine {args.engine!r}")
 
@@ -82,8 +140,11 @@ class WorkerServices:
     engine: Engine
     transfer: TransferAgent
     model_path: Path
+    kv_events: KvEventPublisher | None = None
 
     async def close(self) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         await self.runtime.shutdown()
         await self.engine.close()
         await self.transfer.close()
@@ -94,5 +155,16 @@ async def start_services(args: argparse.Namespace) -> WorkerServices:
     transfer = create_transfer_agent(args)
     engine = await load_engine(args, model_path)
     runtime = await Runtime.connect(namespace=args.namespace)
+    services = WorkerServices(runtime, engine, transfer, model_path)
+    if args.role in KV_CACHING_ROLES:
+        services.kv_events = await publish_kv_events(runtime, engine, args.role)
     serve_metrics(args.metrics_port)
-    return WorkerServices(runtime=runtime, engine=engine, transfer=transfer, model_path=model_path)
+    return services
+
+
+async def publish_kv_events(runtime: Runtime, engine: Engine, component: str) -> KvEventPublisher:
+    """Publish the engine's prefix-cache changes for the routers of `component`, as the
+    runtime's instance; a router that lost track gets a dump of `kv_cache_snapshot`."""
+    publisher = await KvEventPublisher(runtime, component, engine.kv_cache_snapshot).start()
+    engine.subscribe_kv_events(publisher.publish)  # thread-safe, keeps the events' order
+    return publisher

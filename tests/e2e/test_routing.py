@@ -1,0 +1,167 @@
+"""KV-aware routing over real processes on the mock engine: requests land where their prefix
+(images included, by content) is cached, a dead worker leaves the index, and E/P/D routes the
+prefill hop by overlap."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mmserve.models.tiny import build_tiny_model
+
+from .deployment import Deployment
+from .images import data_url
+
+MOCK = ["--engine", "mock", "--mock-prefill-us-per-token", "50", "--mock-decode-ms-per-token", "1"]
+KV = ["--router-mode", "kv"]
+LONG_TEXT = " ".join(f"clause {i} of the shared instructions." for i in range(40))
+
+
+def image_request(url: str, question: str = "What is in this picture?") -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": question},
+            ],
+        }
+    ]
+
+
+def text_request(question: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": LONG_TEXT}, {"role": "user", "content": question}]
+
+
+class Client:
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.http = httpx.Client(base_url=deployment.base_url, timeout=60)
+
+    def chat(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {
+            "model": self.deployment.model_path.name,
+            "messages": messages,
+            "max_tokens": 4,
+            "temperature": 0,
+        }
+        response = self.http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def served_by(self, answer: dict[str, Any], names: list[str]) -> str:
+        """The process whose log finished the request."""
+        done = [
+            name for name in names if f"request {answer['id']} done" in self.deployment.log(name)
+        ]
+        assert len(done) == 1, f"{answer['id']} finished on {done}"
+        return done[0]
+
+
+def instance_id(deployment: Deployment, name: str) -> str:
+    found = re.search(r" ready: instance (\S+),", deployment.log(name))
+    assert found is not None
+    return found.group(1)
+
+
+def cached(answer: dict[str, Any]) -> int:
+    return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+Deploy = Callable[[str, list[tuple[str, str, list[str]]]], Deployment]
+
+
+@pytest.fixture
+def deploy(nats_url: str, tmp_path: Path) -> Iterator[Deploy]:
+    """Starts mock-engine workers behind a kv-routing frontend; stops them after the test."""
+    started: list[Deployment] = []
+
+    def start(pattern: str, components: list[tuple[str, str, list[str]]]) -> Deployment:
+        deployment = Deployment(
+            pattern,
+            build_tiny_model("qwen2_vl"),
+            nats_url,
+            tmp_path,
+            frontend_flags=KV,
+            worker_flags=MOCK,
+            components=components,
+        )
+        started.append(deployment.start())
+        deployment.wait_ready()
+        return deployment
+
+    yield start
+    for deployment in started:
+        deployment.stop()
+
+
+def test_kv_routing_follows_cached_images_and_text_and_drops_a_dead_worker(
+    deploy: Deploy, image_server: str, image_dir: Path
+) -> None:
+    workers = [(f"worker{i}", "worker", ["--encode"]) for i in range(3)]
+    names = [name for name, _, _ in workers]
+    deployment = deploy("agg", workers)
+    client = Client(deployment)
+
+    # The same bytes by another URL: the router sends it where the image is cached.
+    first = client.chat(image_request(f"{image_server}/photo.jpg"))
+    holder = client.served_by(first, names)
+    again = client.chat(image_request(data_url(image_dir / "photo.jpg")))
+    assert client.served_by(again, names) == holder
+    image_tokens = first["usage"]["prompt_tokens"] - 30
+    assert cached(again) > image_tokens
+
+    # Another image after the same text shares only the blocks before the image.
+    other = client.chat(image_request(f"{image_server}/tall.png"))
+    assert cached(other) < 32
+
+    # Text alone routes by text.
+    text = client.chat(text_request("Summarise them."))
+    text_holder = client.served_by(text, names)
+    text_again = client.chat(text_request("Now list them."))
+    assert client.served_by(text_again, names) == text_holder
+    assert cached(text_again) >= 16 * 10
+
+    # The image's worker dies: requests keep succeeding, the router forgets its blocks...
+    dead = instance_id(deployment, holder)
+    deployment.kill(holder)
+    assert client.chat(image_request(f"{image_server}/photo.jpg"))["choices"]
+    dropped = re.compile(rf"worker {dead} left: (\d+) cached blocks dropped")
+    deadline = time.monotonic() + 30
+    while not (found := dropped.search(deployment.log("frontend"))):
+        assert time.monotonic() < deadline, "discovery did not drop the killed worker"
+        time.sleep(0.2)
+    assert int(found.group(1)) > image_tokens // 16
+    # ...and sends nothing to it once discovery noticed.
+    notice = len(deployment.log("frontend"))
+    living = [name for name in names if name != holder]
+    for url in (f"{image_server}/photo.jpg", f"{image_server}/small.png"):
+        answer = client.chat(image_request(url))
+        assert client.served_by(answer, living) in living
+    assert dead not in deployment.log("frontend")[notice:]
+
+
+def test_e_p_d_routes_prefill_to_the_instance_holding_the_prefix(
+    deploy: Deploy, image_server: str, image_dir: Path
+) -> None:
+    components: list[tuple[str, str, list[str]]] = [
+        ("encode", "encode", []),
+        ("prefill0", "prefill", []),
+        ("prefill1", "prefill", []),
+        ("decode", "decode", []),
+    ]
+    deployment = deploy("e_p_d", components)
+    client = Client(deployment)
+    prefills = ["prefill0", "prefill1"]
+    first = client.chat(image_request(f"{image_server}/photo.jpg"))
+    holder = client.served_by(first, prefills)
+    for question in ("And the colours?", "What is in this picture?"):
+        answer = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
+        assert client.served_by(answer, prefills) == holder
+        assert cached(answer) > 64
