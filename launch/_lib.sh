@@ -17,6 +17,7 @@ HTTP_HOST="127.0.0.1"
 HTTP_PORT="8000"
 NATS_PORT="4222"
 EXTRA_ARGS=()
+SGLANG_ARGS=()
 MEDIA_ARGS=()
 PIDS=()
 NAMES=()
@@ -34,7 +35,8 @@ Starts $LAUNCH_DESCRIPTION.
   --nats-port P     port of the nats-server started when NATS_URL is unset (default: 4222)
   --allowed-media-domains H..., --allowed-local-media-path DIR..., --media-fetch-timeout S
                     media policy, passed to the frontend and to every process that fetches media
-Unknown flags, and everything after --, are passed to every worker.
+Unknown flags, and everything after --, are passed to every worker; with --engine sglang,
+everything after -- is SGLang's own flags (--tp 2 --mem-fraction-static 0.8 ...).
 USAGE
 }
 
@@ -50,7 +52,9 @@ launch_parse() {
       --allowed-media-domains|--allowed-local-media-path|--media-fetch-timeout|--max-media-items)
         MEDIA_ARGS+=("$1"); shift
         while [ $# -gt 0 ] && [[ "$1" != --* ]]; do MEDIA_ARGS+=("$1"); shift; done ;;
-      --) shift; EXTRA_ARGS+=("$@"); break ;;
+      --) shift
+          if [ "$ENGINE" = sglang ]; then SGLANG_ARGS+=("$@"); else EXTRA_ARGS+=("$@"); fi
+          break ;;
       *) EXTRA_ARGS+=("$1"); shift ;;
     esac
   done
@@ -80,8 +84,12 @@ launch_worker() {
   if [ "$role" = encode ] || [[ " $* " == *" --encode "* ]]; then
     media=(${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"})
   fi
+  local sglang=()
+  if [ "$ENGINE" = sglang ]; then
+    sglang=(-- ${SGLANG_ARGS[@]+"${SGLANG_ARGS[@]}"} ${WORKER_SGLANG_ARGS[@]+"${WORKER_SGLANG_ARGS[@]}"})
+  fi
   launch_start "$name" mmserve "$role" --model-path "$MODEL_PATH" --engine "$ENGINE" "$@" \
-    ${media[@]+"${media[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    ${media[@]+"${media[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${sglang[@]+"${sglang[@]}"}
 }
 
 launch_start() {

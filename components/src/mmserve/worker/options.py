@@ -24,7 +24,7 @@ from mmserve.transfer import TransferAgent, add_transfer_arguments, create_trans
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("hf", "mock")
+ENGINES = ("hf", "mock", "sglang")
 KV_CACHING_ROLES = ("worker", "prefill")
 """Roles whose engine keeps the prompts it runs in its prefix cache, and so publish KV events
 (decode imports a prefill's KV without caching it)."""
@@ -41,8 +41,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
         "--engine",
         choices=ENGINES,
         default="hf",
-        help="inference engine: hf (transformers) or mock (no model, simulated timing, for "
-        "routing at scale) (default: hf)",
+        help="inference engine: hf (transformers), mock (no model, simulated timing, for "
+        "routing at scale) or sglang (SGLang on GPUs; its own flags go after --) (default: hf)",
     )
     parser.add_argument("--device", default="cpu", help="torch device for the hf engine")
     parser.add_argument(
@@ -95,6 +95,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
         metavar="N",
         help=f"prefix cache budget in KV blocks (default: {DEFAULT_CACHE_BLOCKS})",
     )
+    parser.add_argument(
+        "sglang_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- SGLANG_FLAGS",
+        help="with --engine sglang: SGLang's own flags after --, e.g. -- --tp 2 "
+        "--mem-fraction-static 0.8 (see docs/sglang.md)",
+    )
     add_transfer_arguments(parser)
     if encodes:
         MediaPolicy.add_cli_args(parser)
@@ -112,6 +119,8 @@ def resolve_model_path(args: argparse.Namespace) -> Path:
 
 
 async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
+    if args.engine != "sglang" and getattr(args, "sglang_args", None):
+        raise SystemExit(f"SGLang flags given without --engine sglang: {args.sglang_args}")
     common = {
         "block_size": args.block_size,
         "max_queue": args.max_queue,
@@ -129,6 +138,15 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
             decode_ms_per_token=args.mock_decode_ms_per_token,
             **common,
         )
+    if args.engine == "sglang":
+        from mmserve.engines.sglang import SglangEngine, SglangStartupError
+
+        try:
+            return await SglangEngine.load(
+                model_path, role=args.role, sglang_args=args.sglang_args, **common
+            )
+        except SglangStartupError as exc:
+            raise SystemExit(f"sglang: {exc}") from exc
     raise SystemExit(f"unknown engine {args.engine!r}")
 
 
