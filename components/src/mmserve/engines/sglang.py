@@ -108,6 +108,18 @@ def image_item(embeddings: Sequence[ItemEmbedding]) -> dict[str, Any]:
     }
 
 
+def encoder_item(item: MediaInput, device: torch.device | str = "cpu") -> Any:
+    """The Rust core's pixels as the `MultimodalDataItem` SGLang's encoder hands its model
+    (`MMEncoder._build_model_mm_items`: `from_dict` of modality and feature, then the grid)."""
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+
+    mm_item = MultimodalDataItem.from_dict(
+        {"modality": Modality.IMAGE, "feature": item.pixel_values.to(device)}
+    )
+    mm_item.set("image_grid_thw", torch.tensor([item.grid_thw], dtype=torch.long))
+    return mm_item
+
+
 def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str, Any]:
     """mmserve's sampling and stop rules as SGLang's `sampling_params` dict."""
     params: dict[str, Any] = {
@@ -279,8 +291,6 @@ class SglangEngine(Engine):
             return await asyncio.to_thread(self._encode, list(items))
 
     def _encode(self, items: list[MediaInput]) -> list[ItemEmbedding]:
-        from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
-
         with self._encoder_lock:
             if self._encoder is None:
                 # A worker that encodes beside its language model (agg, EP/D): SGLang's
@@ -293,13 +303,7 @@ class SglangEngine(Engine):
         out = []
         with torch.inference_mode():
             for item in items:
-                mm_item = MultimodalDataItem.from_dict(
-                    {
-                        "modality": Modality.IMAGE,
-                        "feature": item.pixel_values.to(self._encoder.device),
-                        "image_grid_thw": torch.tensor([item.grid_thw], dtype=torch.long),
-                    }
-                )
+                mm_item = encoder_item(item, self._encoder.device)
                 rows = target.get_image_feature([mm_item])
                 rows = rows.reshape(-1, rows.shape[-1]).to("cpu")
                 out.append(ItemEmbedding(item.mm_hash, item.grid_thw, rows))

@@ -1,0 +1,306 @@
+"""The sglang engine's contract with the real SGLang package, checked on the CPU.
+
+SGLang's GPU kernels cannot run here; its Python modules can. `.ci/setup.sh` installs SGLang
+without its CUDA dependencies into `.venv/sglang` (a virtual environment layered over
+`.venv`), and the main run re-runs this file with that interpreter, where the tests below
+the `else` use `sglang` itself: the request fields, the `processor_output` item, the encoder's
+signatures, the pad values, the flag parser and the KV event encoding. The KV event bridge
+tests at the top need no SGLang and run in both.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mmserve.engines.base import EngineRequest, ItemEmbedding, MediaInput
+from mmserve.engines.sglang import (
+    GENERATE_FIELDS,
+    PAD_PROBE_HASH,
+    generate_kwargs,
+    image_item,
+    mm_hash_hex,
+    sglang_argv,
+)
+from mmserve.engines.sglang_kv_events import SglangKvEventBridge
+from mmserve.protocol import KvCleared, KvRemoved, KvStored, SamplingParams, StopConditions
+from mmserve.router.hashing import compute_seq_hashes
+from mmserve.router.pad import PadScheme, pad_values
+from mmserve.router.view import RoutingMedia, routing_view
+
+ROOT = Path(__file__).resolve().parents[2]
+SGLANG_PYTHON = ROOT / ".venv" / "sglang" / "bin" / "python"
+HAS_SGLANG = importlib.util.find_spec("sglang") is not None
+
+MM_A = 0xFEDC_BA98_7654_3210
+MM_B = 0x0000_0000_1234_5678
+
+
+def _embeddings() -> list[ItemEmbedding]:
+    return [
+        ItemEmbedding(MM_A, (1, 4, 4), torch.randn(4, 8)),
+        ItemEmbedding(MM_B, (1, 2, 4), torch.randn(2, 8)),
+    ]
+
+
+def _request() -> EngineRequest:
+    return EngineRequest(
+        "req-1",
+        (1, 2, 3, *([9] * 6), 4),
+        SamplingParams(temperature=0.0, top_k=5, seed=7),
+        StopConditions(max_tokens=8, stop=["\n"], stop_token_ids=[2]),
+    )
+
+
+def _stored_event(tokens: list[int], hashes: list[int], parent: int | None) -> dict[str, object]:
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": tokens,
+        "block_size": 4,
+        "lora_id": None,
+    }
+
+
+@pytest.mark.parametrize("scheme", list(PadScheme))
+def test_bridge_hashes_blocks_as_the_router_does(scheme: PadScheme) -> None:
+    """SGLang's token ids (media runs = its pad values) become the router's block hashes."""
+    prompt = [5, 6, 7, *([9] * 6), 8, 11, 12]  # one image of 6 tokens at offset 3
+    view = routing_view(prompt, [RoutingMedia(MM_A, 6, offset=3)], scheme=scheme)
+    engine_tokens = list(prompt)
+    engine_tokens[3:9] = np.resize(np.array(pad_values(MM_A, scheme), dtype=object), 6).tolist()
+    bridge = SglangKvEventBridge(4, scheme)
+    bridge.remember([MM_A])
+    first = bridge.translate(_stored_event(engine_tokens[:8], [101, 102], None))
+    second = bridge.translate(_stored_event(engine_tokens[8:12], [103], 102))
+    local = view.block_hashes(4)
+    seq = compute_seq_hashes(local)
+    assert isinstance(first, KvStored) and isinstance(second, KvStored)
+    assert [b.tokens_hash for b in first.blocks + second.blocks] == local
+    assert [b.block_hash for b in first.blocks + second.blocks] == seq
+    assert first.parent_hash is None and second.parent_hash == seq[1]
+    assert bridge.snapshot() == [
+        (seq[0], None, local[0]),
+        (seq[1], seq[0], local[1]),
+        (seq[2], seq[1], local[2]),
+    ]
+
+
+def test_bridge_without_the_item_misses_the_media_hash() -> None:
+    """An item the engine never sent cannot be attached: the hash differs (so routing on it
+    is a miss, never a false hit)."""
+    tokens = [5, *pad_values(MM_A)] * 2
+    known, unknown = (
+        SglangKvEventBridge(4, PadScheme.DYNAMO),
+        SglangKvEventBridge(4, PadScheme.DYNAMO),
+    )
+    known.remember([MM_A])
+    a = known.translate(_stored_event(tokens, [1], None))
+    b = unknown.translate(_stored_event(tokens, [1], None))
+    assert isinstance(a, KvStored) and isinstance(b, KvStored)
+    assert a.blocks[0].tokens_hash != b.blocks[0].tokens_hash
+
+
+def test_bridge_removed_cleared_and_block_size() -> None:
+    bridge = SglangKvEventBridge(4, PadScheme.DYNAMO)
+    stored = bridge.translate(_stored_event([1, 2, 3, 4, 5, 6, 7, 8], [11, 12], None))
+    assert isinstance(stored, KvStored)
+    removed = bridge.translate({"type": "BlockRemoved", "block_hashes": [12, 99]})
+    assert removed == KvRemoved(block_hashes=[stored.blocks[1].block_hash])
+    assert bridge.translate({"type": "BlockRemoved", "block_hashes": [99]}) is None
+    assert bridge.translate({"type": "AllBlocksCleared"}) == KvCleared()
+    assert bridge.snapshot() == []
+    with pytest.raises(ValueError, match="--block-size 16"):
+        bridge.translate({**_stored_event([1] * 16, [5], None), "block_size": 16})
+
+
+def test_request_the_adapter_builds() -> None:
+    kwargs = generate_kwargs(_request(), _embeddings(), ("10.0.0.1", 8998, 42))
+    assert set(kwargs) == set(GENERATE_FIELDS)
+    assert kwargs["mm_hashes"] == ["fedcba9876543210", "0000000012345678"]
+    assert [int(h, 16) for h in kwargs["mm_hashes"]] == [MM_A, MM_B]
+    (item,) = kwargs["image_data"]
+    assert item["precomputed_embeddings"].shape == (6, 8)
+    assert item["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 4]]
+    assert kwargs["sampling_params"]["max_new_tokens"] == 8
+    assert kwargs["sampling_params"]["stop"] == ["\n"]
+    assert "image_data" not in generate_kwargs(_request(), [], None)
+
+
+def test_role_flags_unless_given() -> None:
+    assert sglang_argv(Path("/m"), "decode", ["--", "--tp", "2"]) == [
+        "--model-path",
+        "/m",
+        "--disaggregation-mode",
+        "decode",
+        "--tp",
+        "2",
+    ]
+    assert sglang_argv(Path("/m"), "prefill", ["--disaggregation-mode", "decode"])[2:] == [
+        "--disaggregation-mode",
+        "decode",
+    ]
+    assert sglang_argv(Path("/m"), "worker", []) == ["--model-path", "/m"]
+
+
+if not HAS_SGLANG:
+
+    def test_contracts_in_the_sglang_environment() -> None:
+        """Run this file where SGLang is installed (made by .ci/setup.sh)."""
+        assert SGLANG_PYTHON.exists(), f"{SGLANG_PYTHON} is missing: run bash .ci/setup.sh"
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        result = subprocess.run(
+            [
+                str(SGLANG_PYTHON),
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-W",
+                "ignore",
+                "-o",
+                "timeout=600",
+                __file__,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+        assert " passed" in result.stdout and "skipped" not in result.stdout
+
+else:
+    import dataclasses
+
+    import msgspec
+    import sglang
+    from sglang.srt.disaggregation.kv_events import (
+        BlockRemoved,
+        BlockStored,
+        KVEventBatch,
+        KVEventsConfig,
+    )
+    from sglang.srt.entrypoints.engine import Engine as SglEngine
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+    from sglang.srt.multimodal.processors.base_processor import (
+        BaseMultimodalProcessor,
+        MultimodalInputFormat,
+    )
+
+    from mmserve.engines.sglang import (
+        SglangStartupError,
+        check_sglang,
+        encoder_item,
+        parse_sglang_args,
+    )
+
+    def installed_scheme() -> PadScheme:
+        """The scheme of the installed release: 0.5.1x pads with one value, 0.5.2x with four."""
+        minor = int(sglang.__version__.split(".")[2].split("post")[0].rstrip("."))
+        return PadScheme.SGLANG_WIDE if minor >= 20 else PadScheme.DYNAMO
+
+    def test_generate_req_input_takes_every_field_sent() -> None:
+        fields = {f.name for f in dataclasses.fields(GenerateReqInput)}
+        params = set(inspect.signature(SglEngine.async_generate).parameters)
+        assert set(GENERATE_FIELDS) <= fields & params
+        kwargs = generate_kwargs(_request(), _embeddings(), ("10.0.0.1", 8998, 42))
+        obj = GenerateReqInput(**kwargs)
+        obj.normalize_batch_and_arguments()
+        assert obj.mm_hashes == ["fedcba9876543210", "0000000012345678"]
+        assert obj.bootstrap_room == 42 and obj.rid == "req-1"
+
+    def test_processor_output_item_reads_as_one_image_item() -> None:
+        """`collect_mm_items_from_processor_output` (SGLang's reader of processor_output
+        dicts) makes one IMAGE item holding our embeddings and grids. The item names its
+        modality, so the processor's attribute-to-modality table is not consulted."""
+        item = image_item(_embeddings())
+        fmt = BaseMultimodalProcessor._get_preprocessed_input_format(item)
+        assert fmt is MultimodalInputFormat.PROCESSOR_OUTPUT
+        BaseMultimodalProcessor.validate_mm_data(image_data=[item])
+        with pytest.raises(ValueError, match="exactly one item"):
+            BaseMultimodalProcessor.validate_mm_data(image_data=[item, item])
+        tables = type("Tables", (), {"ATTR_NAME_TO_MODALITY": {}, "FEATURE_NAMES": []})()
+        (collected,) = BaseMultimodalProcessor.collect_mm_items_from_processor_output(tables, item)
+        assert collected.modality is Modality.IMAGE
+        assert collected.precomputed_embeddings is item["precomputed_embeddings"]
+        assert collected.image_grid_thw.tolist() == [[1, 4, 4], [1, 2, 4]]
+
+    def test_mm_hashes_set_the_items_hash() -> None:
+        """The tokenizer manager parses each mm_hashes entry with int(h, 16) into set_hash."""
+        item = MultimodalDataItem(modality=Modality.IMAGE)
+        item.set_hash(int(mm_hash_hex(MM_A), 16))
+        assert item.hash == MM_A
+
+    @pytest.mark.parametrize("mm_hash", [0, 1, MM_A, MM_B, PAD_PROBE_HASH, (1 << 64) - 1])
+    def test_pad_values_agree_with_sglang(mm_hash: int) -> None:
+        item = MultimodalDataItem(modality=Modality.IMAGE)
+        item.set_hash(mm_hash)
+        ours = pad_values(mm_hash, installed_scheme())
+        assert tuple(item.padding_values()) == ours
+        assert item.pad_value == ours[0]
+        assert item.padding_sequence(10) == np.resize(np.array(ours, dtype=object), 10).tolist()
+
+    def test_start_up_check_names_the_matching_scheme() -> None:
+        assert check_sglang(installed_scheme()) == sglang.__version__
+        (other,) = [s for s in PadScheme if s is not installed_scheme()]
+        with pytest.raises(SglangStartupError, match=f"--pad-scheme {installed_scheme().value}"):
+            check_sglang(other)
+
+    def test_encoder_signatures_and_item() -> None:
+        from sglang.srt.disaggregation.encoder.server import MMEncoder
+        from sglang.srt.runtime_context import publish
+
+        init = inspect.signature(MMEncoder.__init__).parameters
+        assert list(init)[:2] == ["self", "server_args"] and "dist_init_method" in init
+        assert {"server_args", "role"} <= set(inspect.signature(publish).parameters)
+        pixels = torch.randn(16, 1176)
+        mm_item = encoder_item(MediaInput(MM_A, pixels, (1, 4, 4)))
+        assert mm_item.modality is Modality.IMAGE and mm_item.feature is pixels
+        assert mm_item.image_grid_thw.tolist() == [[1, 4, 4]]
+
+    def test_sglang_parses_the_passed_flags() -> None:
+        argv = ["--tp", "2", "--mem-fraction-static", "0.4", "--page-size", "16"]
+        argv += ["--disaggregation-transfer-backend", "nixl"]
+        args = parse_sglang_args(sglang_argv(Path("/m"), "prefill", argv))
+        assert (args.model_path, args.tp_size, args.page_size) == ("/m", 2, 16)
+        assert args.mem_fraction_static == 0.4
+        assert (args.disaggregation_mode, args.disaggregation_transfer_backend) == (
+            "prefill",
+            "nixl",
+        )
+        assert isinstance(args.disaggregation_bootstrap_port, int) and args.host
+        assert args.kv_events_config is None and not args.encoder_only
+        assert parse_sglang_args(sglang_argv(Path("/m"), "encode", [])).encoder_only
+
+    def test_bridge_reads_sglang_encoded_batches() -> None:
+        config = KVEventsConfig.from_cli('{"publisher": "zmq", "topic": "kv"}')
+        assert config.endpoint.startswith("tcp://") and config.topic == "kv"
+        batch = KVEventBatch(
+            ts=1.0,
+            events=[
+                BlockStored(
+                    block_hashes=[7, 8],
+                    parent_block_hash=None,
+                    token_ids=list(range(8)),
+                    block_size=4,
+                    lora_id=None,
+                ),
+                BlockRemoved(block_hashes=[8]),
+            ],
+        )
+        payload = msgspec.msgpack.Encoder().encode(batch)  # as ZmqEventPublisher packs it
+        stored, removed = SglangKvEventBridge(4, PadScheme.DYNAMO).translate_payload(payload)
+        assert isinstance(stored, KvStored) and len(stored.blocks) == 2
+        assert removed == KvRemoved(block_hashes=[stored.blocks[1].block_hash])
