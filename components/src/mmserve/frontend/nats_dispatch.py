@@ -35,7 +35,11 @@ import torch
 from mmserve.frontend.dispatch import Pipeline
 from mmserve.models.family import resolve_model_spec
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk
-from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
+from mmserve.router.kv_events import (
+    KV_CACHING_COMPONENTS,
+    KvEventSubscriber,
+    follow_discovery,
+)
 from mmserve.router.scheduler import NoWorkersError, Router, RouteRequest, RouterMode
 from mmserve.router.settings import RouterSettings
 from mmserve.router.view import RoutingMedia
@@ -46,8 +50,6 @@ log = logging.getLogger(__name__)
 
 GENERATE = "generate"
 COMPONENTS = ("encode", "worker", "decode", "prefill")
-KV_COMPONENTS = ("worker", "prefill")
-"""Components whose instances cache prompts: routed by KV overlap, their events followed."""
 
 
 class NatsDispatcher:
@@ -80,7 +82,7 @@ class NatsDispatcher:
         watchers = {name: await runtime.watch(name, GENERATE) for name in COMPONENTS}
         dispatcher = cls(runtime, watchers, settings, placeholder_id)
         for name, router in dispatcher.routers.items():
-            if router.mode is RouterMode.KV and name in KV_COMPONENTS:
+            if router.mode is RouterMode.KV and name in KV_CACHING_COMPONENTS:
                 subscriber = await KvEventSubscriber(runtime, router.indexer, name).start()
                 subscriber.catch_up(watchers[name].instance_ids())
                 dispatcher._subscribers[name] = subscriber

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M")
 
+KV_CACHING_COMPONENTS = ("worker", "prefill")
+"""Components whose engines cache the prompts they run, so publish KV events (decode imports a
+prefill's KV without caching it)."""
+
 MAX_DUMP_RUN_BLOCKS = 256
 """Longest run of blocks in one dumped stored event (keeps each message a few KiB)."""
 

@@ -17,7 +17,7 @@ from mmserve.engines.mock import (
 )
 from mmserve.media import MediaPolicy
 from mmserve.observability.metrics import serve_metrics
-from mmserve.router.kv_events import KvEventPublisher
+from mmserve.router.kv_events import KV_CACHING_COMPONENTS, KvEventPublisher
 from mmserve.router.pad import PadScheme
 from mmserve.runtime import Runtime
 from mmserve.transfer import TransferAgent, add_transfer_arguments, create_transfer_agent
@@ -25,9 +25,6 @@ from mmserve.transfer import TransferAgent, add_transfer_arguments, create_trans
 log = logging.getLogger(__name__)
 
 ENGINES = ("hf", "mock", "sglang")
-KV_CACHING_ROLES = ("worker", "prefill")
-"""Roles whose engine keeps the prompts it runs in its prefix cache, and so publish KV events
-(decode imports a prefill's KV without caching it)."""
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> None:
@@ -174,7 +171,7 @@ async def start_services(args: argparse.Namespace) -> WorkerServices:
     engine = await load_engine(args, model_path)
     runtime = await Runtime.connect(namespace=args.namespace)
     services = WorkerServices(runtime, engine, transfer, model_path)
-    if args.role in KV_CACHING_ROLES:
+    if args.role in KV_CACHING_COMPONENTS:
         services.kv_events = await publish_kv_events(runtime, engine, args.role)
     serve_metrics(args.metrics_port)
     return services
