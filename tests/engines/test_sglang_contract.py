@@ -10,27 +10,38 @@ tests at the top need no SGLang and run in both.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import importlib.util
 import inspect
 import os
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from mmserve.engines.base import EngineRequest, ItemEmbedding, MediaInput
+from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.sglang import (
     GENERATE_FIELDS,
     PAD_PROBE_HASH,
+    SglangEngine,
     generate_kwargs,
     image_item,
     mm_hash_hex,
     sglang_argv,
 )
 from mmserve.engines.sglang_kv_events import SglangKvEventBridge
-from mmserve.protocol import KvCleared, KvRemoved, KvStored, SamplingParams, StopConditions
+from mmserve.protocol import (
+    KvCleared,
+    KvRemoved,
+    KvStored,
+    SamplingParams,
+    StopConditions,
+    Usage,
+)
 from mmserve.router.hashing import compute_seq_hashes
 from mmserve.router.pad import PadScheme, pad_values
 from mmserve.router.view import RoutingMedia, routing_view
@@ -151,6 +162,83 @@ def test_role_flags_unless_given() -> None:
     assert sglang_argv(Path("/m"), "worker", []) == ["--model-path", "/m"]
 
 
+class FakeSglangEngine:
+    """Stands in for the GPU-only `sglang.Engine`: records each `async_generate` call and
+    streams cumulative outputs, as SGLang does by default."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.calls: list[dict[str, object]] = []
+
+    async def async_generate(self, **kwargs: object) -> AsyncIterator[dict[str, object]]:
+        self.calls.append(kwargs)
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[dict[str, object]]:
+        for n in range(1, len(self.tokens) + 1):
+            done = n == len(self.tokens)
+            yield {
+                "output_ids": self.tokens[:n],
+                "text": "".join(f"<{t}>" for t in self.tokens[:n]),
+                "meta_info": {
+                    "finish_reason": {"type": "length"} if done else None,
+                    "prompt_tokens": 10,
+                    "completion_tokens": n,
+                    "cached_tokens": 3,
+                },
+            }
+
+
+def _engine(mode: str, fake: FakeSglangEngine) -> SglangEngine:
+    args = argparse.Namespace(
+        disaggregation_mode=mode,
+        incremental_streaming_output=False,
+        host="10.0.0.1",
+        disaggregation_bootstrap_port=8998,
+        kv_events_config=None,
+    )
+    engine = SglangEngine(args, block_size=16, max_queue=4, pad_scheme=PadScheme.DYNAMO)
+    engine._llm = fake
+    return engine
+
+
+async def test_stream_sends_each_token_once_and_the_usage_last() -> None:
+    fake = FakeSglangEngine([5, 6, 7])
+    chunks = [c async for c in _engine("null", fake).generate(_request(), _embeddings())]
+    assert [c.token_ids for c in chunks] == [[5], [6], [7]]
+    assert "".join(c.text for c in chunks) == "<5><6><7>"
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[-1].usage == Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=3)
+    assert fake.calls[0]["mm_hashes"] == [mm_hash_hex(MM_A), mm_hash_hex(MM_B)]
+    assert "bootstrap_room" not in fake.calls[0]
+
+
+async def test_prefill_hands_decode_its_bootstrap_room() -> None:
+    """P/D through the transfer-layer tensors: decode's request joins prefill's room with the
+    same prompt, images and mm_hashes."""
+    prefill_fake, decode_fake = FakeSglangEngine([1]), FakeSglangEngine([8, 9])
+    prefill, decode = _engine("prefill", prefill_fake), _engine("decode", decode_fake)
+    embeddings = _embeddings()
+    kv = await prefill.prefill(_request(), embeddings)
+    tensors = await prefill.export_kv(kv)
+    prefill.release(kv)
+    imported = await decode.import_kv("req-1", tensors)
+    chunks = [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=2))]
+    assert [c.token_ids for c in chunks] == [[8], [9]]
+    await asyncio.sleep(0)  # the prefill request drains in the background
+    sent, joined = prefill_fake.calls[0], decode_fake.calls[0]
+    assert sent["bootstrap_host"] == joined["bootstrap_host"] == "10.0.0.1"
+    assert sent["bootstrap_port"] == joined["bootstrap_port"] == 8998
+    assert sent["bootstrap_room"] == joined["bootstrap_room"]
+    assert sent["input_ids"] == joined["input_ids"]
+    assert sent["mm_hashes"] == joined["mm_hashes"] == [mm_hash_hex(MM_A), mm_hash_hex(MM_B)]
+    for name in ("precomputed_embeddings", "image_grid_thw"):
+        assert torch.equal(sent["image_data"][0][name], joined["image_data"][0][name])
+    with pytest.raises(EngineError):
+        await decode.export_kv(imported)
+    await prefill.close()
+
+
 if not HAS_SGLANG:
 
     def test_contracts_in_the_sglang_environment() -> None:
@@ -204,6 +292,7 @@ else:
         check_sglang,
         encoder_item,
         parse_sglang_args,
+        sglang_pad_values,
     )
 
     def installed_scheme() -> PadScheme:
@@ -246,9 +335,8 @@ else:
     @pytest.mark.parametrize("mm_hash", [0, 1, MM_A, MM_B, PAD_PROBE_HASH, (1 << 64) - 1])
     def test_pad_values_agree_with_sglang(mm_hash: int) -> None:
         item = MultimodalDataItem(modality=Modality.IMAGE)
-        item.set_hash(mm_hash)
         ours = pad_values(mm_hash, installed_scheme())
-        assert tuple(item.padding_values()) == ours
+        assert sglang_pad_values(item, mm_hash) == ours
         assert item.pad_value == ours[0]
         assert item.padding_sequence(10) == np.resize(np.array(ours, dtype=object), 10).tolist()
 
@@ -261,6 +349,9 @@ else:
     def test_encoder_signatures_and_item() -> None:
         from sglang.srt.disaggregation.encoder.server import MMEncoder
         from sglang.srt.runtime_context import publish
+        from sglang.srt.utils.network import get_local_ip_auto
+
+        assert isinstance(get_local_ip_auto(), str)
 
         init = inspect.signature(MMEncoder.__init__).parameters
         assert list(init)[:2] == ["self", "server_args"] and "dist_init_method" in init
@@ -282,6 +373,7 @@ else:
         )
         assert isinstance(args.disaggregation_bootstrap_port, int) and args.host
         assert args.kv_events_config is None and not args.encoder_only
+        assert args.incremental_streaming_output is False
         assert parse_sglang_args(sglang_argv(Path("/m"), "encode", [])).encoder_only
 
     def test_bridge_reads_sglang_encoded_batches() -> None:

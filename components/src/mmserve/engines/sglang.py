@@ -72,6 +72,8 @@ GENERATE_FIELDS = (
 )
 """Every argument the engine passes to `sglang.Engine.async_generate`."""
 
+_UNROUTABLE_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "::1")
+
 ROLE_SGLANG_ARGS = {
     "prefill": ["--disaggregation-mode", "prefill"],
     "decode": ["--disaggregation-mode", "decode"],
@@ -176,6 +178,20 @@ def parse_sglang_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+def sglang_pad_values(item: Any, mm_hash: int) -> tuple[int, ...]:
+    """The pad values SGLang gives `item` (an empty `MultimodalDataItem`) for `mm_hash`, as its
+    tokenizer manager sets a caller's hash: `set_hash` (0.5.2x: four `padding_values`), else
+    the hash field and `set_pad_value` (0.5.1x: one `pad_value`)."""
+    if hasattr(item, "set_hash"):
+        item.set_hash(mm_hash)
+    else:
+        item.hash = mm_hash
+        item.set_pad_value()
+    if hasattr(item, "padding_values"):
+        return tuple(item.padding_values())
+    return (item.pad_value,)
+
+
 def check_sglang(scheme: PadScheme) -> str:
     """Check the installed SGLang against the adapter; return its version."""
     try:
@@ -197,9 +213,7 @@ def check_sglang(scheme: PadScheme) -> str:
             f"SGLang {version} does not accept {', '.join(missing)} in async_generate; "
             "the sglang engine needs a release with mm_hashes (0.5.1x or later)"
         )
-    item = MultimodalDataItem(modality=Modality.IMAGE)
-    item.set_hash(PAD_PROBE_HASH)
-    theirs = tuple(item.padding_values())
+    theirs = sglang_pad_values(MultimodalDataItem(modality=Modality.IMAGE), PAD_PROBE_HASH)
     if theirs != pad_values(PAD_PROBE_HASH, scheme):
         matching = [s.value for s in PadScheme if pad_values(PAD_PROBE_HASH, s) == theirs]
         hint = f"--pad-scheme {matching[0]}" if matching else "no known --pad-scheme matches"
@@ -227,6 +241,8 @@ class SglangEngine(Engine):
         self.pad_scheme = pad_scheme
         self.bridge = SglangKvEventBridge(block_size, pad_scheme)
         self.mode: str = args.disaggregation_mode
+        self.incremental: bool = bool(args.incremental_streaming_output)
+        self.bootstrap_host: str = args.host
         self._llm: Any = None
         self._encoder: Any = None
         self._encoder_lock = threading.Lock()
@@ -263,6 +279,10 @@ class SglangEngine(Engine):
     def _start(self) -> None:
         from sglang.srt.server_args import ServerArgs
 
+        if self.mode == "prefill" and self.bootstrap_host in _UNROUTABLE_HOSTS:
+            from sglang.srt.utils.network import get_local_ip_auto
+
+            self.bootstrap_host = get_local_ip_auto()  # decode may run on another machine
         if self.args.encoder_only:
             self._encoder = self._make_encoder()
         else:
@@ -318,7 +338,7 @@ class SglangEngine(Engine):
         self.bridge.remember(item.mm_hash for item in embeddings)
         if self.mode == "prefill":
             bootstrap = (
-                self.args.host,
+                self.bootstrap_host,
                 self.args.disaggregation_bootstrap_port,
                 secrets.randbits(63),
             )
@@ -360,8 +380,12 @@ class SglangEngine(Engine):
                 text = out.get("text") or ""
                 meta = out.get("meta_info") or {}
                 finish = meta.get("finish_reason")
-                chunk_ids, chunk_text = ids[sent_ids:], text[len(sent_text) :]
-                sent_ids, sent_text = len(ids), text
+                if self.incremental:  # --incremental-streaming-output: outputs are deltas
+                    chunk_ids, chunk_text = ids, text
+                    sent_ids += len(ids)
+                else:  # SGLang's default: each output repeats everything so far
+                    chunk_ids, chunk_text = ids[sent_ids:], text[len(sent_text) :]
+                    sent_ids, sent_text = len(ids), text
                 if finish is None:
                     if chunk_ids:
                         yield TokenChunk(request.request_id, chunk_ids, chunk_text)
@@ -378,7 +402,7 @@ class SglangEngine(Engine):
 
     async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
         bootstrap = kv.state["bootstrap"]
-        if bootstrap is None:
+        if self.mode != "prefill" or bootstrap is None:
             raise EngineError("only a prefill-mode sglang engine hands its KV cache over")
         host, port, room = bootstrap
         embeddings: tuple[ItemEmbedding, ...] = kv.state["embeddings"]
