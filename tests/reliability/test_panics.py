@@ -1,6 +1,7 @@
 """A Rust panic reaches Python as pyo3's `PanicException`, which derives from BaseException,
 not Exception: code that catches `Exception` lets it through. A served handler that meets one
-must still answer its caller with an error at once, and the endpoint must keep serving."""
+must still answer its caller with an error at once, and the endpoint must keep serving; the
+HTTP frontend must answer it with its own 500 JSON error."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 from mmserve import protocol as p
+from mmserve.frontend.app import FrontendApp
+from mmserve.frontend.chat import ChatOptions
+from mmserve.media import MediaPolicy
 from mmserve.runtime import RemoteError, RequestContext, Runtime
 
 from .conftest import Trial
@@ -54,3 +59,30 @@ async def test_a_panicking_handler_answers_internal_and_keeps_serving(
             assert replies == ["fine"]
     trial("a handler raising a PanicException (BaseException)", 3,
           "caller gets `internal` at once; the next call is served")  # fmt: skip
+
+
+class _PanickingPreprocessor:
+    """The part of `ChatPreprocessor` the app calls first; it meets a panic."""
+
+    options = ChatOptions(policy=MediaPolicy())
+
+    def validate(self, request: p.ChatCompletionRequest) -> None:
+        raise PanicException("attempt to multiply with overflow")
+
+
+class _NoDispatcher:
+    def ready(self) -> bool:
+        return True
+
+
+async def test_a_panic_in_the_frontend_answers_500_json(trial: Trial) -> None:
+    app = FrontendApp(_PanickingPreprocessor(), _NoDispatcher())  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://frontend") as client:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(2):
+            response = await client.post("/v1/chat/completions", json=body)
+            assert response.status_code == 500
+            assert response.json()["error"]["code"] == "internal"
+    trial("a PanicException while the frontend handles a request", 2,
+          "500 with OpenAI's error JSON, code internal")  # fmt: skip

@@ -205,7 +205,9 @@ class FrontendApp:
             outcome = err.code
             metrics.ERRORS.labels(COMPONENT, err.code).inc()
             await exchange.error(err)
-        except Exception:
+        except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+            raise
+        except BaseException:  # also a Rust panic: pyo3's PanicException is no Exception
             outcome = "internal"
             metrics.ERRORS.labels(COMPONENT, outcome).inc()
             log.exception("%s failed", request_id)
