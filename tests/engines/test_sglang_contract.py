@@ -169,6 +169,10 @@ class FakeSglangEngine:
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
         self.calls: list[dict[str, object]] = []
+        self.shut_down = False
+
+    def shutdown(self) -> None:
+        self.shut_down = True
 
     async def async_generate(self, **kwargs: object) -> AsyncIterator[dict[str, object]]:
         self.calls.append(kwargs)
@@ -237,6 +241,7 @@ async def test_prefill_hands_decode_its_bootstrap_room() -> None:
     with pytest.raises(EngineError):
         await decode.export_kv(imported)
     await prefill.close()
+    assert prefill_fake.shut_down
 
 
 if not HAS_SGLANG:
