@@ -1,0 +1,274 @@
+"""Faults under a live aggregated deployment with two workers on a nats-server of its own:
+a worker killed mid-stream, a client that leaves mid-stream, a worker stopped with SIGTERM and
+a restarted nats-server. No request may hang; only the requests a fault touches may fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from e2e.deployment import Deployment, free_port
+from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime.nats_server import NatsServer
+
+from .conftest import Trial
+
+MODEL = "tiny-qwen2_vl-seed0"
+# A fault must end every stream it touches well within this; the frontend's own deadline
+# (300 s) is far beyond it, so only the failure detection can meet it.
+BOUND_S = 30.0
+
+
+MOCK = ["--engine", "mock"]  # simulated timing: 10 ms per decoded token, no model compute
+
+
+@dataclass
+class Faulty:
+    deployment: Deployment
+    nats: NatsServer
+    metrics_ports: dict[str, int]
+
+    def restart_worker(self, name: str) -> None:
+        """Starts aggregated worker `name` again, as the deployment started it."""
+        d = self.deployment
+        _, role, flags = next(worker for worker in d.workers if worker[0] == name)
+        d._spawn(name, [
+            role, "--model-path", str(d.model_path), "--namespace", d.namespace, *flags,
+            *d.worker_flags, "--transfer", d.transfer,
+        ])  # fmt: skip
+        deadline = time.monotonic() + 240
+        while " ready: instance " not in d.log(name):
+            assert d.processes[name].poll() is None, d.log(name)[-3000:]
+            assert time.monotonic() < deadline, f"{name} not ready"
+            time.sleep(0.25)
+
+    def metric(self, name: str, metric: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics", timeout=5).text
+        found = re.search(rf'^{metric}{{component="worker"}} (\S+)$', text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    def active(self) -> dict[str, float]:
+        return {
+            name: self.metric(name, "mmserve_active_requests")
+            for name in self.metrics_ports
+            if self.deployment.processes[name].poll() is None
+        }
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
+    ports = {"a": free_port(), "b": free_port()}
+    with NatsServer() as nats:
+        deployment = Deployment(
+            "agg",
+            build_tiny_model("qwen2_vl"),
+            nats.url,
+            tmp_path_factory.mktemp("fault-logs"),
+            worker_flags=MOCK,
+            components=[
+                (name, "worker", ["--encode", "--metrics-port", str(port)])
+                for name, port in ports.items()
+            ],
+        )
+        try:
+            deployment.start().wait_ready()
+            yield Faulty(deployment, nats, ports)
+        finally:
+            deployment.stop()
+
+
+def _body(max_tokens: int, text: str = "Tell me a long story.") -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+
+
+@dataclass
+class Outcome:
+    status: int
+    tokens: int = 0
+    finished: bool = False
+    error: str | None = None
+    ended_at: float = 0.0  # time.monotonic() when the answer ended
+
+
+async def _stream(
+    client: httpx.AsyncClient, body: dict[str, object], first: asyncio.Event | None = None
+) -> Outcome:
+    """One streamed request, read to its end: finished, or the code of its error."""
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        outcome = Outcome(response.status_code)
+        if response.status_code != 200:
+            await response.aread()
+            outcome.error = response.json()["error"]["code"]
+            outcome.ended_at = time.monotonic()
+            return outcome
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                outcome.error = event["error"]["code"]
+                continue
+            choice = event["choices"][0]
+            if choice["delta"].get("content"):
+                outcome.tokens += 1
+                if first is not None:
+                    first.set()
+            outcome.finished = outcome.finished or choice["finish_reason"] is not None
+        outcome.ended_at = time.monotonic()
+        return outcome
+
+
+async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        await asyncio.sleep(0.1)
+
+
+async def _served(client: httpx.AsyncClient, count: int) -> list[Outcome]:
+    return list(await asyncio.gather(*(_stream(client, _body(4)) for _ in range(count))))
+
+
+def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:
+    async def run() -> tuple[list[Outcome], float, float]:
+        async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
+            firsts = [asyncio.Event() for _ in range(4)]
+            streams = [
+                asyncio.ensure_future(_stream(client, _body(400, f"story {i}"), firsts[i]))
+                for i in range(4)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            on_survivor = faulty.active()["b"]
+            faulty.deployment.kill("a")
+            killed_at = time.monotonic()
+            done, _ = await asyncio.wait(streams, timeout=BOUND_S)
+            failed = [t.result() for t in done if not t.result().finished]
+            assert len(failed) == 4 - on_survivor, [t.result() for t in done]
+            assert all(o.status == 200 and o.error for o in failed), failed
+            ended = max((o.ended_at - killed_at for o in failed), default=0.0)
+            # The other worker's streams were not touched: they finish.
+            outcomes = await asyncio.wait_for(asyncio.gather(*streams), 300)
+            assert sum(o.finished for o in outcomes) == on_survivor
+            # New requests go to the survivor once discovery dropped the dead worker.
+            later = await _served(client, 4)
+            return later, ended, on_survivor
+
+    later, ended, on_survivor = asyncio.run(run())
+    assert all(o.finished for o in later), later
+    trial(
+        "SIGKILL an aggregated worker during 4 streams",
+        1,
+        f"{4 - int(on_survivor)} streams on it ended with an error event within {ended:.1f} s; "
+        f"{int(on_survivor)} on the other worker finished; 4 new requests served",
+    )
+
+    faulty.restart_worker("a")
+    before = faulty.metric("a", "mmserve_requests_total")
+
+    async def after_restart() -> list[Outcome]:
+        async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
+            return await _served(client, 8)
+
+    outcomes = asyncio.run(after_restart())
+    assert all(o.finished for o in outcomes), outcomes
+    rejoined = faulty.metric("a", "mmserve_requests_total") - before
+    assert rejoined > 0
+    trial("restart the killed worker", 1, f"it rejoined: served {int(rejoined)} of 8 requests")
+
+
+def test_a_client_that_leaves_stops_generation(faulty: Faulty, trial: Trial) -> None:
+    async def run() -> float:
+        async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
+            first = asyncio.Event()
+            stream = asyncio.ensure_future(_stream(client, _body(30000), first))
+            await asyncio.wait_for(first.wait(), 120)
+            assert sum(faulty.active().values()) == 1
+            stream.cancel()  # closes the connection mid-stream
+            left_at = time.monotonic()
+            await _until(lambda: sum(faulty.active().values()) == 0, BOUND_S, "active back to 0")
+            return time.monotonic() - left_at
+
+    dropped = asyncio.run(run())
+    trial(
+        "client disconnects mid-stream (30000 tokens asked)",
+        1,
+        f"the worker's active requests dropped to 0 in {dropped:.1f} s",
+    )
+
+
+def test_sigterm_finishes_in_flight_streams_then_exits(faulty: Faulty, trial: Trial) -> None:
+    async def run() -> list[Outcome]:
+        async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
+            firsts = [asyncio.Event() for _ in range(2)]
+            streams = [
+                asyncio.ensure_future(_stream(client, _body(150, f"tale {i}"), firsts[i]))
+                for i in range(2)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            assert faulty.active()["b"] >= 1
+            faulty.deployment.processes["b"].send_signal(signal.SIGTERM)
+            outcomes = list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S))
+            # Stopped taking requests: new ones go to the other worker.
+            outcomes += await _served(client, 2)
+            return outcomes
+
+    outcomes = asyncio.run(run())
+    assert all(o.finished and o.error is None for o in outcomes), outcomes
+    code = faulty.deployment.processes["b"].wait(timeout=BOUND_S)
+    assert code == 0, faulty.deployment.log("b")[-2000:]
+    trial(
+        "SIGTERM a worker with streams in flight",
+        1,
+        "its streams finished, later requests went to the other worker, it exited 0",
+    )
+
+
+def test_nats_restart_under_light_load(faulty: Faulty, trial: Trial) -> None:
+    async def run() -> tuple[list[Outcome], float]:
+        async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
+            firsts = [asyncio.Event() for _ in range(2)]
+            streams = [
+                asyncio.ensure_future(_stream(client, _body(6000, f"saga {i}"), firsts[i]))
+                for i in range(2)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            await asyncio.to_thread(faulty.nats.restart)
+            restarted_at = time.monotonic()
+            in_flight = list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S))
+            # Service resumes by itself: retry until one request succeeds, then all do.
+            while not (await _stream(client, _body(4))).finished:
+                assert time.monotonic() - restarted_at < 60, "service did not resume"
+                await asyncio.sleep(0.5)
+            resumed = time.monotonic() - restarted_at
+            after = await _served(client, 4)
+            assert all(o.finished for o in after), after
+            return in_flight, resumed
+
+    in_flight, resumed = asyncio.run(run())
+    # 6000 tokens take a minute: within the bound only the failure can end them.
+    assert all(o.error and not o.finished for o in in_flight), in_flight
+    trial(
+        "restart nats-server with 2 streams in flight",
+        1,
+        "both in-flight streams ended with an error event; "
+        f"service resumed by itself after {resumed:.1f} s",
+    )
+
+
+def test_every_process_but_the_stopped_one_is_still_up(faulty: Faulty) -> None:
+    for name in ("frontend", "a"):
+        assert faulty.deployment.processes[name].poll() is None, faulty.deployment.log(name)[-2000:]
