@@ -4,13 +4,15 @@
   model through SGLang (weights, TP, kernels). Its `encode(mm_items, modality, req_id, ...)`
   fetches and preprocesses raw media itself, so it cannot take the Rust core's pixels; the
   engine calls the loaded model's `get_image_feature` with the items `_encode_missing` builds
-  (`MultimodalDataItem` of `feature` = pixel_values and `image_grid_thw`).
+  (`MultimodalDataItem` of `feature` = pixel_values and `image_grid_thw`). An encode worker
+  (`--encoder-only`) holds only the encoder; a worker that encodes beside its language model
+  makes one on its first image.
 - Prefill / decode / aggregated: `sglang.Engine.async_generate` with the expanded `input_ids`,
   the embeddings as one `processor_output` image item (`precomputed_embeddings`,
-  `image_grid_thw`, `modality`; SGLang takes exactly one such dict per request and splits it
-  per image by grid) and `mm_hashes` (16-digit hex), so SGLang's pad values, radix cache and KV
+  `image_grid_thw`, `modality`; SGLang takes exactly one such dict per request) and `mm_hashes` (16-digit hex), so SGLang's pad values, radix cache and KV
   events use the router's item identities.
-- P/D: SGLang moves the KV itself. The prefill engine picks a bootstrap room and runs its
+- P/D: SGLang moves the KV itself. The prefill engine picks a bootstrap room (host: `--host`,
+  or this machine's address when that is a loopback or wildcard one) and runs its
   request in the background; `export_kv` hands decode `{host, port, room}` (and the prompt,
   for the decode-side request), and decode's `async_generate` joins the same room
   (`--disaggregation-mode prefill|decode`, `--disaggregation-transfer-backend nixl`). The first
