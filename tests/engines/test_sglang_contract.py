@@ -246,6 +246,7 @@ async def test_prefill_hands_decode_its_bootstrap_room() -> None:
 
 if not HAS_SGLANG:
 
+    @pytest.mark.timeout(900)
     def test_contracts_in_the_sglang_environment() -> None:
         """Run this file where SGLang is installed (made by .ci/setup.sh)."""
         assert SGLANG_PYTHON.exists(), f"{SGLANG_PYTHON} is missing: run bash .ci/setup.sh"
