@@ -221,7 +221,6 @@ pub fn patchify_view(
 ) -> Result<(Vec<f32>, PatchGrid), TransformError> {
     let grid = geometry.grid(image.width, image.height)?;
     let mut out = Vec::with_capacity(grid.len());
-    advise_huge_pages(&out);
     // Every element is written exactly once, so the buffer is never zero-filled first:
     // that fill was as much memory traffic as the patches themselves.
     let spare = out.spare_capacity_mut();
@@ -260,29 +259,6 @@ fn stream_row(row: &[MaybeUninit<f32>], destination: &mut [MaybeUninit<f32>]) {
         }
     }
     destination.copy_from_slice(row);
-}
-
-/// The output is tens of MB written once, and faulting it in 4 KiB pages costs about as
-/// much as computing it; on Linux the untouched range is first marked for transparent huge
-/// pages (a hint: without THP it stays 4 KiB pages).
-fn advise_huge_pages(buffer: &Vec<f32>) {
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        const HUGE_PAGE: usize = 2 << 20;
-        let bytes = buffer.capacity() * std::mem::size_of::<f32>();
-        if bytes >= 2 * HUGE_PAGE {
-            let start = (buffer.as_ptr() as usize).next_multiple_of(PAGE);
-            let end = (buffer.as_ptr() as usize + bytes) / PAGE * PAGE;
-            // SAFETY: the range lies inside the allocation; madvise reads no memory and a
-            // failure only leaves the default page size.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = buffer;
 }
 
 /// Round-to-nearest-even truncation of an f32 to its top 16 bits (NaN kept quiet).
