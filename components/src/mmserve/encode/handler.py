@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 
@@ -74,7 +74,7 @@ class EncodeHandler:
                     request, token_ids=encoded.token_ids, media=media, expanded=True
                 )
                 # Leases return their buffers once the next hop has read them (or time out).
-                replies = stream_routed(
+                replies: AsyncGenerator[TokenChunk, None] = stream_routed(
                     next_hop,
                     downstream,
                     TokenChunk,

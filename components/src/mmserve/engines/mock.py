@@ -123,7 +123,7 @@ class MockEngine(Engine):
                 raise EngineError(f"image grid {item.grid_thw} has no tokens")
             generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
             values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
-            embeddings.append(ItemEmbedding(item.mm_hash, tuple(item.grid_thw), values))
+            embeddings.append(ItemEmbedding(item.mm_hash, item.grid_thw, values))
         return embeddings
 
     def _media(
@@ -137,7 +137,7 @@ class MockEngine(Engine):
                 f"prompt has {len(positions)} image placeholder tokens for embeddings of "
                 f"{sum(item.num_tokens for item in embeddings)} rows"
             )
-        media = []
+        media: list[RoutingMedia] = []
         for item in embeddings:
             run, positions = positions[: item.num_tokens], positions[item.num_tokens :]
             if run[-1] - run[0] != item.num_tokens - 1:

@@ -13,7 +13,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import torch
 
@@ -266,7 +266,7 @@ class DecodeHandler(WorkerHandler):
         """Run the prompt on a prefill worker (the one the router chose, if any); read its
         stream to the end, so prefill sees its KV buffers read before it finishes."""
         tensors: dict[str, torch.Tensor] | None = None
-        replies = stream_routed(
+        replies: AsyncGenerator[PrefillReply, None] = stream_routed(
             self.prefill,
             PrefillRequest(request=request),
             PrefillReply,
