@@ -9,8 +9,9 @@
   makes one on its first image.
 - Prefill / decode / aggregated: `sglang.Engine.async_generate` with the expanded `input_ids`,
   the embeddings as one `processor_output` image item (`precomputed_embeddings`,
-  `image_grid_thw`, `modality`; SGLang takes exactly one such dict per request) and `mm_hashes` (16-digit hex), so SGLang's pad values, radix cache and KV
-  events use the router's item identities.
+  `image_grid_thw`, `modality`; SGLang takes exactly one such dict per request) and
+  `mm_hashes` (16-digit hex), so SGLang's pad values, radix cache and KV events use the
+  router's item identities.
 - P/D: SGLang moves the KV itself. The prefill engine picks a bootstrap room (host: `--host`,
   or this machine's address when that is a loopback or wildcard one) and runs its
   request in the background; `export_kv` hands decode `{host, port, room}` (and the prompt,
@@ -172,10 +173,11 @@ def sglang_argv(model_path: Path, role: str, argv: Sequence[str]) -> list[str]:
 
 
 def parse_sglang_args(argv: Sequence[str]) -> argparse.Namespace:
-    """SGLang's own parser over `argv` (`ServerArgs.add_cli_args`, as `sglang.launch_server`)."""
+    """SGLang's own parser over `argv`, built as `prepare_server_args` builds it for
+    `sglang serve` (so its abbreviations work too: `--tp` for `--tp-size`)."""
     from sglang.srt.server_args import ServerArgs
 
-    parser = argparse.ArgumentParser(prog="sglang", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     return parser.parse_args(list(argv))
 
