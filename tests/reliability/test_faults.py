@@ -5,7 +5,6 @@ a restarted nats-server. No request may hang; only the requests a fault touches 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import signal
 import time
@@ -20,12 +19,7 @@ from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
 
 from .conftest import Trial
-
-MODEL = "tiny-qwen2_vl-seed0"
-# A fault must end every stream it touches well within this; the frontend's own deadline
-# (300 s) is far beyond it, so only the failure detection can meet it.
-BOUND_S = 30.0
-
+from .streams import BOUND_S, Outcome, chat_body, stream_chat
 
 MOCK = ["--engine", "mock"]  # simulated timing: 10 ms per decoded token, no model compute
 
@@ -85,53 +79,6 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
             deployment.stop()
 
 
-def _body(max_tokens: int, text: str = "Tell me a long story.") -> dict[str, object]:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-    }
-
-
-@dataclass
-class Outcome:
-    status: int
-    tokens: int = 0
-    finished: bool = False
-    error: str | None = None
-    ended_at: float = 0.0  # time.monotonic() when the answer ended
-
-
-async def _stream(
-    client: httpx.AsyncClient, body: dict[str, object], first: asyncio.Event | None = None
-) -> Outcome:
-    """One streamed request, read to its end: finished, or the code of its error."""
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        outcome = Outcome(response.status_code)
-        if response.status_code != 200:
-            await response.aread()
-            outcome.error = response.json()["error"]["code"]
-            outcome.ended_at = time.monotonic()
-            return outcome
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                outcome.error = event["error"]["code"]
-                continue
-            choice = event["choices"][0]
-            if choice["delta"].get("content"):
-                outcome.tokens += 1
-                if first is not None:
-                    first.set()
-            outcome.finished = outcome.finished or choice["finish_reason"] is not None
-        outcome.ended_at = time.monotonic()
-        return outcome
-
-
 async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -140,7 +87,7 @@ async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> No
 
 
 async def _served(client: httpx.AsyncClient, count: int) -> list[Outcome]:
-    return list(await asyncio.gather(*(_stream(client, _body(4)) for _ in range(count))))
+    return list(await asyncio.gather(*(stream_chat(client, chat_body(4)) for _ in range(count))))
 
 
 def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:
@@ -148,7 +95,7 @@ def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             firsts = [asyncio.Event() for _ in range(4)]
             streams = [
-                asyncio.ensure_future(_stream(client, _body(400, f"story {i}"), firsts[i]))
+                asyncio.ensure_future(stream_chat(client, chat_body(400, f"story {i}"), firsts[i]))
                 for i in range(4)
             ]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
@@ -194,7 +141,7 @@ def test_a_client_that_leaves_stops_generation(faulty: Faulty, trial: Trial) -> 
     async def run() -> float:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             first = asyncio.Event()
-            stream = asyncio.ensure_future(_stream(client, _body(30000), first))
+            stream = asyncio.ensure_future(stream_chat(client, chat_body(30000), first))
             await asyncio.wait_for(first.wait(), 120)
             assert sum(faulty.active().values()) == 1
             stream.cancel()  # closes the connection mid-stream
@@ -215,7 +162,7 @@ def test_sigterm_finishes_in_flight_streams_then_exits(faulty: Faulty, trial: Tr
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             firsts = [asyncio.Event() for _ in range(2)]
             streams = [
-                asyncio.ensure_future(_stream(client, _body(150, f"tale {i}"), firsts[i]))
+                asyncio.ensure_future(stream_chat(client, chat_body(150, f"tale {i}"), firsts[i]))
                 for i in range(2)
             ]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
@@ -242,7 +189,7 @@ def test_nats_restart_under_light_load(faulty: Faulty, trial: Trial) -> None:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             firsts = [asyncio.Event() for _ in range(2)]
             streams = [
-                asyncio.ensure_future(_stream(client, _body(6000, f"saga {i}"), firsts[i]))
+                asyncio.ensure_future(stream_chat(client, chat_body(6000, f"saga {i}"), firsts[i]))
                 for i in range(2)
             ]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
@@ -250,7 +197,7 @@ def test_nats_restart_under_light_load(faulty: Faulty, trial: Trial) -> None:
             restarted_at = time.monotonic()
             in_flight = list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S))
             # Service resumes by itself: retry until one request succeeds, then all do.
-            while not (await _stream(client, _body(4))).finished:
+            while not (await stream_chat(client, chat_body(4))).finished:
                 assert time.monotonic() - restarted_at < 60, "service did not resume"
                 await asyncio.sleep(0.5)
             resumed = time.monotonic() - restarted_at
