@@ -10,6 +10,18 @@ from mmserve.router.pad import PadScheme
 from mmserve.router.scheduler import KvCostConfig, Router, RouterMode
 
 
+def add_pad_scheme_argument(parser: argparse._ActionsContainer) -> None:
+    """`--pad-scheme`, which the frontend and the workers share (their values must agree)."""
+    parser.add_argument(
+        "--pad-scheme",
+        choices=[scheme.value for scheme in PadScheme],
+        default=PadScheme.DYNAMO.value,
+        help="media pad values in the block hashes of the engines' prefix caches: dynamo "
+        "(SGLang 0.5.1x) or sglang-wide (SGLang 0.5.2x); the frontend's and the workers' must "
+        "agree (default: dynamo)",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     mode: RouterMode = RouterMode.KV
@@ -34,13 +46,7 @@ class RouterSettings:
             metavar="TOKENS",
             help=f"KV block size of the workers (default: {DEFAULT_BLOCK_SIZE})",
         )
-        group.add_argument(
-            "--pad-scheme",
-            choices=[scheme.value for scheme in PadScheme],
-            default=PadScheme.DYNAMO.value,
-            help="media pad values of the engines' prefix caches: dynamo (SGLang 0.5.1x) or "
-            "sglang-wide (SGLang 0.5.2x) (default: dynamo)",
-        )
+        add_pad_scheme_argument(group)
         group.add_argument(
             "--kv-overlap-weight",
             type=float,

@@ -19,6 +19,7 @@ from mmserve.media import MediaPolicy
 from mmserve.observability.metrics import serve_metrics
 from mmserve.router.kv_events import KV_CACHING_COMPONENTS, KvEventPublisher
 from mmserve.router.pad import PadScheme
+from mmserve.router.settings import add_pad_scheme_argument
 from mmserve.runtime import Runtime
 from mmserve.transfer import TransferAgent, add_transfer_arguments, create_transfer_agent
 
@@ -50,13 +51,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
     parser.add_argument(
         "--block-size", type=int, default=16, help="KV block size in tokens (default: 16)"
     )
-    parser.add_argument(
-        "--pad-scheme",
-        choices=[scheme.value for scheme in PadScheme],
-        default=PadScheme.DYNAMO.value,
-        help="media pad values in the prefix cache's block hashes; must match the frontend's "
-        "--pad-scheme (default: dynamo)",
-    )
+    add_pad_scheme_argument(parser)
     parser.add_argument(
         "--max-queue",
         type=int,
