@@ -1,0 +1,274 @@
+"""Load with accounting: N concurrent streaming chat requests with images, for a fixed time,
+against one deployment pattern on loopback.
+
+It starts the pattern (one process per component, a private nats-server, the tiny model),
+warms it up, reads each process's RSS, then keeps `--concurrency` streams in flight for
+`--duration` seconds (at most `--max-requests` requests) and reads RSS again. Every request
+must end in exactly one complete answer (a finish reason, then `[DONE]`) or exactly one error
+(an HTTP error status, or one error event then `[DONE]`); anything else counts as lost or
+duplicated, and so do repeated response ids. Prints TTFT p50/p99, requests/s, errors by code
+and RSS per process as markdown.
+
+    .venv/bin/python bench/load.py --pattern agg --engine hf --concurrency 16 --duration 60
+    .venv/bin/python bench/load.py --pattern e_p_d --engine mock --concurrency 200 --duration 60
+
+Exit status 1 when a request was lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import functools
+import http.server
+import io
+import json
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.deployment import PATTERNS, Deployment  # noqa: E402
+
+from mmserve.models.tiny import build_tiny_model  # noqa: E402
+from mmserve.runtime.nats_server import NatsServer  # noqa: E402
+
+MAX_DURATION_S = 900.0
+MAX_REQUESTS = 100_000
+
+
+@dataclass
+class Tally:
+    """Per-request outcomes of one phase."""
+
+    complete: int = 0
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    lost: int = 0
+    duplicated: int = 0
+    ttft: list[float] = field(default_factory=list)
+    ids: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def merge(self, other: Tally) -> None:
+        self.complete += other.complete
+        self.errors.update(other.errors)
+        self.lost += other.lost
+        self.duplicated += other.duplicated
+        self.ttft += other.ttft
+        self.ids.update(other.ids)
+
+    @property
+    def total(self) -> int:
+        return self.complete + sum(self.errors.values()) + self.lost + self.duplicated
+
+
+def write_images(root: Path, count: int) -> list[str]:
+    names = []
+    for seed in range(count):
+        rng = np.random.default_rng(seed)
+        pixels = rng.integers(0, 256, size=(240, 320, 3), dtype=np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="JPEG", quality=85)
+        (root / f"{seed}.jpg").write_bytes(out.getvalue())
+        names.append(f"{seed}.jpg")
+    return names
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def serve_dir(root: Path) -> str:
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def one_request(
+    client: httpx.AsyncClient, model: str, image_url: str, max_tokens: int, tally: Tally
+) -> None:
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": image_url}},
+                    {"type": "text", "text": "Describe the picture."},
+                ],
+            }
+        ],
+    }
+    started = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            tally.ids[response.headers.get("x-request-id", "")] += 1
+            if response.status_code != 200:
+                await response.aread()
+                tally.errors[f"{response.status_code} {response.json()['error']['code']}"] += 1
+                return
+            finishes = errors = done = 0
+            first = None
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done += 1
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    errors += 1
+                    code = event["error"]["code"]
+                    continue
+                for choice in event["choices"]:
+                    if choice["delta"].get("content") and first is None:
+                        first = time.perf_counter() - started
+                    finishes += choice["finish_reason"] is not None
+    except httpx.HTTPError as err:
+        tally.errors[f"client {type(err).__name__}"] += 1
+        return
+    if done == 1 and finishes == 1 and errors == 0:
+        tally.complete += 1
+        if first is not None:
+            tally.ttft.append(first)
+    elif done == 1 and errors == 1 and finishes == 0:
+        tally.errors[f"200 then {code}"] += 1
+    elif done == 0 and finishes == 0 and errors == 0:
+        tally.lost += 1
+    else:
+        tally.duplicated += 1
+
+
+async def run_phase(
+    base_url: str,
+    model: str,
+    images: list[str],
+    concurrency: int,
+    duration_s: float,
+    max_requests: int,
+    max_tokens: int,
+) -> tuple[Tally, float]:
+    tally = Tally()
+    issued = 0
+    stop_at = time.monotonic() + duration_s
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(600.0, connect=30.0)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
+
+        async def loop() -> None:
+            nonlocal issued
+            while time.monotonic() < stop_at and issued < max_requests:
+                image = images[issued % len(images)]
+                issued += 1
+                await one_request(client, model, image, max_tokens, tally)
+
+        started = time.monotonic()
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        elapsed = time.monotonic() - started
+    assert tally.total == issued, (tally.total, issued)
+    return tally, elapsed
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", choices=sorted(PATTERNS), default="agg")
+    parser.add_argument("--engine", choices=("hf", "mock"), default="hf")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of measured load")
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds of warm-up load")
+    parser.add_argument("--max-requests", type=int, default=20_000)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--images", type=int, default=32, help="distinct images, cycled")
+    args = parser.parse_args()
+    duration = min(args.duration, MAX_DURATION_S)
+    max_requests = min(args.max_requests, MAX_REQUESTS)
+
+    # The pattern with the chosen engine on every worker.
+    pattern = f"{args.pattern}-{args.engine}"
+    PATTERNS[pattern] = [
+        (name, role, [*flags, "--engine", args.engine])
+        for name, role, flags in PATTERNS[args.pattern]
+    ]
+    model_path = build_tiny_model("qwen2_vl")
+    with tempfile.TemporaryDirectory() as tmp, NatsServer() as nats:
+        tmp_path = Path(tmp)
+        image_root = tmp_path / "images"
+        image_root.mkdir()
+        base = serve_dir(image_root)
+        images = [f"{base}/{name}" for name in write_images(image_root, args.images)]
+        deployment = Deployment(pattern, model_path, nats.url, tmp_path)
+        try:
+            deployment.start().wait_ready()
+            model = model_path.name
+            warm, _ = asyncio.run(
+                run_phase(deployment.base_url, model, images, args.concurrency, args.warmup,
+                          max_requests, args.max_tokens)
+            )  # fmt: skip
+            # Two measured halves: memory that keeps growing in the second one is a leak,
+            # growth in the first only may be caches still filling.
+            rss = [{name: rss_mib(p.pid) for name, p in deployment.processes.items()}]
+            tally, elapsed = Tally(), 0.0
+            for _ in range(2):
+                half, seconds = asyncio.run(
+                    run_phase(deployment.base_url, model, images, args.concurrency,
+                              duration / 2, max_requests // 2, args.max_tokens)
+                )  # fmt: skip
+                tally.merge(half)
+                elapsed += seconds
+                rss.append({name: rss_mib(p.pid) for name, p in deployment.processes.items()})
+        finally:
+            deployment.stop()
+    repeated_ids = sum(count - 1 for count in tally.ids.values() if count > 1)
+    print(
+        f"pattern {args.pattern}, engine {args.engine}, concurrency {args.concurrency}, "
+        f"{elapsed:.0f} s after {warm.total} warm-up requests"
+    )
+    print("| requests | complete | errors | lost | duplicated | req/s | TTFT p50 | TTFT p99 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    errors = ", ".join(f"{code}: {n}" for code, n in tally.errors.most_common()) or "0"
+    p50, p99 = (percentile(tally.ttft, q) * 1e3 for q in (0.5, 0.99))
+    print(
+        f"| {tally.total} | {tally.complete} | {errors} | {tally.lost} | "
+        f"{tally.duplicated + repeated_ids} | {tally.total / elapsed:.1f} | "
+        f"{p50:.0f} ms | {p99:.0f} ms |"
+    )
+    print("\n| process | RSS after warm-up | after half the load | after all of it |")
+    print("| --- | --- | --- | --- |")
+    for name, start in rss[0].items():
+        half, end = rss[1][name], rss[2][name]
+        print(f"| {name} | {start:.0f} MiB | {half:.0f} MiB | {end:.0f} MiB ({end - half:+.0f}) |")
+    return 1 if tally.lost or tally.duplicated or repeated_ids else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
