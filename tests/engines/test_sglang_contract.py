@@ -105,6 +105,21 @@ def test_bridge_hashes_blocks_as_the_router_does(scheme: PadScheme) -> None:
     ]
 
 
+def test_bridge_lora_and_tiers() -> None:
+    """A LoRA adapter's name enters the hash as the router's does; host-tier copies are not
+    the GPU cache the router counts."""
+    tokens = list(range(8))
+    bridge = SglangKvEventBridge(4, PadScheme.DYNAMO)
+    stored = bridge.translate({**_stored_event(tokens, [1, 2], None), "lora_name": "ad"})
+    assert isinstance(stored, KvStored)
+    expected = routing_view(tokens, []).block_hashes(4, "ad")
+    assert [b.tokens_hash for b in stored.blocks] == expected
+    host = {**_stored_event(tokens, [3, 4], None), "medium": "CPU_PINNED"}
+    assert bridge.translate(host) is None
+    assert bridge.translate({"type": "BlockRemoved", "block_hashes": [1], "medium": "DISK"}) is None
+    assert len(bridge.snapshot()) == 2
+
+
 def test_bridge_without_the_item_misses_the_media_hash() -> None:
     """An item the engine never sent cannot be attached: the hash differs (so routing on it
     is a miss, never a false hit)."""
@@ -284,6 +299,7 @@ else:
         BlockStored,
         KVEventBatch,
         KVEventsConfig,
+        StorageMedium,
     )
     from sglang.srt.entrypoints.engine import Engine as SglEngine
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -394,6 +410,7 @@ else:
                     token_ids=list(range(8)),
                     block_size=4,
                     lora_id=None,
+                    medium=StorageMedium.GPU.value,
                 ),
                 BlockRemoved(block_hashes=[8]),
             ],

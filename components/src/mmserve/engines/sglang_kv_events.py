@@ -27,6 +27,8 @@ from mmserve.router.hashing import compute_block_hashes, compute_seq_hashes
 from mmserve.router.pad import MM_PAD_SHIFT, PadScheme, routing_pad_values
 
 _U32_MAX = 0xFFFF_FFFF
+GPU_MEDIUM = "GPU"
+"""SGLang's `StorageMedium.GPU`; events of other tiers (host, disk, external) are skipped."""
 _ROUTING_MASK = (1 << 30) - 1
 
 
@@ -66,7 +68,11 @@ class SglangKvEventBridge:
         return out
 
     def translate(self, event: dict[str, Any]) -> KvEventData | None:
+        """One event as mmserve's, or None when it changes nothing the router indexes (an
+        unknown block, a partial block, a host or storage tier: the router counts the GPU's)."""
         kind = event.get("type")
+        if event.get("medium") not in (None, GPU_MEDIUM):
+            return None
         with self._lock:
             if kind == "BlockStored":
                 return self._stored(event)
@@ -101,7 +107,7 @@ class SglangKvEventBridge:
             sorted({self._media[t] for t in tokens[i : i + block_size] if t in self._media})
             for i in range(0, len(tokens), block_size)
         ]
-        local = compute_block_hashes(tokens, block_size, mm_infos)
+        local = compute_block_hashes(tokens, block_size, mm_infos, event.get("lora_name"))
         seq = compute_seq_hashes(local, parent_seq)
         previous = parent_seq
         for sglang_hash, seq_hash, local_hash in zip(sglang_hashes, seq, local, strict=True):
