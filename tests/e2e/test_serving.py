@@ -15,8 +15,10 @@ import pytest
 
 from mmserve.models.tiny import build_tiny_model
 
-from .deployment import Deployment
+from .deployment import Deployment, free_port
 from .images import data_url, photo_like, png_bytes
+
+WORKER_METRICS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,7 @@ def agg(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dep
         nats_url,
         tmp_path_factory.mktemp("agg-logs"),
         frontend_flags=["--max-media-items", "4"],
+        worker_flags=["--metrics-port", str(WORKER_METRICS_PORT)],
     ).start()
     try:
         deployment.wait_ready()
@@ -123,3 +126,27 @@ def test_bad_input_gets_a_4xx_and_serving_goes_on(
         agg, _body([_image(data_url(image_dir / "small.png")), {"type": "text", "text": "ok"}])
     )
     assert healthy.status_code == 200, healthy.text
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_repeated_images_and_prompts_hit_the_caches(agg: Deployment, image_server: str) -> None:
+    body = _body([_image(f"{image_server}/tall.png"), {"type": "text", "text": "Again"}])
+    url = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
+    before = httpx.get(url, timeout=10).text
+    first, second = _post(agg, body), _post(agg, body)
+    assert first.status_code == second.status_code == 200
+    assert first.json()["choices"] == second.json()["choices"]
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    after = httpx.get(url, timeout=10).text
+    for name, labels in [
+        ("mmserve_encoder_cache_lookups_total", {"result": "hit"}),
+        ("mmserve_cache_lookups_total", {"cache": "prefix", "result": "hit"}),
+        ("mmserve_requests_total", {"component": "worker"}),
+    ]:
+        assert _metric(after, name, **labels) > _metric(before, name, **labels), name

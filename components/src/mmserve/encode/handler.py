@@ -9,8 +9,6 @@ aggregated worker (E/PD). The instance is the one the frontend's router chose
 from __future__ import annotations
 
 import contextlib
-import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
@@ -18,14 +16,12 @@ import msgspec
 from mmserve import protocol
 from mmserve.encode.embeddings import offer_embeddings
 from mmserve.encode.stage import EncodeStage
-from mmserve.observability import metrics, nvtx
+from mmserve.observability import nvtx
 from mmserve.protocol import PreprocessedRequest, TokenChunk
 from mmserve.router.route import stream_routed
 from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext, Runtime
 from mmserve.transfer import TransferAgent
-from mmserve.worker.errors import typed_errors
-
-log = logging.getLogger(__name__)
+from mmserve.worker.tracking import tracked
 
 COMPONENT = "encode"
 GENERATE = "generate"
@@ -57,44 +53,26 @@ class EncodeHandler:
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
     ) -> AsyncIterator[TokenChunk]:
-        started = time.perf_counter()
-        metrics.REQUESTS.labels(COMPONENT).inc()
-        metrics.ACTIVE.labels(COMPONENT).inc()
-        outcome = "failed"
-        try:
-            with typed_errors(), nvtx.nvtx_range(nvtx.ENC_GENERATE):
-                next_hop = self._next_hop()
-                encoded = await self.stage.run(request)
-                handles, _leases = await offer_embeddings(self.transfer, encoded.embeddings)
-                media = [
-                    msgspec.structs.replace(item, embeddings=handle)
-                    for item, handle in zip(encoded.media, handles, strict=True)
-                ]
-                downstream = msgspec.structs.replace(
-                    request, token_ids=encoded.token_ids, media=media, expanded=True
-                )
-                # Leases return their buffers once the next hop has read them (or time out).
-                replies: AsyncGenerator[TokenChunk, None] = stream_routed(
-                    next_hop,
-                    downstream,
-                    TokenChunk,
-                    instance_id=request.route.get(next_hop.component),
-                    request_id=request.request_id,
-                    deadline=request.deadline,
-                )
-                async with contextlib.aclosing(replies):
-                    async for chunk in replies:
-                        yield chunk
-            outcome = "done"
-        except RemoteError as exc:
-            metrics.ERRORS.labels(COMPONENT, exc.code).inc()
-            raise
-        finally:
-            metrics.ACTIVE.labels(COMPONENT).dec()
-            log.info(
-                "request %s %s: %d media, %.1f ms",
-                request.request_id,
-                outcome,
-                len(request.media),
-                (time.perf_counter() - started) * 1000,
+        with tracked(COMPONENT, request), nvtx.nvtx_range(nvtx.ENC_GENERATE):
+            next_hop = self._next_hop()
+            encoded = await self.stage.run(request)
+            handles, _leases = await offer_embeddings(self.transfer, encoded.embeddings)
+            media = [
+                msgspec.structs.replace(item, embeddings=handle)
+                for item, handle in zip(encoded.media, handles, strict=True)
+            ]
+            downstream = msgspec.structs.replace(
+                request, token_ids=encoded.token_ids, media=media, expanded=True
             )
+            # Leases return their buffers once the next hop has read them (or time out).
+            replies: AsyncGenerator[TokenChunk, None] = stream_routed(
+                next_hop,
+                downstream,
+                TokenChunk,
+                instance_id=request.route.get(next_hop.component),
+                request_id=request.request_id,
+                deadline=request.deadline,
+            )
+            async with contextlib.aclosing(replies):
+                async for chunk in replies:
+                    yield chunk

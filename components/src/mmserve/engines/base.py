@@ -164,6 +164,10 @@ class Engine(abc.ABC):
         """Every cached block as `(block_hash, parent_hash, tokens_hash)`; callable from any
         thread (a router that lost track of this worker asks for a dump)."""
 
+    def encoder_cache_stats(self) -> tuple[int, int]:
+        """Encoder cache `(hits, misses)` so far; `(0, 0)` for an engine without one."""
+        return 0, 0
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop the engine's thread; pending calls fail."""

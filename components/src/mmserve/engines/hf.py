@@ -35,6 +35,7 @@ from mmserve.engines.base import (
     KvHandle,
     MediaInput,
 )
+from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
 from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
 from mmserve.engines.sampling import StopRules, check_sampling, make_generator, sample_token
 from mmserve.frontend.detokenize import IncrementalDetokenizer
@@ -46,7 +47,6 @@ from mmserve.router.view import RoutingMedia
 
 Result = TypeVar("Result")
 
-DEFAULT_MAX_QUEUE = 64
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 DEFAULT_ENCODER_CACHE_BYTES = 256 << 20
 
@@ -493,6 +493,9 @@ class HfEngine(Engine):
 
     def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
         return self.prefix_cache.snapshot()
+
+    def encoder_cache_stats(self) -> tuple[int, int]:
+        return self.encoder_cache.hits, self.encoder_cache.misses
 
     async def close(self) -> None:
         self._closed = True

@@ -40,6 +40,12 @@ from mmserve.engines.base import (
     KvHandle,
     MediaInput,
 )
+from mmserve.engines.defaults import (
+    DEFAULT_CACHE_BLOCKS,
+    DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_PREFILL_US_PER_TOKEN,
+)
 from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
 from mmserve.engines.sampling import StopRules, check_sampling
 from mmserve.frontend.detokenize import IncrementalDetokenizer
@@ -49,10 +55,6 @@ from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.router.pad import PadScheme
 from mmserve.router.view import RoutingMedia
 
-DEFAULT_PREFILL_US_PER_TOKEN = 100.0
-DEFAULT_DECODE_MS_PER_TOKEN = 10.0
-DEFAULT_CACHE_BLOCKS = 65536
-DEFAULT_MAX_QUEUE = 64
 EMBEDDING_DIM = 8  # columns of a mock embedding: small, so transfers stay cheap
 PSEUDO_TOKENS = (1_000, 100_000)  # ordinary vocabulary ids, far from the special tokens
 

@@ -7,6 +7,8 @@ the frontend serves them on its own `/metrics` route via `render()`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -16,6 +18,8 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -55,3 +59,25 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
     """Expose `/metrics` on its own port (workers; port 0 disables)."""
     if port:
         start_http_server(port, addr=host)
+
+
+class _EncoderCacheCollector(Collector):
+    def __init__(self, component: str, stats: Callable[[], tuple[int, int]]) -> None:
+        self.component = component
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        hits, misses = self.stats()
+        family = CounterMetricFamily(
+            "mmserve_encoder_cache_lookups",
+            "Encoder (vision tower) cache lookups by result",
+            labels=["component", "result"],
+        )
+        family.add_metric([self.component, "hit"], hits)
+        family.add_metric([self.component, "miss"], misses)
+        yield family
+
+
+def export_encoder_cache(component: str, stats: Callable[[], tuple[int, int]]) -> None:
+    """Expose an engine's encoder cache counters (read at scrape time)."""
+    REGISTRY.register(_EncoderCacheCollector(component, stats))

@@ -33,7 +33,7 @@ from mmserve.protocol import (
 from mmserve.router.route import stream_routed
 from mmserve.runtime import RemoteError, RequestContext, Runtime
 from mmserve.transfer import Lease, TransferAgent
-from mmserve.worker.errors import typed_errors
+from mmserve.worker.tracking import tracked
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +75,6 @@ class WorkerHandler:
             )
         return await self.encoder.run(request)
 
-    def _log_request(self, request: PreprocessedRequest, started: float, outcome: str) -> None:
-        log.info(
-            "request %s %s: %d prompt ids, %d media, %.1f ms",
-            request.request_id,
-            outcome,
-            len(request.token_ids),
-            len(request.media),
-            (time.perf_counter() - started) * 1000,
-        )
-
 
 def _engine_request(request: PreprocessedRequest, token_ids: list[int]) -> EngineRequest:
     return EngineRequest(
@@ -112,6 +102,9 @@ async def _stream_tokens(
             else:
                 metrics.ITL.labels(component).observe(now - last)
             last = now
+            if chunk.usage is not None:
+                hit = "hit" if chunk.usage.cached_tokens else "miss"
+                metrics.CACHE_LOOKUPS.labels(component, "prefix", hit).inc()
             yield chunk
     finally:
         if first:
@@ -129,29 +122,14 @@ class AggregatedHandler(WorkerHandler):
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
     ) -> AsyncIterator[TokenChunk]:
-        started = time.perf_counter()
-        metrics.REQUESTS.labels(self.component).inc()
-        metrics.ACTIVE.labels(self.component).inc()
-        outcome = "failed"
-        try:
-            with typed_errors(), nvtx.nvtx_range(nvtx.PD_GENERATE):
-                with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
-                    encoded = await self._multimodal(request)
-                chunks = self.engine.generate(
-                    _engine_request(request, encoded.token_ids), encoded.embeddings
-                )
-                async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT):
-                    yield chunk
-            outcome = "done"
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except RemoteError as exc:
-            metrics.ERRORS.labels(self.component, exc.code).inc()
-            raise
-        finally:
-            metrics.ACTIVE.labels(self.component).dec()
-            self._log_request(request, started, outcome)
+        with tracked(self.component, request), nvtx.nvtx_range(nvtx.PD_GENERATE):
+            with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
+                encoded = await self._multimodal(request)
+            chunks = self.engine.generate(
+                _engine_request(request, encoded.token_ids), encoded.embeddings
+            )
+            async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT):
+                yield chunk
 
 
 class PrefillHandler(WorkerHandler):
@@ -170,32 +148,15 @@ class PrefillHandler(WorkerHandler):
         self, prefill: PrefillRequest, ctx: RequestContext
     ) -> AsyncIterator[PrefillReply]:
         request = prefill.request
-        started = time.perf_counter()
-        metrics.REQUESTS.labels(self.component).inc()
-        metrics.ACTIVE.labels(self.component).inc()
-        outcome = "failed"
-        try:
-            with typed_errors():
-                with nvtx.nvtx_range(nvtx.PREFILL_BOOTSTRAP):
-                    yield BootstrapInfo(
-                        host=socket.gethostname(), port=0, room=secrets.randbits(63)
-                    )
-                with nvtx.nvtx_range(nvtx.PREFILL_LOAD_MULTIMODAL):
-                    encoded = await self._multimodal(request)
-                done, leases = await self._prefill(request, encoded.token_ids, encoded.embeddings)
-                yield done
-                with nvtx.nvtx_range(nvtx.NIXL_WAIT_COMPLETION):
-                    await asyncio.gather(*(lease.wait() for lease in leases))
-            outcome = "done"
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except RemoteError as exc:
-            metrics.ERRORS.labels(self.component, exc.code).inc()
-            raise
-        finally:
-            metrics.ACTIVE.labels(self.component).dec()
-            self._log_request(request, started, outcome)
+        with tracked(self.component, request):
+            with nvtx.nvtx_range(nvtx.PREFILL_BOOTSTRAP):
+                yield BootstrapInfo(host=socket.gethostname(), port=0, room=secrets.randbits(63))
+            with nvtx.nvtx_range(nvtx.PREFILL_LOAD_MULTIMODAL):
+                encoded = await self._multimodal(request)
+            done, leases = await self._prefill(request, encoded.token_ids, encoded.embeddings)
+            yield done
+            with nvtx.nvtx_range(nvtx.NIXL_WAIT_COMPLETION):
+                await asyncio.gather(*(lease.wait() for lease in leases))
 
     async def _prefill(
         self,
@@ -240,27 +201,12 @@ class DecodeHandler(WorkerHandler):
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
     ) -> AsyncIterator[TokenChunk]:
-        started = time.perf_counter()
-        metrics.REQUESTS.labels(self.component).inc()
-        metrics.ACTIVE.labels(self.component).inc()
-        outcome = "failed"
-        try:
-            with typed_errors():
-                with nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
-                    kv = await self._remote_prefill(request)
-                chunks = self.engine.decode(kv, request.sampling, request.stop)
-                async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT):
-                    yield chunk
-            outcome = "done"
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except RemoteError as exc:
-            metrics.ERRORS.labels(self.component, exc.code).inc()
-            raise
-        finally:
-            metrics.ACTIVE.labels(self.component).dec()
-            self._log_request(request, started, outcome)
+        with tracked(self.component, request):
+            with nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
+                kv = await self._remote_prefill(request)
+            chunks = self.engine.decode(kv, request.sampling, request.stop)
+            async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT):
+                yield chunk
 
     async def _remote_prefill(self, request: PreprocessedRequest) -> KvHandle:
         """Run the prompt on a prefill worker (the one the router chose, if any); read its

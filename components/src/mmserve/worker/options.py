@@ -7,21 +7,25 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mmserve.engines.base import Engine
-from mmserve.engines.mock import (
+from mmserve.engines.defaults import (
     DEFAULT_CACHE_BLOCKS,
     DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
-    MockEngine,
 )
 from mmserve.media import MediaPolicy
-from mmserve.observability.metrics import serve_metrics
+from mmserve.observability.metrics import export_encoder_cache, serve_metrics
 from mmserve.router.kv_events import KV_CACHING_COMPONENTS, KvEventPublisher
 from mmserve.router.pad import PadScheme
 from mmserve.router.settings import add_pad_scheme_argument
 from mmserve.runtime import Runtime
-from mmserve.transfer import TransferAgent, add_transfer_arguments, create_transfer_agent
+from mmserve.transfer import add_transfer_arguments, create_transfer_agent
+
+if TYPE_CHECKING:
+    from mmserve.engines.base import Engine
+    from mmserve.transfer import TransferAgent
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +59,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
     parser.add_argument(
         "--max-queue",
         type=int,
-        default=64,
-        help="requests admitted by the engine at once; more answer 503 (default: 64)",
+        default=DEFAULT_MAX_QUEUE,
+        help="requests admitted by the engine at once; more answer 503 (default: %(default)s)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -123,6 +127,8 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
 
         return await HfEngine.load(model_path, device=args.device, **common)
     if args.engine == "mock":
+        from mmserve.engines.mock import MockEngine
+
         return await MockEngine.load(
             model_path,
             cache_blocks=args.mock_cache_blocks,
@@ -168,6 +174,7 @@ async def start_services(args: argparse.Namespace) -> WorkerServices:
     services = WorkerServices(runtime, engine, transfer, model_path)
     if args.role in KV_CACHING_COMPONENTS:
         services.kv_events = await publish_kv_events(runtime, engine, args.role)
+    export_encoder_cache(args.role, engine.encoder_cache_stats)
     serve_metrics(args.metrics_port)
     return services
 
