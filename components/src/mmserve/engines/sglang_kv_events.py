@@ -26,7 +26,6 @@ from mmserve.protocol import KvBlock, KvCleared, KvRemoved, KvStored
 from mmserve.router.hashing import compute_block_hashes, compute_seq_hashes
 from mmserve.router.pad import MM_PAD_SHIFT, PadScheme, routing_pad_values
 
-_U32_MAX = 0xFFFF_FFFF
 GPU_MEDIUM = "GPU"
 """SGLang's `StorageMedium.GPU`; events of other tiers (host, disk, external) are skipped."""
 _ROUTING_MASK = (1 << 30) - 1
@@ -120,8 +119,9 @@ class SglangKvEventBridge:
 
     @staticmethod
     def _narrow(token: int) -> int:
-        """A wide pad value as the router's u32 view holds it (`routing_pad_values`)."""
-        if token <= _U32_MAX:
+        """A pad value as the router's u32 view holds it (`routing_pad_values`: identity for
+        `dynamo` values); text ids lie below the shift (SGLang checks the vocabulary does)."""
+        if token < MM_PAD_SHIFT:
             return token
         return MM_PAD_SHIFT + ((token - MM_PAD_SHIFT) & _ROUTING_MASK)
 
