@@ -297,6 +297,7 @@ else:
     from sglang.srt.disaggregation.kv_events import (
         BlockRemoved,
         BlockStored,
+        EventPublisherFactory,
         KVEventBatch,
         KVEventsConfig,
         StorageMedium,
@@ -313,6 +314,7 @@ else:
         SglangStartupError,
         check_sglang,
         encoder_item,
+        kv_events_config,
         parse_sglang_args,
         sglang_pad_values,
     )
@@ -398,9 +400,16 @@ else:
         assert args.incremental_streaming_output is False
         assert parse_sglang_args(sglang_argv(Path("/m"), "encode", [])).encoder_only
 
+    def test_default_kv_events_config_is_a_zmq_publisher() -> None:
+        config = KVEventsConfig.from_cli(kv_events_config(5999))
+        assert config.publisher in EventPublisherFactory._registry
+        assert (config.publisher, config.endpoint, config.bind) == (
+            "zmq",
+            "tcp://127.0.0.1:5999",
+            True,
+        )
+
     def test_bridge_reads_sglang_encoded_batches() -> None:
-        config = KVEventsConfig.from_cli('{"publisher": "zmq", "topic": "kv"}')
-        assert config.endpoint.startswith("tcp://") and config.topic == "kv"
         batch = KVEventBatch(
             ts=1.0,
             events=[

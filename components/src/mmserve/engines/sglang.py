@@ -18,7 +18,8 @@
   for the decode-side request), and decode's `async_generate` joins the same room
   (`--disaggregation-mode prefill|decode`, `--disaggregation-transfer-backend nixl`). The first
   token arrives in decode's stream; the handle's `first_token` is -1 on both sides.
-- KV events: SGLang's ZMQ publisher (`--kv-events-config`), bridged by `SglangKvEventBridge`.
+- KV events: SGLang's ZMQ publisher (`--kv-events-config`; on loopback by default), bridged
+  by `SglangKvEventBridge`.
 
 Start-up checks (`check_sglang`): the installed SGLang accepts `mm_hashes`, and the pad values
 it derives from an item hash equal `router.pad.pad_values` under the configured scheme; a
@@ -33,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import json
 import logging
 import secrets
 import socket
@@ -163,6 +165,14 @@ def generate_kwargs(
     return kwargs
 
 
+def kv_events_config(port: int) -> str:
+    """SGLang's `--kv-events-config` for a ZMQ publisher on loopback `port`, which the engine
+    reads (set when the user gave none, on engines that cache prompts)."""
+    return json.dumps(
+        {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "bind": True, "topic": ""}
+    )
+
+
 def sglang_argv(model_path: Path, role: str, argv: Sequence[str]) -> list[str]:
     """SGLang's command line for a worker: the model, the role's flags, the user's flags."""
     user = list(argv[1:] if argv[:1] == ["--"] else argv)
@@ -275,6 +285,12 @@ class SglangEngine(Engine):
                 "SGLang's KV events would not line up with the router's blocks"
             )
         args.page_size = block_size
+        if (
+            not args.kv_events_config
+            and not args.encoder_only
+            and args.disaggregation_mode != "decode"
+        ):
+            args.kv_events_config = kv_events_config(_free_port())
         engine = cls(args, block_size=block_size, max_queue=max_queue, pad_scheme=pad_scheme)
         await asyncio.to_thread(engine._start)
         log.info("sglang %s started (%s, pad scheme %s)", version, role, pad_scheme.value)
@@ -303,10 +319,8 @@ class SglangEngine(Engine):
             argparse.Namespace(**{**vars(self.args), **overrides})
         )
         publish(server_args, role="encoder")  # MMEncoder asserts its process published it
-        with socket.socket() as probe:  # a free port for its (single-rank) process group
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        return MMEncoder(server_args, dist_init_method=f"tcp://127.0.0.1:{port}")
+        # a free port for its (single-rank) process group
+        return MMEncoder(server_args, dist_init_method=f"tcp://127.0.0.1:{_free_port()}")
 
     # -- encode ---------------------------------------------------------------------------
 
@@ -453,10 +467,7 @@ class SglangEngine(Engine):
     def subscribe_kv_events(self, sink: KvEventSink) -> None:
         config = self.args.kv_events_config
         if not config:
-            log.warning(
-                "sglang: no --kv-events-config, so no KV events: KV-aware routing sees only "
-                "this worker's load"
-            )
+            log.warning("sglang: no KV events (an encoder or decode engine caches no prompts)")
             return
         from sglang.srt.disaggregation.kv_events import KVEventsConfig
 
@@ -510,6 +521,12 @@ def finish_reason(sglang_reason: Any) -> FinishReason:
     if kind == "abort":
         return "error"
     return "stop"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 async def _drain(stream: AsyncIterator[dict[str, Any]]) -> None:
