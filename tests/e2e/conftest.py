@@ -19,6 +19,7 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     photo_like(320, 240, 1).save(root / "photo.jpg", quality=90)
     photo_like(200, 300, 2).save(root / "tall.png")
     photo_like(90, 60, 3).save(root / "small.png")
+    photo_like(1000, 4, 4).save(root / "sliver.png")  # aspect ratio over the models' 200
     jpeg = (root / "photo.jpg").read_bytes()
     (root / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
     return root

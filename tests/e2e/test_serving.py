@@ -95,6 +95,7 @@ def test_a_data_url_over_the_nats_payload_limit_is_served(agg: Deployment) -> No
         ("truncated_jpeg", 400, "decode."),
         ("missing_image", 400, "fetch.http_status"),
         ("too_many_images", 400, "request.too_many_items"),
+        ("image_over_limits", 400, "process.aspect_ratio"),
         ("local_path", 400, "fetch.local_path_not_allowed"),
         ("private_address", 400, "fetch.forbidden_address"),
         ("unknown_model", 404, None),
@@ -111,6 +112,7 @@ def test_bad_input_gets_a_4xx_and_serving_goes_on(
         "truncated_jpeg": _body([_image(f"{image_server}/truncated.jpg")]),
         "missing_image": _body([_image(f"{image_server}/missing.png")]),
         "too_many_images": _body([_image(f"{image_server}/small.png")] * 5),
+        "image_over_limits": _body([_image(f"{image_server}/sliver.png")]),
         "local_path": _body([_image(str(image_dir / "small.png"))]),
         # Loopback by another name than the allowed one is still refused.
         "private_address": _body([_image(f"http://localhost:{port}/small.png")]),
