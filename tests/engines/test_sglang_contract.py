@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmserve.cli import build_parser
 from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.sglang import (
     GENERATE_FIELDS,
@@ -45,6 +46,7 @@ from mmserve.protocol import (
 from mmserve.router.hashing import compute_seq_hashes
 from mmserve.router.pad import PadScheme, pad_values
 from mmserve.router.view import RoutingMedia, routing_view
+from mmserve.worker.options import load_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = ROOT / ".venv" / "sglang" / "bin" / "python"
@@ -259,7 +261,18 @@ async def test_prefill_hands_decode_its_bootstrap_room() -> None:
     assert prefill_fake.shut_down
 
 
+async def test_sglang_flags_need_the_sglang_engine() -> None:
+    args = build_parser().parse_args(["worker", "--engine", "hf", "--", "--tp", "2"])
+    with pytest.raises(SystemExit, match="without --engine sglang"):
+        await load_engine(args, Path("/m"))
+
+
 if not HAS_SGLANG:
+
+    async def test_worker_without_sglang_says_how_to_install_it() -> None:
+        args = build_parser().parse_args(["prefill", "--engine", "sglang", "--", "--tp", "2"])
+        with pytest.raises(SystemExit, match=r"pip install -e '\.\[sglang\]'"):
+            await load_engine(args, Path("/m"))
 
     @pytest.mark.timeout(900)
     def test_contracts_in_the_sglang_environment() -> None:
