@@ -494,7 +494,7 @@ class SglangEngine(Engine):
         for thread in self._event_threads:
             thread.join(timeout=1)
 
-    # -- helpers --------------------------------------------------------------------------
+    # -- internals ------------------------------------------------------------------------
 
     def _language_model(self) -> Any:
         if self._llm is None:
