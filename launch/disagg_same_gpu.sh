@@ -8,11 +8,9 @@ launch_parse --engine sglang "$@"
 # The prefill worker also loads the vision model for encoding (see docs/sglang.md).
 PREFILL_MEM_FRACTION=${PREFILL_MEM_FRACTION:-0.35}
 DECODE_MEM_FRACTION=${DECODE_MEM_FRACTION:-0.35}
-WORKER_SGLANG_ARGS=(--mem-fraction-static "$PREFILL_MEM_FRACTION" --base-gpu-id 0
-  --disaggregation-transfer-backend nixl)
+WORKER_SGLANG_ARGS=(--mem-fraction-static "$PREFILL_MEM_FRACTION" --base-gpu-id 0)
 launch_worker prefill prefill --encode
-WORKER_SGLANG_ARGS=(--mem-fraction-static "$DECODE_MEM_FRACTION" --base-gpu-id 0
-  --disaggregation-transfer-backend nixl)
+WORKER_SGLANG_ARGS=(--mem-fraction-static "$DECODE_MEM_FRACTION" --base-gpu-id 0)
 launch_worker decode decode
 launch_frontend
 launch_wait

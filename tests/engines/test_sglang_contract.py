@@ -169,13 +169,14 @@ def test_role_flags_unless_given() -> None:
         "/m",
         "--disaggregation-mode",
         "decode",
+        "--disaggregation-transfer-backend",
+        "nixl",
         "--tp",
         "2",
     ]
-    assert sglang_argv(Path("/m"), "prefill", ["--disaggregation-mode", "decode"])[2:] == [
-        "--disaggregation-mode",
-        "decode",
-    ]
+    given = ["--disaggregation-transfer-backend=mooncake", "--disaggregation-mode", "decode"]
+    assert sglang_argv(Path("/m"), "prefill", given)[2:] == given
+    assert sglang_argv(Path("/m"), "encode", [])[2:] == ["--encoder-only"]
     assert sglang_argv(Path("/m"), "worker", []) == ["--model-path", "/m"]
 
 

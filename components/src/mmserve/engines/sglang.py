@@ -79,12 +79,15 @@ GENERATE_FIELDS = (
 
 _UNROUTABLE_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "::1")
 
-ROLE_SGLANG_ARGS = {
-    "prefill": ["--disaggregation-mode", "prefill"],
-    "decode": ["--disaggregation-mode", "decode"],
-    "encode": ["--encoder-only"],
+ROLE_SGLANG_ARGS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "prefill": (
+        ("--disaggregation-mode", "prefill"),
+        ("--disaggregation-transfer-backend", "nixl"),
+    ),
+    "decode": (("--disaggregation-mode", "decode"), ("--disaggregation-transfer-backend", "nixl")),
+    "encode": (("--encoder-only",),),
 }
-"""SGLang flags a worker role implies (left out where the user gave the flag)."""
+"""SGLang flags a worker role implies, each left out where the user gave that flag."""
 
 
 class SglangStartupError(RuntimeError):
@@ -176,9 +179,10 @@ def kv_events_config(port: int) -> str:
 def sglang_argv(model_path: Path, role: str, argv: Sequence[str]) -> list[str]:
     """SGLang's command line for a worker: the model, the role's flags, the user's flags."""
     user = list(argv[1:] if argv[:1] == ["--"] else argv)
-    implied = ROLE_SGLANG_ARGS.get(role, [])
-    if implied and implied[0] in user:
-        implied = []
+    given = {arg.split("=", 1)[0] for arg in user}
+    implied = [
+        arg for flag in ROLE_SGLANG_ARGS.get(role, ()) if flag[0] not in given for arg in flag
+    ]
     return ["--model-path", str(model_path), *implied, *user]
 
 
