@@ -31,7 +31,8 @@ class Faulty:
     metrics_ports: dict[str, int]
 
     def restart_worker(self, name: str) -> None:
-        """Starts aggregated worker `name` again, as the deployment started it."""
+        """Starts worker `name` again with its flags (the fault tests send text only, so no
+        media policy)."""
         d = self.deployment
         _, role, flags = next(worker for worker in d.workers if worker[0] == name)
         d._spawn(name, [
