@@ -161,6 +161,10 @@ def test_request_the_adapter_builds() -> None:
     assert kwargs["sampling_params"]["max_new_tokens"] == 8
     assert kwargs["sampling_params"]["stop"] == ["\n"]
     assert "image_data" not in generate_kwargs(_request(), [], None)
+    bundled = generate_kwargs(_request(), _embeddings(), None, splits_images=False)
+    assert "mm_hashes" not in bundled and "image_data" in bundled
+    single = generate_kwargs(_request(), _embeddings()[:1], None, splits_images=False)
+    assert single["mm_hashes"] == ["fedcba9876543210"]
 
 
 def test_role_flags_unless_given() -> None:
@@ -331,6 +335,7 @@ else:
         kv_events_config,
         parse_sglang_args,
         sglang_pad_values,
+        sglang_splits_images,
     )
 
     def installed_scheme() -> PadScheme:
@@ -363,6 +368,12 @@ else:
         assert collected.modality is Modality.IMAGE
         assert collected.precomputed_embeddings is item["precomputed_embeddings"]
         assert collected.image_grid_thw.tolist() == [[1, 4, 4], [1, 2, 4]]
+
+    def test_multi_image_items_stay_bundled() -> None:
+        """SGLang 0.5.23 splits a bundled image item by patch counts, which embeddings do not
+        have: the engine must not count on per-image mm_hashes there (a release that splits
+        fails this test, and the engine then sends them)."""
+        assert sglang_splits_images() is False
 
     def test_mm_hashes_set_the_items_hash() -> None:
         """The tokenizer manager parses each mm_hashes entry with int(h, 16) into set_hash."""

@@ -39,6 +39,7 @@ import logging
 import secrets
 import socket
 import threading
+import types
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,8 +153,13 @@ def generate_kwargs(
     request: EngineRequest,
     embeddings: Sequence[ItemEmbedding],
     bootstrap: tuple[str, int, int] | None,
+    *,
+    splits_images: bool = True,
 ) -> dict[str, Any]:
-    """The keyword arguments of one `async_generate` call (keys: `GENERATE_FIELDS`)."""
+    """The keyword arguments of one `async_generate` call (keys: `GENERATE_FIELDS`).
+
+    `mm_hashes` go with one image, or with several where SGLang splits the item per image
+    (`sglang_splits_images`); otherwise SGLang would drop them with a warning anyway."""
     kwargs: dict[str, Any] = {
         "input_ids": list(request.token_ids),
         "sampling_params": sampling_params(request.sampling, request.stop),
@@ -162,7 +168,8 @@ def generate_kwargs(
     }
     if embeddings:
         kwargs["image_data"] = [image_item(embeddings)]
-        kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in embeddings]
+        if len(embeddings) == 1 or splits_images:
+            kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in embeddings]
     if bootstrap is not None:
         kwargs["bootstrap_host"], kwargs["bootstrap_port"], kwargs["bootstrap_room"] = bootstrap
     return kwargs
@@ -208,6 +215,23 @@ def sglang_pad_values(item: Any, mm_hash: int) -> tuple[int, ...]:
     if hasattr(item, "padding_values"):
         return tuple(item.padding_values())
     return (item.pad_value,)
+
+
+def sglang_splits_images() -> bool:
+    """Whether SGLang turns a two-image `processor_output` item into one item per image, each
+    then keyed by its own mm_hash. SGLang 0.5.23 (`get_new_expanded_mm_items`) splits by patch
+    counts (t*h*w per grid), which precomputed embeddings (t*h*w / merge^2 rows) do not match,
+    so the images stay one item and per-image mm_hashes cannot apply."""
+    from sglang.srt.managers.mm_utils import get_new_expanded_mm_items
+    from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
+
+    rows = [ItemEmbedding(n, (1, 4, 4), torch.zeros(4, 1)) for n in (1, 2)]
+    tables = types.SimpleNamespace(ATTR_NAME_TO_MODALITY={}, FEATURE_NAMES=[])
+    (item,) = BaseMultimodalProcessor.collect_mm_items_from_processor_output(
+        tables, image_item(rows)
+    )
+    item.offsets = [(0, 4), (4, 8)]
+    return len(get_new_expanded_mm_items([item])) == 2
 
 
 def check_sglang(scheme: PadScheme) -> str:
@@ -260,6 +284,7 @@ class SglangEngine(Engine):
         self.bridge = SglangKvEventBridge(block_size, pad_scheme)
         self.mode: str = args.disaggregation_mode
         self.incremental: bool = bool(args.incremental_streaming_output)
+        self.splits_images = True
         self.bootstrap_host: str = args.host
         self._llm: Any = None
         self._encoder: Any = None
@@ -296,6 +321,14 @@ class SglangEngine(Engine):
         ):
             args.kv_events_config = kv_events_config(_free_port())
         engine = cls(args, block_size=block_size, max_queue=max_queue, pad_scheme=pad_scheme)
+        engine.splits_images = sglang_splits_images()
+        if not engine.splits_images:
+            log.warning(
+                "sglang %s keeps the images of a multi-image request in one item: such "
+                "prompts are cached under SGLang's own hashes, which KV routing cannot "
+                "predict (single-image prompts route as usual)",
+                version,
+            )
         await asyncio.to_thread(engine._start)
         log.info("sglang %s started (%s, pad scheme %s)", version, role, pad_scheme.value)
         return engine
@@ -364,7 +397,9 @@ class SglangEngine(Engine):
                 self.args.disaggregation_bootstrap_port,
                 secrets.randbits(63),
             )
-            stream = await llm.async_generate(**generate_kwargs(request, embeddings, bootstrap))
+            stream = await llm.async_generate(
+                **self._generate_kwargs(request, embeddings, bootstrap)
+            )
             task = asyncio.create_task(_drain(stream))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -394,7 +429,9 @@ class SglangEngine(Engine):
     ) -> AsyncIterator[TokenChunk]:
         llm = self._language_model()
         with self._admit():
-            stream = await llm.async_generate(**generate_kwargs(request, embeddings, bootstrap))
+            stream = await llm.async_generate(
+                **self._generate_kwargs(request, embeddings, bootstrap)
+            )
             sent_ids = 0
             sent_text = ""
             async for out in stream:
@@ -499,6 +536,14 @@ class SglangEngine(Engine):
             thread.join(timeout=1)
 
     # -- internals ------------------------------------------------------------------------
+
+    def _generate_kwargs(
+        self,
+        request: EngineRequest,
+        embeddings: Sequence[ItemEmbedding],
+        bootstrap: tuple[str, int, int] | None,
+    ) -> dict[str, Any]:
+        return generate_kwargs(request, embeddings, bootstrap, splits_images=self.splits_images)
 
     def _language_model(self) -> Any:
         if self._llm is None:
