@@ -424,6 +424,17 @@ else:
         assert args.kv_events_config is None and not args.encoder_only
         assert args.incremental_streaming_output is False
         assert parse_sglang_args(sglang_argv(Path("/m"), "encode", [])).encoder_only
+        assert parse_sglang_args(sglang_argv(Path("/m"), "worker", [])).page_size is None
+
+    async def test_a_page_size_other_than_the_block_size_stops_the_worker() -> None:
+        with pytest.raises(SglangStartupError, match="--page-size 32 differs"):
+            await SglangEngine.load(
+                Path("/m"),
+                role="worker",
+                sglang_args=["--", "--page-size", "32"],
+                block_size=16,
+                pad_scheme=installed_scheme(),
+            )
 
     def test_default_kv_events_config_is_a_zmq_publisher() -> None:
         config = KVEventsConfig.from_cli(kv_events_config(5999))
