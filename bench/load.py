@@ -3,11 +3,12 @@ against one deployment pattern on loopback.
 
 It starts the pattern (one process per component, a private nats-server, the tiny model),
 warms it up, reads each process's RSS, then keeps `--concurrency` streams in flight for
-`--duration` seconds (at most `--max-requests` requests) and reads RSS again. Every request
-must end in exactly one complete answer (a finish reason, then `[DONE]`) or exactly one error
-(an HTTP error status, or one error event then `[DONE]`); anything else counts as lost or
-duplicated, and so do repeated response ids. Prints TTFT p50/p99, requests/s, errors by code
-and RSS per process as markdown.
+`--duration` seconds (at most `--max-requests` requests), reading RSS again after each of
+`--parts` equal parts. Every request must end in exactly one complete answer (a finish
+reason, then `[DONE]`) or exactly one error (an HTTP error status, or one error event then
+`[DONE]`); anything else counts as lost or duplicated, and so do repeated response ids.
+Transport errors the client sees are counted apart, before or after the response began.
+Prints TTFT p50/p99, requests/s, errors by code and RSS per process as markdown.
 
     .venv/bin/python bench/load.py --pattern agg --engine hf --concurrency 16 --duration 60
     .venv/bin/python bench/load.py --pattern e_p_d --engine mock --concurrency 200 --duration 60
@@ -122,6 +123,7 @@ async def one_request(
         ],
     }
     started = time.perf_counter()
+    response = None
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             tally.ids[response.headers.get("x-request-id", "")] += 1
@@ -147,7 +149,8 @@ async def one_request(
                         first = time.perf_counter() - started
                     finishes += choice["finish_reason"] is not None
     except httpx.HTTPError as err:
-        tally.errors[f"client {type(err).__name__}"] += 1
+        where = "before the response" if response is None else "mid-response"
+        tally.errors[f"transport {type(err).__name__} {where}"] += 1
         return
     if done == 1 and finishes == 1 and errors == 0:
         tally.complete += 1
@@ -206,6 +209,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of measured load")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds of warm-up load")
+    parser.add_argument("--parts", type=int, default=2, help="RSS is read after each part")
     parser.add_argument("--max-requests", type=int, default=20_000)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--images", type=int, default=32, help="distinct images, cycled")
@@ -234,16 +238,16 @@ def main() -> int:
                 run_phase(deployment.base_url, model, images, args.concurrency, args.warmup,
                           max_requests, args.max_tokens)
             )  # fmt: skip
-            # Two measured halves: memory that keeps growing in the second one is a leak,
-            # growth in the first only may be caches still filling.
+            # Measured in parts: memory that keeps growing in the later parts is a leak,
+            # growth in the first only may be caches and pools still filling.
             rss = [{name: rss_mib(p.pid) for name, p in deployment.processes.items()}]
             tally, elapsed = Tally(), 0.0
-            for _ in range(2):
-                half, seconds = asyncio.run(
+            for _ in range(args.parts):
+                part, seconds = asyncio.run(
                     run_phase(deployment.base_url, model, images, args.concurrency,
-                              duration / 2, max_requests // 2, args.max_tokens)
+                              duration / args.parts, max_requests // args.parts, args.max_tokens)
                 )  # fmt: skip
-                tally.merge(half)
+                tally.merge(part)
                 elapsed += seconds
                 rss.append({name: rss_mib(p.pid) for name, p in deployment.processes.items()})
         finally:
@@ -262,11 +266,13 @@ def main() -> int:
         f"{tally.duplicated + repeated_ids} | {tally.total / elapsed:.1f} | "
         f"{p50:.0f} ms | {p99:.0f} ms |"
     )
-    print("\n| process | RSS after warm-up | after half the load | after all of it |")
-    print("| --- | --- | --- | --- |")
+    parts = [f"after part {i + 1}" for i in range(args.parts)]
+    print("\n| process | RSS after warm-up | " + " | ".join(parts) + " | last part |")
+    print("| --- " * (args.parts + 3) + "|")
     for name, start in rss[0].items():
-        half, end = rss[1][name], rss[2][name]
-        print(f"| {name} | {start:.0f} MiB | {half:.0f} MiB | {end:.0f} MiB ({end - half:+.0f}) |")
+        cells = " | ".join(f"{point[name]:.0f} MiB" for point in rss[1:])
+        last = rss[-1][name] - rss[-2][name]
+        print(f"| {name} | {start:.0f} MiB | {cells} | {last:+.0f} MiB |")
     return 1 if tally.lost or tally.duplicated or repeated_ids else 0
 
 
