@@ -14,6 +14,7 @@ shift
 [ "${1:-}" = "--" ] && shift
 SGLANG_FLAGS=("$@")
 PORT=${PORT:-8000}
+PAD_SCHEME=${PAD_SCHEME:-sglang-wide}  # SGLang 0.5.2x; dynamo for 0.5.1x
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-900}
 LOGS=$(mktemp -d)
 if [ -z "${IMAGE:-}" ]; then
@@ -37,6 +38,7 @@ request() {
 run_pattern() {  # script name -> prints the answer, or nothing on failure
   local script=$1 log="$LOGS/$1.log"
   bash "launch/$script" --engine sglang --model-path "$MODEL" --http-port "$PORT" \
+    --pad-scheme "$PAD_SCHEME" \
     --allowed-local-media-path "$IMAGE_DIR" -- ${SGLANG_FLAGS[@]+"${SGLANG_FLAGS[@]}"} \
     >"$log" 2>&1 &
   local pid=$! waited=0
