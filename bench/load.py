@@ -210,6 +210,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of measured load")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds of warm-up load")
     parser.add_argument("--parts", type=int, default=2, help="RSS is read after each part")
+    parser.add_argument(
+        "--log-dir", type=Path, default=None, help="keep each process's log here (default: none)"
+    )
     parser.add_argument("--max-requests", type=int, default=20_000)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--images", type=int, default=32, help="distinct images, cycled")
@@ -230,7 +233,9 @@ def main() -> int:
         image_root.mkdir()
         base = serve_dir(image_root)
         images = [f"{base}/{name}" for name in write_images(image_root, args.images)]
-        deployment = Deployment(pattern, model_path, nats.url, tmp_path)
+        log_dir = args.log_dir or tmp_path
+        log_dir.mkdir(parents=True, exist_ok=True)
+        deployment = Deployment(pattern, model_path, nats.url, log_dir)
         try:
             deployment.start().wait_ready()
             model = model_path.name
