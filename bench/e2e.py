@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import http.server
 import io
 import json
 import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -34,7 +31,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.deployment import PATTERNS, Deployment  # noqa: E402
+from tests.e2e.deployment import PATTERNS, Deployment, serve_directory  # noqa: E402
 
 from mmserve.models.tiny import build_tiny_model  # noqa: E402
 from mmserve.runtime.nats_server import NatsServer  # noqa: E402
@@ -50,14 +47,6 @@ def photo_jpeg(seed: int, width: int = 1280, height: int = 960) -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format="JPEG", quality=90)
     return out.getvalue()
-
-
-def serve_dir(root: Path) -> str:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}"
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, image: str) -> float:
@@ -132,10 +121,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mmserve-bench-e2e-"))
     images = work / "images"
     images.mkdir()
-    count = args.requests * 4 + 2
+    count = 2 * args.requests * len(args.patterns) + 1  # fresh images, then image 0 repeated
     for seed in range(count):
         (images / f"{seed}.jpg").write_bytes(photo_jpeg(seed))
-    base = serve_dir(images)
+    base, _server = serve_directory(images)
     cold = iter(f"{base}/{seed}.jpg" for seed in range(1, count))
 
     rows = []

@@ -21,13 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import functools
-import http.server
 import io
 import json
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +36,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.deployment import PATTERNS, Deployment  # noqa: E402
+from tests.e2e.deployment import PATTERNS, Deployment, serve_directory  # noqa: E402
 
 from mmserve.models.tiny import build_tiny_model  # noqa: E402
 from mmserve.runtime.nats_server import NatsServer  # noqa: E402
@@ -82,19 +79,6 @@ def write_images(root: Path, count: int) -> list[str]:
         (root / f"{seed}.jpg").write_bytes(out.getvalue())
         names.append(f"{seed}.jpg")
     return names
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-def serve_dir(root: Path) -> str:
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def rss_mib(pid: int) -> float:
@@ -231,7 +215,7 @@ def main() -> int:
         tmp_path = Path(tmp)
         image_root = tmp_path / "images"
         image_root.mkdir()
-        base = serve_dir(image_root)
+        base = serve_directory(image_root)[0]
         images = [f"{base}/{name}" for name in write_images(image_root, args.images)]
         log_dir = args.log_dir or tmp_path
         log_dir.mkdir(parents=True, exist_ok=True)

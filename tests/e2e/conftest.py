@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from .deployment import serve_directory
 from .images import photo_like
 
 
@@ -28,11 +26,7 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def image_server(image_dir: Path) -> Iterator[str]:
     """Base URL of a loopback HTTP server over `image_dir`."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(image_dir))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    url, server = serve_directory(image_dir)
+    yield url
     server.shutdown()
     server.server_close()

@@ -3,12 +3,15 @@ isolated from other tests by a namespace of its own."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +27,21 @@ PATTERNS: dict[str, list[tuple[str, str, list[str]]]] = {
 }
 FETCHING_ROLES = {"encode"}
 STARTUP_TIMEOUT_S = 240.0
+
+
+class _QuietFileHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def serve_directory(root: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
+    """A loopback HTTP server over `root` in a daemon thread: its base URL and the server
+    (`shutdown()` it when done)."""
+    handler = functools.partial(_QuietFileHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
 def free_port() -> int:
