@@ -37,10 +37,14 @@ from mmserve.engines.base import (
 )
 from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
 from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
-from mmserve.engines.sampling import StopRules, check_sampling, make_generator, sample_token
-from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.engines.sampling import (
+    check_sampling,
+    make_generator,
+    sample_token,
+    stream_completion,
+)
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.protocol import SamplingParams, StopConditions, TokenChunk, Usage
+from mmserve.protocol import SamplingParams, StopConditions, TokenChunk
 from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.router.pad import PadScheme
 from mmserve.router.view import RoutingMedia
@@ -377,34 +381,14 @@ class HfEngine(Engine):
         try:
             if state.generator is None:
                 state.generator = make_generator(sampling, self.device)
-            rules = StopRules(stop, self.spec.eos_token_ids)
-            detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, list(stop.stop))
-            token = kv.first_token
-            completion_tokens = 0
-            while True:
-                completion_tokens += 1
-                finish = rules.on_token(token, completion_tokens)
-                text = ""
-                if token not in rules.stop_ids:
-                    text = detokenizer.push([token])
-                    if detokenizer.stopped:
-                        finish = "stop"
-                if finish is None:
-                    yield TokenChunk(request_id=kv.request_id, token_ids=[token], text=text)
-                    token = await self._call(self._decode_step, state, token, sampling)
-                    continue
-                yield TokenChunk(
-                    request_id=kv.request_id,
-                    token_ids=[token],
-                    text=text + detokenizer.flush(),
-                    finish_reason=finish,
-                    usage=Usage(
-                        prompt_tokens=kv.prompt_tokens,
-                        completion_tokens=completion_tokens,
-                        cached_tokens=kv.cached_tokens,
-                    ),
-                )
-                return
+
+            async def next_token(token: int) -> int:
+                return await self._call(self._decode_step, state, token, sampling)
+
+            async for chunk in stream_completion(
+                kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
+            ):
+                yield chunk
         finally:
             self._leave()
             state.cache = None

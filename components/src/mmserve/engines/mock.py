@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 import torch
 
@@ -47,10 +46,9 @@ from mmserve.engines.defaults import (
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
 from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
-from mmserve.engines.sampling import StopRules, check_sampling
-from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.engines.sampling import check_sampling, stream_completion
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.protocol import SamplingParams, StopConditions, TokenChunk, Usage
+from mmserve.protocol import SamplingParams, StopConditions, TokenChunk
 from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.router.pad import PadScheme
 from mmserve.router.view import RoutingMedia
@@ -189,27 +187,16 @@ class MockEngine(Engine):
         self._admit()
         try:
             tokens = random.Random(state.seed)
-            rules = StopRules(stop, self.spec.eos_token_ids)
-            detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, list(stop.stop))
-            for count in range(1, stop.max_tokens + 1):
-                token = tokens.randrange(*PSEUDO_TOKENS)  # the first equals kv.first_token
-                finish = rules.on_token(token, count)
-                text = "" if token in rules.stop_ids else detokenizer.push([token])
-                if detokenizer.stopped:
-                    finish = "stop"
-                chunk = TokenChunk(request_id=kv.request_id, token_ids=[token], text=text)
-                if finish is None:
-                    yield chunk
-                    await asyncio.sleep(self.decode_s_per_token)
-                    continue
-                usage = Usage(
-                    prompt_tokens=kv.prompt_tokens,
-                    completion_tokens=count,
-                    cached_tokens=kv.cached_tokens,
-                )
-                text += detokenizer.flush()
-                yield msgspec.structs.replace(chunk, text=text, finish_reason=finish, usage=usage)
-                return
+            tokens.randrange(*PSEUDO_TOKENS)  # the first draw is kv.first_token
+
+            async def next_token(_previous: int) -> int:
+                await asyncio.sleep(self.decode_s_per_token)
+                return tokens.randrange(*PSEUDO_TOKENS)
+
+            async for chunk in stream_completion(
+                kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
+            ):
+                yield chunk
         finally:
             self._admitted -= 1
             state.live = False

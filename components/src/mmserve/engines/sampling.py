@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import torch
+from tokenizers import Tokenizer
 
-from mmserve.engines.base import EngineError
-from mmserve.protocol import FinishReason, SamplingParams, StopConditions
+from mmserve.engines.base import EngineError, KvHandle
+from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.protocol import FinishReason, SamplingParams, StopConditions, TokenChunk, Usage
 
 
 def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
@@ -67,3 +70,43 @@ class StopRules:
         if completion_tokens >= self.max_tokens:
             return "length"
         return None
+
+
+async def stream_completion(
+    kv: KvHandle,
+    stop: StopConditions,
+    eos_token_ids: Sequence[int],
+    tokenizer: Tokenizer,
+    next_token: Callable[[int], Awaitable[int]],
+) -> AsyncIterator[TokenChunk]:
+    """Token chunks from `kv.first_token` on, `next_token(previous)` making each next one,
+    until a stop rule ends the completion; the last chunk carries the finish reason and usage.
+    Stop strings are cut from the text by the detokenizer, across token boundaries."""
+    rules = StopRules(stop, eos_token_ids)
+    detokenizer = IncrementalDetokenizer(tokenizer, list(stop.stop))
+    token = kv.first_token
+    completion_tokens = 0
+    while True:
+        completion_tokens += 1
+        finish = rules.on_token(token, completion_tokens)
+        text = ""
+        if token not in rules.stop_ids:
+            text = detokenizer.push([token])
+            if detokenizer.stopped:
+                finish = "stop"
+        if finish is None:
+            yield TokenChunk(request_id=kv.request_id, token_ids=[token], text=text)
+            token = await next_token(token)
+            continue
+        yield TokenChunk(
+            request_id=kv.request_id,
+            token_ids=[token],
+            text=text + detokenizer.flush(),
+            finish_reason=finish,
+            usage=Usage(
+                prompt_tokens=kv.prompt_tokens,
+                completion_tokens=completion_tokens,
+                cached_tokens=kv.cached_tokens,
+            ),
+        )
+        return
