@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmserve.engines.base import EngineError, EngineOverloaded, EngineRequest
+from mmserve.engines.base import GREEDY, EngineError, EngineOverloaded, EngineRequest
 from mmserve.engines.hf import HfEngine
 from mmserve.protocol import (
     KvCleared,
@@ -21,7 +21,6 @@ from mmserve.protocol import (
 
 from .helpers import expand_prompt, make_image, preprocess, reference_generate
 
-GREEDY = SamplingParams(temperature=0.0)
 EIGHT_TOKENS = StopConditions(max_tokens=8, ignore_eos=True)
 
 
