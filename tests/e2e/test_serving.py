@@ -150,5 +150,9 @@ def test_repeated_images_and_prompts_hit_the_caches(agg: Deployment, image_serve
         ("mmserve_encoder_cache_lookups_total", {"result": "hit"}),
         ("mmserve_cache_lookups_total", {"cache": "prefix", "result": "hit"}),
         ("mmserve_requests_total", {"component": "worker"}),
+        *(
+            ("mmserve_stage_seconds_count", {"component": "worker", "stage": stage})
+            for stage in ("preprocess", "encode", "prefill", "decode")
+        ),
     ]:
         assert _metric(after, name, **labels) > _metric(before, name, **labels), name

@@ -6,7 +6,6 @@ Used by the encode worker and by a worker or prefill worker started with `--enco
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,25 +64,18 @@ class EncodeStage:
     async def run(self, request: PreprocessedRequest) -> Encoded:
         if not request.media:
             return Encoded(token_ids=list(request.token_ids))
-        started = time.perf_counter()
         if all(item.pixel_values is not None for item in request.media):
             # Frontend decoding: the frontend preprocessed the items and sent pixel_values.
-            inputs = await self._inputs_from_pixels(request)
+            with metrics.timed_stage(self.component, "transfer"):
+                inputs = await self._inputs_from_pixels(request)
             token_ids = list(request.token_ids)
             if not request.expanded:
                 counts = [item.token_count for item in request.media]
                 token_ids = expand_placeholders(token_ids, self.spec.image_token_id, counts)
         else:
             token_ids, inputs = await self._preprocess(request)
-        metrics.STAGE_SECONDS.labels(self.component, "preprocess").observe(
-            time.perf_counter() - started
-        )
-        started = time.perf_counter()
-        with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE):
+        with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE), metrics.timed_stage(self.component, "encode"):
             embeddings = await self.engine.encode(inputs)
-        metrics.STAGE_SECONDS.labels(self.component, "encode").observe(
-            time.perf_counter() - started
-        )
         items = [
             MediaItem(
                 url=item.url,
@@ -99,15 +91,17 @@ class EncodeStage:
         sources: list[str | bytes] = []
         for index, item in enumerate(request.media):
             if item.encoded is not None:
-                encoded = await self.transfer.fetch(item.encoded)
+                with metrics.timed_stage(self.component, "transfer"):
+                    encoded = await self.transfer.fetch(item.encoded)
                 sources.append(encoded.numpy().tobytes())
             elif item.data is not None or item.url is not None:
                 sources.append(item.data if item.data is not None else item.url)  # type: ignore[arg-type]
             else:
                 raise ValueError(f"media item {index} has neither a URL nor data")
-        processed = await media.process(
-            self.spec, list(request.token_ids), sources, self.policy, count_only=False
-        )
+        with metrics.timed_stage(self.component, "preprocess"):
+            processed = await media.process(
+                self.spec, list(request.token_ids), sources, self.policy, count_only=False
+            )
         inputs = [
             MediaInput(
                 mm_hash=item.mm_hash,

@@ -7,6 +7,8 @@ the frontend serves them on its own `/metrics` route via `render()`.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -48,6 +50,15 @@ CACHE_LOOKUPS = Counter(
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+@contextlib.contextmanager
+def timed_stage(component: str, stage: str) -> Iterator[None]:
+    """Observe the time the block takes as `stage` of `component` (when it succeeds: a failed
+    stage's time says nothing about the stage)."""
+    started = time.perf_counter()
+    yield
+    STAGE_SECONDS.labels(component, stage).observe(time.perf_counter() - started)
 
 
 def render() -> bytes:

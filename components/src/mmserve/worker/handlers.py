@@ -65,7 +65,8 @@ class WorkerHandler:
         if not request.media:
             return Encoded(token_ids=list(request.token_ids))
         if all(item.embeddings is not None for item in request.media):
-            embeddings = await load_embeddings(self.transfer, request.media)
+            with metrics.timed_stage(self.component, "transfer"):
+                embeddings = await load_embeddings(self.transfer, request.media)
             return Encoded(list(request.token_ids), embeddings, list(request.media))
         if self.encoder is None:
             raise RemoteError(
@@ -86,10 +87,12 @@ def _engine_request(request: PreprocessedRequest, token_ids: list[int]) -> Engin
 
 
 async def _stream_tokens(
-    component: str, chunks: AsyncIterator[TokenChunk], ttft_range: str
+    component: str, chunks: AsyncIterator[TokenChunk], ttft_range: str, *, prefills: bool
 ) -> AsyncIterator[TokenChunk]:
-    """Pass chunks through, recording time to first token and inter-token latency."""
-    started = last = time.perf_counter()
+    """Pass chunks through, recording time to first token, inter-token latency and the
+    decode stage (first token to the end); the prefill stage too where this engine `prefills`
+    (its time to first token)."""
+    started = last = first_token_at = time.perf_counter()
     first = True
     ttft = nvtx.range_start(ttft_range)
     try:
@@ -98,6 +101,9 @@ async def _stream_tokens(
             if first:
                 nvtx.range_end(ttft)
                 metrics.TTFT.labels(component).observe(now - started)
+                if prefills:
+                    metrics.STAGE_SECONDS.labels(component, "prefill").observe(now - started)
+                first_token_at = now
                 first = False
             else:
                 metrics.ITL.labels(component).observe(now - last)
@@ -109,6 +115,8 @@ async def _stream_tokens(
     finally:
         if first:
             nvtx.range_end(ttft)
+    if not first:
+        metrics.STAGE_SECONDS.labels(component, "decode").observe(last - first_token_at)
 
 
 class AggregatedHandler(WorkerHandler):
@@ -128,7 +136,7 @@ class AggregatedHandler(WorkerHandler):
             chunks = self.engine.generate(
                 _engine_request(request, encoded.token_ids), encoded.embeddings
             )
-            async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT):
+            async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True):
                 yield chunk
 
 
@@ -164,7 +172,10 @@ class PrefillHandler(WorkerHandler):
         token_ids: list[int],
         embeddings: list[ItemEmbedding],
     ) -> tuple[PrefillDone, list[Lease]]:
-        with nvtx.nvtx_range(nvtx.PREFILL_ENGINE_ASYNC_GENERATE):
+        with (
+            nvtx.nvtx_range(nvtx.PREFILL_ENGINE_ASYNC_GENERATE),
+            metrics.timed_stage(self.component, "prefill"),
+        ):
             kv = await self.engine.prefill(_engine_request(request, token_ids), embeddings)
         try:
             tensors = await self.engine.export_kv(kv)
@@ -205,7 +216,7 @@ class DecodeHandler(WorkerHandler):
             with nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
                 kv = await self._remote_prefill(request)
             chunks = self.engine.decode(kv, request.sampling, request.stop)
-            async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT):
+            async for chunk in _stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=False):
                 yield chunk
 
     async def _remote_prefill(self, request: PreprocessedRequest) -> KvHandle:
@@ -223,7 +234,10 @@ class DecodeHandler(WorkerHandler):
         async with contextlib.aclosing(replies):
             async for reply in replies:
                 if isinstance(reply, PrefillDone):
-                    with nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ):
+                    with (
+                        nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ),
+                        metrics.timed_stage(self.component, "transfer"),
+                    ):
                         tensors = {
                             name: await self.transfer.fetch(handle)
                             for name, handle in reply.kv.items()
