@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from media.local_media import data_url, encode_image
 from mmserve.runtime.errors import RemoteError
 
 from .conftest import RunningFrontend
@@ -141,6 +142,47 @@ def test_too_many_images(start_frontend) -> None:
         _post(frontend, _chat(frontend, messages=messages)), 400, "request.too_many_items"
     )
     assert "at most 2" in error["message"]
+
+
+def test_context_length_bounds_prompt_and_completion(start_frontend) -> None:
+    frontend = start_frontend("--context-length", "100")
+    assert _post(frontend, _chat(frontend)).status_code == 200
+    prompt = len(frontend.dispatcher.requests[-1].token_ids)
+    # Without max_tokens the completion gets what the context leaves.
+    assert frontend.dispatcher.requests[-1].stop.max_tokens == 100 - prompt
+    assert _post(frontend, _chat(frontend, max_tokens=100 - prompt)).status_code == 200
+    error = _assert_error(
+        _post(frontend, _chat(frontend, max_tokens=101 - prompt)),
+        400,
+        "context_length_exceeded",
+        "max_tokens",
+    )
+    assert (
+        f"{prompt} tokens in the messages and {101 - prompt} in the completion" in error["message"]
+    )
+    long_text = [{"role": "user", "content": "word " * 200}]
+    _assert_error(
+        _post(frontend, _chat(frontend, messages=long_text)),
+        400,
+        "context_length_exceeded",
+        "messages",
+    )
+    # An image counts with its expanded tokens (448 x 448: 256), not its one placeholder.
+    image = {"type": "image_url", "image_url": {"url": data_url(encode_image(448, 448))}}
+    with_image = [{"role": "user", "content": [image, {"type": "text", "text": "?"}]}]
+    _assert_error(
+        _post(frontend, _chat(frontend, messages=with_image)), 400, "context_length_exceeded"
+    )
+    assert _post(frontend, _chat(frontend, max_tokens=1)).status_code == 200
+
+
+def test_the_model_bounds_the_context_by_default(frontend: RunningFrontend) -> None:
+    limit = frontend.app.preprocessor.model.spec.max_position_embeddings
+    assert limit is not None
+    error = _assert_error(
+        _post(frontend, _chat(frontend, max_tokens=limit)), 400, "context_length_exceeded"
+    )
+    assert str(limit) in error["message"]
 
 
 def test_deadline_is_504_and_cancels_the_pipeline(start_frontend) -> None:

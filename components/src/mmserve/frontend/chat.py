@@ -70,6 +70,9 @@ class ChatOptions:
     default_max_tokens: int = 1024
     request_timeout_s: float = 300.0
     frontend_decoding: bool = False
+    # Prompt and completion together; None: the model's max_position_embeddings (no limit if
+    # the checkpoint names none).
+    context_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,10 @@ class ChatPreprocessor:
                 "images; text must not contain the model's image placeholder token",
                 param="messages",
             )
-        items = await self._media_items(token_ids, images, request_id) if images else []
+        processed = await self._process_media(token_ids, images) if images else None
+        prompt_tokens = len(processed.input_ids) if processed else len(token_ids)
+        max_tokens = self._completion_budget(request, prompt_tokens)
+        items = await self._media_items(images, processed.items, request_id) if processed else []
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return PreprocessedRequest(
             request_id=request_id,
@@ -125,11 +131,32 @@ class ChatPreprocessor:
                 top_k=request.top_k or 0,
                 seed=request.seed,
             ),
-            stop=StopConditions(
-                max_tokens=_max_tokens(request) or self.options.default_max_tokens,
-                stop=stop,
-            ),
+            stop=StopConditions(max_tokens=max_tokens, stop=stop),
         )
+
+    @property
+    def context_length(self) -> int | None:
+        return self.options.context_length or self.model.spec.max_position_embeddings
+
+    def _completion_budget(self, request: ChatCompletionRequest, prompt: int) -> int:
+        """The request's max_tokens (the default where it gives none, shortened to what the
+        context leaves after the `prompt` tokens); a prompt that leaves no room, or a
+        max_tokens past it, is refused."""
+        asked = _max_tokens(request)
+        budget = asked or self.options.default_max_tokens
+        limit = self.context_length
+        if limit is None:
+            return budget
+        if prompt >= limit or (asked is not None and prompt + asked > limit):
+            wanted = f"{prompt} tokens in the messages" + (
+                f" and {asked} in the completion" if asked is not None else ""
+            )
+            raise ApiError.bad_request(
+                "context_length_exceeded",
+                f"this model's context length is {limit} tokens; the request needs {wanted}",
+                param="messages" if asked is None or prompt >= limit else "max_tokens",
+            )
+        return min(budget, limit - prompt)
 
     def validate(self, request: ChatCompletionRequest) -> None:
         """Cheap checks that need no media and no tokenizer (run before anything costly)."""
@@ -177,26 +204,32 @@ class ChatPreprocessor:
             ) from err
         return list(tokenizer.encode(text, add_special_tokens=False))
 
-    async def _media_items(
-        self, token_ids: list[int], images: list[_ImageRef], request_id: str
-    ) -> list[MediaItem]:
-        """Hash, grid and token count of each item. With frontend decoding its pixels travel
-        by transfer; otherwise inline sources (data URLs, base64) travel by transfer as their
-        encoded bytes, so a large one never meets the NATS payload limit, and URLs travel as
-        they are for the encoder to fetch."""
-        decoding = self.options.frontend_decoding
+    async def _process_media(
+        self, token_ids: list[int], images: list[_ImageRef]
+    ) -> media.ProcessedRequest:
+        """The expanded prompt, and each item's hash, grid and token count (and its pixels
+        with frontend decoding)."""
         try:
-            processed = await media.process(
+            return await media.process(
                 self.model.media_spec,
                 token_ids,
                 [image.url for image in images],
                 self.options.policy,
-                count_only=not decoding,
+                count_only=not self.options.frontend_decoding,
             )
         except MediaError as err:
             raise ApiError.from_media_error(err, [image.param for image in images]) from err
+
+    async def _media_items(
+        self, images: list[_ImageRef], processed: list[media.ProcessedItem], request_id: str
+    ) -> list[MediaItem]:
+        """The items as the first hop reads them. With frontend decoding their pixels travel
+        by transfer; otherwise inline sources (data URLs, base64) travel by transfer as their
+        encoded bytes, so a large one never meets the NATS payload limit, and URLs travel as
+        they are for the encoder to fetch."""
+        decoding = self.options.frontend_decoding
         items = []
-        for image, item in zip(images, processed.items, strict=True):
+        for image, item in zip(images, processed, strict=True):
             pixel_values = encoded = None
             sink = self._tensor_sink
             if decoding and sink is not None and item.pixel_values is not None:

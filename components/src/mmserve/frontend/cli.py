@@ -76,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="completion length when the request gives no max_tokens (default: 1024)",
     )
     parser.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest prompt plus completion, in tokens; longer requests get 400 "
+        "context_length_exceeded (default: the model's max_position_embeddings)",
+    )
+    parser.add_argument(
         "--frontend-decoding",
         action="store_true",
         help="fetch, decode and preprocess images here and ship pixel_values to the encoder",
@@ -115,6 +123,7 @@ def build_app(
     options = ChatOptions(
         policy=MediaPolicy.from_args(args),
         default_max_tokens=args.default_max_tokens,
+        context_length=args.context_length,
         request_timeout_s=args.request_timeout,
         frontend_decoding=args.frontend_decoding,
     )

@@ -54,6 +54,8 @@ class ModelSpec:
     max_pixels: int
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
+    # The longest sequence (prompt and completion) the model was built for, if it says.
+    max_position_embeddings: int | None
     # Digest of the config files: two specs with equal ids produce equal embeddings.
     spec_id: str
 
@@ -82,6 +84,10 @@ def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:
     if value is None:
         return ()
     return (value,) if isinstance(value, int) else tuple(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _pixel_bounds(preprocessor: dict[str, Any]) -> tuple[int, int]:
@@ -134,5 +140,6 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
         max_pixels=max_pixels,
         image_mean=tuple(preprocessor["image_mean"]),
         image_std=tuple(preprocessor["image_std"]),
+        max_position_embeddings=_optional_int(text.get("max_position_embeddings")),
         spec_id=digest.hexdigest()[:16],
     )
