@@ -10,8 +10,9 @@ It serves the router, the frontend and every deployment pattern at scale without
   so its KV events are the ones a real engine would publish for the same prompts;
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
   prompt gives the same completion on any worker and in any pattern;
-- encode returns deterministic embeddings of the right row count (grid / merge^2) keyed by the
-  item's hash; export/import move a few small tensors, so P/D works over the transfer layer.
+- encode sleeps `encode_us_per_token` per embedding row, then returns deterministic embeddings
+  of the right row count (grid / merge^2) keyed by the item's hash;
+- export/import move a few small tensors, so P/D works over the transfer layer.
 
 Everything runs on the event loop: KV event sinks are called on the loop's thread.
 """
@@ -42,6 +43,7 @@ from mmserve.engines.base import (
 from mmserve.engines.defaults import (
     DEFAULT_CACHE_BLOCKS,
     DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_ENCODE_US_PER_TOKEN,
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
@@ -82,18 +84,20 @@ class MockEngine(Engine):
         cache_blocks: int = DEFAULT_CACHE_BLOCKS,
         prefill_us_per_token: float = DEFAULT_PREFILL_US_PER_TOKEN,
         decode_ms_per_token: float = DEFAULT_DECODE_MS_PER_TOKEN,
+        encode_us_per_token: float = DEFAULT_ENCODE_US_PER_TOKEN,
         max_queue: int = DEFAULT_MAX_QUEUE,
         pad_scheme: PadScheme = PadScheme.DYNAMO,
     ) -> None:
         """Read the checkpoint's spec and tokenizer (blocking: use `MockEngine.load`)."""
         from transformers import AutoTokenizer
 
-        if prefill_us_per_token < 0 or decode_ms_per_token < 0:
-            raise ValueError("mock prefill and decode times must be >= 0")
+        if min(prefill_us_per_token, decode_ms_per_token, encode_us_per_token) < 0:
+            raise ValueError("mock encode, prefill and decode times must be >= 0")
         self.spec: ModelSpec = resolve_model_spec(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
         self.prefill_s_per_token = prefill_us_per_token / 1e6
         self.decode_s_per_token = decode_ms_per_token / 1e3
+        self.encode_s_per_token = encode_us_per_token / 1e6
         self.max_queue = max_queue
         self.pad_scheme = pad_scheme
         self.prefix_cache: PrefixCache[None] = PrefixCache(block_size, max_blocks=cache_blocks)
@@ -124,6 +128,7 @@ class MockEngine(Engine):
             generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
             values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
             embeddings.append(ItemEmbedding(item.mm_hash, item.grid_thw, values))
+        await asyncio.sleep(sum(item.num_tokens for item in embeddings) * self.encode_s_per_token)
         return embeddings
 
     def _media(

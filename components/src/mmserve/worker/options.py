@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from mmserve.engines.defaults import (
     DEFAULT_CACHE_BLOCKS,
     DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_ENCODE_US_PER_TOKEN,
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
@@ -85,6 +86,14 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
         help=f"simulated time per decoded token (default: {DEFAULT_DECODE_MS_PER_TOKEN:g})",
     )
     mock.add_argument(
+        "--mock-encode-us-per-token",
+        type=float,
+        default=DEFAULT_ENCODE_US_PER_TOKEN,
+        metavar="US",
+        help="simulated vision-tower time per image token "
+        f"(default: {DEFAULT_ENCODE_US_PER_TOKEN:g})",
+    )
+    mock.add_argument(
         "--mock-cache-blocks",
         type=int,
         default=DEFAULT_CACHE_BLOCKS,
@@ -134,6 +143,7 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
             cache_blocks=args.mock_cache_blocks,
             prefill_us_per_token=args.mock_prefill_us_per_token,
             decode_ms_per_token=args.mock_decode_ms_per_token,
+            encode_us_per_token=args.mock_encode_us_per_token,
             **common,
         )
     if args.engine == "sglang":
