@@ -8,11 +8,14 @@ Each test records what it tried, how many times and what happened (`trial(...)`)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from e2e.deployment import STARTUP_TIMEOUT_S, Deployment
 
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 
@@ -39,6 +42,21 @@ def trial(request: pytest.FixtureRequest) -> Trial:
         _rows.append(_Row(request.node.nodeid, tried, times, happened))
 
     return record
+
+
+def restart_worker(deployment: Deployment, name: str, extra_flags: Sequence[str] = ()) -> None:
+    """Start worker `name` of `deployment` again with its flags and `extra_flags` (the media
+    policy for a worker that fetches), and wait until it registered."""
+    _, role, flags = next(worker for worker in deployment.workers if worker[0] == name)
+    deployment._spawn(name, [
+        role, "--model-path", str(deployment.model_path), "--namespace", deployment.namespace,
+        *flags, *deployment.worker_flags, "--transfer", deployment.transfer, *extra_flags,
+    ])  # fmt: skip
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while " ready: instance " not in deployment.log(name):
+        assert deployment.processes[name].poll() is None, deployment.log(name)[-3000:]
+        assert time.monotonic() < deadline, f"{name} not ready"
+        time.sleep(0.25)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -1,6 +1,6 @@
-"""SIGKILL of the prefill or the decode worker of an E/P/D deployment (mock engine) while a
+"""SIGKILL of the encode, prefill or decode worker of an E/P/D deployment (mock engine) while a
 request is inside it: the client gets an error (a 5xx before the first token, an error event
-after it) well within the bound, never a hang."""
+after it) well within the bound, never a hang; a restarted encode worker serves again."""
 
 from __future__ import annotations
 
@@ -11,25 +11,32 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from e2e.deployment import Deployment
+from e2e.deployment import Deployment, serve_directory
+from e2e.images import photo_like
 from mmserve.models.tiny import build_tiny_model
 
-from .conftest import Trial
+from .conftest import Trial, restart_worker
 from .streams import BOUND_S, chat_body, stream_chat
 
 # Prefill takes 0.2 s per uncached prompt token (a few seconds per prompt), so a kill lands
 # inside it; decode 10 ms per token.
 SLOW_PREFILL = ["--engine", "mock", "--mock-prefill-us-per-token", "200000"]
+# Encode takes 0.1 s per image token: the 320x240 photo (88 tokens) takes 8.8 s, the 90x60
+# one a fraction of a second.
+SLOW_ENCODE = ["--engine", "mock", "--mock-encode-us-per-token", "100000"]
+MEDIA = ["--allowed-media-domains", "127.0.0.1"]
 
 
 @pytest.fixture
-def e_p_d(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def e_p_d(
+    request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     deployment = Deployment(
         "e_p_d",
         build_tiny_model("qwen2_vl"),
         nats_url,
         tmp_path_factory.mktemp("epd-fault-logs"),
-        worker_flags=SLOW_PREFILL,
+        worker_flags=request.param,
     )
     try:
         deployment.start().wait_ready()
@@ -38,6 +45,32 @@ def e_p_d(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
         deployment.stop()
 
 
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("fault-images")
+    photo_like(320, 240, 1).save(root / "photo.jpg", quality=90)
+    photo_like(90, 60, 3).save(root / "small.png")
+    url, server = serve_directory(root)
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+def image_chat(max_tokens: int, url: str) -> dict[str, object]:
+    body = chat_body(max_tokens)
+    body["messages"] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "Describe the image."},
+            ],
+        }
+    ]
+    return body
+
+
+@pytest.mark.parametrize("e_p_d", [SLOW_PREFILL], indirect=True)
 @pytest.mark.parametrize("victim", ["prefill", "decode"])
 def test_sigkill_inside_a_request(e_p_d: Deployment, trial: Trial, victim: str) -> None:
     async def run() -> tuple[int, str | None, float]:
@@ -64,3 +97,37 @@ def test_sigkill_inside_a_request(e_p_d: Deployment, trial: Trial, victim: str) 
             assert process.poll() is None, f"{name} exited:\n{e_p_d.log(name)[-2000:]}"
     how = f"HTTP {status} {code}" if status != 200 else f"an error event ({code})"
     trial(f"E/P/D: SIGKILL {victim} inside a request", 1, f"{how} {ended:.1f} s after the kill")
+
+
+@pytest.mark.parametrize("e_p_d", [SLOW_ENCODE], indirect=True)
+def test_sigkill_of_encode_inside_a_request(e_p_d: Deployment, images: str, trial: Trial) -> None:
+    async def killed() -> tuple[int, str | None, float]:
+        async with httpx.AsyncClient(base_url=e_p_d.base_url, timeout=120) as client:
+            first = asyncio.Event()
+            body = image_chat(40, f"{images}/photo.jpg")
+            stream = asyncio.ensure_future(stream_chat(client, body, first))
+            await asyncio.sleep(2.0)  # inside the 8.8 s encode
+            assert not first.is_set() and not stream.done()
+            e_p_d.kill("encode")
+            killed_at = time.monotonic()
+            outcome = await asyncio.wait_for(stream, BOUND_S)
+            return outcome.status, outcome.error, outcome.ended_at - killed_at
+
+    status, code, ended = asyncio.run(killed())
+    assert status >= 500 and code, (status, code)
+    assert all(e_p_d.processes[name].poll() is None for name in ("frontend", "prefill", "decode"))
+
+    restart_worker(e_p_d, "encode", MEDIA)
+
+    async def served() -> bool:
+        async with httpx.AsyncClient(base_url=e_p_d.base_url, timeout=120) as client:
+            outcome = await stream_chat(client, image_chat(8, f"{images}/small.png"))
+            return outcome.finished and outcome.error is None
+
+    assert asyncio.run(served())
+    trial(
+        "E/P/D: SIGKILL encode inside a request with an image",
+        1,
+        f"HTTP {status} {code} {ended:.1f} s after the kill; "
+        "the restarted encode worker served the next image request",
+    )

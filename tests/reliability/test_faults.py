@@ -18,7 +18,7 @@ from e2e.deployment import Deployment, free_port
 from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
 
-from .conftest import Trial
+from .conftest import Trial, restart_worker
 from .streams import BOUND_S, Outcome, chat_body, stream_chat
 
 MOCK = ["--engine", "mock"]  # simulated timing: 10 ms per decoded token, no model compute
@@ -29,21 +29,6 @@ class Faulty:
     deployment: Deployment
     nats: NatsServer
     metrics_ports: dict[str, int]
-
-    def restart_worker(self, name: str) -> None:
-        """Starts worker `name` again with its flags (the fault tests send text only, so no
-        media policy)."""
-        d = self.deployment
-        _, role, flags = next(worker for worker in d.workers if worker[0] == name)
-        d._spawn(name, [
-            role, "--model-path", str(d.model_path), "--namespace", d.namespace, *flags,
-            *d.worker_flags, "--transfer", d.transfer,
-        ])  # fmt: skip
-        deadline = time.monotonic() + 240
-        while " ready: instance " not in d.log(name):
-            assert d.processes[name].poll() is None, d.log(name)[-3000:]
-            assert time.monotonic() < deadline, f"{name} not ready"
-            time.sleep(0.25)
 
     def metric(self, name: str, metric: str) -> float:
         text = httpx.get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics", timeout=5).text
@@ -124,7 +109,7 @@ def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:
         f"{int(on_survivor)} on the other worker finished; 4 new requests served",
     )
 
-    faulty.restart_worker("a")
+    restart_worker(faulty.deployment, "a")  # text only: no media policy
     before = faulty.metric("a", "mmserve_requests_total")
 
     async def after_restart() -> list[Outcome]:
