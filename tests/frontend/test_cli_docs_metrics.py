@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from mmserve.cli import main
-from mmserve.frontend.cli import serve
+from mmserve.frontend.cli import serve, server_config
 from mmserve.frontend.dispatch import Pipeline
 
 from .conftest import EchoDispatcher, RunningFrontend, parse_frontend_args
@@ -85,6 +85,7 @@ def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in (
         "--http-host",
         "--http-port",
+        "--http-keep-alive",
         "--api-key",
         "--request-timeout",
         "--frontend-decoding",
@@ -94,6 +95,16 @@ def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
         "--media-fetch-timeout",
     ):
         assert flag in out
+
+
+def test_idle_connections_outlive_the_client_pool_expiry(
+    frontend: RunningFrontend, tiny_model_path: Path
+) -> None:
+    # A server that closes an idle connection first races the client's next request on it.
+    config = server_config(parse_frontend_args(tiny_model_path), frontend.app)
+    assert config.timeout_keep_alive > httpx.Limits().keepalive_expiry
+    args = parse_frontend_args(tiny_model_path, "--http-keep-alive", "2.5")
+    assert server_config(args, frontend.app).timeout_keep_alive == 2.5
 
 
 def test_cli_exits_with_a_one_line_reason_when_the_model_is_missing(

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -16,11 +17,19 @@ from mmserve.router.settings import RouterSettings
 from mmserve.transfer.options import add_transfer_arguments
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from mmserve.frontend.app import FrontendApp
     from mmserve.frontend.chat import ServedModel
     from mmserve.frontend.dispatch import Dispatcher, Pipeline, TensorSink
 
 log = logging.getLogger("mmserve.frontend")
+
+# Longer than the idle expiry of clients' connection pools (httpx 5 s, aiohttp 15 s) and of
+# load balancers (often 60 s), so the client side closes an idle connection first: a server
+# closing it first races the next request the client sends on it (a connection error).
+DEFAULT_HTTP_KEEP_ALIVE_S = 75.0
+OPEN_FILES = 65536
 
 # Connects to the pipeline for the parsed arguments; entered inside the server's event loop
 # (after the model loaded) and left when the server stops.
@@ -48,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--http-host", default="127.0.0.1", help="default: 127.0.0.1")
     parser.add_argument("--http-port", type=int, default=8000, help="default: 8000")
+    parser.add_argument(
+        "--http-keep-alive",
+        type=float,
+        default=DEFAULT_HTTP_KEEP_ALIVE_S,
+        metavar="SECONDS",
+        help="close a client's idle keep-alive connection after this long; keep it above "
+        f"the clients' own idle expiry (default: {DEFAULT_HTTP_KEEP_ALIVE_S:g})",
+    )
     parser.add_argument(
         "--api-key",
         default=os.environ.get("MMSERVE_API_KEY"),
@@ -141,27 +158,47 @@ def open_pipeline(args: argparse.Namespace) -> contextlib.AbstractAsyncContextMa
     return open_nats_pipeline(args)
 
 
+def server_config(args: argparse.Namespace, app: FrontendApp) -> uvicorn.Config:
+    """The HTTP server's settings for parsed arguments."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=args.http_host,
+        port=args.http_port,
+        lifespan="off",
+        access_log=False,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=args.http_keep_alive,
+    )
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit of open files towards `OPEN_FILES` (each client
+    connection is one; a common default soft limit is 1024) within the hard limit; returns
+    the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
 async def serve(
     args: argparse.Namespace, pipeline_factory: PipelineFactory = open_pipeline
 ) -> None:
     import uvicorn
 
+    open_files = raise_open_file_limit()
     model = await asyncio.to_thread(load_model, args)
     async with pipeline_factory(args) as pipeline:
         app = build_app(args, model, pipeline.dispatcher, pipeline.tensor_sink)
-        config = uvicorn.Config(
-            app,
-            host=args.http_host,
-            port=args.http_port,
-            lifespan="off",
-            access_log=False,
-            log_level="info",
-            timeout_graceful_shutdown=5,
-        )
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(server_config(args, app))
         log.info(
-            "serving %s on http://%s:%d/v1", app.preprocessor.model.name, args.http_host,
-            args.http_port,
+            "serving %s on http://%s:%d/v1 (up to %d open files)", app.preprocessor.model.name,
+            args.http_host, args.http_port, open_files,
         )  # fmt: skip
         await server.serve()
         if not server.started:
