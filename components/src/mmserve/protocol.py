@@ -19,7 +19,7 @@ travel as integers; `mm_hashes` travel as 16-digit lowercase hex strings (the en
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -137,17 +137,21 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
+# The request's integers travel on to the workers as msgpack's 64-bit integers.
+_INT64_MAX = 2**63 - 1
+
+
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
 
     model: str
-    messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
+    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] | None = None  # 0: off
+    seed: Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)] | None = None
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
@@ -165,26 +169,26 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     def unsupported_options(self) -> list[str]:
         """Names of options set to a value mmserve cannot honour (the frontend answers 400)."""
-        bad = []
-        if self.n != 1:
-            bad.append("n")
-        if self.frequency_penalty not in (None, 0.0):
-            bad.append("frequency_penalty")
-        if self.presence_penalty not in (None, 0.0):
-            bad.append("presence_penalty")
-        if self.logprobs:
-            bad.append("logprobs")
-        if self.top_logprobs:
-            bad.append("top_logprobs")
-        if self.logit_bias:
-            bad.append("logit_bias")
-        if self.tools:
-            bad.append("tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            bad.append("tool_choice")
-        if self.response_format not in (None, {"type": "text"}):
-            bad.append("response_format")
-        return bad
+        return [
+            name
+            for name, accepted in DEFAULT_ONLY_OPTIONS.items()
+            if getattr(self, name) not in accepted
+        ]
+
+
+# The known OpenAI options mmserve does not implement, with the values it accepts for each
+# (their defaults); `/openapi.json` documents these as the options' only values.
+DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "frequency_penalty": (None, 0.0),
+    "presence_penalty": (None, 0.0),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+}
 
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]

@@ -116,7 +116,7 @@ class FrontendApp:
         self.preprocessor = preprocessor
         self.dispatcher = dispatcher
         self.http = http or HttpOptions()
-        self._openapi = _encoder.encode(openapi_document())
+        self._openapi = _encoder.encode(openapi_document(preprocessor.model.name))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -139,6 +139,7 @@ class FrontendApp:
             await exchange.start(200, _JSON)
             await exchange.body(self._openapi)
         elif scope["path"] in _ROUTES:
+            exchange.extra_headers.append((b"allow", _ROUTES[scope["path"]]))  # RFC 9110
             await exchange.error(
                 ApiError(405, "method_not_allowed", f"{scope['method']} is not allowed here")
             )
@@ -373,12 +374,25 @@ class _Generation:
         )
 
 
-_ROUTES = frozenset({"/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json"})
+# Each path's one method, for the `Allow` header of a 405.
+_ROUTES = {
+    "/v1/chat/completions": b"POST",
+    "/v1/models": b"GET",
+    "/health": b"GET",
+    "/metrics": b"GET",
+    "/openapi.json": b"GET",
+}
 
 
 def _decode_request(body: bytes) -> ChatCompletionRequest:
     try:
-        return _request_decoder.decode(body)
+        try:
+            return _request_decoder.decode(body)
+        except msgspec.ValidationError:
+            # JSON Schema's integers (as /openapi.json names them) include 1.0 and 1e3;
+            # msgspec's typed decoding takes only 1 and 1000.
+            plain = _integral_floats_as_ints(msgspec.json.decode(body))
+            return msgspec.convert(plain, ChatCompletionRequest)
     except msgspec.ValidationError as err:
         message = str(err)
         _, _, path = message.partition(" - at `$.")
@@ -387,6 +401,16 @@ def _decode_request(body: bytes) -> ChatCompletionRequest:
         ) from err
     except msgspec.DecodeError as err:
         raise ApiError.bad_request("invalid_json", f"the body is not valid JSON: {err}") from err
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
+    return value
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:

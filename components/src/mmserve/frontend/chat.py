@@ -159,7 +159,8 @@ class ChatPreprocessor:
         return min(budget, limit - prompt)
 
     def validate(self, request: ChatCompletionRequest) -> None:
-        """Cheap checks that need no media and no tokenizer (run before anything costly)."""
+        """Cheap checks that need no media and no tokenizer (run before anything costly); the
+        ranges of values are the request Struct's own constraints, checked while decoding."""
         if request.model != self.model.name:
             raise ApiError(
                 404,
@@ -177,17 +178,6 @@ class ChatPreprocessor:
                 f"{name} cannot be set to this value: {detail}",
                 param=name,
             )
-        if not request.messages:
-            raise ApiError.bad_request("invalid_value", "messages must not be empty", "messages")
-        checks = (
-            (_max_tokens(request) is None or _max_tokens(request) >= 1, "max_tokens", ">= 1"),
-            (request.temperature is None or 0 <= request.temperature <= 2, "temperature", "0-2"),
-            (request.top_p is None or 0 < request.top_p <= 1, "top_p", "in (0, 1]"),
-            (request.top_k is None or request.top_k >= 0, "top_k", ">= 0"),
-        )
-        for ok, param, allowed in checks:
-            if not ok:
-                raise ApiError.bad_request("invalid_value", f"{param} must be {allowed}", param)
 
     def _tokenize(self, request: ChatCompletionRequest) -> list[int]:
         from jinja2 import TemplateError

@@ -8,6 +8,7 @@ import msgspec
 
 from mmserve import __version__
 from mmserve.protocol import (
+    DEFAULT_ONLY_OPTIONS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -28,6 +29,8 @@ def _error_responses(*statuses: int) -> dict[str, Any]:
         401: "Missing or wrong API key",
         404: "Unknown model",
         413: "Request body or a media item too large",
+        500: "Internal error (see the server log)",
+        502: "The worker ended the stream without finishing",
         503: "No worker is reachable",
         504: "The request deadline passed",
     }
@@ -40,7 +43,51 @@ def _error_responses(*statuses: int) -> dict[str, Any]:
     }
 
 
-def openapi_document() -> dict[str, Any]:
+def _chat_request(schema: dict[str, Any], model: str) -> dict[str, Any]:
+    """The request as the server accepts it: only the served model, and the options it does
+    not implement only at their defaults."""
+    properties = schema["properties"]
+    properties["model"] |= {
+        "enum": [model],
+        "description": "The served model, as `GET /v1/models` lists it; any other answers 404",
+    }
+    for name, accepted in DEFAULT_ONLY_OPTIONS.items():
+        properties[name] |= {
+            "enum": list(accepted),
+            "description": "Not implemented: accepted only at its default",
+        }
+    return schema
+
+
+# One server-sent event of a streamed completion, as its fields (`data`, `event`, ...).
+_STREAM_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {
+            "description": "A ChatCompletionChunk as JSON; OpenAI's error JSON when the stream "
+            "fails after it started; `[DONE]` last",
+            "type": "string",
+            "if": {"const": "[DONE]"},
+            "else": {
+                "contentMediaType": "application/json",
+                "contentSchema": {"anyOf": [_ref(ChatCompletionChunk), _ref(OpenAIError)]},
+            },
+        }
+    },
+}
+
+
+def _health(status: str, description: str) -> dict[str, Any]:
+    properties: dict[str, Any] = {"status": {"const": status}}
+    if status != "ok":
+        properties["reason"] = {"type": "string"}
+    schema = {"type": "object", "required": list(properties), "properties": properties}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def openapi_document(model: str) -> dict[str, Any]:
+    """The document of a server that serves `model`."""
     (_, components) = msgspec.json.schema_components(
         [
             ChatCompletionRequest,
@@ -51,6 +98,7 @@ def openapi_document() -> dict[str, Any]:
         ],
         ref_template=_REF,
     )
+    _chat_request(components["ChatCompletionRequest"], model)
     security = [{"bearer": []}, {}]  # a key is needed only when the server sets one
     return {
         "openapi": "3.1.0",
@@ -71,10 +119,10 @@ def openapi_document() -> dict[str, Any]:
                             "events each carrying a ChatCompletionChunk, then `data: [DONE]`",
                             "content": {
                                 "application/json": {"schema": _ref(ChatCompletionResponse)},
-                                "text/event-stream": {"schema": _ref(ChatCompletionChunk)},
+                                "text/event-stream": {"schema": _STREAM_EVENT},
                             },
                         },
-                        **_error_responses(400, 401, 404, 413, 503, 504),
+                        **_error_responses(400, 401, 404, 413, 500, 502, 503, 504),
                     },
                 }
             },
@@ -97,8 +145,8 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Ready when a full path to a worker exists",
                     "operationId": "health",
                     "responses": {
-                        "200": {"description": "Ready"},
-                        "503": {"description": "Not ready; the body gives the reason"},
+                        "200": _health("ok", "Ready"),
+                        "503": _health("unavailable", "Not ready; `reason` says why"),
                     },
                 }
             },
