@@ -2,12 +2,15 @@
 
 Buffers come in power-of-two size classes (at least `MIN_BUFFER_BYTES`). A pool grows on demand
 up to `cap_bytes`; past the cap it first frees idle buffers of other classes, then waits for a
-release. Registration and deregistration are the backend's `allocate` / `free`.
+release. Registration and deregistration are the backend's `allocate` / `free`; a registration
+runs in a thread and always finishes, so a caller cancelled meanwhile leaves its buffer idle in
+the pool instead of registered and unknown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -55,7 +58,8 @@ class BufferPool:
         self._idle: dict[int, list[PooledBuffer]] = {}
         self._in_use: set[PooledBuffer] = set()
         self._waiters: list[asyncio.Future[None]] = []
-        self.registered_bytes = 0
+        self._closed = False
+        self.registered_bytes = 0  # including registrations under way
         self.registrations = 0
 
     @property
@@ -81,10 +85,7 @@ class BufferPool:
             if idle:
                 return self._take(idle.pop())
             if self._make_room(capacity):
-                buffer = await asyncio.to_thread(self._allocate, next(self._buffer_ids), capacity)
-                self.registered_bytes += capacity
-                self.registrations += 1
-                return self._take(buffer)
+                return self._take(await self._register(capacity))
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TransferError(
@@ -105,9 +106,7 @@ class BufferPool:
         if buffer not in self._in_use:
             return
         self._in_use.discard(buffer)
-        buffer.last_used = time.monotonic()
-        self._idle.setdefault(buffer.capacity, []).append(buffer)
-        self._wake_waiters()
+        self._keep_idle(buffer)
 
     def discard(self, buffer: PooledBuffer) -> None:
         """Forget a buffer that must not be reused (a transfer into it could not be cancelled)."""
@@ -117,11 +116,46 @@ class BufferPool:
 
     def close(self) -> None:
         """Free every buffer, in use or not (the agent is shutting down)."""
-        for buffer in [*self._in_use, *itertools.chain.from_iterable(self._idle.values())]:
+        buffers = [*self._in_use, *itertools.chain.from_iterable(self._idle.values())]
+        for buffer in buffers:
             self._free(buffer)
         self._in_use.clear()
         self._idle.clear()
-        self.registered_bytes = 0
+        self._closed = True
+        self.registered_bytes -= sum(buffer.capacity for buffer in buffers)
+
+    async def _register(self, capacity: int) -> PooledBuffer:
+        self.registered_bytes += capacity  # now, so that concurrent acquires respect the cap
+        registering = asyncio.ensure_future(
+            asyncio.to_thread(self._allocate, next(self._buffer_ids), capacity)
+        )
+        try:
+            buffer = await asyncio.shield(registering)
+        except asyncio.CancelledError:
+            registering.add_done_callback(functools.partial(self._adopt, capacity))
+            raise
+        except BaseException:
+            self.registered_bytes -= capacity
+            raise
+        self.registrations += 1
+        return buffer
+
+    def _adopt(self, capacity: int, registering: asyncio.Future[PooledBuffer]) -> None:
+        """The end of a registration whose caller was cancelled: its buffer joins the idle
+        ones (or is freed if the pool closed meanwhile)."""
+        if registering.cancelled() or registering.exception() is not None:
+            self.registered_bytes -= capacity
+        elif self._closed:
+            self._free(registering.result())
+            self.registered_bytes -= capacity
+        else:
+            self.registrations += 1
+            self._keep_idle(registering.result())
+
+    def _keep_idle(self, buffer: PooledBuffer) -> None:
+        buffer.last_used = time.monotonic()
+        self._idle.setdefault(buffer.capacity, []).append(buffer)
+        self._wake_waiters()
 
     def _take(self, buffer: PooledBuffer) -> PooledBuffer:
         self._in_use.add(buffer)
