@@ -44,6 +44,14 @@ def trial(request: pytest.FixtureRequest) -> Trial:
     return record
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of process `pid`."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"no VmRSS for process {pid}")
+
+
 def restart_worker(deployment: Deployment, name: str, extra_flags: Sequence[str] = ()) -> None:
     """Start worker `name` of `deployment` again with its flags and `extra_flags` (the media
     policy for a worker that fetches), and wait until it registered."""
