@@ -9,12 +9,20 @@ pick) and of the whole, p50 and p99 over repeated decisions.
 Workload: multi-turn chat sessions that share a few system prompts and reuse a pool of images
 (each turn resends the history, images included), run against N aggregated mock-engine workers
 (real processes, a real frontend, real NATS) once per router mode (kv, round-robin, random).
-Prints the prefix hit rate (cached / prompt tokens, as the workers report them) and the mean
+Prints the prefix hit rate (cached / prompt tokens, as the responses report them) and the mean
 and p99 time to first token per mode and worker count.
+
+`--text-only` runs the same sessions without images. `--dynamo-python PYTHON` (with
+`--text-only`) also runs Dynamo's own frontend (`python -m dynamo.frontend`, file discovery) and
+mocker (`python -m dynamo.mocker`, its workers in one process) under that interpreter, per mode,
+with the same block size, cache budget and simulated times (a mocker profile whose prefill time
+is linear in the uncached tokens), and prints its rows in the same table. Dynamo's frontend
+hands its mocker each image as one token, so only the text-only workload compares.
 
     .venv/bin/python bench/router.py [--quick] [--part decision|workload|all]
         [--workers 16] [--blocks-per-worker 100000] [--repeat 2000]
         [--workload-workers 4 16] [--sessions 48] [--turns 4]
+        [--text-only [--dynamo-python /path/to/python]]
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +48,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from mmserve.engines.defaults import DEFAULT_CACHE_BLOCKS
 from mmserve.protocol import KvBlock, KvStored
 from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
 from mmserve.router.indexer import KvIndexer
@@ -173,10 +183,26 @@ def decision_benchmark(args: argparse.Namespace) -> None:
 # -- the chat workload ---------------------------------------------------------------------------
 
 MODES = ("kv", "round-robin", "random")
-MOCK_FLAGS = ["--engine", "mock", "--mock-prefill-us-per-token", "200"]
-MOCK_DECODE_MS = 5
 MAX_TOKENS = 12
 WORDS = "image scene colour light shape detail object person street sky water tree".split()
+
+
+@dataclass(frozen=True)
+class MockCosts:
+    """The mock engine's simulated times per uncached prompt token and per output token."""
+
+    prefill_us_per_token: float = 200.0
+    decode_ms_per_token: float = 5.0
+
+    def worker_flags(self) -> list[str]:
+        return [
+            "--engine",
+            "mock",
+            "--mock-prefill-us-per-token",
+            f"{self.prefill_us_per_token:g}",
+            "--mock-decode-ms-per-token",
+            f"{self.decode_ms_per_token:g}",
+        ]
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +214,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--images", type=int, default=12, help="images the sessions draw from")
     group.add_argument(
         "--concurrency", type=int, default=0, help="sessions at once (default: 2 per worker)"
+    )
+    group.add_argument("--text-only", action="store_true", help="the same sessions, no images")
+    group.add_argument(
+        "--dynamo-python",
+        metavar="PYTHON",
+        help="also run Dynamo's frontend and mocker under this interpreter (needs --text-only)",
     )
 
 
@@ -208,7 +240,8 @@ def image_data_url(seed: int, width: int = 448, height: int = 448) -> str:
 class ChatWorkload:
     """Sessions of user turns: each session has one of a few system prompts (~500 tokens) and
     shows images from a shared pool, most on its first turn, some again later; each turn
-    resends the whole history. `salt` makes every text and image of a run its own."""
+    resends the whole history. `salt` makes every text and image of a run its own;
+    `text_only` drops the images and keeps everything else."""
 
     sessions: int
     turns: int
@@ -216,6 +249,7 @@ class ChatWorkload:
     images: int
     salt: int
     seed: int = 0
+    text_only: bool = False
     _image_urls: dict[int, str] = field(default_factory=dict)
 
     def system_prompt(self, index: int) -> str:
@@ -235,9 +269,12 @@ class ChatWorkload:
         turns = []
         for turn in range(self.turns):
             content: list[dict[str, Any]] = []
+            # The draws do not depend on text_only, so both variants have the same sessions.
             if turn == 0 or rng.random() < 0.3:
-                url = self.image(rng.randrange(self.images))
-                content.append({"type": "image_url", "image_url": {"url": url}})
+                image = rng.randrange(self.images)
+                if not self.text_only:
+                    url = self.image(image)
+                    content.append({"type": "image_url", "image_url": {"url": url}})
             topic = " ".join(rng.choice(WORDS) for _ in range(6))
             content.append({"type": "text", "text": f"Turn {turn}: what about the {topic}?"})
             turns.append(content)
@@ -249,6 +286,20 @@ class Measured:
     ttfts: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Cached prompt tokens over prompt tokens, as the responses report them."""
+        return self.cached_tokens / max(self.prompt_tokens, 1)
+
+    @property
+    def ttft_mean_s(self) -> float:
+        return statistics.mean(self.ttfts)
+
+    @property
+    def ttft_p99_s(self) -> float:
+        ttfts = sorted(self.ttfts)
+        return ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))]
 
 
 async def chat_turn(
@@ -302,55 +353,219 @@ async def run_workload(url: str, model: str, workload: ChatWorkload, concurrency
     return measured
 
 
+def mmserve_deployment(
+    model_path: Path, nats_url: str, log_dir: Path, mode: str, workers: int, costs: MockCosts
+) -> Deployment:
+    """`workers` aggregated mock workers behind a frontend with `--router-mode mode`."""
+    return Deployment(
+        f"router-{workers}-{mode}",
+        model_path,
+        nats_url,
+        log_dir,
+        frontend_flags=["--router-mode", mode],
+        worker_flags=costs.worker_flags(),
+        components=[(f"worker{i}", "worker", ["--encode"]) for i in range(workers)],
+    )
+
+
+def measure(deployment: Deployment, workload: ChatWorkload, concurrency: int) -> Measured:
+    """Starts `deployment` (fresh processes: every run starts from cold caches), runs
+    `workload` against it and stops it."""
+    try:
+        deployment.start().wait_ready()
+        model = deployment.model_path.name
+        return asyncio.run(run_workload(deployment.base_url, model, workload, concurrency))
+    finally:
+        deployment.stop()
+
+
+# -- Dynamo's frontend and mocker on the same workload ---------------------------------------------
+
+DYNAMO_READY_TIMEOUT_S = 120.0
+
+
+def dynamo_unavailable(python: str) -> str | None:
+    """Why `python` cannot run Dynamo's frontend and mocker; None when it can."""
+    try:
+        probe = subprocess.run(
+            [python, "-c", "import dynamo.frontend, dynamo.mocker"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if probe.returncode != 0:
+        lines = probe.stderr.strip().splitlines()
+        return lines[-1] if lines else f"exit status {probe.returncode}"
+    return None
+
+
+def write_mocker_profile(path: Path, costs: MockCosts) -> Path:
+    """A mocker performance profile with the mock engine's times: prefill linear in the tokens
+    it computes, a fixed time per decoded token whatever the batch."""
+    tokens = np.arange(0, 65_537, DEFAULT_BLOCK_SIZE, dtype=np.float64)
+    np.savez(
+        path,
+        prefill_isl=tokens,
+        prefill_ttft_ms=tokens * costs.prefill_us_per_token / 1000,
+        decode_active_kv_tokens=np.array([0.0, 1e7]),
+        decode_context_length=np.array([1.0, 1e6]),
+        decode_itl=np.full((2, 2), costs.decode_ms_per_token),
+    )
+    return path
+
+
+@dataclass(kw_only=True)
+class DynamoDeployment(Deployment):
+    """Dynamo's frontend (`--router-mode mode`) and one mocker process running `num_workers`
+    workers, under another interpreter, discovering each other through files in `log_dir` (no
+    etcd, no NATS). Ports, logs and stopping are the mmserve deployment's."""
+
+    python: str
+    mode: str
+    num_workers: int
+    costs: MockCosts
+
+    def _spawn_module(self, name: str, module: str, args: list[str]) -> None:
+        env = {
+            **os.environ,
+            "DYN_FILE_KV": str(self.log_dir / f"{self.namespace}-discovery"),
+            "HF_HUB_OFFLINE": "1",
+        }
+        log = open(self.log_dir / f"{self.pattern}-{name}.log", "wb")
+        self.processes[name] = subprocess.Popen(
+            [self.python, "-m", module, "--discovery-backend", "file", *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def start(self) -> DynamoDeployment:
+        block_size = str(DEFAULT_BLOCK_SIZE)
+        profile = self.log_dir / f"{self.pattern}-profile.npz"
+        write_mocker_profile(profile, self.costs)
+        self._spawn_module(
+            "mocker",
+            "dynamo.mocker",
+            [
+                "--model-path",
+                str(self.model_path),
+                "--model-name",
+                self.model_path.name,
+                "--endpoint",
+                f"dyn://{self.namespace}.backend.generate",
+                "--num-workers",
+                str(self.num_workers),
+                "--block-size",
+                block_size,
+                "--num-gpu-blocks-override",
+                str(DEFAULT_CACHE_BLOCKS),
+                "--planner-profile-data",
+                str(profile),
+            ],
+        )
+        self._spawn_module(
+            "frontend",
+            "dynamo.frontend",
+            [
+                "--namespace",
+                self.namespace,
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.http_port),
+                "--router-mode",
+                self.mode,
+                "--kv-cache-block-size",
+                block_size,
+            ],
+        )
+        return self
+
+    def wait_ready(self) -> None:
+        """Until a request comes back: the model is served, and its workers, which register
+        together, are known."""
+        deadline = time.monotonic() + DYNAMO_READY_TIMEOUT_S
+        body = {
+            "model": self.model_path.name,
+            "messages": [{"role": "user", "content": "ready?"}],
+            "max_tokens": 1,
+        }
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"Dynamo's {name} exited early:\n{self.log(name)[-3000:]}")
+            try:
+                answer = httpx.post(f"{self.base_url}/v1/chat/completions", json=body, timeout=10)
+                if answer.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.pattern} not ready after {DYNAMO_READY_TIMEOUT_S}s")
+
+
 def workload_benchmark(args: argparse.Namespace) -> None:
     if args.quick:
         args.workload_workers = [4]
         args.sessions = min(args.sessions, 16)
         args.turns = min(args.turns, 3)
+    costs = MockCosts()
     model_path = build_tiny_model("qwen2_vl")
     log_dir = Path(tempfile.mkdtemp(prefix="mmserve-bench-router-"))
+    media = "no images" if args.text_only else f"{args.images} images (448x448, 256 tokens)"
     print(
         f"\nworkload: {args.sessions} sessions x {args.turns} turns, {args.system_prompts} "
-        f"system prompts, {args.images} images (448x448, 256 tokens), {MAX_TOKENS} tokens out; "
-        f"mock engine {MOCK_FLAGS[-1]} us/prompt token, {MOCK_DECODE_MS} ms/token; logs {log_dir}"
+        f"system prompts, {media}, {MAX_TOKENS} tokens out; mock engine "
+        f"{costs.prefill_us_per_token:g} us/uncached prompt token, "
+        f"{costs.decode_ms_per_token:g} ms/token, {DEFAULT_BLOCK_SIZE}-token blocks; logs {log_dir}"
     )
-    print(f"{'workers':>7} {'mode':>12} {'hit rate':>9} {'TTFT mean':>10} {'TTFT p99':>9}")
+    dynamo_python = args.dynamo_python
+    if dynamo_python and (reason := dynamo_unavailable(dynamo_python)):
+        print(f"Dynamo skipped: {dynamo_python} cannot import its frontend and mocker ({reason})")
+        dynamo_python = None
+    print(
+        f"{'server':>7} {'workers':>7} {'mode':>12} {'hit rate':>9} {'TTFT mean':>10} "
+        f"{'TTFT p99':>9}"
+    )
     with nats_url_from_env_or_private() as nats_url:
+        servers: dict[str, Callable[[str, int], Deployment]] = {
+            "mmserve": lambda mode, workers: mmserve_deployment(
+                model_path, nats_url, log_dir, mode, workers, costs
+            )
+        }
+        if dynamo_python:
+            servers["dynamo"] = lambda mode, workers: DynamoDeployment(
+                f"dynamo-{workers}-{mode}",
+                model_path,
+                "",
+                log_dir,
+                python=dynamo_python,
+                mode=mode,
+                num_workers=workers,
+                costs=costs,
+            )
         for workers in args.workload_workers:
             concurrency = args.concurrency or 2 * workers
-            for salt, mode in enumerate(MODES):
-                # Fresh workers per mode: every mode starts from cold caches.
-                deployment = Deployment(
-                    f"router-{workers}-{mode}",
-                    model_path,
-                    nats_url,
-                    log_dir,
-                    frontend_flags=["--router-mode", mode],
-                    worker_flags=[
-                        *MOCK_FLAGS,
-                        "--mock-decode-ms-per-token",
-                        str(MOCK_DECODE_MS),
-                    ],
-                    components=[(f"worker{i}", "worker", ["--encode"]) for i in range(workers)],
-                )
-                try:
-                    deployment.start().wait_ready()
+            for server, deployment_for in servers.items():
+                for salt, mode in enumerate(MODES):
                     workload = ChatWorkload(
-                        args.sessions, args.turns, args.system_prompts, args.images, salt
+                        args.sessions,
+                        args.turns,
+                        args.system_prompts,
+                        args.images,
+                        salt,
+                        text_only=args.text_only,
                     )
-                    measured = asyncio.run(
-                        run_workload(deployment.base_url, model_path.name, workload, concurrency)
+                    measured = measure(deployment_for(mode, workers), workload, concurrency)
+                    print(
+                        f"{server:>7} {workers:>7} {mode:>12} {measured.hit_rate:>8.1%} "
+                        f"{measured.ttft_mean_s * 1000:>8.1f}ms "
+                        f"{measured.ttft_p99_s * 1000:>7.1f}ms",
+                        flush=True,
                     )
-                finally:
-                    deployment.stop()
-                ttfts = sorted(measured.ttfts)
-                p99 = ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))]
-                hit_rate = measured.cached_tokens / max(measured.prompt_tokens, 1)
-                print(
-                    f"{workers:>7} {mode:>12} {hit_rate:>8.1%} "
-                    f"{statistics.mean(ttfts) * 1000:>8.1f}ms {p99 * 1000:>7.1f}ms",
-                    flush=True,
-                )
     load_1min = os.getloadavg()[0]
     print(f"machine: load average {load_1min:.1f} on {os.cpu_count()} cores")
 
@@ -364,6 +579,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2000)
     add_workload_arguments(parser)
     args = parser.parse_args()
+    if args.dynamo_python and not args.text_only:
+        parser.error(
+            "--dynamo-python needs --text-only: Dynamo's frontend sends its mocker each "
+            "image as one token, so the multimodal workload does not compare"
+        )
     if args.quick:
         args.blocks_per_worker = min(args.blocks_per_worker, 20_000)
         args.repeat = min(args.repeat, 300)
