@@ -1,5 +1,6 @@
 """decode_image against PIL's `Image.open(...).convert("RGB")` (and `exif_transpose`) over
-generated images of every supported format, plus the refusals: bombs, deep samples, damage."""
+generated images of every supported format, plus the refusals: bombs, deep samples, damage.
+probe_image must give the decoded size for every one of them, from the headers alone."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import io
 import struct
 import time
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -34,6 +36,15 @@ def roomy_encoder_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ImageFile, "MAXBLOCK", 1 << 24)
 
 
+def _exif_orientation(value: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = value
+    return exif.tobytes()[len(b"Exif\0\0") :]
+
+
+_XMP_ROTATED = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+
+
 def pil_rgb(data: bytes, transpose: bool = False) -> np.ndarray:
     with warnings.catch_warnings():
         # PIL warns when a palette with per-entry alpha is converted to RGB; the conversion
@@ -50,6 +61,7 @@ def assert_same_as_pil(data: bytes, transpose: bool = False) -> None:
     ref = pil_rgb(data, transpose)
     assert got.dtype == np.uint8
     assert got.shape == ref.shape
+    assert _mm.probe_image(data) == (ref.shape[1], ref.shape[0])
     diff = np.abs(got.astype(np.int16) - ref.astype(np.int16))
     assert diff.max() == 0, f"max abs diff {diff.max()}, {np.count_nonzero(diff)} samples differ"
 
@@ -118,9 +130,10 @@ def test_png_deeper_than_8_bits_is_refused() -> None:
         encode_png(samples, 2, 16),
         save(Image.fromarray(np.full((4, 4), 40000, np.uint16)), "PNG"),
     ]:
-        with pytest.raises(_mm.MediaError) as e:
-            _mm.decode_image(data)
-        assert e.value.args[0] == "decode.unsupported_bit_depth"
+        for read in (_mm.decode_image, _mm.probe_image):
+            with pytest.raises(_mm.MediaError) as e:
+                read(data)
+            assert e.value.args[0] == "decode.unsupported_bit_depth"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,10 +190,11 @@ def test_jpeg_deeper_than_8_bits_is_refused() -> None:
     data = bytearray(save(Image.new("RGB", (16, 16), (10, 20, 30)), "JPEG"))
     precision_at = data.index(b"\xff\xc0") + 4  # SOF0: marker, length, then precision
     data[precision_at] = 12
-    with pytest.raises(_mm.MediaError) as e:
-        _mm.decode_image(bytes(data))
-    assert e.value.args[0] == "decode.unsupported_bit_depth"
-    assert "12-bit" in e.value.args[1]
+    for read in (_mm.decode_image, _mm.probe_image):
+        with pytest.raises(_mm.MediaError) as e:
+            read(bytes(data))
+        assert e.value.args[0] == "decode.unsupported_bit_depth"
+        assert "12-bit" in e.value.args[1]
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
@@ -353,11 +367,12 @@ def test_decompression_bomb_header_fails_fast_without_allocating() -> None:
     bomb = png_header_only(100_000, 100_000)
     assert len(bomb) < 60
     started = time.perf_counter()
-    with pytest.raises(_mm.MediaError) as e:
-        _mm.decode_image(bomb)
-    # 30 GB would be refused as out of memory, not as over the limit, had it been allocated.
-    assert e.value.args[0] == "decode.too_many_pixels"
-    assert "100000x100000" in e.value.args[1]
+    for read in (_mm.decode_image, _mm.probe_image):
+        with pytest.raises(_mm.MediaError) as e:
+            read(bomb)
+        # 30 GB would be refused as out of memory, not as over the limit, had it been allocated.
+        assert e.value.args[0] == "decode.too_many_pixels"
+        assert "100000x100000" in e.value.args[1]
     assert time.perf_counter() - started < 1.0
 
 
@@ -365,9 +380,11 @@ def test_decompression_bomb_header_fails_fast_without_allocating() -> None:
 def test_pixel_limit_applies_to_every_format(fmt: str) -> None:
     data = save(Image.new("RGB", (40, 25), (9, 99, 199)), fmt)
     assert _mm.decode_image(data, max_pixels=1000).shape == (25, 40, 3)
-    with pytest.raises(_mm.MediaError) as e:
-        _mm.decode_image(data, max_pixels=999)
-    assert e.value.args[0] == "decode.too_many_pixels"
+    assert _mm.probe_image(data, max_pixels=1000) == (40, 25)
+    for read in (_mm.decode_image, _mm.probe_image):
+        with pytest.raises(_mm.MediaError) as e:
+            read(data, max_pixels=999)
+        assert e.value.args[0] == "decode.too_many_pixels"
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
@@ -392,9 +409,48 @@ def test_truncated_and_corrupt_files_are_errors_not_crashes(fmt: str) -> None:
 
 
 def test_unknown_format_is_named() -> None:
-    with pytest.raises(_mm.MediaError) as e:
-        _mm.decode_image(b"<svg xmlns='http://www.w3.org/2000/svg'/>")
-    assert e.value.args[0] == "decode.unknown_format"
+    for read in (_mm.decode_image, _mm.probe_image):
+        with pytest.raises(_mm.MediaError) as e:
+            read(b"<svg xmlns='http://www.w3.org/2000/svg'/>")
+        assert e.value.args[0] == "decode.unknown_format"
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF"])
+def test_probe_reads_headers_only(fmt: str) -> None:
+    """A body cut after its headers still probes to its size; decoding refuses it."""
+    image = Image.fromarray(photo(np.random.default_rng(RNG_SEED), 64, 40))
+    data = save(image.quantize(64) if fmt == "GIF" else image, fmt)
+    cut = data[: len(data) * 3 // 4]
+    assert _mm.probe_image(cut) == (64, 40)
+    with pytest.raises(_mm.MediaError):
+        _mm.decode_image(cut)
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def with_chunk_before_iend(png: bytes, chunk: bytes) -> bytes:
+    iend = png.rindex(b"IEND") - 4
+    return png[:iend] + chunk + png[iend:]
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        # eXIf after the image data (PIL and the decoder read it there too).
+        png_chunk(b"eXIf", _exif_orientation(6)),
+        # XMP in an uncompressed and in a compressed iTXt chunk.
+        png_chunk(b"iTXt", b"XML:com.adobe.xmp\0\0\0\0\0" + _XMP_ROTATED),
+        png_chunk(b"iTXt", b"XML:com.adobe.xmp\0\1\0\0\0" + zlib.compress(_XMP_ROTATED)),
+    ],
+    ids=["exif-after-idat", "xmp", "compressed-xmp"],
+)
+def test_png_orientation_anywhere_in_the_file(chunk: bytes) -> None:
+    image = Image.fromarray(photo(np.random.default_rng(5), 13, 7))
+    data = with_chunk_before_iend(save(image, "PNG"), chunk)
+    assert_same_as_pil(data, transpose=True)
+    assert _mm.probe_image(data) == (7, 13)
 
 
 def test_output_array_owns_its_rust_buffer() -> None:

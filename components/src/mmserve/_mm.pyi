@@ -19,6 +19,10 @@ def decode_image(
 ) -> numpy.ndarray[tuple[int, int, int], numpy.dtype[numpy.uint8]]:
     """Decode JPEG/PNG/WebP/GIF/BMP bytes to uint8 RGB [h, w, 3], EXIF orientation applied."""
 
+def probe_image(data: bytes, max_pixels: int | None = None) -> tuple[int, int]:
+    """(width, height) as decode_image returns them, read from the headers only: refuses what
+    the headers show (format, size, pixel limit, bit depth), not a corrupt body."""
+
 def content_hash(data: bytes) -> int:
     """blake3 of the raw bytes, first 8 digest bytes as a little-endian u64."""
 
@@ -152,7 +156,8 @@ def process(
     count_only: bool = False,
 ) -> ProcessResult:
     """The request driver: one placeholder per image in input_ids, images as references
-    (URL, data: URL, base64, local path) or already-fetched bytes."""
+    (URL, data: URL, base64, local path) or already-fetched bytes. With count_only each image
+    is fetched, hashed and sized from its headers (probe_image), never decoded."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""

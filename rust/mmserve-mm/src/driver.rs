@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 use thiserror::Error;
 
-use crate::common::decode::{decode_image, DecodeLimits};
+use crate::common::decode::{decode_image, probe_image, DecodeLimits};
 use crate::common::fetch::{fetch_bytes, FetchPolicy};
 use crate::common::hash::content_hash;
 use crate::common::par;
@@ -58,7 +58,8 @@ pub enum MediaInput<'a> {
 pub enum Mode {
     /// Model inputs (pixel values and aux tensors) too.
     Full,
-    /// Token count, hash and geometry only: no resize, no pixel values.
+    /// Token count, hash and geometry only, the size read from the headers: no decode, no
+    /// resize, no pixel values.
     CountOnly,
 }
 
@@ -158,18 +159,22 @@ fn prepare_item(
     mode: Mode,
 ) -> Result<ItemOutput, Error> {
     let hash = content_hash(bytes);
-    let image = decode_image(bytes, &options.decode)?;
-    let (geometry, processed) = match mode {
-        Mode::CountOnly => (family.plan(image.width, image.height)?, None),
+    let (width, height, geometry, processed) = match mode {
+        Mode::CountOnly => {
+            let info = probe_image(bytes, &options.decode)?;
+            let geometry = family.plan(info.width, info.height)?;
+            (info.width, info.height, geometry, None)
+        }
         Mode::Full => {
+            let image = decode_image(bytes, &options.decode)?;
             let item = family.process_item(&image)?;
-            (item.geometry, Some(item))
+            (image.width, image.height, item.geometry, Some(item))
         }
     };
     Ok(ItemOutput {
         hash,
-        width: image.width,
-        height: image.height,
+        width,
+        height,
         geometry,
         num_tokens: family.num_tokens(&geometry),
         processed,

@@ -66,8 +66,9 @@ async def process(
 ) -> ProcessedRequest:
     """Fetches and describes every item of a request: `sources` are references (URL, `data:`
     URL, base64, local path) or bytes already fetched. `input_ids` holds one placeholder per
-    item. With `count_only` the core fetches, hashes and decodes each item (which validates it
-    and applies its EXIF orientation) and plans its grid, but skips resize and pixel values."""
+    item. With `count_only` the core fetches and hashes each item and plans its grid from the
+    size its headers give (EXIF orientation applied), without decoding it: a corrupt body is
+    found by whoever decodes the item."""
     output = await asyncio.to_thread(
         _mm.process, spec, input_ids, sources, count_only=count_only, **_fetch_options(policy)
     )

@@ -147,6 +147,46 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage,
     exif::apply(image, orientation)
 }
 
+/// What the headers say of an image: its format, and the size [`decode_image`] returns (the
+/// EXIF orientation applied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub format: ImageFormat,
+    pub width: u32,
+    pub height: u32,
+}
+
+/// The format and oriented size of an image, read from its headers and metadata without
+/// decoding its pixels (BMP, and the rare PNG whose orientation only decoding can tell, are
+/// decoded). Refuses what the headers show (unknown format, empty or too many pixels, deep
+/// samples), not a corrupt or truncated body: [`decode_image`] does.
+pub fn probe_image(bytes: &[u8], limits: &DecodeLimits) -> Result<ImageInfo, DecodeError> {
+    let format = sniff_format(bytes).ok_or(DecodeError::UnknownFormat)?;
+    let stored = match format {
+        ImageFormat::Jpeg => Some(jpeg::probe(bytes, limits)?),
+        ImageFormat::Png => png::probe(bytes, limits)?,
+        ImageFormat::Webp => Some(webp::probe(bytes, limits)?),
+        ImageFormat::Gif => {
+            let (width, height) = gif::probe(bytes, limits)?;
+            Some((width, height, exif::Orientation::Normal))
+        }
+        ImageFormat::Bmp => None,
+    };
+    let (width, height) = match stored {
+        Some((w, h, orientation)) if orientation.swaps_axes() => (h, w),
+        Some((w, h, _)) => (w, h),
+        None => {
+            let image = decode_image(bytes, limits)?;
+            (image.width, image.height)
+        }
+    };
+    Ok(ImageInfo {
+        format,
+        width,
+        height,
+    })
+}
+
 /// Refuses empty images and images over the pixel limit; called with header dimensions,
 /// before anything the size of the image is allocated.
 fn check_dimensions(

@@ -33,6 +33,19 @@ fn decode_image<'py>(
     rgb_array(py, image)
 }
 
+/// `(width, height)` of an encoded image as `decode_image` would return it, from its headers.
+#[pyfunction]
+#[pyo3(signature = (data, max_pixels = None))]
+fn probe_image(py: Python<'_>, data: &[u8], max_pixels: Option<u64>) -> PyResult<(u32, u32)> {
+    let limits = DecodeLimits {
+        max_pixels: max_pixels.unwrap_or(DecodeLimits::default().max_pixels),
+    };
+    let info = py
+        .detach(|| decode::probe_image(data, &limits))
+        .map_err(to_py)?;
+    Ok((info.width, info.height))
+}
+
 /// A decoded image as a numpy uint8 array [h, w, 3] that takes over its buffer (no copy).
 pub(super) fn rgb_array(py: Python<'_>, image: DecodedImage) -> PyResult<Bound<'_, PyArray3<u8>>> {
     let shape = (image.height as usize, image.width as usize, 3);
@@ -88,6 +101,7 @@ fn fetch_bytes<'py>(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
+    m.add_function(wrap_pyfunction!(probe_image, m)?)?;
     m.add_function(wrap_pyfunction!(content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_bytes, m)?)?;
     Ok(())

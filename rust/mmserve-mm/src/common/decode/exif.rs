@@ -33,6 +33,17 @@ impl Orientation {
         }
     }
 
+    /// Whether undoing it exchanges width and height.
+    pub fn swaps_axes(self) -> bool {
+        matches!(
+            self,
+            Orientation::Transpose
+                | Orientation::Rotate270
+                | Orientation::Transverse
+                | Orientation::Rotate90
+        )
+    }
+
     /// From the EXIF payload (TIFF data, optionally prefixed with `Exif\0\0`) and the XMP
     /// packet; the XMP value counts only when EXIF has no Orientation tag, as in PIL.
     pub fn from_metadata(exif: Option<&[u8]>, xmp: Option<&[u8]>) -> Self {
@@ -106,14 +117,11 @@ pub fn apply(image: DecodedImage, orientation: Orientation) -> Result<DecodedIma
         return Ok(image);
     }
     let (w, h) = (image.width as usize, image.height as usize);
-    let swaps = matches!(
-        orientation,
-        Orientation::Transpose
-            | Orientation::Rotate270
-            | Orientation::Transverse
-            | Orientation::Rotate90
-    );
-    let (out_w, out_h) = if swaps { (h, w) } else { (w, h) };
+    let (out_w, out_h) = if orientation.swaps_axes() {
+        (h, w)
+    } else {
+        (w, h)
+    };
     let mut out = alloc_zeroed(image.data.len())?;
     let src = &image.data;
     for (y, row) in out.chunks_exact_mut(out_w * 3).enumerate() {

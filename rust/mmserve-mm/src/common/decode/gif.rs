@@ -23,11 +23,29 @@ const HAS_GLOBAL_TABLE: u8 = 0x80;
 const FULL_GLOBAL_TABLE: u8 = 0x87;
 
 pub(super) fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage, DecodeError> {
+    with_global_table(bytes, |bytes| decode_with_table(bytes, limits))
+}
+
+/// The canvas size, from the screen descriptor and the first frame's descriptor.
+pub(super) fn probe(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u32), DecodeError> {
+    with_global_table(bytes, |bytes| {
+        let mut decoder = reader(bytes)?;
+        let screen = (decoder.width(), decoder.height());
+        let frame = first_frame(&mut decoder)?;
+        let (width, height) = canvas_size(screen, frame);
+        check_dimensions(FORMAT, width, height, limits)?;
+        Ok((width, height))
+    })
+}
+
+/// Runs `read` over the file, given the gray global table PIL assumes where it has none (the
+/// decoder refuses a frame without any table).
+fn with_global_table<T>(bytes: &[u8], read: impl FnOnce(&[u8]) -> T) -> T {
     match bytes.get(SCREEN_FLAGS_AT) {
         Some(&flags) if flags & HAS_GLOBAL_TABLE == 0 => {
-            decode_with_table(&with_gray_global_table(bytes, flags), limits)
+            read(&with_gray_global_table(bytes, flags))
         }
-        _ => decode_with_table(bytes, limits),
+        _ => read(bytes),
     }
 }
 
@@ -43,23 +61,42 @@ fn with_gray_global_table(bytes: &[u8], flags: u8) -> Vec<u8> {
     patched
 }
 
-fn decode_with_table(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage, DecodeError> {
-    let corrupt = |e: gif::DecodingError| DecodeError::corrupt(FORMAT, e);
+fn corrupt(e: gif::DecodingError) -> DecodeError {
+    DecodeError::corrupt(FORMAT, e)
+}
+
+fn reader(bytes: &[u8]) -> Result<gif::Decoder<Cursor<&[u8]>>, DecodeError> {
     let mut options = DecodeOptions::new();
     options.set_color_output(ColorOutput::Indexed);
-    // Frame sizes are checked against `limits` below, before any frame buffer exists.
+    // Frame sizes are checked against the limits before any frame buffer exists.
     options.set_memory_limit(MemoryLimit::Unlimited);
-    let mut decoder = options.read_info(Cursor::new(bytes)).map_err(corrupt)?;
-    let (screen_w, screen_h) = (u32::from(decoder.width()), u32::from(decoder.height()));
-    let global = decoder.global_palette().map(<[u8]>::to_vec);
-    let frame = decoder
+    options.read_info(Cursor::new(bytes)).map_err(corrupt)
+}
+
+/// The canvas PIL shows for the first frame: the logical screen, grown to hold the frame.
+fn canvas_size(screen: (u16, u16), frame: &gif::Frame<'_>) -> (u32, u32) {
+    let width = u32::from(screen.0).max(u32::from(frame.left) + u32::from(frame.width));
+    let height = u32::from(screen.1).max(u32::from(frame.top) + u32::from(frame.height));
+    (width, height)
+}
+
+fn first_frame<'d>(
+    decoder: &'d mut gif::Decoder<Cursor<&[u8]>>,
+) -> Result<&'d gif::Frame<'static>, DecodeError> {
+    decoder
         .next_frame_info()
         .map_err(corrupt)?
-        .ok_or_else(|| DecodeError::corrupt(FORMAT, "no image frame"))?;
+        .ok_or_else(|| DecodeError::corrupt(FORMAT, "no image frame"))
+}
+
+fn decode_with_table(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage, DecodeError> {
+    let mut decoder = reader(bytes)?;
+    let screen = (decoder.width(), decoder.height());
+    let global = decoder.global_palette().map(<[u8]>::to_vec);
+    let frame = first_frame(&mut decoder)?;
     let (left, top) = (u32::from(frame.left), u32::from(frame.top));
     let (frame_w, frame_h) = (u32::from(frame.width), u32::from(frame.height));
-    let width = screen_w.max(left + frame_w);
-    let height = screen_h.max(top + frame_h);
+    let (width, height) = canvas_size(screen, frame);
     check_dimensions(FORMAT, width, height, limits)?;
     let transparent = frame.transparent;
     let palette = pil_palette_gray_ramp_as_l(rgb_entries(

@@ -92,10 +92,19 @@ impl Drop for Decompressor {
     }
 }
 
-pub(super) fn decode(
+/// The frame header's facts: size and colour space.
+struct FrameHeader {
+    width: u32,
+    height: u32,
+    colorspace: c_int,
+}
+
+/// Reads and checks the frame header (precision, size, pixel limit) without decoding.
+fn read_header(
+    tj: &Decompressor,
     bytes: &[u8],
     limits: &DecodeLimits,
-) -> Result<(DecodedImage, Orientation), DecodeError> {
+) -> Result<FrameHeader, DecodeError> {
     let size = c_ulong::try_from(bytes.len())
         .map_err(|_| DecodeError::corrupt(FORMAT, "file too large"))?;
     if let Some(bits) = sample_precision(bytes).filter(|&bits| bits > 8) {
@@ -104,7 +113,6 @@ pub(super) fn decode(
             bits: u32::from(bits),
         });
     }
-    let tj = Decompressor::new()?;
     let (mut width, mut height, mut subsamp, mut colorspace) = (0, 0, 0, 0);
     // SAFETY: `bytes` is valid for `size` bytes; the out-pointers point at live locals.
     let rc = unsafe {
@@ -126,6 +134,34 @@ pub(super) fn decode(
         _ => return Err(DecodeError::corrupt(FORMAT, "no frame header")),
     };
     check_dimensions(FORMAT, width, height, limits)?;
+    Ok(FrameHeader {
+        width,
+        height,
+        colorspace,
+    })
+}
+
+/// Stored size and orientation, from the marker segments before the first scan.
+pub(super) fn probe(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+) -> Result<(u32, u32, Orientation), DecodeError> {
+    let header = read_header(&Decompressor::new()?, bytes, limits)?;
+    Ok((header.width, header.height, orientation(bytes)))
+}
+
+pub(super) fn decode(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+) -> Result<(DecodedImage, Orientation), DecodeError> {
+    let tj = Decompressor::new()?;
+    let FrameHeader {
+        width,
+        height,
+        colorspace,
+    } = read_header(&tj, bytes, limits)?;
+    // Checked by `read_header`.
+    let size = bytes.len() as c_ulong;
     let cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
     let channels = if cmyk { 4 } else { 3 };
     let mut data = alloc_zeroed(buffer_len(width, height, channels)?)?;
@@ -155,14 +191,17 @@ pub(super) fn decode(
     if cmyk {
         inverted_cmyk_to_rgb_in_place(&mut data);
     }
-    let (exif, xmp) = app1_metadata(bytes);
-    let orientation = Orientation::from_metadata(exif, xmp);
     let image = DecodedImage {
         width,
         height,
         data,
     };
-    Ok((image, orientation))
+    Ok((image, orientation(bytes)))
+}
+
+fn orientation(bytes: &[u8]) -> Orientation {
+    let (exif, xmp) = app1_metadata(bytes);
+    Orientation::from_metadata(exif, xmp)
 }
 
 /// PIL: `CMYK;I` unpacking (255 - stored), then `cmyk2rgb`:

@@ -16,23 +16,93 @@ use crate::pipeline::DecodedImage;
 const FORMAT: ImageFormat = ImageFormat::Png;
 const XMP_KEYWORD: &str = "XML:com.adobe.xmp";
 
-pub(super) fn decode(
-    bytes: &[u8],
+fn corrupt(e: png::DecodingError) -> DecodeError {
+    DecodeError::corrupt(FORMAT, e)
+}
+
+/// A decoder past the IHDR chunk, whose size, pixel count and bit depth are checked.
+fn checked_header<'a>(
+    bytes: &'a [u8],
     limits: &DecodeLimits,
-) -> Result<(DecodedImage, Orientation), DecodeError> {
-    let corrupt = |e: png::DecodingError| DecodeError::corrupt(FORMAT, e);
+) -> Result<Decoder<Cursor<&'a [u8]>>, DecodeError> {
     let mut decoder = Decoder::new(Cursor::new(bytes));
     decoder.set_transformations(Transformations::IDENTITY);
     let header = decoder.read_header_info().map_err(corrupt)?;
-    let (width, height) = (header.width, header.height);
-    let (color, depth) = (header.color_type, header.bit_depth);
-    check_dimensions(FORMAT, width, height, limits)?;
-    if depth == BitDepth::Sixteen {
+    check_dimensions(FORMAT, header.width, header.height, limits)?;
+    if header.bit_depth == BitDepth::Sixteen {
         return Err(DecodeError::UnsupportedBitDepth {
             format: FORMAT.name(),
             bits: 16,
         });
     }
+    Ok(decoder)
+}
+
+/// Stored size and orientation from the chunks, without inflating the image data; `None`
+/// where only decoding can tell the orientation (several eXIf chunks, compressed XMP).
+pub(super) fn probe(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+) -> Result<Option<(u32, u32, Orientation)>, DecodeError> {
+    let mut decoder = checked_header(bytes, limits)?;
+    let header = decoder.read_header_info().map_err(corrupt)?;
+    let (width, height) = (header.width, header.height);
+    let (mut exif, mut xmp) = (None, None);
+    for (kind, data) in chunks(bytes) {
+        match kind {
+            b"eXIf" if exif.is_some() => return Ok(None),
+            b"eXIf" => exif = Some(data),
+            b"iTXt" if xmp.is_none() && data.starts_with(XMP_KEYWORD.as_bytes()) => {
+                match uncompressed_itxt_text(data) {
+                    Some(text) => xmp = Some(text),
+                    None => return Ok(None),
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(Some((width, height, Orientation::from_metadata(exif, xmp))))
+}
+
+/// `(type, data)` of each complete chunk after the signature, up to IEND.
+fn chunks(bytes: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    const SIGNATURE_LEN: usize = 8;
+    let mut at = SIGNATURE_LEN;
+    std::iter::from_fn(move || {
+        let len = u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize;
+        let kind = bytes.get(at + 4..at + 8)?;
+        let data = bytes.get(at + 8..(at + 8).checked_add(len)?)?;
+        if kind == b"IEND" {
+            return None;
+        }
+        at += 12 + len; // length, type, data, CRC
+        Some((kind, data))
+    })
+}
+
+/// The text of an iTXt chunk `keyword\0 flag method language\0 translated\0 text`, if stored
+/// uncompressed.
+fn uncompressed_itxt_text(data: &[u8]) -> Option<&[u8]> {
+    let keyword_end = data.iter().position(|&b| b == 0)?;
+    let (&flag, rest) = data.get(keyword_end + 1..)?.split_first()?;
+    if flag != 0 {
+        return None;
+    }
+    let rest = rest.get(1..)?; // compression method
+    let language_end = rest.iter().position(|&b| b == 0)?;
+    let rest = &rest[language_end + 1..];
+    let translated_end = rest.iter().position(|&b| b == 0)?;
+    Some(&rest[translated_end + 1..])
+}
+
+pub(super) fn decode(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+) -> Result<(DecodedImage, Orientation), DecodeError> {
+    let mut decoder = checked_header(bytes, limits)?;
+    let header = decoder.read_header_info().map_err(corrupt)?;
+    let (width, height) = (header.width, header.height);
+    let (color, depth) = (header.color_type, header.bit_depth);
     let mut reader = decoder.read_info().map_err(corrupt)?;
     let raw_len = reader
         .output_buffer_size()
