@@ -13,7 +13,7 @@ import pytest
 
 from mmserve import protocol as p
 from mmserve.runtime import Disconnected, NatsServer, Runtime, Unavailable
-from mmserve.runtime.discovery import LEASE_TTL, SWEEP_INTERVAL
+from mmserve.runtime.discovery import LEASE_TTL, SWEEP_INTERVAL, InstanceEvent
 
 from .conftest import StartService, wait_for_pids
 
@@ -74,6 +74,31 @@ async def test_sigkilled_instance_leaves_discovery_and_its_calls_fail_fast(
             survivor.pid,
             victim.pid,  # the bucket may keep the last put for up to LEASE_TTL
         }
+
+
+async def test_a_stalled_watcher_keeps_the_instances_it_could_not_hear(
+    nats_url: str, start_service: StartService
+) -> None:
+    namespace = fresh_namespace()
+    service = start_service(nats_url, namespace, "steady")
+    async with await Runtime.connect(nats_url, namespace) as caller:
+        await wait_for_pids(caller, "steady", {service.pid})
+        watcher = await caller.watch("steady", "echo")
+        events: list[InstanceEvent] = []
+
+        async def collect() -> None:
+            async for event in watcher.events():
+                events.append(event)
+
+        collecting = asyncio.create_task(collect())
+        await asyncio.sleep(0)
+        # Blocks this process's event loop (as heavy load does): the instance keeps beating,
+        # its heartbeats wait unread on the socket.
+        time.sleep(LEASE_TTL + 1.0)  # noqa: ASYNC251 (the stall is the point)
+        await asyncio.sleep(LEASE_TTL / 2)
+        collecting.cancel()
+        assert events == []
+        assert {r.pid for r in watcher.instances()} == {service.pid}
 
 
 async def test_sigterm_drains_in_flight_calls_then_deregisters(

@@ -5,7 +5,8 @@ under `<namespace>.<component>.<endpoint>.<instance_id>` every `HEARTBEAT_INTERV
 bucket's max age is `LEASE_TTL`, so a snapshot only holds instances heard from recently.
 Watchers read one snapshot, then follow the puts and deletes live on a core NATS subscription
 (which survives reconnects) and drop an instance not heard from for `LEASE_TTL`: a crashed
-instance disappears within `LEASE_TTL + SWEEP_INTERVAL` seconds, a stopped one at once.
+instance disappears within `LEASE_TTL + SWEEP_INTERVAL` seconds, a stopped one at once. Time
+the watching process itself did not run (a stalled event loop) is not counted as silence.
 """
 
 from __future__ import annotations
@@ -260,7 +261,15 @@ class InstanceWatcher:
 
     async def _sweep(self) -> None:
         while True:
+            before = time.monotonic()
             await asyncio.sleep(SWEEP_INTERVAL)
-            expired_before = time.monotonic() - LEASE_TTL
+            now = time.monotonic()
+            stalled = now - before - SWEEP_INTERVAL
+            if stalled > SWEEP_INTERVAL:
+                # This process did not run (a busy or starved event loop): heartbeats may wait
+                # unread on the socket, so the stall does not count as the instances' silence.
+                self._live = {k: (r, seen + stalled) for k, (r, seen) in self._live.items()}
+                continue
+            expired_before = now - LEASE_TTL
             for key in [k for k, (_, seen) in self._live.items() if seen < expired_before]:
                 self._remove(key, expired=True)
