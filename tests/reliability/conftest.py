@@ -44,12 +44,12 @@ def trial(request: pytest.FixtureRequest) -> Trial:
     return record
 
 
-def rss_mib(pid: int) -> float:
-    """Resident memory of process `pid`."""
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of process `pid` (`VmHWM`: its peak so far)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise ValueError(f"no VmRSS for process {pid}")
+    raise ValueError(f"no {field} for process {pid}")
 
 
 def restart_worker(deployment: Deployment, name: str, extra_flags: Sequence[str] = ()) -> None:
