@@ -101,6 +101,38 @@ async def test_a_stalled_watcher_keeps_the_instances_it_could_not_hear(
         assert {r.pid for r in watcher.instances()} == {service.pid}
 
 
+async def test_an_instance_frozen_but_connected_keeps_its_open_calls(
+    nats_url: str, start_service: StartService
+) -> None:
+    # SIGSTOP: no heartbeats, but its NATS connection stays, as for an instance too busy to beat.
+    namespace = fresh_namespace()
+    service = start_service(nats_url, namespace, "frozen")
+    async with await Runtime.connect(nats_url, namespace, idle_timeout=30.0) as caller:
+        await wait_for_pids(caller, "frozen", {service.pid})
+        watcher = await caller.watch("frozen", "count")
+        next_event = asyncio.ensure_future(anext(watcher.events()))
+        chunks = p.TokenChunk(request_id="", token_ids=[4], usage=p.Usage(prompt_tokens=200))
+        replies: list[int] = []
+        answered = asyncio.Event()
+
+        async def consume() -> None:
+            async for r in caller.client("frozen", "count").stream(chunks, p.TokenChunk):
+                replies.append(r.token_ids[0])
+                answered.set()
+
+        in_flight = asyncio.create_task(consume())
+        await asyncio.wait_for(answered.wait(), 10.0)
+        service.send_signal(signal.SIGSTOP)
+        try:
+            event = await asyncio.wait_for(next_event, LEASE_TTL + 10.0)
+            assert (event.kind, event.expired) == ("removed", True)
+            await asyncio.sleep(2.0)  # the caller probes the frozen instance meanwhile
+        finally:
+            service.send_signal(signal.SIGCONT)
+        await asyncio.wait_for(in_flight, 30.0)
+        assert replies == [0, 1, 2, 3]
+
+
 async def test_sigterm_drains_in_flight_calls_then_deregisters(
     nats_url: str, start_service: StartService
 ) -> None:

@@ -64,6 +64,7 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _NO_RESPONDERS = "503"
 _CANCELLED_MEMORY_S = 60.0
+_LIVENESS_PROBE_TIMEOUT_S = 1.0
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -124,6 +125,7 @@ class _CallerCall:
         protocol.ReplyFrame | protocol.EndFrame | protocol.KeepaliveFrame | RemoteError
     ]
     ended: bool = False
+    probe_subject: str = ""  # the reply subject of the serving instance's frames, once known
 
     def fail(self, error: RemoteError) -> None:
         """Deliver `error` as the next item, dropping frames not read yet."""
@@ -545,13 +547,43 @@ class Runtime:
             if event.kind != "removed" or not event.expired:
                 continue
             dead = event.record.instance_id
-            for call in list(self._caller_calls.values()):
-                if call.endpoint == (component, endpoint) and call.instance_id == dead:
-                    call.fail(
-                        Disconnected(
-                            None, f"instance {dead} of {component}.{endpoint} stopped heartbeating"
-                        )
+            calls = [
+                call
+                for call in self._caller_calls.values()
+                if call.endpoint == (component, endpoint) and call.instance_id == dead
+            ]
+            if calls and await self._still_connected(calls):
+                log.warning(
+                    "instance %s of %s.%s stopped heartbeating but is still connected (busy?): "
+                    "its %d open calls go on",
+                    dead,
+                    component,
+                    endpoint,
+                    len(calls),
+                )
+                continue
+            for call in calls:
+                call.fail(
+                    Disconnected(
+                        None, f"instance {dead} of {component}.{endpoint} stopped heartbeating"
                     )
+                )
+
+    async def _still_connected(self, calls: list[_CallerCall]) -> bool:
+        """Whether the instance serving `calls` still holds its NATS connection. NATS answers
+        no-responders at once on the reply subject of its frames when it does not (a crash);
+        one that is only too busy to heartbeat stays silent, and its calls keep their idle
+        timeout and deadline."""
+        probe = next((call.probe_subject for call in calls if call.probe_subject), None)
+        if probe is None:
+            return False
+        try:
+            await self.nc.request(probe, b"", timeout=_LIVENESS_PROBE_TIMEOUT_S)
+        except nats.errors.TimeoutError:
+            return True
+        except nats.errors.Error:  # no responders, or our own connection is gone
+            return False
+        return True
 
     def _close_call(self, call: _CallerCall, reason: str) -> None:
         self._caller_calls.pop(call.reply_subject, None)
@@ -590,6 +622,8 @@ class Runtime:
             return
         if not call.instance_id and not isinstance(frame, protocol.EndFrame):
             call.instance_id = frame.instance_id
+        if msg.reply:
+            call.probe_subject = msg.reply
         try:
             call.frames.put_nowait(frame)
         except asyncio.QueueFull:
