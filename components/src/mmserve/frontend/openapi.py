@@ -43,9 +43,9 @@ def _error_responses(*statuses: int) -> dict[str, Any]:
     }
 
 
-def _chat_request(schema: dict[str, Any], model: str) -> dict[str, Any]:
-    """The request as the server accepts it: only the served model, and the options it does
-    not implement only at their defaults."""
+def _restrict_chat_request(schema: dict[str, Any], model: str) -> None:
+    """Narrows the request's schema to what the server accepts: the served model only, and the
+    options it does not implement only at their defaults."""
     properties = schema["properties"]
     properties["model"] |= {
         "enum": [model],
@@ -56,10 +56,10 @@ def _chat_request(schema: dict[str, Any], model: str) -> dict[str, Any]:
             "enum": list(accepted),
             "description": "Not implemented: accepted only at its default",
         }
-    return schema
 
 
-# One server-sent event of a streamed completion, as its fields (`data`, `event`, ...).
+# One server-sent event of a streamed completion, as its fields (`data`, `event`, ...): an event
+# stream's schema describes each event, as OpenAPI 3.2's `itemSchema` does.
 _STREAM_EVENT = {
     "type": "object",
     "required": ["data"],
@@ -98,8 +98,9 @@ def openapi_document(model: str) -> dict[str, Any]:
         ],
         ref_template=_REF,
     )
-    _chat_request(components["ChatCompletionRequest"], model)
-    security = [{"bearer": []}, {}]  # a key is needed only when the server sets one
+    _restrict_chat_request(components["ChatCompletionRequest"], model)
+    # A key is needed only when the server sets one.
+    security: list[dict[str, list[str]]] = [{"bearer": []}, {}]
     return {
         "openapi": "3.1.0",
         "info": {"title": "mmserve OpenAI-compatible API", "version": __version__},
