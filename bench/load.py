@@ -7,11 +7,15 @@ warms it up, reads each process's RSS, then keeps `--concurrency` streams in fli
 `--parts` equal parts. Every request must end in exactly one complete answer (a finish
 reason, then `[DONE]`) or exactly one error (an HTTP error status, or one error event then
 `[DONE]`); anything else counts as lost or duplicated, and so do repeated response ids.
-Transport errors the client sees are counted apart, before or after the response began.
-Prints TTFT p50/p99, requests/s, errors by code and RSS per process as markdown.
+Transport errors the client sees are counted apart, before or after the response began, and
+never retried (a retry could run a request twice). Streams share httpx clients of at most
+`POOL_CONNECTIONS` connections each (one pool's bookkeeping grows with connections times
+waiting requests). Prints TTFT p50/p99, requests/s, errors by code and RSS per process as
+markdown, and how late this process's own event loop ran (that lag is in the TTFT too).
 
     .venv/bin/python bench/load.py --pattern agg --engine hf --concurrency 16 --duration 60
     .venv/bin/python bench/load.py --pattern e_p_d --engine mock --concurrency 200 --duration 60
+    .venv/bin/python bench/load.py --pattern agg --engine mock --concurrency 1000 --max-queue 1024
 
 Exit status 1 when a request was lost or duplicated.
 """
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import uvloop
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,11 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 from tests.e2e.deployment import PATTERNS, Deployment, serve_directory  # noqa: E402
 
+from mmserve.frontend.cli import raise_open_file_limit  # noqa: E402
 from mmserve.models.tiny import build_tiny_model  # noqa: E402
 from mmserve.runtime.nats_server import NatsServer  # noqa: E402
 
 MAX_DURATION_S = 900.0
 MAX_REQUESTS = 100_000
+POOL_CONNECTIONS = 50  # per httpx client
 
 
 @dataclass
@@ -55,6 +62,7 @@ class Tally:
     duplicated: int = 0
     ttft: list[float] = field(default_factory=list)
     ids: collections.Counter[str] = field(default_factory=collections.Counter)
+    loop_lag: list[float] = field(default_factory=list)  # this process's, see watch_loop_lag
 
     def merge(self, other: Tally) -> None:
         self.complete += other.complete
@@ -63,6 +71,7 @@ class Tally:
         self.duplicated += other.duplicated
         self.ttft += other.ttft
         self.ids.update(other.ids)
+        self.loop_lag += other.loop_lag
 
     @property
     def total(self) -> int:
@@ -148,6 +157,14 @@ async def one_request(
         tally.duplicated += 1
 
 
+async def watch_loop_lag(samples: list[float], interval_s: float = 0.1) -> None:
+    """How late this process's event loop wakes up: its lag adds to the measured TTFT."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(interval_s)
+        samples.append(time.perf_counter() - before - interval_s)
+
+
 async def run_phase(
     base_url: str,
     model: str,
@@ -160,21 +177,30 @@ async def run_phase(
     tally = Tally()
     issued = 0
     stop_at = time.monotonic() + duration_s
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(600.0, connect=30.0)
 
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
+    async def loop(client: httpx.AsyncClient) -> None:
+        nonlocal issued
+        while time.monotonic() < stop_at and issued < max_requests:
+            image = images[issued % len(images)]
+            issued += 1
+            await one_request(client, model, image, max_tokens, tally)
 
-        async def loop() -> None:
-            nonlocal issued
-            while time.monotonic() < stop_at and issued < max_requests:
-                image = images[issued % len(images)]
-                issued += 1
-                await one_request(client, model, image, max_tokens, tally)
+    async def streams(count: int) -> None:
+        limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
+            await asyncio.gather(*(loop(client) for _ in range(count)))
 
-        started = time.monotonic()
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-        elapsed = time.monotonic() - started
+    # Several small pools: one pool's bookkeeping grows with connections times waiting requests.
+    pools = [
+        min(POOL_CONNECTIONS, concurrency - first)
+        for first in range(0, concurrency, POOL_CONNECTIONS)
+    ]
+    lag = asyncio.ensure_future(watch_loop_lag(tally.loop_lag))
+    started = time.monotonic()
+    await asyncio.gather(*(streams(count) for count in pools))
+    elapsed = time.monotonic() - started
+    lag.cancel()
     assert tally.total == issued, (tally.total, issued)
     return tally, elapsed
 
@@ -200,16 +226,26 @@ def main() -> int:
     parser.add_argument("--max-requests", type=int, default=20_000)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--images", type=int, default=32, help="distinct images, cycled")
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="requests each worker admits at once (default: the worker's own)",
+    )
     args = parser.parse_args()
     duration = min(args.duration, MAX_DURATION_S)
     max_requests = min(args.max_requests, MAX_REQUESTS)
 
-    # The pattern with the chosen engine on every worker.
+    # The pattern with the chosen engine (and queue) on every worker.
     pattern = f"{args.pattern}-{args.engine}"
+    worker_flags = ["--engine", args.engine]
+    if args.max_queue is not None:
+        worker_flags += ["--max-queue", str(args.max_queue)]
     PATTERNS[pattern] = [
-        (name, role, [*flags, "--engine", args.engine])
-        for name, role, flags in PATTERNS[args.pattern]
+        (name, role, [*flags, *worker_flags]) for name, role, flags in PATTERNS[args.pattern]
     ]
+    # One connection (a file) per stream, and as many on the frontend's side.
+    raise_open_file_limit()
     model_path = build_tiny_model("qwen2_vl")
     with tempfile.TemporaryDirectory() as tmp, NatsServer() as nats:
         tmp_path = Path(tmp)
@@ -223,7 +259,7 @@ def main() -> int:
         try:
             deployment.start().wait_ready()
             model = model_path.name
-            warm, _ = asyncio.run(
+            warm, _ = uvloop.run(
                 run_phase(deployment.base_url, model, images, args.concurrency, args.warmup,
                           max_requests, args.max_tokens)
             )  # fmt: skip
@@ -232,7 +268,7 @@ def main() -> int:
             rss = [{name: rss_mib(p.pid) for name, p in deployment.processes.items()}]
             tally, elapsed = Tally(), 0.0
             for _ in range(args.parts):
-                part, seconds = asyncio.run(
+                part, seconds = uvloop.run(
                     run_phase(deployment.base_url, model, images, args.concurrency,
                               duration / args.parts, max_requests // args.parts, args.max_tokens)
                 )  # fmt: skip
@@ -242,9 +278,11 @@ def main() -> int:
         finally:
             deployment.stop()
     repeated_ids = sum(count - 1 for count in tally.ids.values() if count > 1)
+    lag_p99, lag_max = percentile(tally.loop_lag, 0.99), max(tally.loop_lag, default=0.0)
     print(
         f"pattern {args.pattern}, engine {args.engine}, concurrency {args.concurrency}, "
-        f"{elapsed:.0f} s after {warm.total} warm-up requests"
+        f"{elapsed:.0f} s after {warm.total} warm-up requests; the load generator's event loop "
+        f"lagged p99 {lag_p99 * 1e3:.0f} ms, max {lag_max * 1e3:.0f} ms"
     )
     print("| requests | complete | errors | lost | duplicated | req/s | TTFT p50 | TTFT p99 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
