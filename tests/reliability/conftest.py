@@ -8,11 +8,13 @@ Each test records what it tried, how many times and what happened (`trial(...)`)
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from e2e.deployment import STARTUP_TIMEOUT_S, Deployment
@@ -42,6 +44,14 @@ def trial(request: pytest.FixtureRequest) -> Trial:
         _rows.append(_Row(request.node.nodeid, tried, times, happened))
 
     return record
+
+
+def metric(port: int, name: str, labels: str) -> float:
+    """One sample from the /metrics of the process serving them on `port`, e.g.
+    `metric(port, "mmserve_active_requests", 'component="worker"')`; 0 when absent."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.search(rf"^{re.escape(name)}{{{re.escape(labels)}}} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:

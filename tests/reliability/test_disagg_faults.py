@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from e2e.deployment import Deployment, serve_directory
+from e2e.deployment import Deployment, free_port, serve_directory
 from e2e.images import photo_like
 from mmserve.models.tiny import build_tiny_model
 
-from .conftest import Trial, restart_worker
+from .conftest import Trial, metric, restart_worker
 from .streams import BOUND_S, chat_body, stream_chat
 
 # Prefill takes 0.2 s per uncached prompt token (a few seconds per prompt), so a kill lands
@@ -25,18 +25,26 @@ SLOW_PREFILL = ["--engine", "mock", "--mock-prefill-us-per-token", "200000"]
 # one a fraction of a second.
 SLOW_ENCODE = ["--engine", "mock", "--mock-encode-us-per-token", "100000"]
 MEDIA = ["--allowed-media-domains", "127.0.0.1"]
+ENCODE_METRICS_PORT = free_port()
+WITH_ENCODE_METRICS = [
+    ("encode", "encode", ["--metrics-port", str(ENCODE_METRICS_PORT)]),
+    ("prefill", "prefill", []),
+    ("decode", "decode", []),
+]
 
 
 @pytest.fixture
 def e_p_d(
     request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
+    flags, components = request.param
     deployment = Deployment(
         "e_p_d",
         build_tiny_model("qwen2_vl"),
         nats_url,
         tmp_path_factory.mktemp("epd-fault-logs"),
-        worker_flags=request.param,
+        worker_flags=flags,
+        components=components,
     )
     try:
         deployment.start().wait_ready()
@@ -70,7 +78,9 @@ def image_chat(max_tokens: int, url: str) -> dict[str, object]:
     return body
 
 
-@pytest.mark.parametrize("e_p_d", [SLOW_PREFILL], indirect=True)
+@pytest.mark.parametrize(
+    "e_p_d", [pytest.param((SLOW_PREFILL, []), id="slow-prefill")], indirect=True
+)
 @pytest.mark.parametrize("victim", ["prefill", "decode"])
 def test_sigkill_inside_a_request(e_p_d: Deployment, trial: Trial, victim: str) -> None:
     async def run() -> tuple[int, str | None, float]:
@@ -99,15 +109,31 @@ def test_sigkill_inside_a_request(e_p_d: Deployment, trial: Trial, victim: str) 
     trial(f"E/P/D: SIGKILL {victim} inside a request", 1, f"{how} {ended:.1f} s after the kill")
 
 
-@pytest.mark.parametrize("e_p_d", [SLOW_ENCODE], indirect=True)
+def encode_metric(sample: str, labels: str = 'component="encode"') -> float:
+    return metric(ENCODE_METRICS_PORT, sample, labels)
+
+
+async def inside_encode(first: asyncio.Event) -> None:
+    """Until the encode worker holds the request and its vision tower has not finished."""
+    deadline = time.monotonic() + BOUND_S
+    while await asyncio.to_thread(encode_metric, "mmserve_active_requests") < 1:
+        assert time.monotonic() < deadline, "the request never reached the encode worker"
+        await asyncio.sleep(0.1)
+    finished = 'component="encode",stage="encode"'
+    assert await asyncio.to_thread(encode_metric, "mmserve_stage_seconds_count", finished) == 0
+    assert not first.is_set()
+
+
+@pytest.mark.parametrize(
+    "e_p_d", [pytest.param((SLOW_ENCODE, WITH_ENCODE_METRICS), id="slow-encode")], indirect=True
+)
 def test_sigkill_of_encode_inside_a_request(e_p_d: Deployment, images: str, trial: Trial) -> None:
     async def killed() -> tuple[int, str | None, float]:
         async with httpx.AsyncClient(base_url=e_p_d.base_url, timeout=120) as client:
             first = asyncio.Event()
             body = image_chat(40, f"{images}/photo.jpg")
             stream = asyncio.ensure_future(stream_chat(client, body, first))
-            await asyncio.sleep(2.0)  # inside the 8.8 s encode
-            assert not first.is_set() and not stream.done()
+            await inside_encode(first)  # of 8.8 s
             e_p_d.kill("encode")
             killed_at = time.monotonic()
             outcome = await asyncio.wait_for(stream, BOUND_S)

@@ -5,7 +5,6 @@ a restarted nats-server. No request may hang; only the requests a fault touches 
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from e2e.deployment import Deployment, free_port
 from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
 
-from .conftest import Trial, restart_worker
+from .conftest import Trial, metric, restart_worker
 from .streams import BOUND_S, Outcome, chat_body, stream_chat
 
 MOCK = ["--engine", "mock"]  # simulated timing: 10 ms per decoded token, no model compute
@@ -30,10 +29,8 @@ class Faulty:
     nats: NatsServer
     metrics_ports: dict[str, int]
 
-    def metric(self, name: str, metric: str) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics", timeout=5).text
-        found = re.search(rf'^{metric}{{component="worker"}} (\S+)$', text, re.MULTILINE)
-        return float(found.group(1)) if found else 0.0
+    def metric(self, name: str, sample: str) -> float:
+        return metric(self.metrics_ports[name], sample, 'component="worker"')
 
     def active(self) -> dict[str, float]:
         return {
