@@ -103,6 +103,28 @@ def test_the_router_counts_its_own_dispatches_until_they_finish() -> None:
     assert router.load.load(chosen) == (0, 0, 0)
 
 
+def test_blocks_that_requests_in_flight_share_count_once() -> None:
+    router = Router(RouterMode.KV, rng=random.Random(5))
+    # Two questions after the same system prompt on w0 (2 shared blocks + 1 own block each),
+    # another 3-block prompt on w1; all past their prefill.
+    on_w0 = [prompt(SYSTEM, None, [7] * 16), prompt(SYSTEM, None, [8] * 16)]
+    on_w1 = prompt(list(range(500, 548)), None, [])
+    for request in on_w0:
+        router.select(request, ["w0"])
+    router.select(on_w1, ["w1"])
+    for request in [*on_w0, on_w1]:
+        router.on_first_token(request.request_id)
+    assert router.load.load("w0") == (0, 4, 0)
+    # A third question after the same system prompt adds 1 block on w0 and 3 on w1:
+    # w0 costs 3 uncached + 4 decode - 2 shared, w1 3 uncached + 3 decode.
+    third = prompt(SYSTEM, None, [9] * 16)
+    assert router.logits(third, ["w0", "w1"]) == {"w0": 5.0, "w1": 6.0}
+    assert router.select(third, ["w0", "w1"]).worker_id == "w0"
+    for request in [*on_w0, third]:
+        router.on_finish(request.request_id)
+    assert router.load.load("w0") == (0, 0, 0)
+
+
 def test_ties_are_broken_at_random() -> None:
     router = Router(RouterMode.KV, rng=random.Random(2))
     picks = Counter()

@@ -3,25 +3,29 @@
 KV mode scores each worker with
 
     logit = overlap_weight * uncached_prefill_blocks + active_decode_blocks
-            + queue_weight * queued_requests
+            - shared_active_blocks + queue_weight * queued_requests
 
 where `uncached_prefill_blocks` is the part of this prompt the worker does not hold plus the
 prefill work already sent to it, `active_decode_blocks` the KV blocks of its requests in flight
-and `queued_requests` those still waiting for their first token. The lowest logit wins, ties are
-broken at random; a positive temperature samples from a softmax over the normalised logits
-instead. The router counts in-flight load itself, from its own decisions, so a burst of requests
-spreads out before any worker reports back.
+(a block that several of them share counts once: a prefix-caching engine holds it once),
+`shared_active_blocks` the leading blocks of this prompt already among them (it would add no
+memory for those) and `queued_requests` the requests still waiting for their first token. The
+lowest logit wins, ties are broken at random; a positive temperature samples from a softmax
+over the normalised logits instead. The router counts in-flight load itself, from its own
+decisions, so a burst of requests spreads out before any worker reports back.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 import random
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
 from mmserve.router.indexer import KvIndexer
 from mmserve.router.pad import PadScheme
 from mmserve.router.view import RoutingMedia, RoutingView, routing_view
@@ -85,15 +89,21 @@ class RoutingDecision:
 class _InFlight:
     worker_id: str
     prefill_blocks: int
-    total_blocks: int
+    seq_hashes: Sequence[int]  # its full blocks, by sequence hash
+    other_blocks: int  # the rest: a partial tail block, or all when routed by size alone
     prefilled: bool = False
 
 
 @dataclass(slots=True)
 class _WorkerLoad:
     prefill_blocks: int = 0
-    decode_blocks: int = 0
+    shared: Counter[int] = field(default_factory=Counter)  # block -> requests holding it
+    other_blocks: int = 0
     queued: int = 0
+
+    @property
+    def decode_blocks(self) -> int:
+        return len(self.shared) + self.other_blocks
 
 
 class LoadTracker:
@@ -104,13 +114,22 @@ class LoadTracker:
         self._workers: dict[str, _WorkerLoad] = {}
 
     def on_dispatch(
-        self, request_id: str, worker_id: str, prefill_blocks: int, total_blocks: int
+        self,
+        request_id: str,
+        worker_id: str,
+        prefill_blocks: int,
+        total_blocks: int,
+        seq_hashes: Sequence[int] = (),
     ) -> None:
+        """Books a request of `total_blocks` on a worker; `seq_hashes` name its leading full
+        blocks, which count once however many requests in flight there share them."""
         self.on_finish(request_id)  # a retried request replaces its earlier dispatch
-        self._requests[request_id] = _InFlight(worker_id, prefill_blocks, total_blocks)
+        other_blocks = total_blocks - len(seq_hashes)
+        self._requests[request_id] = _InFlight(worker_id, prefill_blocks, seq_hashes, other_blocks)
         load = self._workers.setdefault(worker_id, _WorkerLoad())
         load.prefill_blocks += prefill_blocks
-        load.decode_blocks += total_blocks
+        load.shared.update(seq_hashes)
+        load.other_blocks += other_blocks
         load.queued += 1
 
     def on_first_token(self, request_id: str) -> None:
@@ -125,8 +144,16 @@ class LoadTracker:
     def on_finish(self, request_id: str) -> None:
         self.on_first_token(request_id)
         request = self._requests.pop(request_id, None)
-        if request is not None:
-            self._workers[request.worker_id].decode_blocks -= request.total_blocks
+        if request is None:
+            return
+        load = self._workers[request.worker_id]
+        load.other_blocks -= request.other_blocks
+        shared = load.shared
+        for block in request.seq_hashes:
+            if (holders := shared[block] - 1) > 0:
+                shared[block] = holders
+            else:
+                shared.pop(block, None)  # dict's own: Counter's __delitem__ runs in Python
 
     def remove_worker(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
@@ -139,6 +166,16 @@ class LoadTracker:
         if load is None:
             return (0, 0, 0)
         return (load.prefill_blocks, load.decode_blocks, load.queued)
+
+    def shared_prefix(self, worker_id: str, seq_hashes: Sequence[int]) -> int:
+        """How many leading blocks of `seq_hashes` requests in flight on the worker hold. A
+        request books all its leading blocks, so the held ones are a prefix: binary search."""
+        load = self._workers.get(worker_id)
+        if load is None or not load.shared:
+            return 0
+        return bisect.bisect_left(
+            range(len(seq_hashes)), True, key=lambda i: seq_hashes[i] not in load.shared
+        )
 
     def in_flight(self) -> int:
         return len(self._requests)
@@ -188,8 +225,10 @@ class Router:
         if not workers:
             raise NoWorkersError("no worker is available")
         overlaps = self.indexer.find_matches(request.block_hashes) if request.block_hashes else {}
+        seq_hashes = compute_seq_hashes(request.block_hashes) if request.block_hashes else []
         if self.mode is RouterMode.KV:
-            worker_id = self._pick_by_cost(self.logits(request, workers, overlaps))
+            logits = self.logits(request, workers, overlaps, seq_hashes)
+            worker_id = self._pick_by_cost(logits)
         elif self.mode is RouterMode.ROUND_ROBIN:
             worker_id = workers[self._next_round_robin % len(workers)]
             self._next_round_robin += 1
@@ -197,7 +236,9 @@ class Router:
             worker_id = self._rng.choice(list(workers))
         num_blocks = max(request.num_blocks, len(request.block_hashes))
         overlap = overlaps.get(worker_id, 0)
-        self.load.on_dispatch(request.request_id, worker_id, num_blocks - overlap, num_blocks)
+        self.load.on_dispatch(
+            request.request_id, worker_id, num_blocks - overlap, num_blocks, seq_hashes
+        )
         return RoutingDecision(worker_id, overlap, num_blocks)
 
     def logits(
@@ -205,10 +246,13 @@ class Router:
         request: RouteRequest,
         workers: Sequence[str],
         overlaps: dict[str, int] | None = None,
+        seq_hashes: Sequence[int] | None = None,
     ) -> dict[str, float]:
         """The KV cost of sending `request` to each worker (lower is better)."""
         if overlaps is None:
             overlaps = self.indexer.find_matches(request.block_hashes)
+        if seq_hashes is None:
+            seq_hashes = compute_seq_hashes(request.block_hashes)
         num_blocks = max(request.num_blocks, len(request.block_hashes))
         logits = {}
         for worker_id in workers:
@@ -217,6 +261,7 @@ class Router:
             logits[worker_id] = (
                 self.cost.overlap_weight * uncached
                 + decode_blocks
+                - self.load.shared_prefix(worker_id, seq_hashes)
                 + self.cost.queue_weight * queued
             )
         return logits
