@@ -401,7 +401,7 @@ def dynamo_unavailable(python: str) -> str | None:
     return None
 
 
-def write_mocker_profile(path: Path, costs: MockCosts) -> Path:
+def write_mocker_profile(path: Path, costs: MockCosts) -> None:
     """A mocker performance profile with the mock engine's times: prefill linear in the tokens
     it computes, a fixed time per decoded token whatever the batch."""
     tokens = np.arange(0, 65_537, DEFAULT_BLOCK_SIZE, dtype=np.float64)
@@ -413,7 +413,6 @@ def write_mocker_profile(path: Path, costs: MockCosts) -> Path:
         decode_context_length=np.array([1.0, 1e6]),
         decode_itl=np.full((2, 2), costs.decode_ms_per_token),
     )
-    return path
 
 
 @dataclass(kw_only=True)
@@ -540,8 +539,8 @@ def workload_benchmark(args: argparse.Namespace) -> None:
             servers["dynamo"] = lambda mode, workers: DynamoDeployment(
                 f"dynamo-{workers}-{mode}",
                 model_path,
-                "",
-                log_dir,
+                nats_url="",  # no NATS: Dynamo's processes discover each other through files
+                log_dir=log_dir,
                 python=dynamo_python,
                 mode=mode,
                 num_workers=workers,
