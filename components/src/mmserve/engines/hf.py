@@ -221,7 +221,8 @@ class HfEngine(Engine):
         return [result for result in results if result is not None]
 
     def _encoder_key(self, item: MediaInput) -> EncoderKey:
-        return (self.spec.spec_id, item.mm_hash, tuple(item.grid_thw))
+        t, h, w = item.grid_thw  # a list when it came over the wire: keys must be hashable
+        return (self.spec.spec_id, item.mm_hash, (t, h, w))
 
     def _check_media(self, item: MediaInput) -> None:
         t, h, w = item.grid_thw
@@ -251,7 +252,7 @@ class HfEngine(Engine):
                 f"prompt has {len(positions)} image placeholder tokens but the embeddings have "
                 f"{expected} rows"
             )
-        offsets = []
+        offsets: list[int] = []
         start = 0
         for item in embeddings:
             run = positions[start : start + item.num_tokens]

@@ -82,7 +82,7 @@ async def stream_completion(
     """Token chunks from `kv.first_token` on, `next_token(previous)` making each next one,
     until a stop rule ends the completion; the last chunk carries the finish reason and usage.
     Stop strings are cut from the text by the detokenizer, across token boundaries."""
-    rules = StopRules(stop, eos_token_ids)
+    rules = StopRules(stop, tuple(eos_token_ids))
     detokenizer = IncrementalDetokenizer(tokenizer, list(stop.stop))
     token = kv.first_token
     completion_tokens = 0

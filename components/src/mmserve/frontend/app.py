@@ -13,7 +13,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,7 +266,7 @@ class _Generation:
         self._usage: Usage | None = None
         self._last_token_at: float | None = None
 
-    async def _texts(self) -> AsyncIterator[tuple[str, FinishReason | None]]:
+    async def _texts(self) -> AsyncGenerator[tuple[str, FinishReason | None]]:
         """(text delta, finish reason) pairs; the last pair carries the finish reason."""
         chunks = self._app.dispatcher.generate(self._preprocessed)
         finish: FinishReason | None = None

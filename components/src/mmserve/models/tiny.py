@@ -143,7 +143,9 @@ def _build_model(family: str, seed: int) -> Any:
         text_config=_text_config(family),
         vision_config=_vision_config(family),
         tie_word_embeddings=True,
-        initializer_range=INIT_SCALE,
+        # Not a named parameter of these configs, yet kept in config.json and used to
+        # initialise the weights.
+        initializer_range=INIT_SCALE,  # type: ignore[call-arg]
     )
     model_class = getattr(transformers, FAMILIES[family].model_class)
     torch.manual_seed(seed)
