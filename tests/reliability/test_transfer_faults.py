@@ -39,8 +39,9 @@ REGISTERING = 20  # offers cancelled while their buffers register
 KILLED_TRANSFERS = 50  # fetched one by one by a consumer process that is killed
 LEASE_S = 0.5  # the producer's lease timeout under faults: a silent consumer costs this long
 KILLED_LEASE_S = 2.0  # long enough for a new consumer process to connect
-# A leak of even 64 KiB per fault (the smallest buffer) would add 56 MiB over 900 faults.
-RSS_SLACK_MIB = 16.0
+# The RSS wanders within about 15 MiB as the allocators settle; a leak of even 64 KiB per
+# fault (the smallest buffer) would add 56 MiB over 900 faults.
+RSS_SLACK_MIB = 32.0
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
