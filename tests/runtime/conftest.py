@@ -17,11 +17,14 @@ from mmserve.runtime import Runtime
 SERVICE = str(Path(__file__).with_name("service.py"))
 READY_TIMEOUT = 30.0
 
-StartService = Callable[[str, str, str], subprocess.Popen[bytes]]
+StartService = Callable[..., subprocess.Popen[bytes]]
 
 
-def start_service_process(url: str, namespace: str, component: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, SERVICE, url, namespace, component], env=os.environ)
+def start_service_process(
+    url: str, namespace: str, component: str, keepalive_interval: float = 0.25
+) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, SERVICE, url, namespace, component, str(keepalive_interval)]
+    return subprocess.Popen(argv, env=os.environ)
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:
@@ -35,8 +38,10 @@ def start_service() -> Iterator[StartService]:
     """Starts service processes; whatever is still running at the end is killed."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(url: str, namespace: str, component: str) -> subprocess.Popen[bytes]:
-        started.append(start_service_process(url, namespace, component))
+    def start(
+        url: str, namespace: str, component: str, keepalive_interval: float = 0.25
+    ) -> subprocess.Popen[bytes]:
+        started.append(start_service_process(url, namespace, component, keepalive_interval))
         return started[-1]
 
     yield start

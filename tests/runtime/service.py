@@ -23,8 +23,10 @@ from mmserve.runtime.runtime import run
 Chunk = p.TokenChunk
 
 
-async def main(url: str, namespace: str, component: str) -> None:
-    runtime = await Runtime.connect(url, namespace, keepalive_interval=0.25, graceful_timeout=60.0)
+async def main(url: str, namespace: str, component: str, keepalive_interval: str = "0.25") -> None:
+    runtime = await Runtime.connect(
+        url, namespace, keepalive_interval=float(keepalive_interval), graceful_timeout=60.0
+    )
     runtime.install_signal_handlers()
     cancelled: list[str] = []
 
@@ -74,4 +76,4 @@ async def main(url: str, namespace: str, component: str) -> None:
 
 
 if __name__ == "__main__":
-    run(main(*sys.argv[1:4]))
+    run(main(*sys.argv[1:5]))

@@ -76,6 +76,26 @@ async def test_sigkilled_instance_leaves_discovery_and_its_calls_fail_fast(
         }
 
 
+async def test_a_call_to_any_instance_fails_fast_when_the_one_that_took_it_dies(
+    nats_url: str, start_service: StartService
+) -> None:
+    """The instance that takes a balanced call names itself at once: its crash fails the
+    call after the lease, although no keepalive or reply was due yet."""
+    namespace = fresh_namespace()
+    victim = start_service(nats_url, namespace, "victim", keepalive_interval=600.0)
+    async with await Runtime.connect(nats_url, namespace, idle_timeout=60.0) as caller:
+        await wait_for_pids(caller, "victim", {victim.pid})
+        in_flight = asyncio.create_task(
+            caller.client("victim", "sleep").call(sleep_request(), p.TokenChunk)
+        )
+        await asyncio.sleep(0.5)
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(Disconnected, match="stopped heartbeating"):
+            await asyncio.wait_for(in_flight, LEASE_TTL + 20.0)
+        assert time.monotonic() - killed_at < LEASE_TTL + SWEEP_INTERVAL + 10.0
+
+
 async def test_a_stalled_watcher_keeps_the_instances_it_could_not_hear(
     nats_url: str, start_service: StartService
 ) -> None:

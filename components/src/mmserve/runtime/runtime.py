@@ -381,6 +381,10 @@ class Runtime:
         call.probe_subject = f"{self._inbox_prefix}.s{self._next_call}"
         self._server_calls[reply_subject] = call
         self._server_calls_by_probe[call.probe_subject] = call
+        # A first frame names this instance at once, so that a caller that sent to any
+        # instance knows whose heartbeats to follow from the start, not from the first
+        # keepalive or reply.
+        self._spawn(self._send_keepalive(call))
         call.task = asyncio.create_task(
             self._run_handler(served, frame, call), name=f"mmserve-{frame.request_id}"
         )
@@ -482,20 +486,23 @@ class Runtime:
             await asyncio.sleep(half)
             now = time.monotonic()
             for call in list(self._server_calls.values()):
-                if now - call.last_sent >= half and self.nc.is_connected:
-                    call.last_sent = now
-                    keepalive = protocol.KeepaliveFrame(
-                        request_id=call.context.request_id, instance_id=self.instance_id
-                    )
-                    with contextlib.suppress(nats.errors.Error):
-                        await self.nc.publish(
-                            call.reply_subject,
-                            protocol.encode(keepalive),
-                            reply=call.probe_subject,
-                        )
+                if now - call.last_sent >= half:
+                    await self._send_keepalive(call)
             forget_before = now - _CANCELLED_MEMORY_S
             for subject in [s for s, t in self._recently_cancelled.items() if t < forget_before]:
                 del self._recently_cancelled[subject]
+
+    async def _send_keepalive(self, call: _ServerCall) -> None:
+        if not self.nc.is_connected:
+            return
+        call.last_sent = time.monotonic()
+        keepalive = protocol.KeepaliveFrame(
+            request_id=call.context.request_id, instance_id=self.instance_id
+        )
+        with contextlib.suppress(nats.errors.Error):
+            await self.nc.publish(
+                call.reply_subject, protocol.encode(keepalive), reply=call.probe_subject
+            )
 
     # -- calling --------------------------------------------------------------------------------
 
