@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use thiserror::Error;
 
 use crate::common::decode::{decode_image, probe_image, DecodeLimits};
-use crate::common::fetch::{fetch_bytes, FetchPolicy};
+use crate::common::fetch::{fetch_bytes, FetchError, FetchPolicy};
 use crate::common::hash::content_hash;
 use crate::common::par;
 use crate::common::token_layout::expand;
@@ -125,7 +125,9 @@ pub fn run(
     })
 }
 
-/// Fetches in order, refusing as soon as the running total passes the request cap.
+/// Fetches in order, refusing as soon as the running total passes the request cap. Each
+/// source may bring at most what the request has left, so the one that would cross the cap
+/// is refused from its announced size (Content-Length, file size) before it is read.
 fn fetch_all<'a>(
     media: &[MediaInput<'a>],
     policy: &FetchPolicy,
@@ -133,7 +135,25 @@ fn fetch_all<'a>(
     let mut total: u64 = 0;
     let mut out = Vec::with_capacity(media.len());
     for (index, input) in media.iter().enumerate() {
+        let too_many_bytes = || -> Error {
+            RequestError::TooManyBytes {
+                index,
+                limit: MAX_BYTES_PER_REQUEST,
+            }
+            .into()
+        };
+        let left = MAX_BYTES_PER_REQUEST.saturating_sub(total);
         let bytes = match input {
+            MediaInput::Source(source) if left < policy.max_bytes => {
+                let budget = FetchPolicy {
+                    max_bytes: left,
+                    ..policy.clone()
+                };
+                match fetch_bytes(source, &budget) {
+                    Err(FetchError::TooLarge { .. }) => return Err(too_many_bytes()),
+                    fetched => Cow::Owned(fetched.map_err(|e| Error::from(e).at_item(index))?),
+                }
+            }
             MediaInput::Source(source) => {
                 Cow::Owned(fetch_bytes(source, policy).map_err(|e| Error::from(e).at_item(index))?)
             }
@@ -141,11 +161,7 @@ fn fetch_all<'a>(
         };
         total += bytes.len() as u64;
         if total > MAX_BYTES_PER_REQUEST {
-            return Err(RequestError::TooManyBytes {
-                index,
-                limit: MAX_BYTES_PER_REQUEST,
-            }
-            .into());
+            return Err(too_many_bytes());
         }
         out.push(bytes);
     }
@@ -255,6 +271,39 @@ mod tests {
         let err = run_bytes(&prompt(4), &[&big, &big, &big, &big], Mode::CountOnly).unwrap_err();
         assert_eq!(err.code(), "request.too_many_bytes");
         assert!(err.to_string().contains("item 3"));
+    }
+
+    #[test]
+    fn the_source_that_crosses_the_byte_cap_is_refused_before_it_is_read() {
+        let dir = std::env::temp_dir().join(format!("mmserve-driver-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Sparse files: four that fit the request's cap together, and one claiming 1 TiB,
+        // refused from its size by the bytes the request has left rather than read to the
+        // per-source cap.
+        let sizes = [60 << 20, 60 << 20, 60 << 20, 60 << 20, 1 << 40];
+        let paths: Vec<String> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let path = dir.join(format!("{i}.png"));
+                std::fs::File::create(&path).unwrap().set_len(len).unwrap();
+                path.to_string_lossy().into_owned()
+            })
+            .collect();
+        let media: Vec<MediaInput<'_>> = paths.iter().map(|p| MediaInput::Source(p)).collect();
+        let mut options = DriverOptions::default();
+        options.fetch.allowed_local_roots = vec![dir.clone()];
+        let result = run(
+            family().as_ref(),
+            &prompt(media.len()),
+            &media,
+            &options,
+            Mode::CountOnly,
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = result.unwrap_err();
+        assert_eq!(err.code(), "request.too_many_bytes");
+        assert!(err.to_string().contains("item 4"), "{err}");
     }
 
     #[test]

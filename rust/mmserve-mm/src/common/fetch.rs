@@ -283,6 +283,10 @@ fn read_local(path: &Path, policy: &FetchPolicy) -> Result<Vec<u8>, FetchError> 
         source,
     };
     let file = File::open(&real).map_err(io_err)?;
+    // Refused from its size where the file says it; the read below caps it either way.
+    if let Ok(meta) = file.metadata() {
+        check_size(meta.len(), policy.max_bytes)?;
+    }
     let mut bytes = Vec::new();
     file.take(policy.max_bytes.saturating_add(1))
         .read_to_end(&mut bytes)
