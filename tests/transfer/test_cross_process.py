@@ -10,7 +10,7 @@ import torch
 
 from mmserve.protocol import NixlBufferDescriptor, ShmBufferDescriptor, TensorHandle, decode, encode
 from mmserve.transfer import TransferAgent, TransferError, TransferFailed, TransferTimeout
-from mmserve.transfer.probe import ProbeProcess, digest, seeded_pattern
+from mmserve.transfer.probe import ProbeError, ProbeProcess, digest, seeded_pattern
 
 from .conftest import start_probe
 
@@ -169,6 +169,39 @@ async def test_killed_consumer_buffer_returns_after_timeout(
     handle, lease = await agent.offer(tensor)
     assert (await probe.fetch([handle])).digests == [digest(tensor)]
     await lease.wait()
+
+
+async def test_a_consumer_after_the_lease_gets_an_error_not_another_tensor(
+    agent: TransferAgent, probe: ProbeProcess
+) -> None:
+    agent.lease_timeout_s = 1.0
+    try:
+        late, lease = await agent.offer(seeded_pattern((16, KIB), torch.uint8, 8))
+        with pytest.raises(TransferTimeout):
+            await asyncio.wait_for(lease.wait(), 5)
+        # The pool hands the returned buffer to the next offer.
+        tensor = seeded_pattern((16, KIB), torch.uint8, 9)
+        handle, lease = await agent.offer(tensor)
+        with pytest.raises(ProbeError):
+            await probe.fetch([late])
+        assert (await probe.fetch([handle])).digests == [digest(tensor)]
+        await lease.wait()
+    finally:
+        agent.lease_timeout_s = 5.0
+
+
+async def test_a_producer_after_the_landing_lease_gets_an_error(
+    agent: TransferAgent, probe: ProbeProcess
+) -> None:
+    agent.lease_timeout_s = 1.0
+    try:
+        landing = await agent.offer_destination((16, 64), torch.float32)
+        with pytest.raises(TransferTimeout):
+            await asyncio.wait_for(landing.wait(), 5)
+        with pytest.raises(ProbeError):
+            await probe.write([landing.handle], seed=3)
+    finally:
+        agent.lease_timeout_s = 5.0
 
 
 async def test_handle_of_another_backend_is_refused(agent: TransferAgent) -> None:

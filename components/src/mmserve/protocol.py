@@ -581,7 +581,8 @@ class NixlBufferDescriptor(WireMessage, frozen=True):
     buffer; WRITE mode: the consumer's landing buffer). `agent_metadata` is the agent's partial
     metadata for this buffer (connection info + its memory keys); a peer loads it once per
     `(agent, buffer_id)`. Completion and failure travel as NIXL notifications naming
-    `transfer_id`."""
+    `transfer_id`. The peer transfers only before `transfer_by` (Unix time; 0: not said): the
+    owner's lease ends a little later, and then the buffer may hold another tensor."""
 
     transfer_id: str
     agent: str
@@ -591,6 +592,7 @@ class NixlBufferDescriptor(WireMessage, frozen=True):
     device_id: int
     address: int
     nbytes: int
+    transfer_by: float = 0.0
 
 
 class ShmBufferDescriptor(WireMessage, frozen=True):

@@ -46,6 +46,7 @@ from .base import (
     TransferAgent,
     TransferError,
     TransferFailed,
+    TransferTimeout,
     copy_tensor,
     dtype_from_name,
     typed_view,
@@ -64,6 +65,24 @@ MAX_LOADED_REMOTE_BUFFERS = 4096
 # the progress thread takes over.
 SPIN_S = 50e-6
 LOOP_POLL_S = 3e-3
+# A peer must be done with a buffer this long before its lease ends (at most this share of the
+# lease): room for clock skew between hosts and for the transfer itself.
+LEASE_MARGIN_S = 1.0
+LEASE_MARGIN_SHARE = 0.1
+
+
+def _lease_over(remote: NixlBufferDescriptor) -> bool:
+    """Whether the owner's lease on its buffer is (nearly) over: it then returns the buffer to
+    its pool, and a transfer would read or overwrite another tensor's bytes."""
+    return bool(remote.transfer_by) and time.time() > remote.transfer_by
+
+
+def _check_lease(remote: NixlBufferDescriptor, operation: str) -> None:
+    if _lease_over(remote):
+        raise TransferTimeout(
+            f"NIXL {operation} of transfer {remote.transfer_id} refused: it was due by "
+            f"{remote.transfer_by:.3f}, before the owner's lease ends"
+        )
 
 
 @dataclass(frozen=True)
@@ -145,9 +164,10 @@ class NixlTransferAgent(TransferAgent):
             pool.release(buffer)
             raise
         transfer_id = self._new_transfer_id()
+        # Described before the lease starts, so the expiry it announces is never late.
+        descriptor = self._describe(buffer, transfer_id, nbytes)
         close = functools.partial(self._end_reservation, transfer_id, pool, buffer)
-        lease = Lease(transfer_id, self.lease_timeout_s, close)
-        return self._describe(buffer, transfer_id, nbytes), lease
+        return descriptor, Lease(transfer_id, self.lease_timeout_s, close)
 
     async def _offer_landing(
         self, handle: TensorHandle, nbytes: int, device: torch.device
@@ -205,6 +225,7 @@ class NixlTransferAgent(TransferAgent):
         notification from NIXL, or our failure notification."""
         registration: _Registration = buffer.backend_state
         reading = operation == "READ"
+        _check_lease(remote, operation)
         begin_read = nvtx.range_start(nvtx.NIXL_BEGIN_READ) if reading else None
         try:
             self._load_remote(remote)
@@ -247,6 +268,12 @@ class NixlTransferAgent(TransferAgent):
             self._release_xfer(xfer, pool, buffer)
             raise
         self._release_xfer(xfer, pool, buffer)
+        if error is None and _lease_over(remote):
+            # The owner may have reused its buffer while the bytes moved.
+            error = TransferTimeout(
+                f"NIXL {operation} of transfer {remote.transfer_id} ended after its lease; "
+                "the bytes may belong to another transfer"
+            )
         if error is not None:
             self._notify_failure(remote, str(error))
             raise error
@@ -409,6 +436,9 @@ class NixlTransferAgent(TransferAgent):
                 device_id=registration.device_id,
                 address=buffer.tensor.data_ptr(),
                 nbytes=nbytes,
+                transfer_by=time.time()
+                + self.lease_timeout_s
+                - min(LEASE_MARGIN_S, LEASE_MARGIN_SHARE * self.lease_timeout_s),
             )
         )
 
