@@ -19,7 +19,7 @@ travel as integers; `mm_hashes` travel as 16-digit lowercase hex strings (the en
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 import msgspec
 
@@ -64,7 +64,12 @@ def encode(msg: WireMessage) -> bytes:
     return _encoder.encode(msg)
 
 
-def decode(data: bytes | memoryview, type: type[M] | Any) -> M:
+# A class decodes to its instances; a union of classes (a `types.UnionType`) to `Any`.
+@overload
+def decode(data: bytes | memoryview, type: type[M]) -> M: ...
+@overload
+def decode(data: bytes | memoryview, type: Any) -> Any: ...
+def decode(data: bytes | memoryview, type: Any) -> Any:
     """Decode `data` into `type` (a `WireMessage` subclass or a union of them).
 
     Raises `ProtocolVersionError` when the tag names another protocol version, `ProtocolError`

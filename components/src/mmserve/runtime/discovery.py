@@ -23,6 +23,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
@@ -168,7 +169,7 @@ class InstanceWatcher:
         self._live: dict[str, tuple[protocol.InstanceRecord, float]] = {}
         self._listeners: set[asyncio.Queue[InstanceEvent]] = set()
         self._changed = asyncio.Event()
-        self._subscription: nats.aio.subscription.Subscription | None = None
+        self._subscription: Subscription | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> InstanceWatcher:

@@ -291,8 +291,8 @@ class Runtime:
             await asyncio.gather(*tasks, return_exceptions=True)
         for watcher in list(self._watchers):
             await watcher.stop()
-        for call in list(self._caller_calls.values()):
-            call.fail(Cancelled(None, "runtime shut down"))
+        for caller_call in list(self._caller_calls.values()):
+            caller_call.fail(Cancelled(None, "runtime shut down"))
         for task in [self._keepalive_task, *self._liveness_tasks.values()]:
             if task is not None:
                 task.cancel()

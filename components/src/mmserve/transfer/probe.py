@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import nats
 import torch
@@ -40,6 +41,9 @@ from mmserve.protocol import (
 from .base import TransferAgent, dtype_from_name
 from .options import add_transfer_arguments, create_transfer_agent
 
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
 
 def seeded_pattern(shape: Sequence[int], dtype: torch.dtype, seed: int) -> torch.Tensor:
     """A tensor whose bytes depend on `seed` and on every position (cheap even at 64 MiB)."""
@@ -54,7 +58,8 @@ def seeded_pattern(shape: Sequence[int], dtype: torch.dtype, seed: int) -> torch
 def digest(tensor: torch.Tensor) -> str:
     """Content digest of a tensor's bytes in C order (dtype-agnostic)."""
     data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    # The array's memoryview: numpy declares the buffer protocol only for Python >= 3.12.
+    return hashlib.blake2b(data.data, digest_size=16).hexdigest()
 
 
 async def _fetch(agent: TransferAgent, request: TransferProbeFetch) -> TransferProbeReply:
@@ -88,8 +93,8 @@ async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
 
     def endpoint(
         answer: Callable[[bytes], Awaitable[TransferProbeReply]],
-    ) -> Callable[[nats.aio.msg.Msg], Awaitable[None]]:
-        async def handle(msg: nats.aio.msg.Msg) -> None:
+    ) -> Callable[[Msg], Awaitable[None]]:
+        async def handle(msg: Msg) -> None:
             try:
                 reply = await answer(msg.data)
             except Exception as exc:
