@@ -29,4 +29,5 @@ test-rust:
 lint:
 	$(VENV)/bin/ruff check components tests bench
 	$(VENV)/bin/ruff format --check components tests bench
+	$(VENV)/bin/mypy
 	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel -- -D warnings
