@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -65,6 +66,7 @@ class _PanickingPreprocessor:
     """The part of `ChatPreprocessor` the app calls first; it meets a panic."""
 
     options = ChatOptions(policy=MediaPolicy())
+    model = SimpleNamespace(name="m")  # the app names it in its OpenAPI document
 
     def validate(self, request: p.ChatCompletionRequest) -> None:
         raise PanicException("attempt to multiply with overflow")
