@@ -10,8 +10,9 @@ reason, then `[DONE]`) or exactly one error (an HTTP error status, or one error 
 Transport errors the client sees are counted apart, before or after the response began, and
 never retried (a retry could run a request twice). Streams share httpx clients of at most
 `POOL_CONNECTIONS` connections each (one pool's bookkeeping grows with connections times
-waiting requests). Prints TTFT p50/p99, requests/s, errors by code and RSS per process as
-markdown, and how late this process's own event loop ran (that lag is in the TTFT too).
+waiting requests). Prints TTFT p50/p99, requests/s, errors by code, RSS per process and the
+CPU time each process spent over the measured load (in all, and per request) as markdown, and
+how late this process's own event loop ran (that lag is in the TTFT too).
 
     .venv/bin/python bench/load.py --pattern agg --engine hf --concurrency 16 --duration 60
     .venv/bin/python bench/load.py --pattern e_p_d --engine mock --concurrency 200 --duration 60
@@ -27,6 +28,7 @@ import asyncio
 import collections
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -95,6 +97,13 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU time the process has used, in seconds."""
+    # After the parenthesised command name: state is field 3, utime 14, stime 15 (proc(5)).
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_request(
@@ -266,6 +275,7 @@ def main() -> int:
             # Measured in parts: memory that keeps growing in the later parts is a leak,
             # growth in the first only may be caches and pools still filling.
             rss = [{name: rss_mib(p.pid) for name, p in deployment.processes.items()}]
+            cpu = {name: cpu_s(p.pid) for name, p in deployment.processes.items()}
             tally, elapsed = Tally(), 0.0
             for _ in range(args.parts):
                 part, seconds = uvloop.run(
@@ -275,6 +285,7 @@ def main() -> int:
                 tally.merge(part)
                 elapsed += seconds
                 rss.append({name: rss_mib(p.pid) for name, p in deployment.processes.items()})
+            cpu = {name: cpu_s(p.pid) - cpu[name] for name, p in deployment.processes.items()}
         finally:
             deployment.stop()
     repeated_ids = sum(count - 1 for count in tally.ids.values() if count > 1)
@@ -294,12 +305,19 @@ def main() -> int:
         f"{p50:.0f} ms | {p99:.0f} ms |"
     )
     parts = [f"after part {i + 1}" for i in range(args.parts)]
-    print("\n| process | RSS after warm-up | " + " | ".join(parts) + " | last part |")
-    print("| --- " * (args.parts + 3) + "|")
+    print(
+        "\n| process | RSS after warm-up | " + " | ".join(parts) + " | last part "
+        "| CPU in load | CPU per request |"
+    )
+    print("| --- " * (args.parts + 5) + "|")
     for name, start in rss[0].items():
         cells = " | ".join(f"{point[name]:.0f} MiB" for point in rss[1:])
         last = rss[-1][name] - rss[-2][name]
-        print(f"| {name} | {start:.0f} MiB | {cells} | {last:+.0f} MiB |")
+        per_request = cpu[name] / max(tally.total, 1) * 1e3
+        print(
+            f"| {name} | {start:.0f} MiB | {cells} | {last:+.0f} MiB | {cpu[name]:.1f} s "
+            f"| {per_request:.2f} ms |"
+        )
     return 1 if tally.lost or tally.duplicated or repeated_ids else 0
 
 
