@@ -167,6 +167,9 @@ def server_config(args: argparse.Namespace, app: FrontendApp) -> uvicorn.Config:
         host=args.http_host,
         port=args.http_port,
         lifespan="off",
+        # h11 even where httptools is installed (uvicorn's "auto" would take it): h11 refuses a
+        # request line plus headers over 16 KiB, httptools buffers a head of any size.
+        http="h11",
         access_log=False,
         log_level="info",
         timeout_graceful_shutdown=5,
