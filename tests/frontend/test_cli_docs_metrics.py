@@ -107,6 +107,39 @@ def test_idle_connections_outlive_the_client_pool_expiry(
     assert server_config(args, frontend.app).timeout_keep_alive == 2.5
 
 
+def test_the_server_refuses_an_oversized_request_head_before_the_app(
+    frontend: RunningFrontend, tiny_model_path: Path
+) -> None:
+    """The frontend's HTTP parser bounds a request's head (h11: 16 KiB), so a client cannot
+    grow the server's memory with headers."""
+    import threading
+
+    import uvicorn
+    import uvloop
+
+    server = uvicorn.Server(server_config(parse_frontend_args(tiny_model_path), frontend.app))
+    thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "uvicorn did not start"
+            threading.Event().wait(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        head = f"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: {'a' * (1 << 20)}\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            with contextlib.suppress(ConnectionError):
+                conn.sendall(head.encode())
+            answer = b""
+            with contextlib.suppress(ConnectionError):
+                while chunk := conn.recv(65536):
+                    answer += chunk
+        # Refused (4xx) or the connection dropped; the app would have answered 200.
+        assert not answer or answer.split(b" ", 2)[1].startswith(b"4"), answer[:200]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 def test_cli_exits_with_a_one_line_reason_when_the_model_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
