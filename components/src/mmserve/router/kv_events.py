@@ -12,7 +12,8 @@ Both travel as runtime events (`Runtime.publish` / `Runtime.subscribe`, msgpack)
 
 A subscriber follows a worker only from an event it can place: id 0 (the worker's first) or a
 cleared event. Until then, and after any gap, it drops that worker's events and asks for a
-dump, at most once per `dump_retry_s`. Discovery's removals (`follow_discovery`) drop a worker
+dump, again every `dump_retry_s` until it is back in step (a request, or the dump answering it,
+can be lost). Discovery's removals (`follow_discovery`) drop a worker
 and its blocks.
 """
 
@@ -194,10 +195,10 @@ class KvEventSubscriber:
         self._dump_retry_s = dump_retry_s
         # worker id -> id of the last applied event; absent while the worker is not followed
         self._last_event_id: dict[str, int] = {}
-        self._dump_asked_at: dict[str, float] = {}
         self._removed: set[str] = set()
         self._subscription: Subscription | None = None
-        self._requests: set[asyncio.Task[None]] = set()
+        # worker id -> the task asking it for dumps until its events are in step again
+        self._catching_up: dict[str, asyncio.Task[None]] = {}
 
     async def start(self) -> KvEventSubscriber:
         self._subscription = await _subscribe(
@@ -209,9 +210,10 @@ class KvEventSubscriber:
         if self._subscription is not None:
             await _unsubscribe(self._subscription)
             self._subscription = None
-        for task in list(self._requests):
+        tasks = list(self._catching_up.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._requests, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def __aenter__(self) -> KvEventSubscriber:
         return await self.start()
@@ -234,7 +236,9 @@ class KvEventSubscriber:
         """The worker left: drop its blocks and ignore its late events."""
         self._removed.add(worker_id)
         self._last_event_id.pop(worker_id, None)
-        self._dump_asked_at.pop(worker_id, None)
+        task = self._catching_up.pop(worker_id, None)
+        if task is not None:
+            task.cancel()
         self._indexer.remove_worker(worker_id)
 
     async def _on_event(self, event: KvEvent) -> None:
@@ -259,26 +263,26 @@ class KvEventSubscriber:
             self._lose_track(worker_id)
             return
         self._last_event_id[worker_id] = event.event_id
-        self._dump_asked_at.pop(worker_id, None)
 
     def _lose_track(self, worker_id: str) -> None:
         self._last_event_id.pop(worker_id, None)
-        now = asyncio.get_running_loop().time()
-        asked_at = self._dump_asked_at.get(worker_id)
-        if asked_at is not None and now - asked_at < self._dump_retry_s:
+        if worker_id in self._catching_up:
             return
-        self._dump_asked_at[worker_id] = now
-        task = asyncio.create_task(self._ask_dump(worker_id))
-        self._requests.add(task)
-        task.add_done_callback(self._requests.discard)
+        task = asyncio.create_task(self._catch_up(worker_id))
+        self._catching_up[worker_id] = task
+        task.add_done_callback(lambda _: self._catching_up.pop(worker_id, None))
 
-    async def _ask_dump(self, worker_id: str) -> None:
-        try:
-            await self._runtime.publish(
-                kv_dump_topic(self._component), KvDumpRequest(worker_id=worker_id)
-            )
-        except Disconnected as exc:
-            log.warning("cannot ask worker %s for a KV dump: %s", worker_id, exc)
+    async def _catch_up(self, worker_id: str) -> None:
+        """Ask the worker for a dump, again every `dump_retry_s` while its events are not in
+        step (the request or the dump can be lost, and an idle worker sends nothing else)."""
+        while worker_id not in self._removed and not self.following(worker_id):
+            try:
+                await self._runtime.publish(
+                    kv_dump_topic(self._component), KvDumpRequest(worker_id=worker_id)
+                )
+            except Disconnected as exc:
+                log.warning("cannot ask worker %s for a KV dump: %s", worker_id, exc)
+            await asyncio.sleep(self._dump_retry_s)
 
 
 async def follow_discovery(
