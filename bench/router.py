@@ -371,12 +371,9 @@ def mmserve_deployment(
 def measure(deployment: Deployment, workload: ChatWorkload, concurrency: int) -> Measured:
     """Starts `deployment` (fresh processes: every run starts from cold caches), runs
     `workload` against it and stops it."""
-    try:
-        deployment.start().wait_ready()
+    with deployment.running():
         model = deployment.model_path.name
         return asyncio.run(run_workload(deployment.base_url, model, workload, concurrency))
-    finally:
-        deployment.stop()
 
 
 # -- Dynamo's frontend and mocker on the same workload ---------------------------------------------

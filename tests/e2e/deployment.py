@@ -3,6 +3,7 @@ isolated from other tests by a namespace of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +110,15 @@ class Deployment:
             ],
         )
         return self
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Deployment]:
+        """Started and ready inside the block, stopped when it ends however it ends."""
+        try:
+            self.start().wait_ready()
+            yield self
+        finally:
+            self.stop()
 
     def log(self, name: str) -> str:
         return (self.log_dir / f"{self.pattern}-{name}.log").read_text(errors="replace")

@@ -30,12 +30,9 @@ def agg(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dep
         tmp_path_factory.mktemp("agg-logs"),
         frontend_flags=["--max-media-items", "4"],
         worker_flags=["--metrics-port", str(WORKER_METRICS_PORT)],
-    ).start()
-    try:
-        deployment.wait_ready()
+    )
+    with deployment.running():
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def _body(content: Any, max_tokens: int = 4) -> dict[str, Any]:

@@ -46,11 +46,8 @@ def e_p_d(
         worker_flags=flags,
         components=components,
     )
-    try:
-        deployment.start().wait_ready()
+    with deployment.running():
         yield deployment
-    finally:
-        deployment.stop()
 
 
 @pytest.fixture(scope="module")

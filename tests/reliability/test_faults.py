@@ -55,11 +55,8 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
                 for name, port in ports.items()
             ],
         )
-        try:
-            deployment.start().wait_ready()
+        with deployment.running():
             yield Faulty(deployment, nats, ports)
-        finally:
-            deployment.stop()
 
 
 async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:

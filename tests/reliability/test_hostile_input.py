@@ -77,12 +77,9 @@ def agg(
             "--media-fetch-timeout", str(FETCH_TIMEOUT_S),
             "--allowed-local-media-path", str(local_root),
         ],
-    ).start()  # fmt: skip
-    try:
-        deployment.wait_ready()
+    )  # fmt: skip
+    with deployment.running():
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def _body(images: list[str], text: str = "Describe.", stream: bool = False) -> dict[str, Any]:

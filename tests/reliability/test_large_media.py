@@ -72,11 +72,8 @@ def agg(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dep
         tmp_path_factory.mktemp("large-media-logs"),
         worker_flags=["--engine", "mock"],
     )
-    try:
-        deployment.start().wait_ready()
+    with deployment.running():
         yield deployment
-    finally:
-        deployment.stop()
 
 
 CASES = {
