@@ -46,7 +46,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-from PIL import Image
 
 from mmserve.engines.defaults import DEFAULT_CACHE_BLOCKS
 from mmserve.protocol import KvBlock, KvStored
@@ -59,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.deployment import Deployment  # noqa: E402
+from tests.e2e.images import photo_like  # noqa: E402
 
 from mmserve.models.tiny import build_tiny_model  # noqa: E402
 from mmserve.runtime.nats_server import nats_url_from_env_or_private  # noqa: E402
@@ -227,12 +227,8 @@ def image_data_url(seed: int, width: int = 448, height: int = 448) -> str:
     """A photo-like JPEG (256 tokens at 448x448 for Qwen2-VL) as a data URL."""
     import base64
 
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // (width - 1), y * 255 // (height - 1), (x * seed + y) % 256], -1)
-    pixels = np.clip(base + rng.integers(-20, 21, base.shape), 0, 255).astype(np.uint8)
     out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="JPEG", quality=85)
+    photo_like(width, height, seed).save(out, format="JPEG", quality=85)
     return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode()
 
 
