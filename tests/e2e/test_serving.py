@@ -88,7 +88,7 @@ def test_a_data_url_over_the_nats_payload_limit_is_served(agg: Deployment) -> No
     [
         ("malformed_json", 400, None),
         ("unknown_part", 400, None),
-        ("broken_base64", 400, None),
+        ("broken_base64", 400, "fetch.bad_data_url"),
         ("truncated_jpeg", 400, "decode."),
         ("missing_image", 400, "fetch.http_status"),
         ("too_many_images", 400, "request.too_many_items"),
@@ -121,6 +121,8 @@ def test_bad_input_gets_a_4xx_and_serving_goes_on(
     assert error["message"]
     if code is not None:
         assert error["code"].startswith(code), error
+    if name == "broken_base64":  # refused by the frontend, which names the item
+        assert error["param"] == "messages[0].content[0].image_url", error
     healthy = _post(
         agg, _body([_image(data_url(image_dir / "small.png")), {"type": "text", "text": "ok"}])
     )

@@ -113,10 +113,15 @@ class ChatPreprocessor:
                 "images; text must not contain the model's image placeholder token",
                 param="messages",
             )
-        processed = await self._process_media(token_ids, images) if images else None
+        sources = await self._sources(images)
+        processed = await self._process_media(token_ids, images, sources) if images else None
         prompt_tokens = len(processed.input_ids) if processed else len(token_ids)
         max_tokens = self._completion_budget(request, prompt_tokens)
-        items = await self._media_items(images, processed.items, request_id) if processed else []
+        items = (
+            await self._media_items(images, sources, processed.items, request_id)
+            if processed
+            else []
+        )
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return PreprocessedRequest(
             request_id=request_id,
@@ -194,8 +199,25 @@ class ChatPreprocessor:
             ) from err
         return list(tokenizer.encode(text, add_special_tokens=False))
 
+    async def _sources(self, images: list[_ImageRef]) -> list[str | bytes]:
+        """What the core reads for each image. An inline one (data URL, base64) that travels
+        on as its encoded bytes is decoded here, once, for both the sizing and the transfer;
+        references (and everything with frontend decoding) stay as they are."""
+        ships_encoded = self._tensor_sink is not None and not self.options.frontend_decoding
+        sources: list[str | bytes] = []
+        for index, image in enumerate(images):
+            if not (ships_encoded and media.is_inline(image.url)):
+                sources.append(image.url)
+                continue
+            try:
+                sources.append(await media.fetch(image.url, self.options.policy))
+            except MediaError as err:
+                params = [ref.param for ref in images]
+                raise ApiError.from_media_error(err, params, item=index) from err
+        return sources
+
     async def _process_media(
-        self, token_ids: list[int], images: list[_ImageRef]
+        self, token_ids: list[int], images: list[_ImageRef], sources: list[str | bytes]
     ) -> media.ProcessedRequest:
         """The expanded prompt, and each item's hash, grid and token count (and its pixels
         with frontend decoding)."""
@@ -203,7 +225,7 @@ class ChatPreprocessor:
             return await media.process(
                 self.model.media_spec,
                 token_ids,
-                [image.url for image in images],
+                sources,
                 self.options.policy,
                 count_only=not self.options.frontend_decoding,
             )
@@ -211,7 +233,11 @@ class ChatPreprocessor:
             raise ApiError.from_media_error(err, [image.param for image in images]) from err
 
     async def _media_items(
-        self, images: list[_ImageRef], processed: list[media.ProcessedItem], request_id: str
+        self,
+        images: list[_ImageRef],
+        sources: list[str | bytes],
+        processed: list[media.ProcessedItem],
+        request_id: str,
     ) -> list[MediaItem]:
         """The items as the first hop reads them. With frontend decoding their pixels travel
         by transfer; otherwise inline sources (data URLs, base64) travel by transfer as their
@@ -219,14 +245,13 @@ class ChatPreprocessor:
         they are for the encoder to fetch."""
         decoding = self.options.frontend_decoding
         items = []
-        for image, item in zip(images, processed, strict=True):
+        for image, source, item in zip(images, sources, processed, strict=True):
             pixel_values = encoded = None
             sink = self._tensor_sink
             if decoding and sink is not None and item.pixel_values is not None:
                 pixel_values = await sink(request_id, item.pixel_values)
-            elif sink is not None and media.is_inline(image.url):
-                data = await media.fetch(image.url, self.options.policy)
-                encoded = await sink(request_id, np.frombuffer(bytearray(data), dtype=np.uint8))
+            elif sink is not None and isinstance(source, bytes):
+                encoded = await sink(request_id, np.frombuffer(bytearray(source), dtype=np.uint8))
             items.append(
                 MediaItem(
                     url=None if pixel_values or encoded else image.url,

@@ -39,11 +39,15 @@ class ApiError(Exception):
         return cls(400, code, message, param)
 
     @classmethod
-    def from_media_error(cls, err: MediaError, item_params: list[str]) -> ApiError:
+    def from_media_error(
+        cls, err: MediaError, item_params: list[str], item: int | None = None
+    ) -> ApiError:
         """A refused or broken media item. The core's stable code is kept as the error code;
         sizes over a limit answer 413, everything else about the item (a forbidden address, a
         local path outside the allowed roots, a fetch timeout, an undecodable image) 400.
-        `item_params` names each item's place in the request, for `param`."""
+        `item_params` names each item's place in the request, for `param`; `item` is the
+        failing item's index where the core's error does not carry one."""
         code, message, index = (*err.args, None)[:3]
+        index = item if index is None else index
         param = item_params[index] if isinstance(index, int) and index < len(item_params) else None
         return cls(http_status_for(code), code, message, param)
