@@ -1,138 +1,10 @@
-//! KV-aware routing: Dynamo-compatible block hashes and the index of the blocks each worker
-//! holds.
-//!
-//! Block hashes: the local hash of a complete block of `block_size` tokens is xxh3_64 over the
-//! tokens as u32 little-endian, followed, when media objects overlap the block, by their
-//! mm_hashes sorted ascending as u64 little-endian; the seed is 1337, plus (wrapping add)
-//! `xxh3_64(lora_name)` for a non-empty LoRA name. A partial tail block is not hashed. Sequence
-//! hashes chain the local ones: `seq_0 = local_0`, `seq_i = xxh3_64(le(seq_{i-1}) ||
-//! le(local_i), seed 1337)`.
-//!
-//! The index is a radix tree over local hashes: a node is one block after one exact prefix.
-//! Each node lists the workers holding it with the block hash their KV events use for it (the
-//! sequence hash); events name blocks by that hash, requests walk by local hashes. A worker's
-//! overlap with a request is the number of leading blocks of the request it holds, without a
-//! gap.
+//! The radix index of the KV blocks each worker holds: a node is one block after one exact
+//! prefix of local hashes; each node lists its holders with the block hash their KV events
+//! use for it.
 
 use std::collections::HashMap;
 
-use thiserror::Error;
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
-
-pub const BLOCK_HASH_SEED: u64 = 1337;
-
-#[derive(Debug, Error, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KvIndexError {
-    #[error("block size must be positive")]
-    ZeroBlockSize,
-    #[error("media span [{start}, {end}) is empty or reversed")]
-    BadMediaSpan { start: usize, end: usize },
-    #[error("worker {worker:?} stored blocks after unknown parent {parent:#x}")]
-    UnknownParent { worker: String, parent: u64 },
-}
-
-impl KvIndexError {
-    /// Stable machine-readable code, e.g. `kv_index.unknown_parent`.
-    pub fn code(&self) -> &'static str {
-        match self {
-            KvIndexError::ZeroBlockSize => "kv_index.zero_block_size",
-            KvIndexError::BadMediaSpan { .. } => "kv_index.bad_media_span",
-            KvIndexError::UnknownParent { .. } => "kv_index.unknown_parent",
-        }
-    }
-}
-
-/// A media item's identity and its token range `[start, end)` in the sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MediaSpan {
-    pub mm_hash: u64,
-    pub start: usize,
-    pub end: usize,
-}
-
-/// The seed of the local block hashes: 1337, shifted for a named (non-empty) LoRA adapter.
-pub fn block_hash_seed(lora_name: Option<&str>) -> u64 {
-    match lora_name {
-        Some(name) if !name.is_empty() => BLOCK_HASH_SEED.wrapping_add(xxh3_64(name.as_bytes())),
-        _ => BLOCK_HASH_SEED,
-    }
-}
-
-/// Local hashes of the complete blocks of `tokens`; each media span is attached to every block
-/// it overlaps (as Dynamo's frontend builds `block_mm_infos`).
-pub fn compute_block_hashes(
-    tokens: &[u32],
-    block_size: usize,
-    media: &[MediaSpan],
-    lora_name: Option<&str>,
-) -> Result<Vec<u64>, KvIndexError> {
-    if block_size == 0 {
-        return Err(KvIndexError::ZeroBlockSize);
-    }
-    if let Some(span) = media.iter().find(|span| span.end <= span.start) {
-        return Err(KvIndexError::BadMediaSpan {
-            start: span.start,
-            end: span.end,
-        });
-    }
-    let seed = block_hash_seed(lora_name);
-    // All tokens as u32 little-endian once (a plain copy on little-endian targets).
-    let mut bytes = vec![0u8; 4 * tokens.len()];
-    for (slot, token) in bytes.chunks_exact_mut(4).zip(tokens) {
-        slot.copy_from_slice(&token.to_le_bytes());
-    }
-    let block_bytes = 4 * block_size;
-    let mut buffer = Vec::with_capacity(block_bytes + 8 * media.len());
-    let mut mm_hashes = Vec::with_capacity(media.len());
-    let hashes = bytes
-        .chunks_exact(block_bytes)
-        .enumerate()
-        .map(|(index, block)| {
-            let (start, end) = (index * block_size, (index + 1) * block_size);
-            mm_hashes.clear();
-            mm_hashes.extend(
-                media
-                    .iter()
-                    .filter(|span| span.start < end && start < span.end)
-                    .map(|span| span.mm_hash),
-            );
-            if mm_hashes.is_empty() {
-                return xxh3_64_with_seed(block, seed);
-            }
-            mm_hashes.sort_unstable();
-            buffer.clear();
-            buffer.extend_from_slice(block);
-            for hash in &mm_hashes {
-                buffer.extend_from_slice(&hash.to_le_bytes());
-            }
-            xxh3_64_with_seed(&buffer, seed)
-        })
-        .collect();
-    Ok(hashes)
-}
-
-/// Chained sequence hashes of consecutive local hashes; `parent` is the sequence hash of the
-/// block before the first one, if any.
-pub fn compute_seq_hashes(local_hashes: &[u64], parent: Option<u64>) -> Vec<u64> {
-    let mut previous = parent;
-    local_hashes
-        .iter()
-        .map(|&local| {
-            let current = match previous {
-                None => local,
-                Some(prev) => {
-                    let mut bytes = [0u8; 16];
-                    bytes[..8].copy_from_slice(&prev.to_le_bytes());
-                    bytes[8..].copy_from_slice(&local.to_le_bytes());
-                    xxh3_64_with_seed(&bytes, BLOCK_HASH_SEED)
-                }
-            };
-            previous = Some(current);
-            current
-        })
-        .collect()
-}
+use super::KvIndexError;
 
 /// One block of a stored event: the worker's name for it and the local hash of its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -537,6 +409,7 @@ impl KvIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_index::compute_seq_hashes;
 
     fn chain(local: &[u64]) -> Vec<StoredBlock> {
         compute_seq_hashes(local, None)
@@ -560,67 +433,11 @@ mod tests {
     }
 
     #[test]
-    fn block_hash_by_hand() {
-        let tokens: Vec<u32> = (0..16).collect();
-        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let expected = xxh3_64_with_seed(&bytes, 1337);
-        assert_eq!(
-            compute_block_hashes(&tokens, 16, &[], None),
-            Ok(vec![expected])
-        );
-        // Media hashes sorted and appended; the seed shifted for a LoRA name.
-        let mut with_media = bytes.clone();
-        with_media.extend(3u64.to_le_bytes());
-        with_media.extend(5u64.to_le_bytes());
-        let media = [
-            MediaSpan {
-                mm_hash: 5,
-                start: 0,
-                end: 4,
-            },
-            MediaSpan {
-                mm_hash: 3,
-                start: 10,
-                end: 40,
-            },
-        ];
-        let seed = 1337u64.wrapping_add(xxh3_64(b"lora"));
-        assert_eq!(
-            compute_block_hashes(&tokens, 16, &media, Some("lora")),
-            Ok(vec![xxh3_64_with_seed(&with_media, seed)])
-        );
-        assert_eq!(block_hash_seed(Some("")), BLOCK_HASH_SEED);
-    }
-
-    #[test]
-    fn bad_inputs_are_errors() {
-        assert_eq!(
-            compute_block_hashes(&[1, 2], 0, &[], None),
-            Err(KvIndexError::ZeroBlockSize)
-        );
-        let reversed = MediaSpan {
-            mm_hash: 1,
-            start: 5,
-            end: 5,
-        };
-        assert_eq!(
-            compute_block_hashes(&[1, 2], 1, &[reversed], None),
-            Err(KvIndexError::BadMediaSpan { start: 5, end: 5 })
-        );
+    fn unknown_parent_changes_nothing() {
         let mut index = KvIndex::new();
         let err = index.apply_stored("w", Some(9), &chain(&[1])).unwrap_err();
         assert_eq!(err.code(), "kv_index.unknown_parent");
         assert_eq!(index.num_blocks("w"), 0);
-    }
-
-    #[test]
-    fn seq_hashes_chain() {
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&11u64.to_le_bytes());
-        bytes[8..].copy_from_slice(&22u64.to_le_bytes());
-        let second = xxh3_64_with_seed(&bytes, 1337);
-        assert_eq!(compute_seq_hashes(&[11, 22], None), vec![11, second]);
-        assert_eq!(compute_seq_hashes(&[22], Some(11)), vec![second]);
     }
 
     #[test]
