@@ -7,8 +7,7 @@ from __future__ import annotations
 import sys
 
 from mmserve import protocol as p
-from mmserve.runtime import Runtime
-from mmserve.runtime.runtime import run
+from mmserve.runtime import Runtime, run
 
 
 async def main(url: str, namespace: str, instance_id: str, request_id: str) -> None:

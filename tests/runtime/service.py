@@ -17,8 +17,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from mmserve import protocol as p
-from mmserve.runtime import RemoteError, RequestContext, Runtime
-from mmserve.runtime.runtime import run
+from mmserve.runtime import RemoteError, RequestContext, Runtime, run
 
 Chunk = p.TokenChunk
 

@@ -1,5 +1,10 @@
 """NATS runtime: serve endpoints, call them, discover instances. See docs/runtime.md.
 
+`connection` (the `Runtime`: connect, namespace, shutdown, drain), `serving` (handlers,
+keepalives, server-side cancellation), `calling` (`Client`: call and stream, deadlines,
+instance targeting, typed errors), `events` (publish and subscribe), `discovery`, `subjects`,
+`errors`, `nats_server`.
+
 Names are imported lazily so that `mmserve nats` and the CLI stay light to import.
 """
 
@@ -21,11 +26,11 @@ _EXPORTS = {
     "NatsServer": "nats_server",
     "find_nats_server_binary": "nats_server",
     "nats_url_from_env_or_private": "nats_server",
-    "Client": "runtime",
-    "RequestContext": "runtime",
-    "Runtime": "runtime",
-    "ServedEndpoint": "runtime",
-    "run": "runtime",
+    "Client": "calling",
+    "RequestContext": "serving",
+    "ServedEndpoint": "serving",
+    "Runtime": "connection",
+    "run": "connection",
 }
 
 __all__ = sorted(_EXPORTS)
