@@ -2,7 +2,7 @@
 frontend runs per request), and a 16-image request with one thread against the pool. Each pool
 size runs in its own process (the pool is sized once per process by MMSERVE_MM_THREADS).
 
-    .venv/bin/python bench/driver.py [--repeat 5]
+    .venv/bin/python -m bench.driver [--repeat 5]
 """
 
 from __future__ import annotations

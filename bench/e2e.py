@@ -8,7 +8,7 @@ p50/p99 and requests/s, and the frontend's own added latency (HTTP arrival to fi
 dispatch, from its Prometheus histogram). The aggregated pattern is the anchor: ratios are
 against it.
 
-    .venv/bin/python bench/e2e.py [--patterns agg e_p_d] [--requests 16]
+    .venv/bin/python -m bench.e2e [--patterns agg e_p_d] [--requests 16]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import io
 import json
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,13 +27,9 @@ import httpx
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.e2e.deployment import PATTERNS, Deployment, serve_directory  # noqa: E402
-
-from mmserve.models.tiny import build_tiny_model  # noqa: E402
-from mmserve.runtime.nats_server import NatsServer  # noqa: E402
+from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime.nats_server import NatsServer
+from tests.support.deployment import PATTERNS, Deployment, serve_directory
 
 MAX_TOKENS = 8
 

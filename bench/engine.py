@@ -1,6 +1,6 @@
 """The hf engine on the tiny models, on CPU: encode, prefill, decode, and the caches' effect.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/engine.py [--threads 1] [--repeats 5]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.engine [--threads 1] [--repeats 5]
 
 Per family: vision-tower ms per image (640x480 and 1280x960, cold and from the encoder cache),
 prefill ms for a one-image prompt (cold and with a warm prefix cache), decode ms per token at 1
@@ -14,22 +14,18 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.engines.helpers import expand_prompt, make_image, preprocess
 
 from mmserve.engines.base import EngineRequest, MediaInput
 from mmserve.engines.hf import HfEngine
 from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from mmserve.protocol import SamplingParams, StopConditions
+from tests.support.engines import expand_prompt, make_image, preprocess
 
 GREEDY = SamplingParams(temperature=0.0)
 DECODE_TOKENS = 32

@@ -14,9 +14,9 @@ waiting requests). Prints TTFT p50/p99, requests/s, errors by code, RSS per proc
 CPU time each process spent over the measured load (in all, and per request) as markdown, and
 how late this process's own event loop ran (that lag is in the TTFT too).
 
-    .venv/bin/python bench/load.py --pattern agg --engine hf --concurrency 16 --duration 60
-    .venv/bin/python bench/load.py --pattern e_p_d --engine mock --concurrency 200 --duration 60
-    .venv/bin/python bench/load.py --pattern agg --engine mock --concurrency 1000 --max-queue 1024
+    .venv/bin/python -m bench.load --pattern agg --engine hf --concurrency 16 --duration 60
+    .venv/bin/python -m bench.load --pattern e_p_d --engine mock --concurrency 200 --duration 60
+    .venv/bin/python -m bench.load --pattern agg --engine mock --concurrency 1000 --max-queue 1024
 
 Exit status 1 when a request was lost or duplicated.
 """
@@ -40,14 +40,10 @@ import numpy as np
 import uvloop
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.e2e.deployment import PATTERNS, Deployment, serve_directory  # noqa: E402
-
-from mmserve.frontend.cli import raise_open_file_limit  # noqa: E402
-from mmserve.models.tiny import build_tiny_model  # noqa: E402
-from mmserve.runtime.nats_server import NatsServer  # noqa: E402
+from mmserve.frontend.cli import raise_open_file_limit
+from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime.nats_server import NatsServer
+from tests.support.deployment import PATTERNS, Deployment, serve_directory
 
 MAX_DURATION_S = 900.0
 MAX_REQUESTS = 100_000

@@ -19,8 +19,8 @@ Single-thread times are process CPU time (user + system, page faults included), 
 other load on a shared machine does not inflate them; pool times are wall-clock, as they
 must be, and are only as steady as the machine is idle (the load average is printed).
 
-    .venv/bin/python bench/preprocess.py            # full table
-    .venv/bin/python bench/preprocess.py --quick    # fewer runs, smaller batch sizes
+    .venv/bin/python -m bench.preprocess            # full table
+    .venv/bin/python -m bench.preprocess --quick    # fewer runs, smaller batch sizes
 """
 
 from __future__ import annotations

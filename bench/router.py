@@ -19,7 +19,7 @@ with the same block size, cache budget and simulated times (a mocker profile who
 is linear in the uncached tokens), and prints its rows in the same table. Dynamo's frontend
 hands its mocker each image as one token, so only the text-only workload compares.
 
-    .venv/bin/python bench/router.py [--quick] [--part decision|workload|all]
+    .venv/bin/python -m bench.router [--quick] [--part decision|workload|all]
         [--workers 16] [--blocks-per-worker 100000] [--repeat 2000]
         [--workload-workers 4 16] [--sessions 48] [--turns 4]
         [--text-only [--dynamo-python /path/to/python]]
@@ -36,7 +36,6 @@ import random
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -48,20 +47,15 @@ import httpx
 import numpy as np
 
 from mmserve.engines.defaults import DEFAULT_CACHE_BLOCKS
+from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import KvBlock, KvStored
 from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
 from mmserve.router.indexer import KvIndexer
 from mmserve.router.scheduler import Router, RouteRequest, RouterMode
 from mmserve.router.view import RoutingMedia, RoutingView, routing_view
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.e2e.deployment import Deployment  # noqa: E402
-from tests.e2e.images import photo_like  # noqa: E402
-
-from mmserve.models.tiny import build_tiny_model  # noqa: E402
-from mmserve.runtime.nats_server import nats_url_from_env_or_private  # noqa: E402
+from mmserve.runtime.nats_server import nats_url_from_env_or_private
+from tests.support.deployment import Deployment
+from tests.support.images import photo_like
 
 IMAGE_PAD = 151655
 VOCAB = 151643

@@ -15,7 +15,7 @@ Medians (and minimum) over the repeats; ratio = median transfer time / median me
 memcpy being timed between the transfers so both see the same machine load. Goals: NIXL read
 at 64 MiB within 2x of memcpy, and the 2.8 MiB end to end under 5 ms.
 
-    .venv/bin/python bench/transfer.py [--backends nixl,shm,inline] [--repeat-scale 1.0]
+    .venv/bin/python -m bench.transfer [--backends nixl,shm,inline] [--repeat-scale 1.0]
 """
 
 from __future__ import annotations

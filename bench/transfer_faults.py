@@ -11,7 +11,7 @@ in turn) and hands over the handle; the child starts fetching and the spawner SI
 (`--lease-timeout`). The first `--warmup` kills fill the pool; RSS and pool figures are read
 after them and every `--report-every` kills after that. Prints markdown.
 
-    .venv/bin/python bench/transfer_faults.py [--backends nixl,shm] [--faults 1000]
+    .venv/bin/python -m bench.transfer_faults [--backends nixl,shm] [--faults 1000]
         [--spawners 4] [--lease-timeout 1.0]
 
 Exit status 1 when a buffer did not come back, or the pool holds more buffers than the leases
@@ -31,8 +31,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-
 from load import rss_mib
+
 from mmserve.protocol import TensorHandle, TransferPoolStats, decode, encode
 from mmserve.transfer import (
     TransferAgent,

@@ -3,14 +3,13 @@ what transformers makes of a prompt holding them (expanded ids, offsets, M-RoPE 
 grids, token counts and a blake3 digest of pixel_values). The Python and Rust golden tests
 check the extension and the plain rlib against this file.
 
-Run from the repository root: .venv/bin/python tests/make_mm_golden.py
+Run from the repository root: .venv/bin/python -m tests.make_mm_golden
 """
 
 from __future__ import annotations
 
 import io
 import json
-import sys
 from pathlib import Path
 
 import blake3
@@ -18,10 +17,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from mm.images import encode_png
-from mm.qwen_refs import (
+from tests.mm.images import encode_png
+from tests.mm.qwen_refs import (
     IMAGE_TOKEN,
     PREPROCESSOR_CONFIGS,
     PROCESSOR_TYPES,
@@ -31,7 +28,7 @@ from mm.qwen_refs import (
     hf_processor,
     model_config,
 )
-from mm.test_positions import tiny_model
+from tests.mm.test_positions import tiny_model
 
 GOLDEN = Path(__file__).resolve().parent / "mm" / "golden"
 CASES = [(f, b) for f in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for b in ("pil", "torch")]

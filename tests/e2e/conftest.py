@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from .deployment import serve_directory
-from .images import photo_like
+from tests.support.deployment import serve_directory
+from tests.support.images import photo_like
 
 
 @pytest.fixture(scope="session")

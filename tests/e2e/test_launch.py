@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .deployment import free_port
+from tests.support.deployment import free_port
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = [
@@ -102,6 +103,6 @@ def test_every_launch_script_serves_and_stops_cleanly(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 pytest.fail(f"{script} did not stop on Ctrl-C:\n{log.read_text()[-2000:]}")
-    time.sleep(1)
     for script, (process, _) in launched.items():
-        assert not _group_alive(process.pid), f"{script} left processes behind"
+        pid = process.pid
+        wait_until(lambda: not _group_alive(pid), 10.0, f"{script} left processes behind")  # noqa: B023

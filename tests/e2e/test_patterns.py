@@ -10,9 +10,8 @@ import openai
 import pytest
 
 from mmserve.models.tiny import build_tiny_model
-
-from .deployment import Deployment
-from .images import data_url
+from tests.support.deployment import Deployment
+from tests.support.images import data_url
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 PATTERNS = ["agg", "ep_d", "e_pd", "e_p_d"]

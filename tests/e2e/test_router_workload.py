@@ -5,35 +5,19 @@ that kv routing gains show in the mean TTFT as well as in the hit rate."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
+from bench import router as bench
 from mmserve.models.tiny import build_tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 4
 CONCURRENCY = 2  # sessions at once: a session's next turn finds its worker free
 MIN_HIT_RATE_GAIN = 0.1
 
 
-def bench_router() -> ModuleType:
-    """`bench/router.py`, the workload's one home, imported by path (bench/ is no package)."""
-    name = "bench_router"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "router.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while it executes
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def test_kv_routing_caches_more_and_answers_sooner_than_round_robin(
     nats_url: str, tmp_path: Path
 ) -> None:
-    bench = bench_router()
     workload = bench.ChatWorkload(sessions=16, turns=4, system_prompts=4, images=8, salt=0)
     costs = bench.MockCosts(prefill_us_per_token=400, decode_ms_per_token=1)
     model_path = build_tiny_model("qwen2_vl")

@@ -14,9 +14,8 @@ import httpx
 import pytest
 
 from mmserve.models.tiny import build_tiny_model
-
-from .deployment import Deployment
-from .images import data_url
+from tests.support.deployment import Deployment
+from tests.support.images import data_url
 
 MOCK = ["--engine", "mock", "--mock-prefill-us-per-token", "50", "--mock-decode-ms-per-token", "1"]
 KV = ["--router-mode", "kv"]

@@ -14,9 +14,8 @@ import httpx
 import pytest
 
 from mmserve.models.tiny import build_tiny_model
-
-from .deployment import Deployment, free_port
-from .images import data_url, photo_like, png_bytes
+from tests.support.deployment import Deployment, free_port
+from tests.support.images import data_url, photo_like, png_bytes
 
 WORKER_METRICS_PORT = free_port()
 

@@ -18,8 +18,7 @@ from mmserve.protocol import (
     StopConditions,
     TokenChunk,
 )
-
-from .helpers import expand_prompt, make_image, preprocess, reference_generate
+from tests.support.engines import expand_prompt, make_image, preprocess, reference_generate
 
 EIGHT_TOKENS = StopConditions(max_tokens=8, ignore_eos=True)
 

@@ -15,8 +15,7 @@ from mmserve.engines.base import EngineRequest
 from mmserve.engines.hf import HfEngine
 from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from mmserve.protocol import SamplingParams, StopConditions
-
-from .helpers import expand_prompt, make_image, preprocess
+from tests.support.engines import expand_prompt, make_image, preprocess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

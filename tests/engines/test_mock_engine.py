@@ -17,8 +17,7 @@ from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import KvRemoved, KvStored, StopConditions, TokenChunk
 from mmserve.router.pad import PadScheme
 from mmserve.router.view import RoutingMedia
-
-from .helpers import IMAGE_TOKEN_ID
+from tests.support.engines import IMAGE_TOKEN_ID
 
 BLOCK = 16
 

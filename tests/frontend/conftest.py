@@ -15,12 +15,12 @@ import pytest
 import uvicorn
 import uvloop
 
-from media.local_media import MediaServer, serve_directory
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.cli import add_arguments, build_app, load_model
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 from mmserve.runtime.errors import RemoteError
+from tests.support.local_media import MediaServer, serve_directory
 
 
 @dataclass

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from media.local_media import data_url, encode_image
 from mmserve.runtime.errors import RemoteError
+from tests.support.local_media import data_url, encode_image
 
 from .conftest import RunningFrontend
 

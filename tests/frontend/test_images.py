@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from media.local_media import MediaServer, data_url, encode_image, png_bomb
 from mmserve import _mm
+from tests.support.local_media import MediaServer, data_url, encode_image, png_bomb
 
 from .conftest import RunningFrontend
 

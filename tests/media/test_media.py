@@ -14,8 +14,7 @@ from mmserve import _mm, media
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.tiny import build_tiny_model
-
-from .local_media import MediaServer, data_url, encode_image, serve_directory
+from tests.support.local_media import MediaServer, data_url, encode_image, serve_directory
 
 IMAGE_PAD = 151655
 VISION_START, VISION_END = 151652, 151653

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from e2e.deployment import STARTUP_TIMEOUT_S, Deployment
+from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment
 
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlparse
 
 from PIL import Image
 
-from e2e.images import photo_like
+from tests.support.images import photo_like
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from e2e.deployment import Deployment, free_port, serve_directory
-from e2e.images import photo_like
 from mmserve.models.tiny import build_tiny_model
+from tests.support.deployment import Deployment, free_port, serve_directory
+from tests.support.images import photo_like
+from tests.support.waiting import wait_until_async
 
 from .conftest import Trial, metric, restart_worker
 from .streams import BOUND_S, chat_body, stream_chat
@@ -110,14 +111,28 @@ def encode_metric(sample: str, labels: str = 'component="encode"') -> float:
     return metric(ENCODE_METRICS_PORT, sample, labels)
 
 
-async def inside_encode(first: asyncio.Event) -> None:
+ENCODED = 'component="encode",stage="encode"'
+
+
+def encode_counts() -> tuple[float, float]:
+    """(requests in the encode worker, encodes it finished): read before a request, the
+    baseline of `inside_encode`."""
+    return (
+        encode_metric("mmserve_active_requests"),
+        encode_metric("mmserve_stage_seconds_count", ENCODED),
+    )
+
+
+async def inside_encode(first: asyncio.Event, before: tuple[float, float]) -> None:
     """Until the encode worker holds the request and its vision tower has not finished."""
-    deadline = time.monotonic() + BOUND_S
-    while await asyncio.to_thread(encode_metric, "mmserve_active_requests") < 1:
-        assert time.monotonic() < deadline, "the request never reached the encode worker"
-        await asyncio.sleep(0.1)
-    finished = 'component="encode",stage="encode"'
-    assert await asyncio.to_thread(encode_metric, "mmserve_stage_seconds_count", finished) == 0
+    active_before, encoded_before = before
+
+    async def holds_it() -> bool:
+        return await asyncio.to_thread(encode_metric, "mmserve_active_requests") > active_before
+
+    await wait_until_async(holds_it, BOUND_S, "the request reaching the encode worker", 0.1)
+    encoded = await asyncio.to_thread(encode_metric, "mmserve_stage_seconds_count", ENCODED)
+    assert encoded - encoded_before == 0
     assert not first.is_set()
 
 
@@ -129,8 +144,9 @@ def test_sigkill_of_encode_inside_a_request(e_p_d: Deployment, images: str, tria
         async with httpx.AsyncClient(base_url=e_p_d.base_url, timeout=120) as client:
             first = asyncio.Event()
             body = image_chat(40, f"{images}/photo.jpg")
+            before = await asyncio.to_thread(encode_counts)
             stream = asyncio.ensure_future(stream_chat(client, body, first))
-            await inside_encode(first)  # of 8.8 s
+            await inside_encode(first, before)  # of 8.8 s
             e_p_d.kill("encode")
             killed_at = time.monotonic()
             outcome = await asyncio.wait_for(stream, BOUND_S)

@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from e2e.deployment import Deployment, free_port
 from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
+from tests.support.deployment import Deployment, free_port
+from tests.support.waiting import wait_until_async
 
 from .conftest import Trial, metric, restart_worker
 from .streams import BOUND_S, Outcome, chat_body, stream_chat
@@ -39,6 +40,11 @@ class Faulty:
             if self.deployment.processes[name].poll() is None
         }
 
+    def active_since(self, before: dict[str, float]) -> dict[str, float]:
+        """`active()` less the requests each worker had in flight at `before` (the workers
+        serve every test of the module)."""
+        return {name: value - before.get(name, 0.0) for name, value in self.active().items()}
+
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
@@ -59,13 +65,6 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
             yield Faulty(deployment, nats, ports)
 
 
-async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
-        await asyncio.sleep(0.1)
-
-
 async def _served(client: httpx.AsyncClient, count: int) -> list[Outcome]:
     return list(await asyncio.gather(*(stream_chat(client, chat_body(4)) for _ in range(count))))
 
@@ -74,12 +73,13 @@ def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:
     async def run() -> tuple[list[Outcome], float, float]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             firsts = [asyncio.Event() for _ in range(4)]
+            idle = faulty.active()
             streams = [
                 asyncio.ensure_future(stream_chat(client, chat_body(400, f"story {i}"), firsts[i]))
                 for i in range(4)
             ]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
-            on_survivor = faulty.active()["b"]
+            on_survivor = faulty.active_since(idle)["b"]
             faulty.deployment.kill("a")
             killed_at = time.monotonic()
             done, _ = await asyncio.wait(streams, timeout=BOUND_S)
@@ -121,12 +121,18 @@ def test_a_client_that_leaves_stops_generation(faulty: Faulty, trial: Trial) -> 
     async def run() -> float:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             first = asyncio.Event()
+            idle = faulty.active()
             stream = asyncio.ensure_future(stream_chat(client, chat_body(30000), first))
             await asyncio.wait_for(first.wait(), 120)
-            assert sum(faulty.active().values()) == 1
+            assert sum(faulty.active_since(idle).values()) == 1
             stream.cancel()  # closes the connection mid-stream
             left_at = time.monotonic()
-            await _until(lambda: sum(faulty.active().values()) == 0, BOUND_S, "active back to 0")
+            await wait_until_async(
+                lambda: sum(faulty.active_since(idle).values()) == 0,
+                BOUND_S,
+                "active back to 0",
+                0.1,
+            )
             return time.monotonic() - left_at
 
     dropped = asyncio.run(run())
@@ -141,12 +147,13 @@ def test_sigterm_finishes_in_flight_streams_then_exits(faulty: Faulty, trial: Tr
     async def run() -> list[Outcome]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             firsts = [asyncio.Event() for _ in range(2)]
+            idle = faulty.active()
             streams = [
                 asyncio.ensure_future(stream_chat(client, chat_body(150, f"tale {i}"), firsts[i]))
                 for i in range(2)
             ]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
-            assert faulty.active()["b"] >= 1
+            assert faulty.active_since(idle)["b"] >= 1
             faulty.deployment.processes["b"].send_signal(signal.SIGTERM)
             outcomes = list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S))
             # Stopped taking requests: new ones go to the other worker.

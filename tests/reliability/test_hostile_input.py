@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from e2e.deployment import Deployment
 from mmserve import _mm
 from mmserve.models.tiny import build_tiny_model
+from tests.support.deployment import Deployment
 
 from .conftest import Trial
 from .media import (

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.deployment import Deployment, serve_directory
 from mmserve.models.tiny import build_tiny_model
+from tests.support.deployment import Deployment, serve_directory
 
 from .conftest import Trial, rss_mib
 from .media import sample

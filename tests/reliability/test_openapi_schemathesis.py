@@ -25,12 +25,12 @@ import schemathesis
 import uvloop
 from schemathesis.engine import Status, events, from_schema
 
-from e2e.deployment import free_port
-from frontend.conftest import parse_frontend_args
 from mmserve.frontend.cli import serve
 from mmserve.frontend.dispatch import Pipeline
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TokenChunk, decode, encode
+from tests.frontend.conftest import parse_frontend_args
+from tests.support.deployment import free_port
 
 from .conftest import Trial
 from .streams import MODEL

@@ -25,7 +25,7 @@ import torch
 from mmserve.transfer import Lease, TransferAgent, TransferError, TransferFailed, TransferTimeout
 from mmserve.transfer.probe import ProbeError, seeded_pattern
 from mmserve.transfer.shm_backend import DEFAULT_SHM_DIRECTORY
-from transfer.conftest import AGENT_TIMEOUT_S, BACKENDS, make_agent, start_probe
+from tests.support.transfer import AGENT_TIMEOUT_S, BACKENDS, make_agent, start_probe
 
 from .conftest import Trial, rss_mib
 

@@ -13,6 +13,7 @@ import pytest
 
 from mmserve import protocol as p
 from mmserve.runtime import Runtime
+from tests.support.waiting import wait_until_async
 
 SERVICE = str(Path(__file__).with_name("service.py"))
 READY_TIMEOUT = 30.0
@@ -67,6 +68,21 @@ async def wait_for_pids(runtime: Runtime, component: str, pids: set[int]) -> lis
             lambda found: pids <= {r.pid for r in found}, timeout=READY_TIMEOUT
         )
     return [r for r in records if r.pid in pids]
+
+
+async def wait_started(
+    runtime: Runtime, component: str, request_id: str, instance_id: str | None = None
+) -> None:
+    """Until the `sleep` or `count` handler of call `request_id` runs on the service (the one
+    of `instance_id`, else the only instance of `component`)."""
+
+    async def started() -> bool:
+        reply = await runtime.client(component, "started").call(
+            p.TokenChunk(request_id=""), p.TokenChunk, instance_id=instance_id
+        )
+        return request_id in reply.text.split(",")
+
+    await wait_until_async(started, READY_TIMEOUT, f"the handler of {request_id} started")
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ Endpoints (requests and replies are `TokenChunk`s):
   echo       unary: replies `<instance_id>:<text>`
   count      stream: `token_ids=[n]` -> n chunks, each after `usage.prompt_tokens` ms
   sleep      unary: sleeps until cancelled
+  started    unary: the request ids whose `count` or `sleep` handler has started
   cancelled  unary: the request ids whose `count` or `sleep` saw a cancellation
   fail       unary: `text="typed"` raises a typed RemoteError, anything else a ValueError
   big        unary: replies `token_ids[0]` bytes of text
@@ -28,12 +29,14 @@ async def main(url: str, namespace: str, component: str, keepalive_interval: str
     )
     runtime.install_signal_handlers()
     cancelled: list[str] = []
+    started: list[str] = []
 
     async def echo(req: Chunk, ctx: RequestContext) -> Chunk:
         return Chunk(request_id=ctx.request_id, text=f"{runtime.instance_id}:{req.text}")
 
     async def count(req: Chunk, ctx: RequestContext) -> AsyncIterator[Chunk]:
         delay = (req.usage.prompt_tokens if req.usage else 0) / 1000
+        started.append(ctx.request_id)
         try:
             for i in range(req.token_ids[0]):
                 await asyncio.sleep(delay)
@@ -43,12 +46,16 @@ async def main(url: str, namespace: str, component: str, keepalive_interval: str
             raise
 
     async def sleep(req: Chunk, ctx: RequestContext) -> Chunk:
+        started.append(ctx.request_id)
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
             cancelled.append(ctx.request_id)
             raise
         return Chunk(request_id=ctx.request_id)
+
+    async def seen_started(req: Chunk, ctx: RequestContext) -> Chunk:
+        return Chunk(request_id=ctx.request_id, text=",".join(started))
 
     async def seen_cancelled(req: Chunk, ctx: RequestContext) -> Chunk:
         return Chunk(request_id=ctx.request_id, text=",".join(cancelled))
@@ -65,6 +72,7 @@ async def main(url: str, namespace: str, component: str, keepalive_interval: str
         ("echo", echo),
         ("count", count),
         ("sleep", sleep),
+        ("started", seen_started),
         ("cancelled", seen_cancelled),
         ("fail", fail),
         ("big", big),

@@ -24,6 +24,8 @@ from mmserve.runtime import (
     Unavailable,
 )
 
+from .conftest import wait_started
+
 Pool = tuple[Runtime, list[p.InstanceRecord]]
 CALLER = str(Path(__file__).with_name("caller.py"))
 
@@ -138,7 +140,7 @@ async def test_caller_cancellation_reaches_the_handler(pool_caller: Pool) -> Non
             chunk(), p.TokenChunk, instance_id=target, request_id="cancel-me"
         )
     )
-    await asyncio.sleep(0.3)
+    await wait_started(runtime, "svc", "cancel-me", target)
     assert "cancel-me" not in await seen_cancelled(runtime, target)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -253,14 +255,16 @@ async def test_a_slow_reader_is_cut_off_not_buffered_without_bound(nats_url: str
 async def test_shutdown_cancels_leftover_calls_with_a_typed_error(nats_url: str) -> None:
     async with await Runtime.connect(nats_url, "shutdown-cancel") as server:
         async with await Runtime.connect(nats_url, "shutdown-cancel") as caller:
+            running = asyncio.Event()
 
             async def forever(req: p.TokenChunk, ctx: object) -> p.TokenChunk:
+                running.set()
                 await asyncio.sleep(3600)
                 return req
 
             await server.serve("slow", "op", forever, p.TokenChunk)
             call = asyncio.create_task(caller.client("slow", "op").call(chunk(), p.TokenChunk))
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(running.wait(), 10.0)
             await server.shutdown(graceful_timeout=0.2)
             with pytest.raises(Unavailable, match="shutting down"):
                 await call

@@ -14,8 +14,9 @@ import pytest
 from mmserve import protocol as p
 from mmserve.runtime import Disconnected, NatsServer, Runtime, Unavailable
 from mmserve.runtime.discovery import LEASE_TTL, SWEEP_INTERVAL, InstanceEvent
+from tests.support.waiting import wait_until_async
 
-from .conftest import StartService, wait_for_pids
+from .conftest import StartService, wait_for_pids, wait_started
 
 
 def fresh_namespace() -> str:
@@ -43,10 +44,10 @@ async def test_sigkilled_instance_leaves_discovery_and_its_calls_fail_fast(
         next_event = asyncio.ensure_future(anext(watcher.events()))
         in_flight = asyncio.create_task(
             caller.client("victim", "sleep").call(
-                sleep_request(), p.TokenChunk, instance_id=victim_id
+                sleep_request(), p.TokenChunk, instance_id=victim_id, request_id="on-victim"
             )
         )
-        await asyncio.sleep(0.3)
+        await wait_started(caller, "victim", "on-victim", victim_id)
         victim.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
 
@@ -86,9 +87,11 @@ async def test_a_call_to_any_instance_fails_fast_when_the_one_that_took_it_dies(
     async with await Runtime.connect(nats_url, namespace, idle_timeout=60.0) as caller:
         await wait_for_pids(caller, "victim", {victim.pid})
         in_flight = asyncio.create_task(
-            caller.client("victim", "sleep").call(sleep_request(), p.TokenChunk)
+            caller.client("victim", "sleep").call(
+                sleep_request(), p.TokenChunk, request_id="on-any"
+            )
         )
-        await asyncio.sleep(0.5)
+        await wait_started(caller, "victim", "on-any")
         victim.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         with pytest.raises(Disconnected, match="stopped heartbeating"):
@@ -122,7 +125,7 @@ async def test_a_stalled_watcher_keeps_the_instances_it_could_not_hear(
 
 
 async def test_an_instance_frozen_but_connected_keeps_its_open_calls(
-    nats_url: str, start_service: StartService
+    nats_url: str, start_service: StartService, caplog: pytest.LogCaptureFixture
 ) -> None:
     # SIGSTOP: no heartbeats, but its NATS connection stays, as for an instance too busy to beat.
     namespace = fresh_namespace()
@@ -146,7 +149,10 @@ async def test_an_instance_frozen_but_connected_keeps_its_open_calls(
         try:
             event = await asyncio.wait_for(next_event, LEASE_TTL + 10.0)
             assert (event.kind, event.expired) == ("removed", True)
-            await asyncio.sleep(2.0)  # the caller probes the frozen instance meanwhile
+            # The caller probes the frozen instance, finds it connected and keeps the call.
+            await wait_until_async(
+                lambda: "still connected" in caplog.text, 10.0, "the probe of the instance"
+            )
         finally:
             service.send_signal(signal.SIGCONT)
         await asyncio.wait_for(in_flight, 30.0)
@@ -166,11 +172,12 @@ async def test_sigterm_drains_in_flight_calls_then_deregisters(
         replies: list[int] = []
 
         async def consume() -> None:
-            async for r in caller.client("graceful", "count").stream(slow, p.TokenChunk):
+            client = caller.client("graceful", "count")
+            async for r in client.stream(slow, p.TokenChunk, request_id="draining"):
                 replies.append(r.token_ids[0])
 
         in_flight = asyncio.create_task(consume())
-        await asyncio.sleep(0.15)
+        await wait_started(caller, "graceful", "draining")
         service.send_signal(signal.SIGTERM)
         # Deregistered (not expired), while the call still runs to its end.
         event = await asyncio.wait_for(next_event, 10.0)
@@ -192,9 +199,11 @@ async def test_nats_server_restart_fails_open_calls_and_later_calls_succeed(
         client = caller.client("restart", "echo")
         assert (await client.call(sleep_request(), p.TokenChunk)).text.endswith(":")
         in_flight = asyncio.create_task(
-            caller.client("restart", "sleep").call(sleep_request(), p.TokenChunk)
+            caller.client("restart", "sleep").call(
+                sleep_request(), p.TokenChunk, request_id="across-restart"
+            )
         )
-        await asyncio.sleep(0.3)
+        await wait_started(caller, "restart", "across-restart")
         private_nats.kill()
         with pytest.raises(Disconnected, match="connection to NATS lost"):
             await asyncio.wait_for(in_flight, 5.0)
@@ -263,12 +272,17 @@ async def test_second_sigterm_skips_the_graceful_wait(
     service = start_service(nats_url, namespace, "forced")
     async with await Runtime.connect(nats_url, namespace) as caller:
         await wait_for_pids(caller, "forced", {service.pid})
+        watcher = await caller.watch("forced", "sleep")
+        deregistered = asyncio.ensure_future(anext(watcher.events()))
         in_flight = asyncio.create_task(
-            caller.client("forced", "sleep").call(sleep_request(), p.TokenChunk)
+            caller.client("forced", "sleep").call(
+                sleep_request(), p.TokenChunk, request_id="forced-out"
+            )
         )
-        await asyncio.sleep(0.3)
+        await wait_started(caller, "forced", "forced-out")
         service.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.3)
+        # The first signal deregistered the instance, which then waits for in-flight calls.
+        await asyncio.wait_for(deregistered, 10.0)
         assert not in_flight.done()  # the first signal waits for in-flight calls
         service.send_signal(signal.SIGTERM)
         signalled = time.monotonic()

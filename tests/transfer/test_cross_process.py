@@ -11,8 +11,7 @@ import torch
 from mmserve.protocol import NixlBufferDescriptor, ShmBufferDescriptor, TensorHandle, decode, encode
 from mmserve.transfer import TransferAgent, TransferError, TransferFailed, TransferTimeout
 from mmserve.transfer.probe import ProbeError, ProbeProcess, digest, seeded_pattern
-
-from .conftest import start_probe
+from tests.support.transfer import start_probe
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from mmserve.transfer.probe import digest, seeded_pattern
-
-from .conftest import NIXL_MISSING
+from tests.support.transfer import NIXL_MISSING
 
 pytestmark = [
     pytest.mark.gpu,

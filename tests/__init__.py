@@ -1,0 +1,1 @@
+"""The test suite; `tests.support` holds what several suites and `bench/` share."""
