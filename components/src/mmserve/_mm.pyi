@@ -1,6 +1,6 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
-from typing import final
+from typing import Final, final
 
 import numpy
 
@@ -14,6 +14,11 @@ class MediaError(ValueError):
     """
 
 # media
+# The core's request limits: media items per request, encoded bytes per item and per request.
+MAX_ITEMS_PER_REQUEST: Final[int]
+MAX_BYTES_PER_ITEM: Final[int]
+MAX_BYTES_PER_REQUEST: Final[int]
+
 def decode_image(
     data: bytes, max_pixels: int | None = None
 ) -> numpy.ndarray[tuple[int, int, int], numpy.dtype[numpy.uint8]]:
@@ -70,23 +75,62 @@ class Spec:
     @staticmethod
     def from_json(json: str) -> Spec: ...
     @staticmethod
-    def from_hf_configs(preprocessor_config: str, config: str) -> Spec: ...
+    def from_hf_configs(
+        preprocessor_config: str, config: str, generation_config: str | None = None
+    ) -> Spec: ...
     def to_json(self) -> str: ...
     @property
-    def family(self) -> str: ...
+    def family(self) -> str:
+        """The family name, which is also its model_type."""
     @property
     def patch_size(self) -> int: ...
     @property
     def merge_size(self) -> int: ...
     @property
+    def temporal_patch_size(self) -> int: ...
+    @property
+    def min_pixels(self) -> int: ...
+    @property
+    def max_pixels(self) -> int: ...
+    @property
+    def image_mean(self) -> tuple[float, float, float]: ...
+    @property
+    def image_std(self) -> tuple[float, float, float]: ...
+    @property
     def image_token_id(self) -> int: ...
+    @property
+    def vision_start_token_id(self) -> int: ...
+    @property
+    def vision_end_token_id(self) -> int: ...
+    # Model facts: read from the config files (None where they leave a fact out, and for a
+    # spec made from JSON); not part of the spec JSON, equality or hash.
+    @property
+    def video_token_id(self) -> int | None: ...
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """From generation_config.json where it names any, else from the text config."""
+    @property
+    def vocab_size(self) -> int | None: ...
+    @property
+    def hidden_size(self) -> int | None: ...
+    @property
+    def num_layers(self) -> int | None: ...
+    @property
+    def max_position_embeddings(self) -> int | None: ...
+    @property
+    def spec_id(self) -> str | None:
+        """16 hex digits of blake3 over config.json and preprocessor_config.json: equal ids,
+        equal embeddings. None for a spec made from JSON."""
     def plan(self, width: int, height: int) -> tuple[tuple[int, int, int], int]:
         """((t, h, w) patch grid, token count) of a width x height image, without pixels."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
-def spec_from_hf_configs(preprocessor_config: str, config: str) -> Spec:
-    """The spec of a checkpoint from the text of its preprocessor_config.json and config.json."""
+def spec_from_hf_configs(
+    preprocessor_config: str, config: str, generation_config: str | None = None
+) -> Spec:
+    """The spec of a checkpoint from the text of its preprocessor_config.json and config.json
+    (and generation_config.json, for the end-of-sequence ids)."""
 
 def qwen_vl_preprocess(
     spec: Spec, data: bytes

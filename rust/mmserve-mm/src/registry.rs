@@ -3,6 +3,9 @@
 //!
 //! Where `preprocessor_config.json` leaves a value out, the spec takes what transformers'
 //! `Qwen2VLImageProcessor` would (its class attributes), after the model's `vision_config`.
+//!
+//! This is the one parser of a checkpoint's config files: [`checkpoint_from_hf_configs`] also
+//! reads the facts the language-model side needs ([`ModelFacts`]), which Python takes from here.
 
 use std::sync::Arc;
 
@@ -103,7 +106,7 @@ pub struct Spec {
 pub enum SpecError {
     #[error("spec JSON is invalid: {0}")]
     Json(String),
-    #[error("model_type {0:?} is not a supported family (qwen2_vl, qwen2_5_vl, qwen3_vl)")]
+    #[error("model_type '{0}' is not supported (known: qwen2_5_vl, qwen2_vl, qwen3_vl)")]
     UnknownFamily(String),
     #[error("config is missing {0}")]
     Missing(&'static str),
@@ -292,7 +295,121 @@ fn size_param(
 pub fn spec_from_hf_configs(preprocessor_config: &str, config: &str) -> Result<Spec, SpecError> {
     let pp = parse_object(preprocessor_config, "preprocessor_config.json")?;
     let cfg = parse_object(config, "config.json")?;
+    spec_from_objects(&pp, &cfg)
+}
 
+/// What a checkpoint's config files say beyond the preprocessing spec: the facts the
+/// language-model side needs (each `None` where the files leave it out) and a digest of the
+/// files. Text settings are read from `text_config`, else from the top level (older
+/// checkpoints keep them there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFacts {
+    /// `config.json` `model_type`.
+    pub model_type: String,
+    pub video_token_id: Option<u32>,
+    /// From `generation_config.json` where it names any, else from the text config.
+    pub eos_token_ids: Vec<u32>,
+    pub vocab_size: Option<u64>,
+    pub hidden_size: Option<u64>,
+    /// `num_hidden_layers`.
+    pub num_layers: Option<u64>,
+    pub max_position_embeddings: Option<u64>,
+    /// 16 lowercase hex digits of blake3 over `config.json` and `preprocessor_config.json`
+    /// (keys sorted, compact): two checkpoints with equal digests produce equal embeddings.
+    pub config_digest: String,
+}
+
+/// A checkpoint as its config files describe it: the family spec and the model facts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    pub spec: Spec,
+    pub model: ModelFacts,
+}
+
+/// [`spec_from_hf_configs`] and the [`ModelFacts`] of the same files, plus the text of
+/// `generation_config.json` when the checkpoint has one.
+pub fn checkpoint_from_hf_configs(
+    preprocessor_config: &str,
+    config: &str,
+    generation_config: Option<&str>,
+) -> Result<Checkpoint, SpecError> {
+    let pp = parse_object(preprocessor_config, "preprocessor_config.json")?;
+    let cfg = parse_object(config, "config.json")?;
+    let generation = generation_config
+        .map(|text| parse_object(text, "generation_config.json"))
+        .transpose()?;
+    let spec = spec_from_objects(&pp, &cfg)?;
+    let model = model_facts(&pp, &cfg, generation.as_ref())?;
+    Ok(Checkpoint { spec, model })
+}
+
+type Object = serde_json::Map<String, Value>;
+
+/// A text setting: `text_config`'s value, else the top level's; `null` counts as absent.
+fn text_value<'a>(cfg: &'a Object, key: &str) -> Option<&'a Value> {
+    cfg.get("text_config")
+        .and_then(|t| t.get(key))
+        .filter(|v| !v.is_null())
+        .or_else(|| cfg.get(key).filter(|v| !v.is_null()))
+}
+
+/// One token id or a list of them.
+fn as_ids(v: &Value, field: &'static str) -> Result<Vec<u32>, SpecError> {
+    match v {
+        Value::Array(list) => list.iter().map(|id| as_u32(id, field)).collect(),
+        one => Ok(vec![as_u32(one, field)?]),
+    }
+}
+
+fn model_facts(
+    pp: &Object,
+    cfg: &Object,
+    generation: Option<&Object>,
+) -> Result<ModelFacts, SpecError> {
+    let model_type = cfg
+        .get("model_type")
+        .and_then(Value::as_str)
+        .ok_or(SpecError::Missing("config.json model_type"))?
+        .to_owned();
+    let count = |key: &'static str| text_value(cfg, key).map(|v| as_u64(v, key)).transpose();
+    let video_token_id = cfg
+        .get("video_token_id")
+        .or_else(|| cfg.get("text_config").and_then(|t| t.get("video_token_id")))
+        .filter(|v| !v.is_null())
+        .map(|v| as_u32(v, "video_token_id"))
+        .transpose()?;
+    let from_generation = generation
+        .and_then(|g| g.get("eos_token_id"))
+        .filter(|v| !v.is_null())
+        .map(|v| as_ids(v, "eos_token_id"))
+        .transpose()?
+        .unwrap_or_default();
+    let eos_token_ids = if from_generation.is_empty() {
+        text_value(cfg, "eos_token_id")
+            .map(|v| as_ids(v, "eos_token_id"))
+            .transpose()?
+            .unwrap_or_default()
+    } else {
+        from_generation
+    };
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(Value::Object(cfg.clone()).to_string().as_bytes());
+    hasher.update(b"\n");
+    hasher.update(Value::Object(pp.clone()).to_string().as_bytes());
+    let config_digest = hasher.finalize().to_hex()[..16].to_string();
+    Ok(ModelFacts {
+        model_type,
+        video_token_id,
+        eos_token_ids,
+        vocab_size: count("vocab_size")?,
+        hidden_size: count("hidden_size")?,
+        num_layers: count("num_hidden_layers")?,
+        max_position_embeddings: count("max_position_embeddings")?,
+        config_digest,
+    })
+}
+
+fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
     let model_type = cfg
         .get("model_type")
         .and_then(Value::as_str)
@@ -308,21 +425,21 @@ pub fn spec_from_hf_configs(preprocessor_config: &str, config: &str) -> Result<S
 
     let vision = cfg.get("vision_config");
     let patch_size = size_param(
-        &pp,
+        pp,
         "patch_size",
         vision,
         "patch_size",
         hf_defaults::PATCH_SIZE,
     )?;
     let merge_size = size_param(
-        &pp,
+        pp,
         "merge_size",
         vision,
         "spatial_merge_size",
         hf_defaults::MERGE_SIZE,
     )?;
     let temporal_patch_size = size_param(
-        &pp,
+        pp,
         "temporal_patch_size",
         vision,
         "temporal_patch_size",
@@ -456,6 +573,43 @@ mod tests {
         let spec = spec_from_hf_configs("{}", &config("qwen3_vl", 16)).unwrap();
         assert_eq!(spec.patch_size, 16);
         assert_eq!(spec.min_pixels, 3136);
+    }
+
+    #[test]
+    fn model_facts_prefer_text_config_and_generation_config() {
+        let cfg = r#"{"model_type": "qwen2_vl", "image_token_id": 151655,
+            "video_token_id": 151656, "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653, "eos_token_id": 1, "vocab_size": 10,
+            "text_config": {"vocab_size": 151936, "hidden_size": 64, "num_hidden_layers": 2,
+                            "eos_token_id": [151645], "max_position_embeddings": null}}"#;
+        let facts = checkpoint_from_hf_configs("{}", cfg, None).unwrap().model;
+        assert_eq!(facts.model_type, "qwen2_vl");
+        assert_eq!(facts.video_token_id, Some(151656));
+        assert_eq!(facts.eos_token_ids, vec![151645]);
+        assert_eq!(facts.vocab_size, Some(151936));
+        assert_eq!((facts.hidden_size, facts.num_layers), (Some(64), Some(2)));
+        assert_eq!(facts.max_position_embeddings, None);
+        assert_eq!(facts.config_digest.len(), 16);
+        let generation = r#"{"eos_token_id": [151645, 151643]}"#;
+        let with_generation = checkpoint_from_hf_configs("{}", cfg, Some(generation)).unwrap();
+        assert_eq!(with_generation.model.eos_token_ids, vec![151645, 151643]);
+        // An empty list in generation_config.json falls back to the text config.
+        let empty = checkpoint_from_hf_configs("{}", cfg, Some(r#"{"eos_token_id": []}"#));
+        assert_eq!(empty.unwrap().model.eos_token_ids, vec![151645]);
+        // Key order does not change the digest; a changed value does.
+        let reordered = r#"{"vocab_size": 10, "eos_token_id": 1, "model_type": "qwen2_vl",
+            "image_token_id": 151655, "video_token_id": 151656,
+            "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+            "text_config": {"num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 151936,
+                            "eos_token_id": [151645], "max_position_embeddings": null}}"#;
+        let again = checkpoint_from_hf_configs("{}", reordered, None)
+            .unwrap()
+            .model;
+        assert_eq!(again.config_digest, facts.config_digest);
+        let other = checkpoint_from_hf_configs(r#"{"min_pixels": 6272}"#, cfg, None).unwrap();
+        assert_ne!(other.model.config_digest, facts.config_digest);
+        let err = checkpoint_from_hf_configs("{}", cfg, Some("[]")).unwrap_err();
+        assert_eq!(err.code(), "spec.json");
     }
 
     #[test]

@@ -7,6 +7,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmserve import _mm
+
 
 @dataclass(frozen=True)
 class MediaPolicy:
@@ -22,7 +24,7 @@ class MediaPolicy:
     allowed_domains: frozenset[str] = frozenset()
     allowed_local_roots: tuple[Path, ...] = ()
     fetch_timeout_s: float = 10.0
-    max_items: int = 64
+    max_items: int = _mm.MAX_ITEMS_PER_REQUEST
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -53,9 +55,10 @@ class MediaPolicy:
         group.add_argument(
             "--max-media-items",
             type=int,
-            default=64,
+            default=_mm.MAX_ITEMS_PER_REQUEST,
             metavar="N",
-            help="most media items in one request (default: 64, also the core's own cap)",
+            help=f"most media items in one request (default: {_mm.MAX_ITEMS_PER_REQUEST}, "
+            "also the core's own cap)",
         )
 
     @classmethod

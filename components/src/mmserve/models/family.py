@@ -1,17 +1,18 @@
 """Model family resolution from a checkpoint dir's config files.
 
 `resolve_model_spec(path)` reads config.json, generation_config.json and
-preprocessor_config.json and returns the facts the workers and the Rust core need. It works the
-same for the tiny checkpoints and for any real local Qwen-VL checkpoint.
+preprocessor_config.json and returns the facts the workers and the Rust core need. The Rust
+core's registry parses the files (`_mm.spec_from_hf_configs`, one parser with one set of
+fallbacks); this module adds only what Python alone knows about a family (`FAMILIES`). It works
+the same for the tiny checkpoints and for any real local Qwen-VL checkpoint.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from mmserve import _mm
 
 
 class UnsupportedModel(ValueError):
@@ -20,6 +21,8 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True)
 class FamilyInfo:
+    """What only the Python side knows about a family."""
+
     name: str
     model_class: str
     # Qwen3-VL adds per-layer vision features to the first decoder layers.
@@ -69,77 +72,56 @@ class ModelSpec:
         return t * h * w // (self.spatial_merge_size**2)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_text(path: Path) -> str:
     try:
-        return json.loads(path.read_text())
+        return path.read_text()
     except FileNotFoundError:
         raise UnsupportedModel(
             f"{path.parent} is not a model checkpoint: {path.name} missing"
         ) from None
-    except json.JSONDecodeError as error:
-        raise UnsupportedModel(f"{path} is not valid JSON: {error}") from None
 
 
-def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:
+def _required(spec: _mm.Spec, name: str, value: int | None) -> int:
     if value is None:
-        return ()
-    return (value,) if isinstance(value, int) else tuple(value)
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _pixel_bounds(preprocessor: dict[str, Any]) -> tuple[int, int]:
-    size = preprocessor.get("size") or {}
-    min_pixels = preprocessor.get("min_pixels", size.get("shortest_edge"))
-    max_pixels = preprocessor.get("max_pixels", size.get("longest_edge"))
-    if min_pixels is None or max_pixels is None:
-        raise UnsupportedModel("preprocessor_config.json gives no min/max pixels")
-    return int(min_pixels), int(max_pixels)
+        raise UnsupportedModel(f"{spec.family} checkpoint: config.json gives no {name}")
+    return value
 
 
 def resolve_model_spec(path: str | Path) -> ModelSpec:
     """The family and facts of the checkpoint at `path`."""
     path = Path(path).expanduser().resolve()
-    config = _read_json(path / "config.json")
-    preprocessor = _read_json(path / "preprocessor_config.json")
+    config = _read_text(path / "config.json")
+    preprocessor = _read_text(path / "preprocessor_config.json")
     generation_path = path / "generation_config.json"
-    generation = _read_json(generation_path) if generation_path.exists() else {}
-
-    model_type = config.get("model_type")
-    family = FAMILIES.get(model_type or "")
+    generation = _read_text(generation_path) if generation_path.exists() else None
+    try:
+        spec = _mm.spec_from_hf_configs(preprocessor, config, generation)
+    except _mm.MediaError as error:
+        raise UnsupportedModel(f"{path}: {error.args[1]}") from None
+    family = FAMILIES.get(spec.family)
     if family is None:
         known = ", ".join(sorted(FAMILIES))
-        raise UnsupportedModel(f"model_type {model_type!r} is not supported (known: {known})")
-    # Older checkpoints keep the text settings at the top level instead of in text_config.
-    text = {**config, **config.get("text_config", {})}
-    vision = config.get("vision_config", {})
-    eos_ids = _as_ids(generation.get("eos_token_id")) or _as_ids(text.get("eos_token_id"))
-    min_pixels, max_pixels = _pixel_bounds(preprocessor)
-    digest = hashlib.sha256()
-    for part in (config, preprocessor):
-        digest.update(json.dumps(part, sort_keys=True).encode())
+        raise UnsupportedModel(f"model_type {spec.family!r} is not supported (known: {known})")
+    if spec.spec_id is None:  # set for every spec made from config files
+        raise UnsupportedModel(f"{path}: the core gave no digest of the config files")
     return ModelSpec(
         path=path,
         family=family,
-        image_token_id=int(config["image_token_id"]),
-        video_token_id=int(config["video_token_id"]),
-        vision_start_token_id=int(config["vision_start_token_id"]),
-        vision_end_token_id=int(config["vision_end_token_id"]),
-        eos_token_ids=eos_ids,
-        vocab_size=int(text["vocab_size"]),
-        hidden_size=int(text["hidden_size"]),
-        num_layers=int(text["num_hidden_layers"]),
-        patch_size=int(preprocessor.get("patch_size", vision.get("patch_size"))),
-        temporal_patch_size=int(
-            preprocessor.get("temporal_patch_size", vision.get("temporal_patch_size"))
-        ),
-        spatial_merge_size=int(preprocessor.get("merge_size", vision.get("spatial_merge_size"))),
-        min_pixels=min_pixels,
-        max_pixels=max_pixels,
-        image_mean=tuple(preprocessor["image_mean"]),
-        image_std=tuple(preprocessor["image_std"]),
-        max_position_embeddings=_optional_int(text.get("max_position_embeddings")),
-        spec_id=digest.hexdigest()[:16],
+        image_token_id=spec.image_token_id,
+        video_token_id=_required(spec, "video_token_id", spec.video_token_id),
+        vision_start_token_id=spec.vision_start_token_id,
+        vision_end_token_id=spec.vision_end_token_id,
+        eos_token_ids=tuple(spec.eos_token_ids),
+        vocab_size=_required(spec, "vocab_size", spec.vocab_size),
+        hidden_size=_required(spec, "hidden_size", spec.hidden_size),
+        num_layers=_required(spec, "num_hidden_layers", spec.num_layers),
+        patch_size=spec.patch_size,
+        temporal_patch_size=spec.temporal_patch_size,
+        spatial_merge_size=spec.merge_size,
+        min_pixels=spec.min_pixels,
+        max_pixels=spec.max_pixels,
+        image_mean=spec.image_mean,
+        image_std=spec.image_std,
+        max_position_embeddings=spec.max_position_embeddings,
+        spec_id=spec.spec_id,
     )

@@ -14,6 +14,7 @@ use super::error::to_py;
 use crate::common::decode::{self, DecodeLimits};
 use crate::common::fetch::{self, FetchPolicy};
 use crate::common::hash;
+use crate::driver;
 use crate::pipeline::DecodedImage;
 
 /// Decodes an encoded image (JPEG, PNG, WebP, GIF, BMP) to a uint8 array of shape [h, w, 3].
@@ -100,6 +101,10 @@ fn fetch_bytes<'py>(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The core's request limits, so Python's defaults read them instead of repeating them.
+    m.add("MAX_ITEMS_PER_REQUEST", driver::MAX_ITEMS_PER_REQUEST)?;
+    m.add("MAX_BYTES_PER_ITEM", fetch::MAX_BYTES_PER_SOURCE)?;
+    m.add("MAX_BYTES_PER_REQUEST", driver::MAX_BYTES_PER_REQUEST)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
     m.add_function(wrap_pyfunction!(probe_image, m)?)?;
     m.add_function(wrap_pyfunction!(content_hash, m)?)?;

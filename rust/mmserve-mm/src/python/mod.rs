@@ -8,6 +8,7 @@ mod kv_index;
 mod media;
 mod qwen;
 mod resize;
+mod spec;
 
 #[pymodule]
 fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -15,6 +16,7 @@ fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     error::register(m)?;
     media::register(m)?;
     resize::register(m)?;
+    spec::register(m)?;
     qwen::register(m)?;
     kv_index::register(m)?;
     Ok(())

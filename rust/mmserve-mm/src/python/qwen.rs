@@ -1,4 +1,5 @@
-//! Bindings of the model-family side: the spec, Qwen-VL preprocessing and the request driver.
+//! Bindings of the model-family side: Qwen-VL preprocessing and the request driver (the spec
+//! is in `spec.rs`).
 //! Arguments are turned into owned (or immutable, reference-counted) Rust values under the
 //! GIL; all work runs with the GIL released; arrays are handed to numpy without a copy.
 
@@ -12,90 +13,10 @@ use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
 
 use super::error::to_py;
+use super::spec::PySpec;
 use crate::common::par;
 use crate::driver::{self, DriverOptions, MediaInput, Mode};
 use crate::pipeline::{Family, Positions, ProcessError, Tensor, TensorData, TokenId};
-use crate::registry::{family_from_spec, spec_from_hf_configs, Spec};
-
-/// A resolved, validated family spec (immutable) and the family it builds.
-#[pyclass(name = "Spec", module = "mmserve._mm", frozen)]
-pub struct PySpec {
-    spec: Spec,
-    family: Arc<dyn Family>,
-}
-
-impl PySpec {
-    fn new(spec: Spec) -> PyResult<Self> {
-        let family = family_from_spec(&spec).map_err(to_py)?;
-        Ok(Self { spec, family })
-    }
-}
-
-#[pymethods]
-impl PySpec {
-    #[staticmethod]
-    fn from_json(json: &str) -> PyResult<Self> {
-        Self::new(Spec::from_json(json).map_err(to_py)?)
-    }
-
-    #[staticmethod]
-    fn from_hf_configs(preprocessor_config: &str, config: &str) -> PyResult<Self> {
-        Self::new(spec_from_hf_configs(preprocessor_config, config).map_err(to_py)?)
-    }
-
-    fn to_json(&self) -> String {
-        self.spec.to_json()
-    }
-
-    #[getter]
-    fn family(&self) -> String {
-        serde_json::to_value(self.spec.family)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn patch_size(&self) -> u32 {
-        self.spec.patch_size
-    }
-
-    #[getter]
-    fn merge_size(&self) -> u32 {
-        self.spec.merge_size
-    }
-
-    #[getter]
-    fn image_token_id(&self) -> TokenId {
-        self.spec.image_token_id
-    }
-
-    /// `(grid_thw, num_tokens)` for an image of this size, without any pixels.
-    fn plan(&self, width: u32, height: u32) -> PyResult<((u32, u32, u32), usize)> {
-        let geometry = self.family.plan(width, height).map_err(to_py)?;
-        let [t, h, w] = geometry.grid_thw();
-        Ok(((t, h, w), self.family.num_tokens(&geometry)))
-    }
-
-    fn __eq__(&self, other: &Self) -> bool {
-        self.spec == other.spec
-    }
-
-    fn __hash__(&self) -> u64 {
-        crate::common::hash::content_hash(self.spec.to_json().as_bytes())
-    }
-
-    fn __repr__(&self) -> String {
-        format!("Spec({})", self.spec.to_json())
-    }
-}
-
-/// The spec of a checkpoint from its `preprocessor_config.json` and `config.json` text.
-#[pyfunction]
-#[pyo3(name = "spec_from_hf_configs")]
-fn spec_from_hf_configs_py(preprocessor_config: &str, config: &str) -> PyResult<PySpec> {
-    PySpec::from_hf_configs(preprocessor_config, config)
-}
 
 fn tensor_to_numpy(py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
     let (shape, data) = tensor.into_parts();
@@ -295,10 +216,8 @@ fn num_threads() -> usize {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PySpec>()?;
     m.add_class::<PyProcessedMedia>()?;
     m.add_class::<PyProcessResult>()?;
-    m.add_function(wrap_pyfunction!(spec_from_hf_configs_py, m)?)?;
     m.add_function(wrap_pyfunction!(qwen_vl_preprocess, m)?)?;
     m.add_function(wrap_pyfunction!(qwen_vl_preprocess_batch, m)?)?;
     m.add_function(wrap_pyfunction!(process, m)?)?;

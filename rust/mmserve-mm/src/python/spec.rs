@@ -1,0 +1,212 @@
+//! Bindings of the family spec: a checkpoint's config files parsed once, here, into the
+//! preprocessing spec and the model facts Python reads (`models/family.py`).
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use super::error::to_py;
+use crate::common::hash::content_hash;
+use crate::pipeline::{Family, TokenId};
+use crate::registry::{checkpoint_from_hf_configs, family_from_spec, ModelFacts, Spec};
+
+/// A resolved, validated family spec (immutable) and the family it builds. Made from a
+/// checkpoint's config files it also carries the model facts; those are not part of the spec
+/// JSON, of equality or of the hash.
+#[pyclass(name = "Spec", module = "mmserve._mm", frozen)]
+pub struct PySpec {
+    pub(super) spec: Spec,
+    pub(super) family: Arc<dyn Family>,
+    model: Option<ModelFacts>,
+}
+
+impl std::fmt::Debug for PySpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PySpec")
+            .field("spec", &self.spec)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PySpec {
+    fn new(spec: Spec, model: Option<ModelFacts>) -> PyResult<Self> {
+        let family = family_from_spec(&spec).map_err(to_py)?;
+        Ok(Self {
+            spec,
+            family,
+            model,
+        })
+    }
+
+    fn from_configs(
+        preprocessor_config: &str,
+        config: &str,
+        generation_config: Option<&str>,
+    ) -> PyResult<Self> {
+        let checkpoint = checkpoint_from_hf_configs(preprocessor_config, config, generation_config)
+            .map_err(to_py)?;
+        Self::new(checkpoint.spec, Some(checkpoint.model))
+    }
+
+    fn model<T>(&self, fact: impl FnOnce(&ModelFacts) -> Option<T>) -> Option<T> {
+        self.model.as_ref().and_then(fact)
+    }
+}
+
+#[pymethods]
+impl PySpec {
+    #[staticmethod]
+    fn from_json(json: &str) -> PyResult<Self> {
+        Self::new(Spec::from_json(json).map_err(to_py)?, None)
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (preprocessor_config, config, generation_config = None))]
+    fn from_hf_configs(
+        preprocessor_config: &str,
+        config: &str,
+        generation_config: Option<&str>,
+    ) -> PyResult<Self> {
+        Self::from_configs(preprocessor_config, config, generation_config)
+    }
+
+    fn to_json(&self) -> String {
+        self.spec.to_json()
+    }
+
+    /// The family name, which is also its `model_type`.
+    #[getter]
+    fn family(&self) -> String {
+        serde_json::to_value(self.spec.family)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    #[getter]
+    fn patch_size(&self) -> u32 {
+        self.spec.patch_size
+    }
+
+    #[getter]
+    fn merge_size(&self) -> u32 {
+        self.spec.merge_size
+    }
+
+    #[getter]
+    fn temporal_patch_size(&self) -> u32 {
+        self.spec.temporal_patch_size
+    }
+
+    #[getter]
+    fn min_pixels(&self) -> u64 {
+        self.spec.min_pixels
+    }
+
+    #[getter]
+    fn max_pixels(&self) -> u64 {
+        self.spec.max_pixels
+    }
+
+    #[getter]
+    fn image_mean(&self) -> (f64, f64, f64) {
+        let [r, g, b] = self.spec.image_mean;
+        (r, g, b)
+    }
+
+    #[getter]
+    fn image_std(&self) -> (f64, f64, f64) {
+        let [r, g, b] = self.spec.image_std;
+        (r, g, b)
+    }
+
+    #[getter]
+    fn image_token_id(&self) -> TokenId {
+        self.spec.image_token_id
+    }
+
+    #[getter]
+    fn vision_start_token_id(&self) -> TokenId {
+        self.spec.vision_start_token_id
+    }
+
+    #[getter]
+    fn vision_end_token_id(&self) -> TokenId {
+        self.spec.vision_end_token_id
+    }
+
+    #[getter]
+    fn video_token_id(&self) -> Option<u32> {
+        self.model(|m| m.video_token_id)
+    }
+
+    #[getter]
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.model(|m| Some(m.eos_token_ids.clone()))
+            .unwrap_or_default()
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> Option<u64> {
+        self.model(|m| m.vocab_size)
+    }
+
+    #[getter]
+    fn hidden_size(&self) -> Option<u64> {
+        self.model(|m| m.hidden_size)
+    }
+
+    #[getter]
+    fn num_layers(&self) -> Option<u64> {
+        self.model(|m| m.num_layers)
+    }
+
+    #[getter]
+    fn max_position_embeddings(&self) -> Option<u64> {
+        self.model(|m| m.max_position_embeddings)
+    }
+
+    /// Digest of the config files the spec came from (None for a spec from JSON).
+    #[getter]
+    fn spec_id(&self) -> Option<String> {
+        self.model(|m| Some(m.config_digest.clone()))
+    }
+
+    /// `(grid_thw, num_tokens)` for an image of this size, without any pixels.
+    fn plan(&self, width: u32, height: u32) -> PyResult<((u32, u32, u32), usize)> {
+        let geometry = self.family.plan(width, height).map_err(to_py)?;
+        let [t, h, w] = geometry.grid_thw();
+        Ok(((t, h, w), self.family.num_tokens(&geometry)))
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.spec == other.spec
+    }
+
+    fn __hash__(&self) -> u64 {
+        content_hash(self.spec.to_json().as_bytes())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Spec({})", self.spec.to_json())
+    }
+}
+
+/// The spec of a checkpoint from its `preprocessor_config.json` and `config.json` text (and
+/// `generation_config.json`'s, for the end-of-sequence ids).
+#[pyfunction]
+#[pyo3(name = "spec_from_hf_configs", signature = (preprocessor_config, config, generation_config = None))]
+fn spec_from_hf_configs_py(
+    preprocessor_config: &str,
+    config: &str,
+    generation_config: Option<&str>,
+) -> PyResult<PySpec> {
+    PySpec::from_configs(preprocessor_config, config, generation_config)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PySpec>()?;
+    m.add_function(wrap_pyfunction!(spec_from_hf_configs_py, m)?)?;
+    Ok(())
+}
