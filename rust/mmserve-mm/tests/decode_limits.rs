@@ -1,6 +1,12 @@
 //! decode_image refusals that must hold without the Python layer: pixel limits from the header,
 //! deep samples, damaged files; and the low-bit-depth conversions.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly"
+)]
+
 use mmserve_mm::common::decode::{decode_image, DecodeLimits};
 
 fn encode_png(

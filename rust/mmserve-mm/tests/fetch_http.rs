@@ -1,6 +1,12 @@
 //! fetch_bytes over real sockets on 127.0.0.1: the address guard, the streaming cap, redirects
 //! and the overall deadline against a server that drips one byte at a time.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly"
+)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;

@@ -2,6 +2,12 @@
 //! `tests/make_mm_golden.py`; the Python suite checks the parallel extension against the same
 //! file, so both builds produce identical bytes.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly"
+)]
+
 use std::fs;
 use std::path::PathBuf;
 

@@ -1,6 +1,12 @@
 //! `data:` URLs a client may craft: percent escapes are exactly two hex digits, and what a
 //! payload decodes to is capped like any other source.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly"
+)]
+
 use mmserve_mm::common::fetch::{fetch_bytes, FetchPolicy};
 
 #[test]

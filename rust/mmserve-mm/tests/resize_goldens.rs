@@ -3,6 +3,12 @@
 //! image regenerated here. The Python tests compare against the live references; these keep
 //! the Rust build honest on its own (no Python needed).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly"
+)]
+
 use mmserve_mm::common::resize::{resize, Backend, Filter};
 use mmserve_mm::pipeline::DecodedImage;
 

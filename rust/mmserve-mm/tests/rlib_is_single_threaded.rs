@@ -2,6 +2,12 @@
 //! (`/proc/self/task`) is the same before and after the driver processes several images, and
 //! no pool thread exists. Built with `parallel`, the same run must show the pool instead.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly"
+)]
+
 use std::collections::BTreeSet;
 use std::fs;
 

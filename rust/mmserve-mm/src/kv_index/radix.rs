@@ -358,12 +358,20 @@ impl KvIndex {
     }
 
     // Slots in `slots` always point at a live worker; these accessors rely on that invariant.
+    #[allow(
+        clippy::expect_used,
+        reason = "slots are freed only together with their `slots` entry"
+    )]
     fn worker(&self, slot: WorkerSlot) -> &Worker {
         self.workers[slot as usize]
             .as_ref()
             .expect("slot of a live worker")
     }
 
+    #[allow(
+        clippy::expect_used,
+        reason = "slots are freed only together with their `slots` entry"
+    )]
     fn worker_mut(&mut self, slot: WorkerSlot) -> &mut Worker {
         self.workers[slot as usize]
             .as_mut()
