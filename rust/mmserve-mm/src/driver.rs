@@ -9,12 +9,12 @@ use std::borrow::Cow;
 
 use thiserror::Error;
 
-use crate::common::decode::{decode_image, probe_image, DecodeLimits};
-use crate::common::fetch::{fetch_bytes, FetchError, FetchPolicy};
 use crate::common::hash::content_hash;
 use crate::common::par;
-use crate::common::token_layout::expand;
+use crate::family::token_layout::expand;
+use crate::image::decode::{decode_image, probe_image, DecodeLimits};
 use crate::pipeline::{Family, Geometry, Positions, ProcessedItem, TokenId};
+use crate::source::fetch::{fetch_bytes, FetchError, FetchPolicy};
 use crate::Error;
 
 /// Most media items one request may carry.
@@ -200,7 +200,7 @@ fn prepare_item(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{family_from_spec, spec_from_hf_configs};
+    use crate::family::registry::{family_from_spec, spec_from_hf_configs};
 
     const IMG: TokenId = 151655;
     const START: TokenId = 151652;

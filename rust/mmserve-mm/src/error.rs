@@ -3,10 +3,11 @@
 
 use thiserror::Error;
 
-use crate::common::{decode::DecodeError, fetch::FetchError, resize::ResizeError};
 use crate::driver::RequestError;
+use crate::family::registry::SpecError;
+use crate::image::{decode::DecodeError, resize::ResizeError};
 use crate::pipeline::ProcessError;
-use crate::registry::SpecError;
+use crate::source::fetch::FetchError;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]

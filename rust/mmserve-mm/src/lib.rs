@@ -1,16 +1,22 @@
 //! mmserve media core: fetch, decode, resize and model-family preprocessing for
 //! vision-language serving.
 //!
+//! The modules read as the pipeline: [`source`] (the media sources: fetch, base64) ->
+//! [`image`] (decode, resize, transforms) -> [`family`] (the registry and each family's code,
+//! over the trait and carriers in [`pipeline`]) -> [`driver`] (one request, end to end). [`kv`]
+//! is the KV-aware routing index; [`common`] holds what they all share (hash, par).
+//!
 //! Default features build a plain single-threaded rlib. `parallel` fans work out
 //! through [`common::par`]; `python` adds the `mmserve._mm` extension module.
 
 pub mod common;
 pub mod driver;
 pub mod error;
-pub mod kv_index;
+pub mod family;
+pub mod image;
+pub mod kv;
 pub mod pipeline;
-pub mod qwen_vl;
-pub mod registry;
+pub mod source;
 
 #[cfg(feature = "python")]
 mod python;

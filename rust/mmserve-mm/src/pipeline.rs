@@ -146,7 +146,7 @@ pub enum Segment {
     Media { item: usize, tokens: MediaTokens },
 }
 
-/// How to build the expanded prompt from the caller's ids; see `common::token_layout`.
+/// How to build the expanded prompt from the caller's ids; see `family::token_layout`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TokenLayout {
     pub segments: Vec<Segment>,

@@ -7,7 +7,7 @@
     reason = "a test fails loudly"
 )]
 
-use mmserve_mm::common::decode::{decode_image, DecodeLimits};
+use mmserve_mm::image::decode::{decode_image, DecodeLimits};
 
 fn encode_png(
     width: u32,

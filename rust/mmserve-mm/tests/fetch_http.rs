@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use mmserve_mm::common::fetch::{fetch_bytes, FetchPolicy};
+use mmserve_mm::source::fetch::{fetch_bytes, FetchPolicy};
 
 /// Serves every connection on its own thread with `respond(path, stream)`; returns the port.
 fn serve(respond: fn(&str, &mut TcpStream)) -> u16 {

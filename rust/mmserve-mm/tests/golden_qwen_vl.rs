@@ -12,8 +12,8 @@ use std::fs;
 use std::path::PathBuf;
 
 use mmserve_mm::driver::{self, DriverOptions, MediaInput, Mode};
+use mmserve_mm::family::registry::{family_from_spec, spec_from_hf_configs};
 use mmserve_mm::pipeline::{Positions, TensorData};
-use mmserve_mm::registry::{family_from_spec, spec_from_hf_configs};
 use serde_json::Value;
 
 fn golden_dir() -> PathBuf {

@@ -7,7 +7,7 @@
     reason = "a test fails loudly"
 )]
 
-use mmserve_mm::common::fetch::{fetch_bytes, FetchPolicy};
+use mmserve_mm::source::fetch::{fetch_bytes, FetchPolicy};
 
 #[test]
 fn percent_escapes_need_two_hex_digits() {

@@ -9,7 +9,7 @@
     reason = "a test fails loudly"
 )]
 
-use mmserve_mm::common::resize::{resize, Backend, Filter};
+use mmserve_mm::image::resize::{resize, Backend, Filter};
 use mmserve_mm::pipeline::DecodedImage;
 
 /// (in_w, in_h, out_w, out_h, filter, PIL golden, torch golden)

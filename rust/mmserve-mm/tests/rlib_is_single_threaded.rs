@@ -13,8 +13,8 @@ use std::fs;
 
 use mmserve_mm::common::par;
 use mmserve_mm::driver::{self, DriverOptions, MediaInput, Mode};
+use mmserve_mm::family::registry::{family_from_spec, spec_from_hf_configs};
 use mmserve_mm::pipeline::Positions;
-use mmserve_mm::registry::{family_from_spec, spec_from_hf_configs};
 
 const CONFIG: &str = r#"{"model_type": "qwen2_vl", "image_token_id": 151655,
     "vision_start_token_id": 151652, "vision_end_token_id": 151653}"#;

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mmserve_mm::common::decode::{decode_image, probe_image, DecodeLimits};
+use mmserve_mm::image::decode::{decode_image, probe_image, DecodeLimits};
 
 /// Small enough that a header claiming a large image is refused before a slow allocation.
 const LIMITS: DecodeLimits = DecodeLimits {

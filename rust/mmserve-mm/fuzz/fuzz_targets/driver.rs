@@ -5,10 +5,10 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use mmserve_mm::common::decode::DecodeLimits;
 use mmserve_mm::driver::{run, DriverOptions, MediaInput, Mode};
+use mmserve_mm::family::registry::{family_from_spec, spec_from_hf_configs};
+use mmserve_mm::image::decode::DecodeLimits;
 use mmserve_mm::pipeline::{Family, TokenId};
-use mmserve_mm::registry::{family_from_spec, spec_from_hf_configs};
 
 const IMAGE: TokenId = 151655;
 const START: TokenId = 151652;

@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mmserve_mm::common::base64;
-use mmserve_mm::common::fetch::{fetch_bytes, FetchPolicy};
+use mmserve_mm::source::base64;
+use mmserve_mm::source::fetch::{fetch_bytes, FetchPolicy};
 
 const MAX_BYTES: u64 = 4096;
 

@@ -1,10 +1,5 @@
-//! Model-independent building blocks. Nothing here knows about a model family.
+//! What every stage shares: the fan-out seam (`par`) and the identity of a media item's bytes
+//! (`hash`). Nothing here knows about a model family.
 
-pub mod base64;
-pub mod decode;
-pub mod fetch;
 pub mod hash;
 pub mod par;
-pub mod resize;
-pub mod token_layout;
-pub mod transforms;

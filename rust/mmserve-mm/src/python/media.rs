@@ -11,11 +11,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::error::to_py;
-use crate::common::decode::{self, DecodeLimits};
-use crate::common::fetch::{self, FetchPolicy};
 use crate::common::hash;
 use crate::driver;
+use crate::image::decode::{self, DecodeLimits};
 use crate::pipeline::DecodedImage;
+use crate::source::fetch::{self, FetchPolicy};
 
 /// Decodes an encoded image (JPEG, PNG, WebP, GIF, BMP) to a uint8 array of shape [h, w, 3].
 #[pyfunction]

@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 
 mod error;
-mod kv_index;
+mod kv;
 mod media;
 mod qwen;
 mod resize;
@@ -18,6 +18,6 @@ fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     resize::register(m)?;
     spec::register(m)?;
     qwen::register(m)?;
-    kv_index::register(m)?;
+    kv::register(m)?;
     Ok(())
 }

@@ -61,7 +61,7 @@ fn preprocess_one(
     bytes: &[u8],
 ) -> Result<(Tensor, [u32; 3], u64), crate::Error> {
     let hash = crate::common::hash::content_hash(bytes);
-    let image = crate::common::decode::decode_image(bytes, &Default::default())?;
+    let image = crate::image::decode::decode_image(bytes, &Default::default())?;
     let item = family.process_item(&image)?;
     Ok((item.feature, item.geometry.grid_thw(), hash))
 }

@@ -8,8 +8,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::error::to_py;
-use crate::common::resize::{resize_view, Backend, Filter, ImageView, ResizeError};
-use crate::common::transforms::{self, Convention, NormalizeLut, PatchGeometry};
+use crate::image::resize::{resize_view, Backend, Filter, ImageView, ResizeError};
+use crate::image::transforms::{self, Convention, NormalizeLut, PatchGeometry};
 
 /// Runs `f` on the pixels of an `[h, w, 3]` uint8 array, borrowing them when contiguous.
 fn with_view<'py, R>(

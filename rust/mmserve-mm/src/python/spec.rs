@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 
 use super::error::to_py;
 use crate::common::hash::content_hash;
+use crate::family::registry::{checkpoint_from_hf_configs, family_from_spec, ModelFacts, Spec};
 use crate::pipeline::{Family, TokenId};
-use crate::registry::{checkpoint_from_hf_configs, family_from_spec, ModelFacts, Spec};
 
 /// A resolved, validated family spec (immutable) and the family it builds. Made from a
 /// checkpoint's config files it also carries the model facts; those are not part of the spec

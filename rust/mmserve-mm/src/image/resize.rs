@@ -54,7 +54,7 @@ pub enum ResizeError {
     #[error("unknown resize backend {0:?} (supported: pil, torch)")]
     UnknownBackend(String),
     #[error(transparent)]
-    Transform(#[from] crate::common::transforms::TransformError),
+    Transform(#[from] crate::image::transforms::TransformError),
 }
 
 impl ResizeError {

@@ -417,7 +417,7 @@ impl KvIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_index::compute_seq_hashes;
+    use crate::kv::compute_seq_hashes;
 
     fn chain(local: &[u64]) -> Vec<StoredBlock> {
         compute_seq_hashes(local, None)

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::common::base64::Base64Error;
+use crate::source::base64::Base64Error;
 
 pub use address::is_forbidden_ip;
 pub use proxy::NoProxy;

@@ -8,7 +8,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::kv_index::{self, KvIndex, KvIndexError, MediaSpan, StoredBlock};
+use crate::kv::{self, KvIndex, KvIndexError, MediaSpan, StoredBlock};
 
 create_exception!(
     mmserve._mm,
@@ -45,7 +45,7 @@ fn compute_block_hashes(
             end,
         })
         .collect();
-    py.detach(|| kv_index::compute_block_hashes(&tokens, block_size, &media, lora_name.as_deref()))
+    py.detach(|| kv::compute_block_hashes(&tokens, block_size, &media, lora_name.as_deref()))
         .map_err(to_py)
 }
 
@@ -53,7 +53,7 @@ fn compute_block_hashes(
 #[pyfunction]
 #[pyo3(signature = (local_hashes, parent = None))]
 fn compute_seq_hashes(local_hashes: Vec<u64>, parent: Option<u64>) -> Vec<u64> {
-    kv_index::compute_seq_hashes(&local_hashes, parent)
+    kv::compute_seq_hashes(&local_hashes, parent)
 }
 
 /// `(parent_hash, [(block_hash, tokens_hash), ...])`: one stored run of a dump.

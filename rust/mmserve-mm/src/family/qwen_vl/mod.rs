@@ -7,13 +7,13 @@ mod positions;
 pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
 pub use positions::mrope;
 
-use crate::common::resize::{resize, Backend, ResizeError};
-use crate::common::transforms::{patchify, Convention, NormalizeLut, PatchGeometry};
+use crate::family::registry::{Spec, SpecError};
+use crate::image::resize::{resize, Backend, ResizeError};
+use crate::image::transforms::{patchify, Convention, NormalizeLut, PatchGeometry};
 use crate::pipeline::{
     Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
     ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
 };
-use crate::registry::{Spec, SpecError};
 
 /// A Qwen-VL family configured by its spec.
 #[derive(Debug, Clone)]
@@ -203,8 +203,8 @@ impl Family for QwenVl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::token_layout::expand;
-    use crate::registry::{spec_from_hf_configs, Spec};
+    use crate::family::registry::{spec_from_hf_configs, Spec};
+    use crate::family::token_layout::expand;
 
     const IMG: TokenId = 151655;
     const START: TokenId = 151652;

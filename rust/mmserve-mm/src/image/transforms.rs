@@ -16,7 +16,7 @@ use std::mem::MaybeUninit;
 
 use thiserror::Error;
 
-use crate::common::resize::ImageView;
+use crate::image::resize::ImageView;
 use crate::pipeline::DecodedImage;
 
 const CHANNELS: usize = 3;

@@ -1,7 +1,7 @@
 //! Sources that carry their bytes inline: `data:` URLs and bare base64.
 
 use super::{check_size, FetchError, FetchPolicy};
-use crate::common::base64;
+use crate::source::base64;
 
 /// The payload of a `data:` URL, percent-decoded, then base64-decoded when the media type
 /// ends in `;base64`.

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::common::resize::{Backend, Filter};
+use crate::family::qwen_vl::QwenVl;
+use crate::image::resize::{Backend, Filter};
 use crate::pipeline::Family;
-use crate::qwen_vl::QwenVl;
 
 /// The model families this crate preprocesses for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -43,7 +43,7 @@ impl FamilyName {
 mod names {
     use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
 
-    use crate::common::resize::{Backend, Filter};
+    use crate::image::resize::{Backend, Filter};
 
     pub mod filter {
         use super::*;
