@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the launch scripts: flags, nats-server, process supervision.
 # Sourced, not run. Each script calls `launch_parse "$@"`, then `launch_start NAME CMD...` per
 # component, then `launch_wait`. Every process it started is stopped on Ctrl-C, on SIGTERM, or as
@@ -37,7 +38,7 @@ Starts $LAUNCH_DESCRIPTION.
   --pad-scheme S    media pad values for the frontend and every worker (default: dynamo;
                     SGLang 0.5.2x needs sglang-wide)
   --allowed-media-domains H..., --allowed-local-media-path DIR..., --media-fetch-timeout S
-                    media policy, passed to the frontend and to every process that fetches media
+                    media policy of the frontend (the one process that fetches media)
 Unknown flags, and everything after --, are passed to every worker; with --engine sglang,
 everything after -- is SGLang's own flags (--tp 2 --mem-fraction-static 0.8 ...).
 USAGE
@@ -81,19 +82,15 @@ launch_frontend() {
 }
 
 # A worker of ROLE (worker, prefill, decode, encode) with its flags, then the extra flags.
-# Workers that fetch media (encode, and --encode ones) get the media policy too.
+# Only the frontend fetches media, so only it takes the media policy.
 launch_worker() {
   local name=$1 role=$2; shift 2
-  local media=()
-  if [ "$role" = encode ] || [[ " $* " == *" --encode "* ]]; then
-    media=(${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"})
-  fi
   local sglang=()
   if [ "$ENGINE" = sglang ]; then
     sglang=(-- ${SGLANG_ARGS[@]+"${SGLANG_ARGS[@]}"} ${WORKER_SGLANG_ARGS[@]+"${WORKER_SGLANG_ARGS[@]}"})
   fi
   launch_start "$name" mmserve "$role" --model-path "$MODEL_PATH" --engine "$ENGINE" "$@" \
-    ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} ${media[@]+"${media[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${sglang[@]+"${sglang[@]}"}
+    ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${sglang[@]+"${sglang[@]}"}
 }
 
 launch_start() {

@@ -8,21 +8,26 @@ from mmserve import protocol as p
 U64_MAX = 2**64 - 1
 
 HANDLE = p.TensorHandle(shape=(4, 8), dtype="bfloat16", backend="shm", descriptor=b"\x00\x01")
-ITEM = p.MediaItem(
-    url="data:image/png;base64,AAAA",
-    mm_hash=U64_MAX,
-    token_count=64,
-    image_grid_thw=(1, 16, 16),
-    pixel_values=HANDLE,
-    embeddings=p.EmbeddingsHandle(embeddings=HANDLE, aux={"deepstack": HANDLE}),
+PLAN = p.RequestPlan(
+    token_ids=[1, 151655, 151655, 2, 151655],
+    media=[
+        p.PlannedMedia(mm_hash=U64_MAX, offset=1, length=2, grid_thw=(1, 2, 4)),
+        p.PlannedMedia(mm_hash=7, offset=4, length=1, grid_thw=(1, 2, 2)),
+    ],
+    positions=p.MRopePositions(rows=[0, 1, 1, 3, 4] * 3, delta=-1),
 )
 REQUEST = p.PreprocessedRequest(
     request_id="req-1",
     deadline=1_900_000_000.5,
     model="tiny",
-    token_ids=[1, 151655, 2],
-    media=[ITEM, p.MediaItem(data=b"\x89PNG", mm_hash=7)],
-    mm_hashes=[p.mm_hash_hex(U64_MAX), p.mm_hash_hex(7)],
+    plan=PLAN,
+    payloads=[
+        p.MediaPayload(
+            pixel_values=HANDLE,
+            embeddings=p.EmbeddingsHandle(embeddings=HANDLE, aux={"deepstack": HANDLE}),
+        ),
+        p.MediaPayload(data=b"\x89PNG"),
+    ],
     sampling=p.SamplingParams(temperature=0.0, top_k=5, seed=3),
     stop=p.StopConditions(max_tokens=8, stop=["\n"], stop_token_ids=[151645], ignore_eos=True),
     lora_name="adapter",
@@ -32,10 +37,8 @@ BOOTSTRAP = p.BootstrapInfo(host="127.0.0.1", port=8998, room=U64_MAX)
 WIRE_SAMPLES: list[p.WireMessage] = [
     p.ErrorMessage(code="fetch.too_large", message="image over 64 MiB", status=413),
     REQUEST,
-    p.EncodeRequest(request_id="r", deadline=1.0, media=[ITEM]),
-    p.EncodeReply(request_id="r", media=[ITEM]),
     BOOTSTRAP,
-    p.PrefillRequest(request=REQUEST, bootstrap=BOOTSTRAP),
+    p.PrefillRequest(request=REQUEST),
     p.PrefillDone(request_id="r1", first_token_id=9, prompt_tokens=12, kv={"k0": HANDLE}),
     p.TokenChunk(
         request_id="r",
@@ -51,7 +54,6 @@ WIRE_SAMPLES: list[p.WireMessage] = [
     ),
     p.KvEvent(worker_id="w1", event_id=4, data=p.KvRemoved(block_hashes=[U64_MAX, 1])),
     p.KvEvent(worker_id="w1", event_id=5, data=p.KvCleared()),
-    p.WorkerLoad(worker_id="w1", timestamp=1.5, active_requests=2, kv_total_blocks=100),
     p.InstanceRecord(
         namespace="ns",
         component="worker",
@@ -92,9 +94,11 @@ def test_union_decoding_picks_the_tagged_type() -> None:
 
 
 def test_other_protocol_version_is_an_error_not_garbage() -> None:
-    raw = msgspec.msgpack.decode(p.encode(WIRE_SAMPLES[7]))
-    raw["type"] = f"token_chunk.v{p.PROTOCOL_VERSION + 1}"
-    with pytest.raises(p.ProtocolVersionError, match=r"protocol v2.*speaks v1"):
+    chunk = next(m for m in WIRE_SAMPLES if isinstance(m, p.TokenChunk))
+    raw = msgspec.msgpack.decode(p.encode(chunk))
+    newer, ours = p.PROTOCOL_VERSION + 1, p.PROTOCOL_VERSION
+    raw["type"] = f"token_chunk.v{newer}"
+    with pytest.raises(p.ProtocolVersionError, match=rf"protocol v{newer}.*speaks v{ours}"):
         p.decode(msgspec.msgpack.encode(raw), p.TokenChunk)
 
 

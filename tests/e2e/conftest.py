@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.deployment import serve_directory
+from tests.support.deployment import CountingFileServer, serve_directory
 from tests.support.images import photo_like
 
 
@@ -24,9 +25,21 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def image_server(image_dir: Path) -> Iterator[str]:
-    """Base URL of a loopback HTTP server over `image_dir`."""
+def image_file_server(image_dir: Path) -> Iterator[tuple[str, CountingFileServer]]:
+    """A loopback HTTP server over `image_dir`: its base URL, and the server counting GETs."""
     url, server = serve_directory(image_dir)
-    yield url
+    yield url, server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="session")
+def image_server(image_file_server: tuple[str, CountingFileServer]) -> str:
+    """Base URL of a loopback HTTP server over `image_dir`."""
+    return image_file_server[0]
+
+
+@pytest.fixture
+def image_gets(image_file_server: tuple[str, CountingFileServer]) -> Counter[str]:
+    """GETs per path the image server answered (a live count: compare before and after)."""
+    return image_file_server[1].gets

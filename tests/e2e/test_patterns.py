@@ -3,6 +3,7 @@ as the aggregated one, for each tiny model family, with 0, 1 and 3 images."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,25 @@ def _stream(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -
     return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
 
-def _run_patterns(deployments: list[Deployment], requests: list) -> tuple[dict, dict]:
+def _image_urls(requests: list, image_server: str) -> Counter[str]:
+    """Paths of the images the requests name on the image server, with their counts."""
+    paths: Counter[str] = Counter()
+    for messages in requests:
+        for message in messages:
+            for part in message["content"] if isinstance(message["content"], list) else []:
+                url = part.get("image_url", {}).get("url", "")
+                if url.startswith(image_server):
+                    paths[url.removeprefix(image_server)] += 1
+    return paths
+
+
+def _run_patterns(
+    deployments: list[Deployment], requests: list, image_gets: Counter[str]
+) -> tuple[dict, dict, dict]:
+    """Each pattern's completions, streamed texts, and the image GETs it made."""
     results: dict[str, list[tuple]] = {}
     streamed: dict[str, list[str]] = {}
+    gets: dict[str, Counter[str]] = {}
     try:
         for deployment in deployments:
             deployment.start()
@@ -83,17 +100,24 @@ def _run_patterns(deployments: list[Deployment], requests: list) -> tuple[dict, 
             deployment.wait_ready()
             client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
             name = deployment.model_path.name
+            before = Counter(image_gets)
             results[deployment.pattern] = [_complete(client, name, m) for m in requests]
             streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
+            gets[deployment.pattern] = Counter(image_gets) - before
     finally:
         for deployment in deployments:
             deployment.stop()
-    return results, streamed
+    return results, streamed, gets
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_pattern_gives_the_aggregated_tokens(
-    family: str, nats_url: str, tmp_path: Path, image_server: str, image_dir: Path
+    family: str,
+    nats_url: str,
+    tmp_path: Path,
+    image_server: str,
+    image_dir: Path,
+    image_gets: Counter[str],
 ) -> None:
     model_path = build_tiny_model(family)
     deployments = [
@@ -101,7 +125,8 @@ def test_every_pattern_gives_the_aggregated_tokens(
         Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
         for p in PATTERNS
     ]
-    results, streamed = _run_patterns(deployments, _requests(image_server, image_dir))
+    requests = _requests(image_server, image_dir)
+    results, streamed, gets = _run_patterns(deployments, requests, image_gets)
     aggregated = results["agg"]
     text_only, one_image, three_images = aggregated
     assert all(text for text, *_ in aggregated)
@@ -112,10 +137,14 @@ def test_every_pattern_gives_the_aggregated_tokens(
     for pattern, outputs in results.items():
         assert outputs == aggregated, f"{pattern} differs from agg"
         assert streamed[pattern] == [text for text, *_ in aggregated], f"{pattern} streamed"
+        # Each request fetches each of its images once, whichever process needs the pixels:
+        # twice per image reference (the requests run unstreamed, then streamed).
+        twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
+        assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
 
 
 def test_frontend_decoding_gives_the_same_tokens(
-    nats_url: str, tmp_path: Path, image_server: str, image_dir: Path
+    nats_url: str, tmp_path: Path, image_server: str, image_dir: Path, image_gets: Counter[str]
 ) -> None:
     """With --frontend-decoding the frontend preprocesses and ships pixel_values by transfer;
     E/PD and E/P/D answer exactly what the aggregated worker answers from URLs."""
@@ -127,7 +156,9 @@ def test_frontend_decoding_gives_the_same_tokens(
         Deployment("e_p_d", model_path, nats_url, tmp_path, frontend_flags=decoding),
     ]
     requests = _requests(image_server, image_dir)[1:]
-    results, streamed = _run_patterns(deployments, requests)
+    results, streamed, gets = _run_patterns(deployments, requests, image_gets)
+    twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
     for pattern in ("e_pd", "e_p_d"):
         assert streamed[pattern] == [text for text, *_ in results["agg"]]
         assert results[pattern] == results["agg"], f"{pattern} with frontend decoding"
+        assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"

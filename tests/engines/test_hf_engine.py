@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -18,9 +20,20 @@ from mmserve.protocol import (
     StopConditions,
     TokenChunk,
 )
-from tests.support.engines import expand_prompt, make_image, preprocess, reference_generate
+from tests.support.engines import (
+    expand_prompt,
+    make_image,
+    planned_request,
+    preprocess,
+    reference_generate,
+)
 
 EIGHT_TOKENS = StopConditions(max_tokens=8, ignore_eos=True)
+
+
+def replace_rows(positions):
+    """The plan's positions missing their last column."""
+    return msgspec.structs.replace(positions, rows=positions.rows[:-3])
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +58,7 @@ async def run(
     request_id: str = "r",
 ) -> list[TokenChunk]:
     embeddings = await engine.encode(items)
-    request = EngineRequest(request_id, tuple(ids), sampling, stop)
+    request = planned_request(request_id, ids, items, sampling, stop, model=engine.model)
     return await collect(engine.generate(request, embeddings))
 
 
@@ -223,9 +236,16 @@ async def test_mismatched_embeddings_are_rejected(engine: HfEngine):
     items = preprocess(engine.spec.path, [make_image(56, 56, seed=5)])
     ids = expand_prompt(engine.tokenizer, ["Too few rows."], items)
     embeddings = await engine.encode(items)
-    with pytest.raises(EngineError, match="placeholder"):
-        one_extra = (*ids[:-8], 151655, *ids[-8:])
-        await engine.prefill(EngineRequest("bad", one_extra), embeddings)
+    request = planned_request("bad", ids, items, model=engine.model)
+    with pytest.raises(EngineError, match="embeddings for 1 media items"):
+        await engine.prefill(request, [*embeddings, *embeddings])
+    (item,) = request.media
+    longer = replace(request, media=(msgspec.structs.replace(item, length=item.length + 1),))
+    with pytest.raises(EngineError, match="rows"):
+        await engine.prefill(longer, embeddings)
+    short = replace(request, positions=replace_rows(request.positions))
+    with pytest.raises(EngineError, match="positions"):
+        await engine.prefill(short, embeddings)
 
 
 async def test_positions_and_pixels_change_the_logits(engine: HfEngine):
@@ -265,5 +285,6 @@ async def test_first_token_logits_are_bit_identical_to_generate(
     items = preprocess(tiny_model, images)
     ids = expand_prompt(engine.tokenizer, ["Three pictures."], items)
     _, expected = reference_generate(engine.model, ids, items, max_new_tokens=1)
-    engine.release(await engine.prefill(EngineRequest("x", tuple(ids)), await engine.encode(items)))
+    request = planned_request("x", ids, items, model=engine.model)
+    engine.release(await engine.prefill(request, await engine.encode(items)))
     assert torch.equal(seen[0], expected)

@@ -11,11 +11,10 @@ from pathlib import Path
 import msgspec
 import torch
 
-from mmserve.engines.base import EngineRequest
 from mmserve.engines.hf import HfEngine
 from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from mmserve.protocol import SamplingParams, StopConditions
-from tests.support.engines import expand_prompt, make_image, preprocess
+from tests.support.engines import expand_prompt, make_image, planned_request, preprocess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +28,7 @@ async def export_job(family: str, tmp_path: Path) -> tuple[dict, list[int]]:
     # Seeded sampling: the random source's state travels with the KV too.
     sampling = SamplingParams(temperature=0.9, top_k=40, seed=5)
     stop = StopConditions(max_tokens=10, ignore_eos=True)
-    request = EngineRequest("p", tuple(ids), sampling, stop)
+    request = planned_request("p", ids, items, sampling, stop, model=engine.model)
     embeddings = await engine.encode(items)
     uninterrupted = [t async for c in engine.generate(request, embeddings) for t in c.token_ids]
 

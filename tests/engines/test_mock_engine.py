@@ -12,12 +12,11 @@ import torch
 
 from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.mock import MockEngine
-from mmserve.engines.prefix_cache import prompt_block_keys
+from mmserve.kv.pad import PadScheme
+from mmserve.kv.view import prompt_block_keys
 from mmserve.models.tiny import build_tiny_model
-from mmserve.protocol import KvRemoved, KvStored, StopConditions, TokenChunk
-from mmserve.router.pad import PadScheme
-from mmserve.router.view import RoutingMedia
-from tests.support.engines import IMAGE_TOKEN_ID
+from mmserve.protocol import KvRemoved, KvStored, PlannedMedia, StopConditions, TokenChunk
+from tests.support.engines import IMAGE_TOKEN_ID, placements
 
 BLOCK = 16
 
@@ -45,6 +44,13 @@ def prompt(text: list[int], images: int, tokens_per_image: int = 12) -> tuple[in
     return tuple(ids)
 
 
+def planned(
+    request_id: str, ids: tuple[int, ...], embeddings: list[ItemEmbedding], **options: object
+) -> EngineRequest:
+    media = tuple(placements(ids, embeddings))
+    return EngineRequest(request_id, ids, media=media, **options)  # type: ignore[arg-type]
+
+
 async def collect(stream: object) -> list[TokenChunk]:
     return [chunk async for chunk in stream]  # type: ignore[attr-defined]
 
@@ -61,12 +67,12 @@ async def test_cached_prefix_skips_prefill_time_and_counts_in_usage(model_path: 
     engine = await engine_for(model_path, prefill_us_per_token=2000.0)
     ids = prompt(list(range(1000, 1090)), images=1)  # 106 tokens, 6 complete blocks
     emb = [await image(engine, 42)]
-    request = EngineRequest("a", ids, stop=StopConditions(max_tokens=4))
+    request = planned("a", ids, emb, stop=StopConditions(max_tokens=4))
     started = time.perf_counter()
     cold = await engine.prefill(request, emb)
     cold_s = time.perf_counter() - started
     started = time.perf_counter()
-    warm = await engine.prefill(EngineRequest("b", ids, stop=request.stop), emb)
+    warm = await engine.prefill(planned("b", ids, emb, stop=request.stop), emb)
     warm_s = time.perf_counter() - started
     assert (cold.cached_tokens, warm.cached_tokens) == (0, 6 * BLOCK)
     assert cold_s >= len(ids) * 0.002  # slept for every token
@@ -85,16 +91,19 @@ async def test_kv_events_carry_the_routing_views_hashes(model_path: Path) -> Non
     events: list = []
     engine.subscribe_kv_events(events.append)
     ids = prompt(list(range(1000, 1040)), images=1)
-    await engine.prefill(EngineRequest("a", ids), [await image(engine, 99)])
+    emb = [await image(engine, 99)]
+    await engine.prefill(planned("a", ids, emb), emb)
     offset = ids.index(IMAGE_TOKEN_ID)
-    keys = prompt_block_keys(ids, [RoutingMedia(99, 12, offset)], BLOCK, PadScheme.SGLANG_WIDE)
+    media = [PlannedMedia(mm_hash=99, offset=offset, length=12, grid_thw=(1, 6, 8))]
+    keys = prompt_block_keys(ids, media, BLOCK, PadScheme.SGLANG_WIDE)
     (stored,) = events
     assert isinstance(stored, KvStored)
     assert [b.block_hash for b in stored.blocks] == list(keys.seq_hashes)
     assert [b.tokens_hash for b in stored.blocks] == list(keys.local_hashes)
     assert {block for block, _, _ in engine.kv_cache_snapshot()} == set(keys.seq_hashes)
     # A different image after the same text shares only the blocks before it.
-    other = await engine.prefill(EngineRequest("b", ids), [await image(engine, 100)])
+    other_emb = [await image(engine, 100)]
+    other = await engine.prefill(planned("b", ids, other_emb), other_emb)
     assert other.cached_tokens == offset // BLOCK * BLOCK
 
 
@@ -131,8 +140,9 @@ async def test_prefills_take_turns_and_decode_streams_run_together(model_path: P
 async def test_export_import_continues_the_stream(model_path: Path) -> None:
     prefill, decode = await engine_for(model_path), await engine_for(model_path)
     ids = prompt(list(range(1000, 1030)), images=1)
-    request = EngineRequest("a", ids, stop=StopConditions(max_tokens=6))
-    local = await prefill.prefill(request, [await image(prefill, 1)])
+    emb = [await image(prefill, 1)]
+    request = planned("a", ids, emb, stop=StopConditions(max_tokens=6))
+    local = await prefill.prefill(request, emb)
     tensors = await prefill.export_kv(local)
     imported = await decode.import_kv("a", tensors)
     expected = await collect(prefill.decode(local, request.sampling, request.stop))
@@ -143,8 +153,12 @@ async def test_export_import_continues_the_stream(model_path: Path) -> None:
         await prefill.export_kv(local)  # decode consumed the handle
 
 
-async def test_placeholders_must_match_the_embeddings(model_path: Path) -> None:
+async def test_the_plan_must_match_the_embeddings(model_path: Path) -> None:
     engine = await engine_for(model_path)
-    ids = prompt([1, 2, 3], images=1, tokens_per_image=10)
-    with pytest.raises(EngineError, match="placeholder"):
-        await engine.prefill(EngineRequest("a", ids), [await image(engine, 1)])
+    ids = prompt([1, 2, 3], images=1)
+    emb = [await image(engine, 1)]
+    short = PlannedMedia(mm_hash=1, offset=4, length=10, grid_thw=(1, 6, 8))
+    with pytest.raises(EngineError, match="fills 10 tokens but its embedding has 12 rows"):
+        await engine.prefill(EngineRequest("a", ids, media=(short,)), emb)
+    with pytest.raises(EngineError, match="1 embeddings for 0 media items"):
+        await engine.prefill(EngineRequest("b", ids), emb)

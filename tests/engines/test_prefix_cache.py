@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
-from mmserve.protocol import KvCleared, KvRemoved, KvStored
-from mmserve.router.view import RoutingMedia
+from mmserve.engines.prefix_cache import PrefixCache
+from mmserve.kv.view import prompt_block_keys
+from mmserve.protocol import KvCleared, KvRemoved, KvStored, PlannedMedia
 
 BLOCK = 4
 
 
-def keys_for(tokens: list[int], media: list[RoutingMedia] = ()):
+def keys_for(tokens: list[int], media: list[PlannedMedia] = ()):
     return prompt_block_keys(tokens, media, BLOCK)
+
+
+def image(mm_hash: int, offset: int) -> PlannedMedia:
+    return PlannedMedia(mm_hash=mm_hash, offset=offset, length=4, grid_thw=(1, 4, 4))
 
 
 def test_stored_runs_name_their_parent_and_snapshot_lists_the_chain():
@@ -36,9 +40,9 @@ def test_stored_runs_name_their_parent_and_snapshot_lists_the_chain():
 
 def test_a_different_prefix_or_image_changes_every_later_key():
     tokens = list(range(16))
-    base = keys_for(tokens, [RoutingMedia(mm_hash=7, token_count=4, offset=8)])
-    other_image = keys_for(tokens, [RoutingMedia(mm_hash=8, token_count=4, offset=8)])
-    other_text = keys_for([99, *tokens[1:]], [RoutingMedia(mm_hash=7, token_count=4, offset=8)])
+    base = keys_for(tokens, [image(7, 8)])
+    other_image = keys_for(tokens, [image(8, 8)])
+    other_text = keys_for([99, *tokens[1:]], [image(7, 8)])
     assert base.seq_hashes[:2] == other_image.seq_hashes[:2]
     assert set(base.seq_hashes[2:]).isdisjoint(other_image.seq_hashes[2:])
     # The last block is identical in both, but its chained key still differs.

@@ -35,17 +35,19 @@ from mmserve.engines.sglang import (
     sglang_argv,
 )
 from mmserve.engines.sglang_kv_events import SglangKvEventBridge
+from mmserve.kv.hashing import compute_seq_hashes
+from mmserve.kv.pad import PadScheme, pad_values
+from mmserve.kv.view import routing_view
 from mmserve.protocol import (
+    BootstrapInfo,
     KvCleared,
     KvRemoved,
     KvStored,
+    PlannedMedia,
     SamplingParams,
     StopConditions,
     Usage,
 )
-from mmserve.router.hashing import compute_seq_hashes
-from mmserve.router.pad import PadScheme, pad_values
-from mmserve.router.view import RoutingMedia, routing_view
 from mmserve.worker.options import load_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +89,8 @@ def _stored_event(tokens: list[int], hashes: list[int], parent: int | None) -> d
 def test_bridge_hashes_blocks_as_the_router_does(scheme: PadScheme) -> None:
     """SGLang's token ids (media runs = its pad values) become the router's block hashes."""
     prompt = [5, 6, 7, *([9] * 6), 8, 11, 12]  # one image of 6 tokens at offset 3
-    view = routing_view(prompt, [RoutingMedia(MM_A, 6, offset=3)], scheme=scheme)
+    image = PlannedMedia(mm_hash=MM_A, offset=3, length=6, grid_thw=(1, 4, 6))
+    view = routing_view(prompt, [image], scheme=scheme)
     engine_tokens = list(prompt)
     engine_tokens[3:9] = np.resize(np.array(pad_values(MM_A, scheme), dtype=object), 6).tolist()
     bridge = SglangKvEventBridge(4, scheme)
@@ -151,7 +154,9 @@ def test_bridge_removed_cleared_and_block_size() -> None:
 
 
 def test_request_the_adapter_builds() -> None:
-    kwargs = generate_kwargs(_request(), _embeddings(), ("10.0.0.1", 8998, 42))
+    kwargs = generate_kwargs(
+        _request(), _embeddings(), BootstrapInfo(host="10.0.0.1", port=8998, room=42)
+    )
     assert set(kwargs) == set(GENERATE_FIELDS)
     assert kwargs["mm_hashes"] == ["fedcba9876543210", "0000000012345678"]
     assert [int(h, 16) for h in kwargs["mm_hashes"]] == [MM_A, MM_B]
@@ -240,22 +245,28 @@ async def test_stream_sends_each_token_once_and_the_usage_last() -> None:
 
 
 async def test_prefill_hands_decode_its_bootstrap_room() -> None:
-    """P/D through the transfer-layer tensors: decode's request joins prefill's room with the
-    same prompt, images and mm_hashes."""
+    """P/D: prefill's bootstrap info names its room, and decode's request joins it with the
+    same prompt, images and mm_hashes (those travel as transfer-layer tensors)."""
     prefill_fake, decode_fake = FakeSglangEngine([1]), FakeSglangEngine([8, 9])
     prefill, decode = _engine("prefill", prefill_fake), _engine("decode", decode_fake)
+    assert decode.bootstrap_info() is None
+    bootstrap = prefill.bootstrap_info()
+    assert bootstrap is not None and (bootstrap.host, bootstrap.port) == ("10.0.0.1", 8998)
     embeddings = _embeddings()
-    kv = await prefill.prefill(_request(), embeddings)
+    kv = await prefill.prefill(_request(), embeddings, bootstrap)
     tensors = await prefill.export_kv(kv)
+    assert not any(name.startswith("bootstrap") for name in tensors)
     prefill.release(kv)
-    imported = await decode.import_kv("req-1", tensors)
+    with pytest.raises(EngineError, match="bootstrap room"):
+        await decode.import_kv("req-1", tensors)
+    imported = await decode.import_kv("req-1", tensors, bootstrap)
     chunks = [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=2))]
     assert [c.token_ids for c in chunks] == [[8], [9]]
     await asyncio.sleep(0)  # the prefill request drains in the background
     sent, joined = prefill_fake.calls[0], decode_fake.calls[0]
     assert sent["bootstrap_host"] == joined["bootstrap_host"] == "10.0.0.1"
     assert sent["bootstrap_port"] == joined["bootstrap_port"] == 8998
-    assert sent["bootstrap_room"] == joined["bootstrap_room"]
+    assert sent["bootstrap_room"] == joined["bootstrap_room"] == bootstrap.room
     assert sent["input_ids"] == joined["input_ids"]
     assert sent["mm_hashes"] == joined["mm_hashes"] == [mm_hash_hex(MM_A), mm_hash_hex(MM_B)]
     for name in ("precomputed_embeddings", "image_grid_thw"):
@@ -347,7 +358,8 @@ else:
         fields = {f.name for f in dataclasses.fields(GenerateReqInput)}
         params = set(inspect.signature(SglEngine.async_generate).parameters)
         assert set(GENERATE_FIELDS) <= fields & params
-        kwargs = generate_kwargs(_request(), _embeddings(), ("10.0.0.1", 8998, 42))
+        bootstrap = BootstrapInfo(host="10.0.0.1", port=8998, room=42)
+        kwargs = generate_kwargs(_request(), _embeddings(), bootstrap)
         obj = GenerateReqInput(**kwargs)
         obj.normalize_batch_and_arguments()
         assert obj.mm_hashes == ["fedcba9876543210", "0000000012345678"]

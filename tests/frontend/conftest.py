@@ -5,22 +5,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import uvicorn
 import uvloop
 
+from mmserve.engines.detokenize import IncrementalDetokenizer
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.cli import add_arguments, build_app, load_model
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 from mmserve.runtime.errors import RemoteError
 from tests.support.local_media import MediaServer, serve_directory
+
+
+@functools.cache
+def _tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tiny_model("qwen2_vl")).backend_tokenizer
 
 
 @dataclass
@@ -42,35 +52,40 @@ class EchoDispatcher:
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
         self.requests.append(request)
+        # Text as an engine makes it: the ids decoded once, cut at a stop string.
+        detokenizer = IncrementalDetokenizer(_tokenizer(), request.stop.stop)
         try:
             if self.hold_first_token:
                 await asyncio.Event().wait()
-            echoed = request.token_ids[: request.stop.max_tokens]
+            echoed = request.plan.token_ids[: request.stop.max_tokens]
             for index, token_id in enumerate(echoed):
                 if self.failure is not None and index == self.fail_after:
                     raise self.failure
-                last = index == len(echoed) - 1
+                text = detokenizer.push([token_id])
+                last = index == len(echoed) - 1 or detokenizer.stopped
                 finish = None
-                if last:
-                    finish = "length" if len(echoed) < len(request.token_ids) else "stop"
+                if detokenizer.stopped:
+                    finish = "stop"
+                elif last:
+                    finish = "length" if len(echoed) < len(request.plan.token_ids) else "stop"
+                    text += detokenizer.flush()
                 yield TokenChunk(
                     request_id=request.request_id,
                     token_ids=[token_id],
+                    text=text,
                     finish_reason=finish,
                     usage=Usage(
-                        prompt_tokens=_prompt_tokens(request), completion_tokens=len(echoed)
+                        prompt_tokens=len(request.plan.token_ids),
+                        completion_tokens=index + 1,
                     )
                     if last
                     else None,
                 )
+                if last:
+                    return
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled.set()
             raise
-
-
-def _prompt_tokens(request: PreprocessedRequest) -> int:
-    """The prompt's length once each image placeholder is expanded to its token count."""
-    return len(request.token_ids) - len(request.media) + sum(m.token_count for m in request.media)
 
 
 @dataclass

@@ -23,7 +23,7 @@ def _client(frontend: RunningFrontend, api_key: str = "unused") -> openai.OpenAI
 
 def _echo_text(frontend: RunningFrontend, request: PreprocessedRequest, limit: int) -> str:
     tokenizer = frontend.app.preprocessor.model.tokenizer
-    return tokenizer.decode(request.token_ids[:limit], skip_special_tokens=True)
+    return tokenizer.decode(request.plan.token_ids[:limit], skip_special_tokens=True)
 
 
 def test_non_streaming_completion_with_the_openai_client(frontend: RunningFrontend) -> None:
@@ -52,12 +52,12 @@ def test_non_streaming_completion_with_the_openai_client(frontend: RunningFronte
     )
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage is not None
-    assert completion.usage.prompt_tokens == len(sent.token_ids)
-    assert completion.usage.completion_tokens == len(sent.token_ids)
+    assert completion.usage.prompt_tokens == len(sent.plan.token_ids)
+    assert completion.usage.completion_tokens == len(sent.plan.token_ids)
     assert sent.sampling.temperature == 0.0 and sent.sampling.top_p == 0.5
     assert sent.sampling.top_k == 4 and sent.sampling.seed == 7
     assert sent.stop.max_tokens == 500
-    assert sent.media == [] and sent.mm_hashes == []
+    assert sent.plan.media == [] and sent.payloads == [] and sent.plan.positions is None
 
 
 def test_streaming_with_usage_and_max_completion_tokens(frontend: RunningFrontend) -> None:

@@ -147,7 +147,7 @@ def test_too_many_images(start_frontend) -> None:
 def test_context_length_bounds_prompt_and_completion(start_frontend) -> None:
     frontend = start_frontend("--context-length", "100")
     assert _post(frontend, _chat(frontend)).status_code == 200
-    prompt = len(frontend.dispatcher.requests[-1].token_ids)
+    prompt = len(frontend.dispatcher.requests[-1].plan.token_ids)
     # Without max_tokens the completion gets what the context leaves.
     assert frontend.dispatcher.requests[-1].stop.max_tokens == 100 - prompt
     assert _post(frontend, _chat(frontend, max_tokens=100 - prompt)).status_code == 200

@@ -60,13 +60,18 @@ def test_one_image_over_http(allowed_frontend: RunningFrontend, media_server: Me
     )
     sent = allowed_frontend.dispatcher.requests[-1]
     expected = _expected(allowed_frontend, data, 320, 240)
-    assert sent.token_ids.count(IMAGE_PAD) == 1
-    (item,) = sent.media
-    assert item.url == url and item.pixel_values is None
-    assert item.mm_hash == expected["mm_hash"] and sent.mm_hashes == [expected["hex"]]
-    assert item.image_grid_thw == expected["grid"] and item.token_count == expected["tokens"]
+    (item,) = sent.plan.media
+    (payload,) = sent.payloads
+    # The plan places the expanded run; the fetched bytes travel on (no second download).
+    ids = sent.plan.token_ids
+    assert ids[item.offset : item.end] == [IMAGE_PAD] * expected["tokens"]
+    assert ids.count(IMAGE_PAD) == expected["tokens"]
+    assert payload.data == data and payload.pixel_values is None
+    assert item.mm_hash == expected["mm_hash"] and item.mm_hash_hex == expected["hex"]
+    assert item.grid_thw == expected["grid"] and item.length == expected["tokens"]
+    assert sent.plan.positions is not None and len(sent.plan.positions.rows) == 3 * len(ids)
     assert completion.usage is not None
-    assert completion.usage.prompt_tokens == len(sent.token_ids) - 1 + expected["tokens"]
+    assert completion.usage.prompt_tokens == len(ids)
 
 
 def test_three_images_in_several_messages_streamed(
@@ -91,10 +96,10 @@ def test_three_images_in_several_messages_streamed(
     assert [c.choices[0].finish_reason for c in stream if c.choices][-1] == "length"
     sent = allowed_frontend.dispatcher.requests[-1]
     expected = [_expected(allowed_frontend, d, *s) for d, s in zip(images, sizes, strict=True)]
-    assert sent.token_ids.count(IMAGE_PAD) == 3
-    assert sent.mm_hashes == [e["hex"] for e in expected]
-    assert [m.token_count for m in sent.media] == [e["tokens"] for e in expected]
-    assert [m.url for m in sent.media] == [first_url, data_url(images[1], "image/jpeg"), third_url]
+    assert sent.plan.token_ids.count(IMAGE_PAD) == sum(e["tokens"] for e in expected)
+    assert [m.mm_hash_hex for m in sent.plan.media] == [e["hex"] for e in expected]
+    assert [m.length for m in sent.plan.media] == [e["tokens"] for e in expected]
+    assert [p.data for p in sent.payloads] == images
 
 
 def test_local_files_only_under_the_allowed_root(
@@ -106,7 +111,7 @@ def test_local_files_only_under_the_allowed_root(
     outside.write_bytes(encode_image(50, 60))
     for source in (str(inside), inside.as_uri()):
         assert _ask(allowed_frontend, [_image(source)]).status_code == 200
-        assert allowed_frontend.dispatcher.requests[-1].media[0].url == source
+        assert allowed_frontend.dispatcher.requests[-1].payloads[0].data == inside.read_bytes()
     for target, source in ((allowed_frontend, str(outside)), (frontend, str(inside))):
         response = _ask(target, [{"type": "text", "text": "look"}, _image(source)])
         assert response.status_code == 400
@@ -161,15 +166,16 @@ def test_frontend_decoding_ships_pixel_values(start_frontend) -> None:
     response = _ask(frontend, [_image(data_url(data)), {"type": "text", "text": "?"}])
     assert response.status_code == 200, response.text
     sent = frontend.dispatcher.requests[-1]
-    (item,) = sent.media
+    (item,) = sent.plan.media
+    (payload,) = sent.payloads
     expected = _expected(frontend, data, 280, 140)
-    assert item.url is None and item.mm_hash == expected["mm_hash"]
+    assert payload.data is None and item.mm_hash == expected["mm_hash"]
     t, h, w = expected["grid"]
     # Qwen2-VL patches: one row per 14x14 patch, 3 channels x temporal 2 x 14 x 14 values.
-    assert item.pixel_values is not None
-    assert item.pixel_values.shape == (t * h * w, 3 * 2 * 14 * 14)
+    assert payload.pixel_values is not None
+    assert payload.pixel_values.shape == (t * h * w, 3 * 2 * 14 * 14)
     request_id, shipped = frontend.tensor_sink.shipped[-1]
-    assert request_id == sent.request_id and shipped.tobytes() == item.pixel_values.descriptor
+    assert request_id == sent.request_id and shipped.tobytes() == payload.pixel_values.descriptor
 
 
 def test_openai_client_surfaces_media_errors(frontend: RunningFrontend, tmp_path: Path) -> None:

@@ -86,27 +86,29 @@ async def test_fetch_timeout_is_a_client_error(silent_server: str) -> None:
     assert (error.status, error.type) == (400, "invalid_request_error")
 
 
-async def test_process_counts_tokens_and_hashes_each_item() -> None:
+async def test_the_plan_places_hashes_and_sizes_each_item() -> None:
     spec = media.load_spec(build_tiny_model("qwen2_vl"))
     images = [encode_image(56, 56), encode_image(280, 112)]
     prompt = [1, VISION_START, IMAGE_PAD, VISION_END, 2, VISION_START, IMAGE_PAD, VISION_END]
-    result = await media.process(
-        spec, prompt, [data_url(d) for d in images], MediaPolicy(), count_only=True
+    result = await media.plan_request(
+        spec, prompt, [data_url(d) for d in images], MediaPolicy(), count_only=True, keep_bytes=True
     )
+    plan = result.plan
     # 56x56 -> 4x4 patches -> 4 tokens; 280x112 -> 8x20 patches -> 40 tokens (merge 2x2).
-    assert [i.grid_thw for i in result.items] == [(1, 4, 4), (1, 8, 20)]
-    assert [i.token_count for i in result.items] == [4, 40]
-    assert [i.mm_hash for i in result.items] == [_mm.content_hash(d) for d in images]
-    assert all(i.pixel_values is None for i in result.items)
-    assert len(result.input_ids) == len(prompt) - 2 + 4 + 40
-    assert result.input_ids.count(IMAGE_PAD) == 44
+    assert [i.grid_thw for i in plan.media] == [(1, 4, 4), (1, 8, 20)]
+    assert [(i.offset, i.length) for i in plan.media] == [(2, 4), (9, 40)]
+    assert [i.mm_hash for i in plan.media] == [_mm.content_hash(d) for d in images]
+    assert result.pixel_values == [None, None] and result.data == images
+    assert len(plan.token_ids) == len(prompt) - 2 + 4 + 40
+    assert all(plan.token_ids[i.offset : i.end] == [IMAGE_PAD] * i.length for i in plan.media)
+    assert plan.positions is not None and len(plan.positions.rows) == 3 * len(plan.token_ids)
 
 
 async def test_process_reports_the_failing_item_and_413_for_limits() -> None:
     spec = media.load_spec(build_tiny_model("qwen2_vl"))
     prompt = [VISION_START, IMAGE_PAD, VISION_END] * 2
     with pytest.raises(_mm.MediaError) as info:
-        await media.process(
+        await media.plan_request(
             spec, prompt, [data_url(encode_image(8, 8)), "data:,x"], MediaPolicy(), count_only=True
         )
     error = ApiError.from_media_error(info.value, ["first", "second"])

@@ -25,7 +25,6 @@ SLOW_PREFILL = ["--engine", "mock", "--mock-prefill-us-per-token", "200000"]
 # Encode takes 0.1 s per image token: the 320x240 photo (88 tokens) takes 8.8 s, the 90x60
 # one a fraction of a second.
 SLOW_ENCODE = ["--engine", "mock", "--mock-encode-us-per-token", "100000"]
-MEDIA = ["--allowed-media-domains", "127.0.0.1"]
 ENCODE_METRICS_PORT = free_port()
 WITH_ENCODE_METRICS = [
     ("encode", "encode", ["--metrics-port", str(ENCODE_METRICS_PORT)]),
@@ -156,7 +155,7 @@ def test_sigkill_of_encode_inside_a_request(e_p_d: Deployment, images: str, tria
     assert status >= 500 and code, (status, code)
     assert all(e_p_d.processes[name].poll() is None for name in ("frontend", "prefill", "decode"))
 
-    restart_worker(e_p_d, "encode", MEDIA)
+    restart_worker(e_p_d, "encode")
 
     async def served() -> bool:
         async with httpx.AsyncClient(base_url=e_p_d.base_url, timeout=120) as client:

@@ -10,7 +10,7 @@ import pytest
 import xxhash
 from dynamo.llm import compute_block_hash_for_seq
 
-from mmserve.router.hashing import (
+from mmserve.kv.hashing import (
     compute_block_hashes,
     compute_block_hashes_with_spans,
     compute_seq_hashes,

@@ -10,8 +10,8 @@ from dynamo.llm import RadixTree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.protocol import KvBlock, KvCleared, KvRemoved, KvStored
-from mmserve.router.hashing import compute_seq_hashes
 from mmserve.router.indexer import KvIndexer, UnknownParentError
 
 

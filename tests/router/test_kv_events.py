@@ -9,17 +9,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from mmserve.kv.events import KvEventPublisher, dump_events, kv_dump_topic, kv_events_topic
+from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.protocol import KvBlock, KvDumpRequest, KvEvent, KvRemoved, KvStored
-from mmserve.router.hashing import compute_seq_hashes
 from mmserve.router.indexer import KvIndexer
-from mmserve.router.kv_events import (
-    KvEventPublisher,
-    KvEventSubscriber,
-    dump_events,
-    follow_discovery,
-    kv_dump_topic,
-    kv_events_topic,
-)
+from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
 from mmserve.runtime import Runtime
 
 COMPONENT = "worker"

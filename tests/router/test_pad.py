@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from mmserve.router.pad import (
+from mmserve.kv.pad import (
     PadScheme,
     pad_value,
     pad_values,

@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
+from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.frontend.nats_dispatch import NatsDispatcher
-from mmserve.protocol import MediaItem, PreprocessedRequest, TokenChunk
-from mmserve.router.kv_events import KvEventPublisher
+from mmserve.kv.events import KvEventPublisher
+from mmserve.kv.view import prompt_block_keys
+from mmserve.protocol import PlannedMedia, PreprocessedRequest, RequestPlan, TokenChunk
 from mmserve.router.route import stream_routed
 from mmserve.router.scheduler import RouterMode
 from mmserve.router.settings import RouterSettings
-from mmserve.router.view import RoutingMedia
 from mmserve.runtime import RequestContext, Runtime
 
 from .test_kv_events import eventually
@@ -44,8 +44,8 @@ class StandIn:
     def hold(self, mm_hash: int) -> int:
         """Cache the prompt of `request(mm_hash)`, expanded as the engine sees it; returns
         its number of blocks."""
-        ids = [*TEXT, *[PLACEHOLDER] * IMAGE_TOKENS, *TEXT]
-        keys = prompt_block_keys(ids, [RoutingMedia(mm_hash, IMAGE_TOKENS, len(TEXT))])
+        plan = request(mm_hash).plan
+        keys = prompt_block_keys(plan.token_ids, plan.media)
         self.cache.store(keys, 0, [None] * len(keys.seq_hashes))
         return len(keys.seq_hashes)
 
@@ -61,8 +61,14 @@ def request(mm_hash: int) -> PreprocessedRequest:
         request_id=uuid.uuid4().hex,
         deadline=time.time() + 30,
         model="m",
-        token_ids=[*TEXT, PLACEHOLDER, *TEXT],
-        media=[MediaItem(mm_hash=mm_hash, token_count=IMAGE_TOKENS)],
+        plan=RequestPlan(
+            token_ids=[*TEXT, *[PLACEHOLDER] * IMAGE_TOKENS, *TEXT],
+            media=[
+                PlannedMedia(
+                    mm_hash=mm_hash, offset=len(TEXT), length=IMAGE_TOKENS, grid_thw=(1, 2, 2)
+                )
+            ],
+        ),
     )
 
 
@@ -88,7 +94,7 @@ async def test_kv_mode_routes_to_the_holder_until_it_leaves(
     router_rt, first_rt, second_rt = namespace_runtimes
     first, second = await StandIn(first_rt).start(), await StandIn(second_rt).start()
     settings = RouterSettings(mode=RouterMode.KV)
-    dispatcher = await NatsDispatcher.start(router_rt, settings, placeholder_id=PLACEHOLDER)
+    dispatcher = await NatsDispatcher.start(router_rt, settings)
     try:
         index = dispatcher.routers["worker"].indexer
         await eventually(

@@ -8,10 +8,11 @@ from collections import Counter
 
 import pytest
 
-from mmserve.protocol import KvBlock, KvStored
-from mmserve.router.hashing import compute_seq_hashes
+from mmserve.kv.hashing import compute_seq_hashes
+from mmserve.kv.pad import PadScheme
+from mmserve.kv.view import routing_view
+from mmserve.protocol import KvBlock, KvStored, PlannedMedia, RequestPlan
 from mmserve.router.indexer import KvIndexer
-from mmserve.router.pad import PadScheme
 from mmserve.router.scheduler import (
     KvCostConfig,
     NoWorkersError,
@@ -19,7 +20,6 @@ from mmserve.router.scheduler import (
     RouteRequest,
     RouterMode,
 )
-from mmserve.router.view import RoutingMedia, routing_view
 
 IMAGE_PAD = 151655
 WORKERS = ["w0", "w1", "w2", "w3"]
@@ -27,10 +27,14 @@ CAT, DOG = 0x1111_2222_3333_4444, 0x5555_6666_7777_8888
 _request_ids = itertools.count()
 
 
+def image(mm_hash: int, offset: int, length: int) -> PlannedMedia:
+    return PlannedMedia(mm_hash=mm_hash, offset=offset, length=length, grid_thw=(1, 2, 2 * length))
+
+
 def prompt(text: list[int], mm_hash: int | None, tail: list[int]) -> RouteRequest:
-    media = [RoutingMedia(mm_hash, 64)] if mm_hash is not None else []
-    ids = text + ([IMAGE_PAD] if mm_hash is not None else []) + tail
-    view = routing_view(ids, media, placeholder_id=IMAGE_PAD)
+    media = [image(mm_hash, len(text), 64)] if mm_hash is not None else []
+    ids = text + ([IMAGE_PAD] * 64 if mm_hash is not None else []) + tail
+    view = routing_view(ids, media)
     return RouteRequest.from_view(f"req-{next(_request_ids)}", view)
 
 
@@ -172,10 +176,11 @@ def test_removed_worker_loses_blocks_and_load() -> None:
 
 def test_request_for_uses_the_routers_block_size_and_pad_scheme() -> None:
     router = Router(block_size=4, pad_scheme=PadScheme.SGLANG_WIDE)
-    ids = [*SYSTEM, IMAGE_PAD, 7]
-    media = [RoutingMedia(CAT, 10)]
-    request = router.request_for("r", ids, media, placeholder_id=IMAGE_PAD, lora_name="x")
-    view = routing_view(ids, media, placeholder_id=IMAGE_PAD, scheme=PadScheme.SGLANG_WIDE)
+    plan = RequestPlan(
+        token_ids=[*SYSTEM, *[IMAGE_PAD] * 10, 7], media=[image(CAT, len(SYSTEM), 10)]
+    )
+    request = router.request_for("r", plan, lora_name="x")
+    view = routing_view(plan.token_ids, plan.media, scheme=PadScheme.SGLANG_WIDE)
     assert request == RouteRequest.from_view("r", view, block_size=4, lora_name="x")
     assert request.num_blocks == -(-(32 + 10 + 1) // 4)
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from mmserve.router.pad import PadScheme
+from mmserve.kv.pad import PadScheme
 from mmserve.router.scheduler import RouterMode
 from mmserve.router.settings import RouterSettings
 

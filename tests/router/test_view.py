@@ -1,24 +1,26 @@
-"""The routing view: placeholder expansion, in-place overwrite and per-block media lists."""
+"""The routing view of a request plan: media runs overwritten with pad values, per-block media
+lists, and the block hashes Dynamo computes for the same view."""
 
 from __future__ import annotations
 
 import pytest
 from dynamo.llm import compute_block_hash_for_seq
 
-from mmserve.router.pad import PadScheme, pad_value
-from mmserve.router.view import RoutingMedia, routing_view
+from mmserve.kv.pad import PadScheme, pad_value
+from mmserve.kv.view import routing_view
+from mmserve.protocol import PlannedMedia
 
 IMAGE_PAD = 151655  # Qwen2-VL <|image_pad|>
 A, B = 0xAAAA_0000_0000_0001, 0xBBBB_0000_0000_0002
 
 
-def test_placeholders_expand_to_pad_runs() -> None:
-    ids = [1, 2, IMAGE_PAD, 3, IMAGE_PAD, 4]
-    view = routing_view(
-        ids,
-        [RoutingMedia(A, 5), RoutingMedia(B, 3)],
-        placeholder_id=IMAGE_PAD,
-    )
+def item(mm_hash: int, offset: int, length: int) -> PlannedMedia:
+    return PlannedMedia(mm_hash=mm_hash, offset=offset, length=length, grid_thw=(1, 2, 2 * length))
+
+
+def test_media_runs_become_pad_runs() -> None:
+    ids = [1, 2, *[IMAGE_PAD] * 5, 3, *[IMAGE_PAD] * 3, 4]
+    view = routing_view(ids, [item(A, 2, 5), item(B, 8, 3)])
     pa, pb = pad_value(A), pad_value(B)
     assert view.ids.tolist() == [1, 2, *[pa] * 5, 3, *[pb] * 3, 4]
     assert view.media_spans == ((A, 2, 7), (B, 8, 11))
@@ -26,31 +28,24 @@ def test_placeholders_expand_to_pad_runs() -> None:
     assert view.block_mm_infos(4) == [(A,), (A,), (B,)]
 
 
-def test_expanded_ids_are_overwritten_at_offsets() -> None:
-    expanded = [1, 2, *[IMAGE_PAD] * 5, 3, *[IMAGE_PAD] * 3, 4]
-    from_offsets = routing_view(
-        expanded, [RoutingMedia(A, 5, offset=2), RoutingMedia(B, 3, offset=8)]
+def test_the_view_reads_the_plan_not_the_token_ids() -> None:
+    # Whatever ids the run holds, the plan's placement decides what is media.
+    planned = [item(A, 1, 3)]
+    assert (
+        routing_view([9, IMAGE_PAD, IMAGE_PAD, IMAGE_PAD, 9], planned).ids.tolist()
+        == routing_view([9, 5, 6, 7, 9], planned).ids.tolist()
     )
-    from_placeholders = routing_view(
-        [1, 2, IMAGE_PAD, 3, IMAGE_PAD, 4],
-        [RoutingMedia(A, 5), RoutingMedia(B, 3)],
-        placeholder_id=IMAGE_PAD,
-    )
-    assert from_offsets.ids.tolist() == from_placeholders.ids.tolist()
-    assert from_offsets.media_spans == from_placeholders.media_spans
 
 
 def test_block_touched_by_two_items_lists_both() -> None:
-    view = routing_view(
-        [IMAGE_PAD, IMAGE_PAD], [RoutingMedia(A, 3), RoutingMedia(B, 3)], placeholder_id=IMAGE_PAD
-    )
+    view = routing_view([IMAGE_PAD] * 6, [item(A, 0, 3), item(B, 3, 3)])
     # A at [0, 3), B at [3, 6): block 0 holds both, block 1 only B.
     assert view.block_mm_infos(4) == [(A, B), (B,)]
 
 
 def test_hashes_equal_dynamo_on_the_same_view() -> None:
-    ids = [7] * 20 + [IMAGE_PAD] + [8] * 30
-    view = routing_view(ids, [RoutingMedia(A, 64)], placeholder_id=IMAGE_PAD)
+    ids = [7] * 20 + [IMAGE_PAD] * 64 + [8] * 30
+    view = routing_view(ids, [item(A, 20, 64)])
     dynamo_infos = [
         {"mm_objects": [{"mm_hash": h, "offsets": []} for h in hashes]} if hashes else None
         for hashes in view.block_mm_infos(16)
@@ -61,10 +56,9 @@ def test_hashes_equal_dynamo_on_the_same_view() -> None:
 
 
 def test_same_text_different_image_changes_the_image_blocks() -> None:
-    ids = [5] * 32 + [IMAGE_PAD] + [6] * 16
-    view_a = routing_view(ids, [RoutingMedia(A, 32)], placeholder_id=IMAGE_PAD)
-    view_b = routing_view(ids, [RoutingMedia(B, 32)], placeholder_id=IMAGE_PAD)
-    hashes_a, hashes_b = view_a.block_hashes(), view_b.block_hashes()
+    ids = [5] * 32 + [IMAGE_PAD] * 32 + [6] * 16
+    hashes_a = routing_view(ids, [item(A, 32, 32)]).block_hashes()
+    hashes_b = routing_view(ids, [item(B, 32, 32)]).block_hashes()
     # Blocks 0-1 are text, 2-3 the image, 4 text again. Local hashes are not chained, so the
     # last block is equal; the index matches by position and stops at the first difference.
     assert hashes_a[:2] == hashes_b[:2]
@@ -73,35 +67,21 @@ def test_same_text_different_image_changes_the_image_blocks() -> None:
 
 
 def test_wide_scheme_changes_the_view() -> None:
-    ids = [IMAGE_PAD]
-    dynamo = routing_view(ids, [RoutingMedia(A, 8)], placeholder_id=IMAGE_PAD)
-    wide = routing_view(
-        ids, [RoutingMedia(A, 8)], placeholder_id=IMAGE_PAD, scheme=PadScheme.SGLANG_WIDE
-    )
+    ids = [IMAGE_PAD] * 8
+    dynamo = routing_view(ids, [item(A, 0, 8)])
+    wide = routing_view(ids, [item(A, 0, 8)], scheme=PadScheme.SGLANG_WIDE)
     assert len(set(wide.ids.tolist())) == 4
     assert dynamo.ids.tolist() != wide.ids.tolist()
 
 
-def test_placeholder_count_must_match_items() -> None:
-    with pytest.raises(ValueError, match="2 placeholder tokens"):
-        routing_view([IMAGE_PAD, IMAGE_PAD], [RoutingMedia(A, 4)], placeholder_id=IMAGE_PAD)
-
-
-def test_offsets_must_fit_and_not_be_mixed() -> None:
+@pytest.mark.parametrize("offset, length", [(1, 4), (-1, 1), (3, 1)])
+def test_runs_must_fit_in_the_prompt(offset: int, length: int) -> None:
     with pytest.raises(ValueError, match="does not fit"):
-        routing_view([1, 2, 3], [RoutingMedia(A, 4, offset=1)])
-    with pytest.raises(ValueError, match="every media item"):
-        routing_view(
-            [IMAGE_PAD, 1, 2],
-            [RoutingMedia(A, 1, offset=1), RoutingMedia(B, 1)],
-            placeholder_id=IMAGE_PAD,
-        )
-    with pytest.raises(ValueError, match="placeholder token id"):
-        routing_view([IMAGE_PAD], [RoutingMedia(A, 1)])
+        routing_view([1, 2, 3], [item(A, offset, length)])
 
 
 def test_text_only_prompt_is_unchanged() -> None:
-    view = routing_view(list(range(40)), [], placeholder_id=IMAGE_PAD)
+    view = routing_view(list(range(40)))
     assert view.ids.tolist() == list(range(40))
     assert view.media_spans == ()
     assert view.block_mm_infos(16) == [(), (), ()]

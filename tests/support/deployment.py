@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,20 +28,39 @@ PATTERNS: dict[str, list[tuple[str, str, list[str]]]] = {
     "e_pd": [("encode", "encode", []), ("worker", "worker", [])],
     "e_p_d": [("encode", "encode", []), ("prefill", "prefill", []), ("decode", "decode", [])],
 }
-FETCHING_ROLES = {"encode"}
 STARTUP_TIMEOUT_S = 240.0
 
 
+class CountingFileServer(http.server.ThreadingHTTPServer):
+    """A file server that counts the GETs of each path (`gets`), so a test can tell how often
+    a deployment fetched an image."""
+
+    def __init__(self, root: Path) -> None:
+        handler = functools.partial(_QuietFileHandler, directory=str(root))
+        super().__init__(("127.0.0.1", 0), handler)
+        self.gets: Counter[str] = Counter()
+        self._gets_lock = threading.Lock()
+
+    def count_get(self, path: str) -> None:
+        with self._gets_lock:
+            self.gets[path] += 1
+
+
 class _QuietFileHandler(http.server.SimpleHTTPRequestHandler):
+    server: CountingFileServer
+
+    def do_GET(self) -> None:
+        self.server.count_get(self.path)
+        super().do_GET()
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 
 
-def serve_directory(root: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
+def serve_directory(root: Path) -> tuple[str, CountingFileServer]:
     """A loopback HTTP server over `root` in a daemon thread: its base URL and the server
     (`shutdown()` it when done)."""
-    handler = functools.partial(_QuietFileHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = CountingFileServer(root)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}", server
@@ -93,10 +113,8 @@ class Deployment:
         media = ["--allowed-media-domains", "127.0.0.1"]
         common = ["--model-path", str(self.model_path), "--namespace", self.namespace]
         for name, role, flags in self.workers:
-            fetches = role in FETCHING_ROLES or "--encode" in flags
             transfer = ["--transfer", self.transfer]
-            media_flags = media if fetches else []
-            self._spawn(name, [role, *common, *flags, *self.worker_flags, *transfer, *media_flags])
+            self._spawn(name, [role, *common, *flags, *self.worker_flags, *transfer])
         self._spawn(
             "frontend",
             [

@@ -78,3 +78,58 @@ def reference_generate(model, ids: list[int], items: Sequence[MediaInput], max_n
         **kwargs,
     )
     return out.sequences[0, len(ids) :].tolist(), out.logits[0][0]
+
+
+def placements(ids: Sequence[int], items: Sequence[MediaInput], merge: int = 2) -> list:
+    """Each item's run of placeholder tokens in expanded `ids`, as a request plan names it."""
+    from mmserve.protocol import PlannedMedia
+
+    starts = [
+        i
+        for i, token in enumerate(ids)
+        if token == IMAGE_TOKEN_ID and (i == 0 or ids[i - 1] != IMAGE_TOKEN_ID)
+    ]
+    assert len(starts) == len(items), f"{len(starts)} placeholder runs for {len(items)} items"
+    return [
+        PlannedMedia(
+            mm_hash=item.mm_hash,
+            offset=start,
+            length=int(np.prod(item.grid_thw)) // merge**2,
+            grid_thw=tuple(item.grid_thw),
+        )
+        for start, item in zip(starts, items, strict=True)
+    ]
+
+
+def planned_request(
+    request_id: str,
+    ids: Sequence[int],
+    items: Sequence[MediaInput] = (),
+    sampling=None,
+    stop=None,
+    *,
+    model=None,
+):
+    """An `EngineRequest` for expanded `ids`, with the items' placements and, given the model,
+    the M-RoPE positions from its own `get_rope_index` (the reference the driver matches)."""
+    from mmserve.engines.base import GREEDY, EngineRequest
+    from mmserve.protocol import MRopePositions, StopConditions
+
+    media = placements(ids, items)
+    positions = None
+    if model is not None and items:
+        input_ids = torch.tensor([list(ids)])
+        rows, delta = model.model.get_rope_index(
+            input_ids,
+            (input_ids == IMAGE_TOKEN_ID).int(),
+            image_grid_thw=torch.tensor([item.grid_thw for item in items]),
+        )
+        positions = MRopePositions(rows=rows.reshape(-1).tolist(), delta=int(delta.flatten()[0]))
+    return EngineRequest(
+        request_id,
+        tuple(ids),
+        sampling if sampling is not None else GREEDY,
+        stop if stop is not None else StopConditions(),
+        media=tuple(media),
+        positions=positions,
+    )

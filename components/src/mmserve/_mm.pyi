@@ -171,6 +171,9 @@ class ProcessedMedia:
         self,
     ) -> numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]] | None:
         """None when the request ran with count_only=True."""
+    @property
+    def data(self) -> bytes | None:
+        """The item's encoded bytes as fetched; None unless the request ran with keep_bytes."""
 
 @final
 class ProcessResult:
@@ -198,10 +201,12 @@ def process(
     allowed_domains: list[str] = ...,
     timeout_s: float | None = None,
     count_only: bool = False,
+    keep_bytes: bool = False,
 ) -> ProcessResult:
     """The request driver: one placeholder per image in input_ids, images as references
     (URL, data: URL, base64, local path) or already-fetched bytes. With count_only each image
-    is fetched, hashed and sized from its headers (probe_image), never decoded."""
+    is fetched, hashed and sized from its headers (probe_image), never decoded. With keep_bytes
+    each item's fetched bytes come back in ProcessedMedia.data."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, TypeVar, overload
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # ---------------------------------------------------------------------------------------------
 # Encoding
@@ -378,58 +378,79 @@ class EmbeddingsHandle(msgspec.Struct, frozen=True, kw_only=True):
     aux: dict[str, TensorHandle] = {}
 
 
-class MediaItem(msgspec.Struct, frozen=True, kw_only=True):
-    """One image (video later) of a request: a reference or inline bytes, its identity and
-    size in tokens, and what later stages attached (pixels, embeddings)."""
+class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
+    """One media item of a request plan: what it is, its identity, and the run of tokens it
+    fills in the plan's token ids (vLLM's `MultiModalFeatureSpec` with its `PlaceholderRange`).
+    """
 
     modality: Literal["image"] = "image"
-    url: str | None = None
+    mm_hash: int  # blake3 of the raw encoded bytes, truncated to u64: the item's identity
+    offset: int  # index of the item's first token in `RequestPlan.token_ids`
+    length: int  # tokens the item fills: one per row of its embedding
+    grid_thw: tuple[int, int, int]
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    @property
+    def mm_hash_hex(self) -> str:
+        """The 16-hex form engines key their caches with (`mm_hashes`)."""
+        return mm_hash_hex(self.mm_hash)
+
+
+class MRopePositions(msgspec.Struct, frozen=True, kw_only=True):
+    """M-RoPE position ids of a prompt: `rows` is `[3, len]` flattened row by row (temporal,
+    height, width); decode continues at `len + delta`."""
+
+    rows: list[int]
+    delta: int
+
+
+class RequestPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A request as the model will read it, computed once by the Rust driver in the frontend:
+    the expanded token ids (each item's placeholder repeated `length` times), each media item
+    with its place in them, and the positions (`None`: 1-D positions 0..len, which is also what
+    an M-RoPE model uses for a prompt without media). Every later hop reads it; none re-derives
+    it."""
+
+    token_ids: list[int]
+    media: list[PlannedMedia] = []
+    positions: MRopePositions | None = None
+
+
+class MediaPayload(msgspec.Struct, frozen=True, kw_only=True):
+    """What travels beside one planned item for the stage that needs it: its encoded bytes
+    (inline in `data`, or by transfer in `encoded`), its pixels (`--frontend-decoding`), or,
+    after encode, its embeddings."""
+
     data: bytes | None = None
-    mm_hash: int = 0  # blake3 of the raw encoded bytes, truncated to u64
-    token_count: int = 0  # expanded placeholder tokens
-    image_grid_thw: tuple[int, int, int] | None = None
-    encoded: TensorHandle | None = None  # the encoded bytes (uint8), shipped by transfer
-    pixel_values: TensorHandle | None = None  # set with frontend decoding
-    embeddings: EmbeddingsHandle | None = None  # set after encode
+    encoded: TensorHandle | None = None  # uint8 encoded bytes
+    pixel_values: TensorHandle | None = None
+    embeddings: EmbeddingsHandle | None = None
 
 
 class PreprocessedRequest(WireMessage, frozen=True):
-    """What the frontend sends to the first worker.
-
-    `token_ids` holds one placeholder per media item until `expanded` is true (each placeholder
-    then repeated `token_count` times, after encode). `deadline` is unix time in seconds.
-    `route` names the instance the router chose per component (`worker`, `prefill`, `decode`);
-    a hop that calls one of them addresses that instance.
+    """What the frontend sends to the first worker: the plan, one payload per planned media
+    item, and the sampling. `deadline` is unix time in seconds. `route` names the instance the
+    router chose per component (`worker`, `prefill`, `decode`); a hop that calls one of them
+    addresses that instance.
     """
 
     request_id: str
     deadline: float
     model: str
-    token_ids: list[int]
-    media: list[MediaItem] = []
-    mm_hashes: list[str] = []  # 16-hex, one per media item
+    plan: RequestPlan
+    payloads: list[MediaPayload] = []
     sampling: SamplingParams = SamplingParams()
     stop: StopConditions = StopConditions()
     lora_name: str | None = None
-    expanded: bool = False
     route: dict[str, str] = {}  # component -> instance id
 
 
-class EncodeRequest(WireMessage, frozen=True):
-    request_id: str
-    deadline: float
-    media: list[MediaItem]
-
-
-class EncodeReply(WireMessage, frozen=True):
-    """Media items with `token_count`, `image_grid_thw` and `embeddings` filled in."""
-
-    request_id: str
-    media: list[MediaItem]
-
-
 class BootstrapInfo(WireMessage, frozen=True):
-    """Where decode picks up prefill's KV cache (SGLang's bootstrap server)."""
+    """Where decode joins prefill's KV handover (SGLang's bootstrap server and room): prefill's
+    first reply when its engine moves the KV cache itself."""
 
     host: str
     port: int
@@ -438,7 +459,6 @@ class BootstrapInfo(WireMessage, frozen=True):
 
 class PrefillRequest(WireMessage, frozen=True):
     request: PreprocessedRequest
-    bootstrap: BootstrapInfo | None = None
 
 
 class PrefillDone(WireMessage, frozen=True):
@@ -467,7 +487,7 @@ class TokenChunk(WireMessage, frozen=True):
 
 
 # ---------------------------------------------------------------------------------------------
-# Routing: KV events, load, discovery
+# Routing: KV events, discovery
 # ---------------------------------------------------------------------------------------------
 
 
@@ -501,16 +521,6 @@ class KvDumpRequest(WireMessage, frozen=True):
     """A router asks `worker_id` to publish its whole cache as KV events (it lost track)."""
 
     worker_id: str
-
-
-class WorkerLoad(WireMessage, frozen=True):
-    worker_id: str
-    timestamp: float
-    active_requests: int = 0
-    waiting_requests: int = 0
-    active_decode_blocks: int = 0
-    kv_used_blocks: int = 0
-    kv_total_blocks: int = 0
 
 
 class InstanceRecord(WireMessage, frozen=True):

@@ -128,7 +128,7 @@ pub fn run(
 /// Fetches in order, refusing as soon as the running total passes the request cap. Each
 /// source may bring at most what the request has left, so the one that would cross the cap
 /// is refused from its announced size (Content-Length, file size) before it is read.
-fn fetch_all<'a>(
+pub fn fetch_all<'a>(
     media: &[MediaInput<'a>],
     policy: &FetchPolicy,
 ) -> Result<Vec<Cow<'a, [u8]>>, Error> {

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import torch
 
-from mmserve.engines.base import ItemEmbedding
+from mmserve.engines.base import EngineError, ItemEmbedding
 from mmserve.observability import nvtx
-from mmserve.protocol import EmbeddingsHandle, MediaItem
+from mmserve.protocol import EmbeddingsHandle, MediaPayload, PlannedMedia
 from mmserve.transfer import Lease, TransferAgent
 
 DEEPSTACK = "deepstack"
@@ -37,26 +37,32 @@ async def offer_embeddings(
 
 
 async def load_embeddings(
-    transfer: TransferAgent, media: Sequence[MediaItem], *, device: str = "cpu"
+    transfer: TransferAgent,
+    planned: Sequence[PlannedMedia],
+    payloads: Sequence[MediaPayload],
+    *,
+    device: str = "cpu",
 ) -> list[ItemEmbedding]:
-    """Fetch the embeddings an upstream encoder attached to each item."""
-    missing = [i for i, item in enumerate(media) if item.embeddings is None]
-    if missing:
-        raise ValueError(f"media items {missing} carry no embeddings: nothing encoded them")
+    """Fetch the embeddings an upstream encoder attached to each planned item."""
+    missing = [i for i, payload in enumerate(payloads) if payload.embeddings is None]
+    if missing or len(payloads) != len(planned):
+        raise EngineError(f"media items {missing} carry no embeddings: nothing encoded them")
 
-    async def load(item: MediaItem) -> ItemEmbedding:
-        assert item.embeddings is not None and item.image_grid_thw is not None
-        embeddings = await transfer.fetch(item.embeddings.embeddings, device=device)
+    async def load(item: PlannedMedia, handle: EmbeddingsHandle) -> ItemEmbedding:
+        embeddings = await transfer.fetch(handle.embeddings, device=device)
         deepstack: tuple[torch.Tensor, ...] = ()
-        if DEEPSTACK in item.embeddings.aux:
-            stacked = await transfer.fetch(item.embeddings.aux[DEEPSTACK], device=device)
+        if DEEPSTACK in handle.aux:
+            stacked = await transfer.fetch(handle.aux[DEEPSTACK], device=device)
             deepstack = tuple(stacked.unbind(0))
         return ItemEmbedding(
             mm_hash=item.mm_hash,
-            grid_thw=item.image_grid_thw,
+            grid_thw=item.grid_thw,
             embeddings=embeddings,
             deepstack=deepstack,
         )
 
+    handles = [payload.embeddings for payload in payloads if payload.embeddings is not None]
     with nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ):
-        return list(await asyncio.gather(*(load(item) for item in media)))
+        return list(
+            await asyncio.gather(*(load(i, h) for i, h in zip(planned, handles, strict=True)))
+        )

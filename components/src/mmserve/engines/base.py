@@ -4,9 +4,9 @@ An engine runs the three model stages of a request:
 
 - `encode(items)`: the vision tower over preprocessed media (pixel_values + grid from the Rust
   core), one `ItemEmbedding` per item;
-- `prefill(request, embeddings)`: the prompt (placeholders already expanded to one token per
-  embedding row) with the embeddings spliced in; samples the first token and returns a
-  `KvHandle` that holds the KV cache;
+- `prefill(request, embeddings)`: the planned prompt (each media item's run of tokens, one per
+  embedding row, where the plan puts it) with the embeddings spliced in; samples the first
+  token and returns a `KvHandle` that holds the KV cache;
 - `decode(kv, sampling, stop)`: streams `TokenChunk`s, starting with the prefill's first token;
   the last one carries the finish reason and the usage.
 
@@ -18,16 +18,18 @@ engine-neutral: nothing here names a model family or a framework.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from mmserve.kv.events import KvEventSink
 from mmserve.protocol import (
-    KvCleared,
-    KvRemoved,
-    KvStored,
+    BootstrapInfo,
+    MRopePositions,
+    PlannedMedia,
+    RequestPlan,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -79,17 +81,62 @@ class ItemEmbedding:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A prompt ready for prefill.
+    """A prompt ready for prefill: the request plan's part an engine reads.
 
-    `token_ids` is the expanded prompt: each media item's placeholder already repeated once per
-    embedding row, items in prompt order (the embeddings passed with it follow the same order and
-    carry the items' content hashes).
+    `token_ids` is the expanded prompt; `media` says where each item's run of tokens lies (the
+    embeddings passed with the request follow the same order, one row per token of the run);
+    `positions` are the plan's M-RoPE positions (None: 1-D positions 0..len).
     """
 
     request_id: str
     token_ids: tuple[int, ...]
     sampling: SamplingParams = GREEDY
     stop: StopConditions = field(default_factory=StopConditions)
+    media: tuple[PlannedMedia, ...] = ()
+    positions: MRopePositions | None = None
+
+    @classmethod
+    def from_plan(
+        cls,
+        request_id: str,
+        plan: RequestPlan,
+        sampling: SamplingParams = GREEDY,
+        stop: StopConditions | None = None,
+    ) -> EngineRequest:
+        return cls(
+            request_id=request_id,
+            token_ids=tuple(plan.token_ids),
+            media=tuple(plan.media),
+            positions=plan.positions,
+            sampling=sampling,
+            stop=stop if stop is not None else StopConditions(),
+        )
+
+    def check_media(self, embeddings: Sequence[ItemEmbedding]) -> None:
+        """The embeddings fit the plan: one per item, one row per token of its run, runs in
+        order inside the prompt."""
+        if len(embeddings) != len(self.media):
+            raise EngineError(f"{len(embeddings)} embeddings for {len(self.media)} media items")
+        previous_end = 0
+        for index, (item, embedding) in enumerate(zip(self.media, embeddings, strict=True)):
+            if item.offset < previous_end or item.end > len(self.token_ids):
+                raise EngineError(
+                    f"media item {index} spans [{item.offset}, {item.end}), outside the "
+                    f"{len(self.token_ids)} prompt tokens or before the item ahead of it"
+                )
+            if embedding.num_tokens != item.length:
+                raise EngineError(
+                    f"media item {index} fills {item.length} tokens but its embedding has "
+                    f"{embedding.num_tokens} rows"
+                )
+            previous_end = item.end
+
+    def media_mask(self) -> torch.Tensor:
+        """A bool mask over the prompt, true at the tokens media items fill."""
+        mask = torch.zeros(len(self.token_ids), dtype=torch.bool)
+        for item in self.media:
+            mask[item.offset : item.end] = True
+        return mask
 
 
 @dataclass
@@ -112,10 +159,6 @@ class KvHandle:
         return len(self.prompt_token_ids)
 
 
-KvEventData = KvStored | KvRemoved | KvCleared
-KvEventSink = Callable[[KvEventData], None]
-
-
 class Engine(abc.ABC):
     """The interface of an inference engine (hf, sglang, mock)."""
 
@@ -125,9 +168,13 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def prefill(
-        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding]
+        self,
+        request: EngineRequest,
+        embeddings: Sequence[ItemEmbedding],
+        bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
-        """Run the prompt with `embeddings` spliced in; sample the first token."""
+        """Run the prompt with `embeddings` spliced in; sample the first token. `bootstrap` is
+        this engine's own `bootstrap_info` for the request, when it gives one."""
 
     @abc.abstractmethod
     def decode(
@@ -144,8 +191,20 @@ class Engine(abc.ABC):
         """The handle as plain contiguous CPU tensors (the handle stays valid)."""
 
     @abc.abstractmethod
-    async def import_kv(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
-        """A handle for this engine from `export_kv`'s tensors, possibly made elsewhere."""
+    async def import_kv(
+        self,
+        request_id: str,
+        tensors: dict[str, torch.Tensor],
+        bootstrap: BootstrapInfo | None = None,
+    ) -> KvHandle:
+        """A handle for this engine from `export_kv`'s tensors, possibly made elsewhere, and
+        the prefill's `bootstrap_info` when it gave one."""
+
+    def bootstrap_info(self) -> BootstrapInfo | None:
+        """Where a decode engine joins this prefill engine's KV handover of the next request
+        (SGLang: its bootstrap server and a fresh room); None for engines whose KV travels as
+        exported tensors. Prefill answers it to decode before it starts the prompt."""
+        return None
 
     @abc.abstractmethod
     def release(self, kv: KvHandle) -> None:

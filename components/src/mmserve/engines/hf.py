@@ -2,10 +2,10 @@
 
 The engine drives the model's parts itself rather than `generate`: the vision tower
 (`model.model.visual` via `get_image_features`), the embedding table, the language model with an
-explicit M-RoPE position grid (`get_rope_index`, the model's own) and a `DynamicCache`, and the
-LM head. That is what lets a prefill start from precomputed embeddings and from cached prefix
-blocks, and a decode continue from a cache made in another process, while giving the tokens of
-`generate(pixel_values=...)`.
+explicit position grid (the request plan's M-RoPE positions, which tests prove equal to the
+model's own `get_rope_index`) and a `DynamicCache`, and the LM head. That is what lets a
+prefill start from precomputed embeddings and from cached prefix blocks, and a decode continue
+from a cache made in another process, while giving the tokens of `generate(pixel_values=...)`.
 
 Every model call runs on one dedicated thread per engine, so the asyncio loop never blocks and
 the model, the prefix cache and the encoder cache have a single owner. Decode streams submit one
@@ -36,18 +36,18 @@ from mmserve.engines.base import (
     MediaInput,
 )
 from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
-from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
+from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import (
     check_sampling,
     make_generator,
     sample_token,
     stream_completion,
 )
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.kv.pad import PadScheme
+from mmserve.kv.view import prompt_block_keys
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.protocol import SamplingParams, StopConditions, TokenChunk
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
-from mmserve.router.pad import PadScheme
-from mmserve.router.view import RoutingMedia
+from mmserve.protocol import BootstrapInfo, SamplingParams, StopConditions, TokenChunk
 
 Result = TypeVar("Result")
 
@@ -238,45 +238,28 @@ class HfEngine(Engine):
     # -- prefill --------------------------------------------------------------------------------
 
     async def prefill(
-        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
+        self,
+        request: EngineRequest,
+        embeddings: Sequence[ItemEmbedding] = (),
+        bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
         check_sampling(request.sampling, request.stop)
+        request.check_media(embeddings)
         return await self._admitted_call(self._prefill_sync, request, list(embeddings))
 
-    def _media_offsets(self, ids: torch.Tensor, embeddings: list[ItemEmbedding]) -> list[int]:
-        """The first token of each item's placeholder run, checked against the embeddings."""
-        positions = torch.nonzero(ids == self.spec.image_token_id).flatten().tolist()
-        expected = sum(item.num_tokens for item in embeddings)
-        if len(positions) != expected:
-            raise EngineError(
-                f"prompt has {len(positions)} image placeholder tokens but the embeddings have "
-                f"{expected} rows"
-            )
-        offsets: list[int] = []
-        start = 0
-        for item in embeddings:
-            run = positions[start : start + item.num_tokens]
-            if run[-1] - run[0] != item.num_tokens - 1:
-                raise EngineError(f"placeholder run of item {len(offsets)} is not contiguous")
-            if item.num_tokens != self.spec.image_token_count(item.grid_thw):
-                raise EngineError(f"item {len(offsets)} has rows that do not match its grid")
-            offsets.append(run[0])
-            start += item.num_tokens
-        return offsets
-
-    def _positions(
-        self, ids: torch.Tensor, embeddings: list[ItemEmbedding]
-    ) -> tuple[torch.Tensor, int]:
-        """M-RoPE positions `[3, 1, len]` and the rope delta, from the model's `get_rope_index`."""
-        if not embeddings:
-            positions = torch.arange(len(ids), device=self.device).view(1, 1, -1).expand(3, 1, -1)
+    def _positions(self, request: EngineRequest) -> tuple[torch.Tensor, int]:
+        """Position ids `[3, 1, len]` (the same row three times for 1-D positions) and the
+        rope delta, as the plan gives them."""
+        length = len(request.token_ids)
+        if request.positions is None:
+            positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, 1, -1)
             return positions, 0
-        grid = torch.tensor([item.grid_thw for item in embeddings], device=self.device)
-        mm_token_type_ids = (ids == self.spec.image_token_id).int()[None]
-        positions, delta = self._inner.get_rope_index(
-            ids[None], mm_token_type_ids, image_grid_thw=grid
-        )
-        return positions, int(delta.flatten()[0])
+        rows = torch.tensor(request.positions.rows, dtype=torch.long, device=self.device)
+        if rows.numel() != 3 * length:
+            raise EngineError(
+                f"the plan's positions hold {rows.numel()} ids for 3 x {length} prompt tokens"
+            )
+        return rows.view(3, 1, length), request.positions.delta
 
     def _prefill_sync(self, request: EngineRequest, embeddings: list[ItemEmbedding]) -> KvHandle:
         from transformers import DynamicCache
@@ -286,15 +269,13 @@ class HfEngine(Engine):
         ids = torch.tensor(request.token_ids, dtype=torch.long, device=self.device)
         if int(ids.max()) >= self.spec.vocab_size or int(ids.min()) < 0:
             raise EngineError(f"token ids must lie in [0, {self.spec.vocab_size})")
-        offsets = self._media_offsets(ids, embeddings)
-        positions, rope_delta = self._positions(ids, embeddings)
+        for item, embedding in zip(request.media, embeddings, strict=True):
+            if item.grid_thw != embedding.grid_thw:
+                raise EngineError(f"embedding of grid {embedding.grid_thw} for item {item}")
+        positions, rope_delta = self._positions(request)
 
         block_size = self.prefix_cache.block_size
-        media = [
-            RoutingMedia(item.mm_hash, item.num_tokens, offset)
-            for item, offset in zip(embeddings, offsets, strict=True)
-        ]
-        keys = prompt_block_keys(request.token_ids, media, block_size, self.pad_scheme)
+        keys = prompt_block_keys(request.token_ids, request.media, block_size, self.pad_scheme)
         # At least one token must run to produce the first token's logits.
         blocks = self.prefix_cache.match(keys.seq_hashes, (len(ids) - 1) // block_size)
         cached = len(blocks) * block_size
@@ -306,7 +287,7 @@ class HfEngine(Engine):
                 cache.update(past[layer, 0][None], past[layer, 1][None], layer)
 
         # Only the uncached suffix runs: its embeddings, with the image rows that fall in it.
-        image_mask = ids == self.spec.image_token_id
+        image_mask = request.media_mask().to(self.device)
         rows_cached = int(image_mask[:cached].sum())
         inputs_embeds = self._inner.get_input_embeddings()(ids[None, cached:])
         if rows_cached < int(image_mask.sum()):
@@ -434,7 +415,12 @@ class HfEngine(Engine):
             "generator_state": generator_state.cpu().contiguous(),
         }
 
-    async def import_kv(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
+    async def import_kv(
+        self,
+        request_id: str,
+        tensors: dict[str, torch.Tensor],
+        bootstrap: BootstrapInfo | None = None,
+    ) -> KvHandle:
         return await self._call(self._import_sync, request_id, tensors)
 
     def _import_sync(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:

@@ -47,13 +47,13 @@ from mmserve.engines.defaults import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
-from mmserve.engines.prefix_cache import PrefixCache, prompt_block_keys
+from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import check_sampling, stream_completion
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.kv.pad import PadScheme
+from mmserve.kv.view import prompt_block_keys
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.protocol import SamplingParams, StopConditions, TokenChunk
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
-from mmserve.router.pad import PadScheme
-from mmserve.router.view import RoutingMedia
+from mmserve.protocol import BootstrapInfo, SamplingParams, StopConditions, TokenChunk
 
 EMBEDDING_DIM = 8  # columns of a mock embedding: small, so transfers stay cheap
 PSEUDO_TOKENS = (1_000, 100_000)  # ordinary vocabulary ids, far from the special tokens
@@ -131,34 +131,20 @@ class MockEngine(Engine):
         await asyncio.sleep(sum(item.num_tokens for item in embeddings) * self.encode_s_per_token)
         return embeddings
 
-    def _media(
-        self, token_ids: Sequence[int], embeddings: Sequence[ItemEmbedding]
-    ) -> list[RoutingMedia]:
-        """Each item at the start of its placeholder run, checked against the embeddings."""
-        ids = np.asarray(token_ids, dtype=np.int64)
-        positions = np.flatnonzero(ids == self.spec.image_token_id)
-        if len(positions) != sum(item.num_tokens for item in embeddings):
-            raise EngineError(
-                f"prompt has {len(positions)} image placeholder tokens for embeddings of "
-                f"{sum(item.num_tokens for item in embeddings)} rows"
-            )
-        media: list[RoutingMedia] = []
-        for item in embeddings:
-            run, positions = positions[: item.num_tokens], positions[item.num_tokens :]
-            if run[-1] - run[0] != item.num_tokens - 1:
-                raise EngineError(f"placeholder run of item {len(media)} is not contiguous")
-            media.append(RoutingMedia(item.mm_hash, item.num_tokens, int(run[0])))
-        return media
-
     async def prefill(
-        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
+        self,
+        request: EngineRequest,
+        embeddings: Sequence[ItemEmbedding] = (),
+        bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
         check_sampling(request.sampling, request.stop)
         if not request.token_ids:
             raise EngineError("the prompt is empty")
-        media = self._media(request.token_ids, embeddings)
+        request.check_media(embeddings)
         cache = self.prefix_cache
-        keys = prompt_block_keys(request.token_ids, media, cache.block_size, self.pad_scheme)
+        keys = prompt_block_keys(
+            request.token_ids, request.media, cache.block_size, self.pad_scheme
+        )
         self._admit()
         try:
             async with self._prefill_turn:
@@ -170,7 +156,7 @@ class MockEngine(Engine):
                 cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
         finally:
             self._admitted -= 1
-        seed = prompt_seed(request.token_ids, [item.mm_hash for item in media])
+        seed = prompt_seed(request.token_ids, [item.mm_hash for item in request.media])
         return KvHandle(
             request_id=request.request_id,
             prompt_token_ids=tuple(request.token_ids),
@@ -219,7 +205,12 @@ class MockEngine(Engine):
             "seed": torch.tensor([state.seed], dtype=torch.int64),
         }
 
-    async def import_kv(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
+    async def import_kv(
+        self,
+        request_id: str,
+        tensors: dict[str, torch.Tensor],
+        bootstrap: BootstrapInfo | None = None,
+    ) -> KvHandle:
         try:
             return KvHandle(
                 request_id=request_id,

@@ -1,7 +1,7 @@
 """A prefix cache of KV blocks keyed by Dynamo-compatible block hashes.
 
 The key of a block is its chained sequence hash over the routing view of the prompt (media runs
-replaced by their pad values, `mmserve.router.view`), so the engine's blocks are exactly the ones
+replaced by their pad values, `mmserve.kv.view`), so the engine's blocks are exactly the ones
 the router indexes. A block's KV depends on every token before it, hence the chained hash rather
 than the block's local one. Payloads are opaque (the hf engine stores KV tensors, the mock
 engine nothing); eviction is LRU under a byte and/or block budget, and every change is reported
@@ -16,21 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from mmserve.engines.base import KvEventData, KvEventSink
+from mmserve.kv.events import KvEventData, KvEventSink
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.kv.view import BlockKeys
 from mmserve.protocol import KvBlock, KvCleared, KvRemoved, KvStored
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
-from mmserve.router.pad import PadScheme
-from mmserve.router.view import RoutingMedia, routing_view
 
 Payload = TypeVar("Payload")
-
-
-@dataclass(frozen=True)
-class BlockKeys:
-    """Hashes of a prompt's complete blocks: local (per block) and chained (the cache keys)."""
-
-    local_hashes: tuple[int, ...]
-    seq_hashes: tuple[int, ...]
 
 
 @dataclass
@@ -39,17 +30,6 @@ class _Entry(Generic[Payload]):
     num_bytes: int
     parent_hash: int | None
     tokens_hash: int
-
-
-def prompt_block_keys(
-    token_ids: Sequence[int],
-    media: Sequence[RoutingMedia],
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    scheme: PadScheme = PadScheme.DYNAMO,
-) -> BlockKeys:
-    """Block keys of expanded `token_ids` whose media runs start at each item's `offset`."""
-    local = routing_view(token_ids, media, scheme=scheme).block_hashes(block_size)
-    return BlockKeys(tuple(local), tuple(compute_seq_hashes(local)))
 
 
 class PrefixCache(Generic[Payload]):

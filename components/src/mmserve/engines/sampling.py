@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer
 
 from mmserve.engines.base import EngineError, KvHandle
-from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.engines.detokenize import IncrementalDetokenizer
 from mmserve.protocol import FinishReason, SamplingParams, StopConditions, TokenChunk, Usage
 
 

@@ -12,10 +12,11 @@
   `image_grid_thw`, `modality`; SGLang takes exactly one such dict per request) and
   `mm_hashes` (16-digit hex), so SGLang's pad values, radix cache and KV events use the
   router's item identities.
-- P/D: SGLang moves the KV itself. The prefill engine picks a bootstrap room (host: `--host`,
-  or this machine's address when that is a loopback or wildcard one) and runs its
-  request in the background; `export_kv` hands decode `{host, port, room}` (and the prompt,
-  for the decode-side request), and decode's `async_generate` joins the same room
+- P/D: SGLang moves the KV itself. The prefill engine's `bootstrap_info` picks a bootstrap room
+  (host: `--host`, or this machine's address when that is a loopback or wildcard one), which
+  prefill answers decode in a `protocol.BootstrapInfo` before it runs the request in the
+  background; `export_kv` hands decode the prompt and the embeddings for the decode-side
+  request, and decode's `async_generate` joins the same room
   (`--disaggregation-mode prefill|decode`, `--disaggregation-transfer-backend nixl`). The first
   token arrives in decode's stream; the handle's `first_token` is -1 on both sides.
 - KV events: SGLang's ZMQ publisher (`--kv-events-config`; on loopback by default), bridged
@@ -57,8 +58,15 @@ from mmserve.engines.base import (
     MediaInput,
 )
 from mmserve.engines.sglang_kv_events import SglangKvEventBridge, zmq_reader
-from mmserve.protocol import FinishReason, SamplingParams, StopConditions, TokenChunk, Usage
-from mmserve.router.pad import PadScheme, pad_values
+from mmserve.kv.pad import PadScheme, pad_values
+from mmserve.protocol import (
+    BootstrapInfo,
+    FinishReason,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +160,7 @@ def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str,
 def generate_kwargs(
     request: EngineRequest,
     embeddings: Sequence[ItemEmbedding],
-    bootstrap: tuple[str, int, int] | None,
+    bootstrap: BootstrapInfo | None,
     *,
     splits_images: bool = True,
 ) -> dict[str, Any]:
@@ -171,7 +179,9 @@ def generate_kwargs(
         if len(embeddings) == 1 or splits_images:
             kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in embeddings]
     if bootstrap is not None:
-        kwargs["bootstrap_host"], kwargs["bootstrap_port"], kwargs["bootstrap_room"] = bootstrap
+        kwargs["bootstrap_host"] = bootstrap.host
+        kwargs["bootstrap_port"] = bootstrap.port
+        kwargs["bootstrap_room"] = bootstrap.room
     return kwargs
 
 
@@ -386,26 +396,35 @@ class SglangEngine(Engine):
 
     # -- prefill / decode -----------------------------------------------------------------
 
+    def bootstrap_info(self) -> BootstrapInfo | None:
+        """A fresh room on this prefill engine's bootstrap server (host: `--host`, or this
+        machine's address when that is a loopback or wildcard one)."""
+        if self.mode != "prefill":
+            return None
+        return BootstrapInfo(
+            host=self.bootstrap_host,
+            port=self.args.disaggregation_bootstrap_port,
+            room=secrets.randbits(63),
+        )
+
     async def prefill(
-        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding]
+        self,
+        request: EngineRequest,
+        embeddings: Sequence[ItemEmbedding],
+        bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
         llm = self._language_model()
         self.bridge.remember(item.mm_hash for item in embeddings)
         if self.mode == "prefill":
-            bootstrap = (
-                self.bootstrap_host,
-                self.args.disaggregation_bootstrap_port,
-                secrets.randbits(63),
-            )
+            if bootstrap is None:
+                raise EngineError("a prefill-mode sglang engine prefills into a bootstrap room")
             stream = await llm.async_generate(
                 **self._generate_kwargs(request, embeddings, bootstrap)
             )
             task = asyncio.create_task(_drain(stream))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-            state: dict[str, Any] = {"bootstrap": bootstrap, "embeddings": tuple(embeddings)}
-        else:
-            state = {"embeddings": tuple(embeddings), "bootstrap": None}
+        state: dict[str, Any] = {"bootstrap": bootstrap, "embeddings": tuple(embeddings)}
         return KvHandle(request.request_id, request.token_ids, -1, 0, state)
 
     def decode(
@@ -425,7 +444,7 @@ class SglangEngine(Engine):
         self,
         request: EngineRequest,
         embeddings: Sequence[ItemEmbedding],
-        bootstrap: tuple[str, int, int] | None,
+        bootstrap: BootstrapInfo | None,
     ) -> AsyncIterator[TokenChunk]:
         llm = self._language_model()
         with self._admit():
@@ -460,15 +479,13 @@ class SglangEngine(Engine):
                 return
 
     async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
-        bootstrap = kv.state["bootstrap"]
-        if self.mode != "prefill" or bootstrap is None:
+        if self.mode != "prefill" or kv.state["bootstrap"] is None:
             raise EngineError("only a prefill-mode sglang engine hands its KV cache over")
-        host, port, room = bootstrap
+        # The KV itself moves through the bootstrap room; decode's request needs the prompt and
+        # the embeddings beside it.
         embeddings: tuple[ItemEmbedding, ...] = kv.state["embeddings"]
         tensors = {
             "prompt_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.long),
-            "bootstrap_host": torch.tensor(list(host.encode()), dtype=torch.uint8),
-            "bootstrap": torch.tensor([port, room], dtype=torch.long),
             "mm_hashes": torch.tensor([_as_i64(e.mm_hash) for e in embeddings], dtype=torch.long),
             "grids": torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long).reshape(
                 -1, 3
@@ -479,12 +496,15 @@ class SglangEngine(Engine):
             tensors["embeddings"] = torch.cat([e.embeddings for e in embeddings]).contiguous()
         return tensors
 
-    async def import_kv(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
-        if self.mode != "decode":
+    async def import_kv(
+        self,
+        request_id: str,
+        tensors: dict[str, torch.Tensor],
+        bootstrap: BootstrapInfo | None = None,
+    ) -> KvHandle:
+        if self.mode != "decode" or bootstrap is None:
             raise EngineError("only a decode-mode sglang engine joins a prefill's bootstrap room")
         prompt = tuple(int(t) for t in tensors["prompt_ids"].tolist())
-        port, room = (int(v) for v in tensors["bootstrap"].tolist())
-        host = bytes(tensors["bootstrap_host"].tolist()).decode()
         embeddings = []
         offset = 0
         for mm_hash, grid, count in zip(
@@ -496,7 +516,7 @@ class SglangEngine(Engine):
             rows = tensors["embeddings"][offset : offset + count]
             embeddings.append(ItemEmbedding(mm_hash & _U64, (grid[0], grid[1], grid[2]), rows))
             offset += count
-        state = {"bootstrap": (host, port, room), "embeddings": tuple(embeddings)}
+        state = {"bootstrap": bootstrap, "embeddings": tuple(embeddings)}
         return KvHandle(request_id, prompt, -1, 0, state)
 
     def release(self, kv: KvHandle) -> None:
@@ -541,7 +561,7 @@ class SglangEngine(Engine):
         self,
         request: EngineRequest,
         embeddings: Sequence[ItemEmbedding],
-        bootstrap: tuple[str, int, int] | None,
+        bootstrap: BootstrapInfo | None,
     ) -> dict[str, Any]:
         return generate_kwargs(request, embeddings, bootstrap, splits_images=self.splits_images)
 

@@ -6,7 +6,7 @@ SGLang publishes multipart messages `(topic, seq, payload)`; the payload is a ms
 (`BlockStored {block_hashes, parent_block_hash, token_ids, block_size, ...}`,
 `BlockRemoved {block_hashes}`, `AllBlocksCleared`), as `sglang/srt/disaggregation/kv_events.py`
 writes them. SGLang's block hashes are its own; the router indexes Dynamo-compatible hashes of
-the routing view (`mmserve.router.view`). The bridge recomputes those from the event's token
+the routing view (`mmserve.kv.view`). The bridge recomputes those from the event's token
 ids: pad values wider than u32 (the `sglang-wide` scheme) are narrowed as the router narrows
 them, and the mm_hash of every pad value the engine has sent (`remember`) is attached to the
 blocks it appears in. SGLang's hashes only name the blocks for later removal.
@@ -21,10 +21,10 @@ from typing import Any
 
 import msgspec
 
-from mmserve.engines.base import KvEventData, KvEventSink
+from mmserve.kv.events import KvEventData, KvEventSink
+from mmserve.kv.hashing import compute_block_hashes, compute_seq_hashes
+from mmserve.kv.pad import MM_PAD_SHIFT, PadScheme, routing_pad_values
 from mmserve.protocol import KvBlock, KvCleared, KvRemoved, KvStored
-from mmserve.router.hashing import compute_block_hashes, compute_seq_hashes
-from mmserve.router.pad import MM_PAD_SHIFT, PadScheme, routing_pad_values
 
 GPU_MEDIUM = "GPU"
 """SGLang's `StorageMedium.GPU`; events of other tiers (host, disk, external) are skipped."""

@@ -20,7 +20,6 @@ from typing import Any
 import msgspec
 
 from mmserve.frontend.chat import ChatPreprocessor, new_request_id
-from mmserve.frontend.detokenize import IncrementalDetokenizer
 from mmserve.frontend.dispatch import Dispatcher
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.openapi import openapi_document
@@ -259,9 +258,6 @@ class _Generation:
         self._preprocessed = preprocessed
         self._arrival = arrival
         self._created = int(time.time())
-        stop = preprocessed.stop.stop
-        tokenizer = app.preprocessor.model.tokenizer.backend_tokenizer
-        self._detokenizer = IncrementalDetokenizer(tokenizer, stop)
         self._completion_tokens = 0
         self._usage: Usage | None = None
         self._last_token_at: float | None = None
@@ -274,14 +270,8 @@ class _Generation:
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                 async for chunk in chunks:
                     self._observe(chunk)
-                    text = self._detokenizer.push(chunk.token_ids)
-                    if self._detokenizer.stopped:
-                        yield text, "stop"
-                        return
                     finish = chunk.finish_reason
-                    if finish is not None:
-                        text += self._detokenizer.flush()
-                    yield text, finish
+                    yield chunk.text, finish
                     if finish is not None:
                         return
         except RemoteError as err:
@@ -302,17 +292,13 @@ class _Generation:
             self._usage = chunk.usage
 
     def usage(self) -> OpenAIUsage:
-        """The worker's usage when it sent one, else counted here (e.g. cut by a stop string)."""
-        if self._usage is not None and not self._detokenizer.stopped:
+        """The worker's usage (its last chunk carries it), else counted here."""
+        if self._usage is not None:
             return OpenAIUsage.from_usage(self._usage)
-        items = self._preprocessed.media
-        prompt = len(self._preprocessed.token_ids) - len(items) + sum(i.token_count for i in items)
-        cached = self._usage.cached_tokens if self._usage is not None else 0
         return OpenAIUsage.from_usage(
             Usage(
-                prompt_tokens=prompt,
+                prompt_tokens=len(self._preprocessed.plan.token_ids),
                 completion_tokens=self._completion_tokens,
-                cached_tokens=cached,
             )
         )
 

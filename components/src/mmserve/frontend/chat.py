@@ -1,5 +1,6 @@
 """OpenAI chat request -> `PreprocessedRequest`: validation, the model's chat template,
-tokenization, and per media item its hash and expanded token count."""
+tokenization, and the request plan (one run of the Rust driver: each media item's identity,
+place in the expanded prompt and grid, and the positions)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,11 @@ from mmserve.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     ImageUrlPart,
-    MediaItem,
+    MediaPayload,
     PreprocessedRequest,
     SamplingParams,
     StopConditions,
     TextPart,
-    mm_hash_hex,
 )
 
 
@@ -104,32 +104,19 @@ class ChatPreprocessor:
                 param="messages",
             )
         token_ids = await asyncio.to_thread(self._tokenize, request)
-        placeholders = token_ids.count(self.model.spec.image_token_id)
-        if placeholders != len(images):
-            # The text itself spelled the placeholder token, or the template dropped images.
-            raise ApiError.bad_request(
-                "invalid_value",
-                f"the prompt holds {placeholders} image placeholder tokens for {len(images)} "
-                "images; text must not contain the model's image placeholder token",
-                param="messages",
-            )
-        sources = await self._sources(images)
-        processed = await self._process_media(token_ids, images, sources) if images else None
-        prompt_tokens = len(processed.input_ids) if processed else len(token_ids)
-        max_tokens = self._completion_budget(request, prompt_tokens)
-        items = (
-            await self._media_items(images, sources, processed.items, request_id)
-            if processed
-            else []
-        )
+        # Text-only prompts go through the driver too: it refuses text that spells the image
+        # placeholder token.
+        planned = await self._plan(token_ids, images)
+        plan = planned.plan
+        max_tokens = self._completion_budget(request, len(plan.token_ids))
+        payloads = await self._payloads(planned, request_id)
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return PreprocessedRequest(
             request_id=request_id,
             deadline=deadline,
             model=self.model.name,
-            token_ids=token_ids,
-            media=items,
-            mm_hashes=[mm_hash_hex(item.mm_hash) for item in items],
+            plan=plan,
+            payloads=payloads,
             sampling=SamplingParams(
                 temperature=1.0 if request.temperature is None else request.temperature,
                 top_p=1.0 if request.top_p is None else request.top_p,
@@ -199,70 +186,37 @@ class ChatPreprocessor:
             ) from err
         return list(tokenizer.encode(text, add_special_tokens=False))
 
-    async def _sources(self, images: list[_ImageRef]) -> list[str | bytes]:
-        """What the core reads for each image. An inline one (data URL, base64) that travels
-        on as its encoded bytes is decoded here, once, for both the sizing and the transfer;
-        references (and everything with frontend decoding) stay as they are."""
-        ships_encoded = self._tensor_sink is not None and not self.options.frontend_decoding
-        sources: list[str | bytes] = []
-        for index, image in enumerate(images):
-            if not (ships_encoded and media.is_inline(image.url)):
-                sources.append(image.url)
-                continue
-            try:
-                sources.append(await media.fetch(image.url, self.options.policy))
-            except MediaError as err:
-                params = [ref.param for ref in images]
-                raise ApiError.from_media_error(err, params, item=index) from err
-        return sources
-
-    async def _process_media(
-        self, token_ids: list[int], images: list[_ImageRef], sources: list[str | bytes]
-    ) -> media.ProcessedRequest:
-        """The expanded prompt, and each item's hash, grid and token count (and its pixels
-        with frontend decoding)."""
+    async def _plan(self, token_ids: list[int], images: list[_ImageRef]) -> media.PlannedRequest:
+        """The request plan, from one run of the Rust driver: it fetches each image once and
+        keeps its bytes to ship on (or, with frontend decoding, preprocesses it in full)."""
+        decoding = self.options.frontend_decoding
         try:
-            return await media.process(
+            return await media.plan_request(
                 self.model.media_spec,
                 token_ids,
-                sources,
+                [image.url for image in images],
                 self.options.policy,
-                count_only=not self.options.frontend_decoding,
+                count_only=not decoding,
+                keep_bytes=not decoding,
             )
         except MediaError as err:
             raise ApiError.from_media_error(err, [image.param for image in images]) from err
 
-    async def _media_items(
-        self,
-        images: list[_ImageRef],
-        sources: list[str | bytes],
-        processed: list[media.ProcessedItem],
-        request_id: str,
-    ) -> list[MediaItem]:
-        """The items as the first hop reads them. With frontend decoding their pixels travel
-        by transfer; otherwise inline sources (data URLs, base64) travel by transfer as their
-        encoded bytes, so a large one never meets the NATS payload limit, and URLs travel as
-        they are for the encoder to fetch."""
-        decoding = self.options.frontend_decoding
-        items = []
-        for image, source, item in zip(images, sources, processed, strict=True):
-            pixel_values = encoded = None
-            sink = self._tensor_sink
-            if decoding and sink is not None and item.pixel_values is not None:
-                pixel_values = await sink(request_id, item.pixel_values)
-            elif sink is not None and isinstance(source, bytes):
-                encoded = await sink(request_id, np.frombuffer(bytearray(source), dtype=np.uint8))
-            items.append(
-                MediaItem(
-                    url=None if pixel_values or encoded else image.url,
-                    mm_hash=item.mm_hash,
-                    token_count=item.token_count,
-                    image_grid_thw=item.grid_thw,
-                    pixel_values=pixel_values,
-                    encoded=encoded,
-                )
-            )
-        return items
+    async def _payloads(self, planned: media.PlannedRequest, request_id: str) -> list[MediaPayload]:
+        """What the first hop reads for each item: with frontend decoding its pixels, else its
+        encoded bytes, both by transfer (so a large item never meets the NATS payload limit);
+        inline bytes only where no transfer sink is attached."""
+        sink = self._tensor_sink
+        payloads = []
+        for data, pixel_values in zip(planned.data, planned.pixel_values, strict=True):
+            if pixel_values is not None and sink is not None:
+                payloads.append(MediaPayload(pixel_values=await sink(request_id, pixel_values)))
+            elif data is not None and sink is not None:
+                array = np.frombuffer(data, dtype=np.uint8)
+                payloads.append(MediaPayload(encoded=await sink(request_id, array)))
+            else:
+                payloads.append(MediaPayload(data=data))
+        return payloads
 
 
 def _max_tokens(request: ChatCompletionRequest) -> int | None:

@@ -1,21 +1,21 @@
 """The Python side of the Rust media core: the fetch policy and async calls into the core."""
 
 from mmserve.media.calls import (
-    ProcessedItem,
-    ProcessedRequest,
+    ItemPixels,
+    PlannedRequest,
     fetch,
-    is_inline,
     load_spec,
-    process,
+    plan_request,
+    preprocess_items,
 )
 from mmserve.media.policy import MediaPolicy
 
 __all__ = [
+    "ItemPixels",
     "MediaPolicy",
-    "ProcessedItem",
-    "ProcessedRequest",
+    "PlannedRequest",
     "fetch",
-    "is_inline",
     "load_spec",
-    "process",
+    "plan_request",
+    "preprocess_items",
 ]

@@ -16,6 +16,7 @@ import numpy as np
 
 from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
+from mmserve.protocol import MRopePositions, PlannedMedia, RequestPlan
 
 
 def load_spec(model_dir: str | Path) -> _mm.Spec:
@@ -29,26 +30,22 @@ def load_spec(model_dir: str | Path) -> _mm.Spec:
 
 
 @dataclass(frozen=True)
-class ProcessedItem:
-    mm_hash: int  # blake3 of the raw encoded bytes, truncated to u64
-    token_count: int  # tokens the item's placeholder expands to
-    grid_thw: tuple[int, int, int]
-    pixel_values: np.ndarray | None  # only when preprocessed in full
+class PlannedRequest:
+    """The driver's result for one request: the plan, and per item what the next stage reads
+    (its encoded bytes when asked to keep them, its pixel values when preprocessed in full)."""
+
+    plan: RequestPlan
+    data: list[bytes | None]
+    pixel_values: list[np.ndarray | None]
 
 
 @dataclass(frozen=True)
-class ProcessedRequest:
-    input_ids: list[int]  # each placeholder expanded to its item's token count
-    items: list[ProcessedItem]
+class ItemPixels:
+    """One item preprocessed for the vision tower."""
 
-
-_REFERENCE_PREFIXES = ("http://", "https://", "file://", "/")
-
-
-def is_inline(source: str) -> bool:
-    """Whether the source carries the media itself (a `data:` URL or bare base64) rather than
-    pointing at it (http(s), `file://`, an absolute path), as the core classifies sources."""
-    return not source.lower().startswith(_REFERENCE_PREFIXES)
+    mm_hash: int
+    pixel_values: np.ndarray
+    grid_thw: tuple[int, int, int]
 
 
 async def fetch(source: str, policy: MediaPolicy) -> bytes:
@@ -56,35 +53,68 @@ async def fetch(source: str, policy: MediaPolicy) -> bytes:
     return await asyncio.to_thread(_mm.fetch_bytes, source, **_fetch_options(policy))
 
 
-async def process(
+async def plan_request(
     spec: _mm.Spec,
     input_ids: list[int],
     sources: list[str | bytes],
     policy: MediaPolicy,
     *,
     count_only: bool,
-) -> ProcessedRequest:
-    """Fetches and describes every item of a request: `sources` are references (URL, `data:`
-    URL, base64, local path) or bytes already fetched. `input_ids` holds one placeholder per
-    item. With `count_only` the core fetches and hashes each item and plans its grid from the
-    size its headers give (EXIF orientation applied), without decoding it: a corrupt body is
-    found by whoever decodes the item."""
+    keep_bytes: bool = False,
+) -> PlannedRequest:
+    """Runs the request driver once: fetches every item (`sources` are references - URL,
+    `data:` URL, base64, local path - or bytes already fetched), hashes it, sizes it, expands
+    `input_ids` (one placeholder per item) and computes the positions. With `count_only` each
+    item is sized from its headers (EXIF orientation applied) and never decoded: a corrupt body
+    is found by whoever decodes it. With `keep_bytes` each item's fetched bytes come back too,
+    so they travel on instead of being fetched again."""
     output = await asyncio.to_thread(
-        _mm.process, spec, input_ids, sources, count_only=count_only, **_fetch_options(policy)
+        _mm.process,
+        spec,
+        input_ids,
+        sources,
+        count_only=count_only,
+        keep_bytes=keep_bytes,
+        **_fetch_options(policy),
     )
-    return ProcessedRequest(
-        input_ids=output.input_ids.tolist(),
-        items=[_item(item) for item in output.items],
+    return PlannedRequest(
+        plan=_plan(output),
+        data=[item.data for item in output.items],
+        pixel_values=[item.pixel_values for item in output.items],
     )
 
 
-def _item(item: Any) -> ProcessedItem:
-    return ProcessedItem(
-        mm_hash=int(item.hash),
-        token_count=int(item.num_tokens),
-        grid_thw=tuple(item.image_grid_thw.reshape(3).tolist()),
-        pixel_values=item.pixel_values,
-    )
+def _plan(output: _mm.ProcessResult) -> RequestPlan:
+    items = [
+        PlannedMedia(
+            mm_hash=int(item.hash),
+            offset=start,
+            length=end - start,
+            grid_thw=_grid(item.image_grid_thw),
+        )
+        for item, (start, end) in zip(output.items, output.offsets, strict=True)
+    ]
+    positions = None
+    if output.positions is not None and items:  # without media they are plain 0..len
+        positions = MRopePositions(
+            rows=output.positions.reshape(-1).tolist(), delta=int(output.rope_delta)
+        )
+    return RequestPlan(token_ids=output.input_ids.tolist(), media=items, positions=positions)
+
+
+async def preprocess_items(spec: _mm.Spec, data: list[bytes]) -> list[ItemPixels]:
+    """Decodes and preprocesses each item's encoded bytes for the vision tower (fanned out in
+    the core); the plan already says where each item goes."""
+    processed = await asyncio.to_thread(_mm.qwen_vl_preprocess_batch, spec, data)
+    return [
+        ItemPixels(mm_hash=int(mm_hash), pixel_values=pixel_values, grid_thw=_grid(grid))
+        for pixel_values, grid, mm_hash in processed
+    ]
+
+
+def _grid(grid: np.ndarray) -> tuple[int, int, int]:
+    t, h, w = (int(v) for v in grid.reshape(3).tolist())
+    return t, h, w
 
 
 def _fetch_options(policy: MediaPolicy) -> dict[str, Any]:

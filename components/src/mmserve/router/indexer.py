@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mmserve import _mm
-from mmserve.protocol import KvBlock, KvCleared, KvRemoved, KvStored
+from mmserve.kv.events import KvEventData
+from mmserve.protocol import KvBlock, KvRemoved, KvStored
 
 UnknownParentError = _mm.UnknownParentError
 """A stored event names a parent block the index does not hold for that worker (a KeyError)."""
-
-KvEventData = KvStored | KvRemoved | KvCleared
 
 
 class KvIndexer:

@@ -25,10 +25,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
+from mmserve.kv.pad import PadScheme
+from mmserve.kv.view import RoutingView, routing_view
+from mmserve.protocol import RequestPlan
 from mmserve.router.indexer import KvIndexer
-from mmserve.router.pad import PadScheme
-from mmserve.router.view import RoutingMedia, RoutingView, routing_view
 
 
 class RouterMode(enum.Enum):
@@ -208,17 +209,11 @@ class Router:
         self._next_round_robin = 0
 
     def request_for(
-        self,
-        request_id: str,
-        token_ids: Sequence[int],
-        media: Sequence[RoutingMedia] = (),
-        *,
-        placeholder_id: int | None = None,
-        lora_name: str | None = None,
+        self, request_id: str, plan: RequestPlan, *, lora_name: str | None = None
     ) -> RouteRequest:
-        """The routing request of a prompt, with this router's block size and pad scheme
-        (`routing_view` explains `media` and `placeholder_id`)."""
-        view = routing_view(token_ids, media, placeholder_id=placeholder_id, scheme=self.pad_scheme)
+        """The routing request of a planned prompt, with this router's block size and pad
+        scheme."""
+        view = routing_view(plan.token_ids, plan.media, scheme=self.pad_scheme)
         return RouteRequest.from_view(request_id, view, self.block_size, lora_name)
 
     def select(self, request: RouteRequest, workers: Sequence[str]) -> RoutingDecision:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE
-from mmserve.router.pad import PadScheme
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
+from mmserve.kv.pad import PadScheme
 from mmserve.router.scheduler import KvCostConfig, Router, RouterMode
 
 

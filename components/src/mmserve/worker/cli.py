@@ -11,30 +11,32 @@ import argparse
 import logging
 import sys
 
+from mmserve.roles import Role
 from mmserve.worker.options import add_worker_arguments
 
 log = logging.getLogger(__name__)
 
+# role -> (description, whether it may also encode with --encode)
 ROLES = {
-    "worker": (
+    Role.WORKER: (
         "aggregated worker: prefill and decode in one engine (E too with --encode)",
         True,
     ),
-    "prefill": ("prefill worker for decode workers (E too with --encode)", True),
-    "decode": ("decode worker: the entry point of prefill/decode disaggregation", False),
-    "encode": ("encode worker: fetch, preprocess and run the vision tower", None),
+    Role.PREFILL: ("prefill worker for decode workers (E too with --encode)", True),
+    Role.DECODE: ("decode worker: the entry point of prefill/decode disaggregation", False),
+    Role.ENCODE: ("encode worker: preprocess media in the Rust core, run the vision tower", False),
 }
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     for role, (description, can_encode) in ROLES.items():
-        parser = subparsers.add_parser(role, help=description, description=description)
-        add_worker_arguments(parser, encodes=can_encode is not False)
+        parser = subparsers.add_parser(role.value, help=description, description=description)
+        add_worker_arguments(parser)
         if can_encode:
             parser.add_argument(
                 "--encode",
                 action="store_true",
-                help="fetch, preprocess and encode media here instead of in an encode worker",
+                help="preprocess and encode media here instead of in an encode worker",
             )
         parser.set_defaults(handler=_handle, role=role)
 
@@ -54,44 +56,38 @@ def _handle(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from mmserve.encode.handler import EncodeHandler
     from mmserve.encode.stage import EncodeStage
-    from mmserve.media import MediaPolicy
-    from mmserve.worker.handlers import AggregatedHandler, DecodeHandler, PrefillHandler
+    from mmserve.worker.aggregated import AggregatedHandler
+    from mmserve.worker.base import RoleHandler
+    from mmserve.worker.decode import DecodeHandler
+    from mmserve.worker.encode import EncodeHandler
     from mmserve.worker.options import start_services
+    from mmserve.worker.prefill import PrefillHandler
 
+    handlers: dict[Role, type[RoleHandler]] = {
+        Role.WORKER: AggregatedHandler,
+        Role.PREFILL: PrefillHandler,
+        Role.DECODE: DecodeHandler,
+        Role.ENCODE: EncodeHandler,
+    }
+    role: Role = args.role
     services = await start_services(args)
     try:
         stage = None
-        if args.role == "encode" or getattr(args, "encode", False):
-            stage = EncodeStage(
-                services.engine,
-                services.transfer,
-                services.model_path,
-                MediaPolicy.from_args(args),
-                args.role,
-            )
-        if args.role == "encode":
-            assert stage is not None
-            handler: object = EncodeHandler(services.runtime, stage, services.transfer)
-        else:
-            role_class = {
-                "worker": AggregatedHandler,
-                "prefill": PrefillHandler,
-                "decode": DecodeHandler,
-            }[args.role]
-            handler = role_class(services.runtime, services.engine, services.transfer, stage)
-        await handler.serve()  # type: ignore[attr-defined]
+        if role is Role.ENCODE or getattr(args, "encode", False):
+            stage = EncodeStage(services.engine, services.transfer, services.model_path, role.value)
+        handler = handlers[role](services.runtime, services.engine, services.transfer, stage)
+        await handler.serve()
         services.runtime.install_signal_handlers()
         log.info(
             "%s ready: instance %s, model %s, namespace %s",
-            args.role,
+            role,
             services.runtime.instance_id,
             services.model_path,
             args.namespace,
         )
         await services.runtime.wait_for_shutdown()
-        log.info("%s shutting down", args.role)
+        log.info("%s shutting down", role)
     finally:
         await services.close()
     return 0

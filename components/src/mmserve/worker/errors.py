@@ -1,5 +1,5 @@
-"""Worker failures as typed errors for the caller: a client mistake stays a 4xx all the way to
-the HTTP edge, an overloaded engine a 503."""
+"""Worker failures as typed errors for the caller: a media item the core refuses stays a 4xx
+all the way to the HTTP edge, an overloaded engine is a 503, and the worker's own faults 500."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 
 from mmserve import _mm, protocol
-from mmserve.engines.base import EngineError, EngineOverloaded
+from mmserve.engines.base import EngineOverloaded
 from mmserve.runtime import RemoteError
 
 
@@ -19,8 +19,8 @@ def as_remote_error(exc: Exception) -> RemoteError:
         return RemoteError(code, message)
     if isinstance(exc, EngineOverloaded):
         return RemoteError(protocol.ERROR_UNAVAILABLE, str(exc))
-    if isinstance(exc, EngineError | ValueError):
-        return RemoteError(protocol.ERROR_BAD_REQUEST, str(exc))
+    # Requests reach a worker planned and validated by the frontend: whatever else fails here
+    # is the deployment's fault, not the client's.
     return RemoteError(protocol.ERROR_INTERNAL, f"{type(exc).__name__}: {exc}")
 
 

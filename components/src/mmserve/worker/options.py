@@ -16,10 +16,10 @@ from mmserve.engines.defaults import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
-from mmserve.media import MediaPolicy
+from mmserve.kv.events import KvEventPublisher
+from mmserve.kv.pad import PadScheme
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
-from mmserve.router.kv_events import KV_CACHING_COMPONENTS, KvEventPublisher
-from mmserve.router.pad import PadScheme
+from mmserve.roles import KV_CACHING_ROLES
 from mmserve.router.settings import add_pad_scheme_argument
 from mmserve.runtime import Runtime
 from mmserve.transfer import add_transfer_arguments, create_transfer_agent
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 ENGINES = ("hf", "mock", "sglang")
 
 
-def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> None:
-    """The options of every worker; `encodes` adds the media policy (workers that fetch)."""
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every worker."""
     parser.add_argument(
         "--model-path",
         default=None,
@@ -108,8 +108,6 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, encodes: bool) -> N
         "--mem-fraction-static 0.8 (see docs/sglang.md)",
     )
     add_transfer_arguments(parser)
-    if encodes:
-        MediaPolicy.add_cli_args(parser)
 
 
 def resolve_model_path(args: argparse.Namespace) -> Path:
@@ -151,7 +149,7 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
 
         try:
             return await SglangEngine.load(
-                model_path, role=args.role, sglang_args=args.sglang_args, **common
+                model_path, role=args.role.value, sglang_args=args.sglang_args, **common
             )
         except SglangStartupError as exc:
             raise SystemExit(f"sglang: {exc}") from exc
@@ -182,9 +180,9 @@ async def start_services(args: argparse.Namespace) -> WorkerServices:
     engine = await load_engine(args, model_path)
     runtime = await Runtime.connect(namespace=args.namespace)
     services = WorkerServices(runtime, engine, transfer, model_path)
-    if args.role in KV_CACHING_COMPONENTS:
-        services.kv_events = await publish_kv_events(runtime, engine, args.role)
-    export_encoder_cache(args.role, engine.encoder_cache_stats)
+    if args.role in KV_CACHING_ROLES:
+        services.kv_events = await publish_kv_events(runtime, engine, args.role.value)
+    export_encoder_cache(args.role.value, engine.encoder_cache_stats)
     serve_metrics(args.metrics_port)
     return services
 

@@ -41,7 +41,7 @@ def tracked(component: str, request: PreprocessedRequest) -> Iterator[None]:
             component,
             request.request_id,
             outcome,
-            len(request.token_ids),
-            len(request.media),
+            len(request.plan.token_ids),
+            len(request.plan.media),
             (time.perf_counter() - started) * 1000,
         )

@@ -11,6 +11,7 @@ use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
+use pyo3::types::PyBytes;
 
 use super::error::to_py;
 use super::spec::PySpec;
@@ -110,6 +111,7 @@ pub struct PyProcessedMedia {
     image_grid_thw: Py<PyAny>,
     num_tokens: usize,
     pixel_values: Option<Py<PyAny>>,
+    data: Option<Py<PyBytes>>,
 }
 
 /// The driver's output for one request.
@@ -131,7 +133,8 @@ enum ImageArg {
 /// The whole request driver: fetch, hash, decode, preprocess, expand and position.
 #[pyfunction]
 #[pyo3(signature = (spec, input_ids, images, *, allowed_local_roots = Vec::new(),
-                    allowed_domains = Vec::new(), timeout_s = None, count_only = false))]
+                    allowed_domains = Vec::new(), timeout_s = None, count_only = false,
+                    keep_bytes = false))]
 #[allow(clippy::too_many_arguments)]
 fn process(
     py: Python<'_>,
@@ -142,6 +145,7 @@ fn process(
     allowed_domains: Vec<String>,
     timeout_s: Option<f64>,
     count_only: bool,
+    keep_bytes: bool,
 ) -> PyResult<PyProcessResult> {
     let mut options = DriverOptions::default();
     options.fetch.allowed_local_roots = allowed_local_roots;
@@ -157,7 +161,7 @@ fn process(
         Mode::Full
     };
     let family = Arc::clone(&spec.family);
-    let out = py
+    let (out, fetched) = py
         .detach(move || {
             let media: Vec<MediaInput<'_>> = images
                 .iter()
@@ -166,9 +170,22 @@ fn process(
                     ImageArg::Source(s) => MediaInput::Source(s),
                 })
                 .collect();
-            driver::run(family.as_ref(), &input_ids, &media, &options, mode)
+            if !keep_bytes {
+                return driver::run(family.as_ref(), &input_ids, &media, &options, mode)
+                    .map(|out| (out, Vec::new()));
+            }
+            // The caller ships each item's encoded bytes on, so it keeps what was fetched.
+            let fetched: Vec<Vec<u8>> = driver::fetch_all(&media, &options.fetch)?
+                .into_iter()
+                .map(|bytes| bytes.into_owned())
+                .collect();
+            let inputs: Vec<MediaInput<'_>> =
+                fetched.iter().map(|b| MediaInput::Bytes(b)).collect();
+            driver::run(family.as_ref(), &input_ids, &inputs, &options, mode)
+                .map(|out| (out, fetched))
         })
         .map_err(to_py)?;
+    let mut fetched = fetched.into_iter();
 
     let ids: Vec<i64> = out.input_ids.iter().map(|&t| i64::from(t)).collect();
     let len = ids.len();
@@ -196,6 +213,9 @@ fn process(
                     image_grid_thw: grid_array(py, item.geometry.grid_thw())?,
                     num_tokens: item.num_tokens,
                     pixel_values,
+                    data: fetched
+                        .next()
+                        .map(|bytes| PyBytes::new(py, &bytes).unbind()),
                 },
             )
         })

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from mmserve.frontend.detokenize import IncrementalDetokenizer
+from mmserve.engines.detokenize import IncrementalDetokenizer
 
 TEXT = "Grüße aus Köln 🌍🚀 — naïve café, 東京タワー!"
 

@@ -1,9 +1,10 @@
 """Token ids back to text as they stream in, cut at the first stop string.
 
-Workers send token ids; the text a client sees is made here, so every deployment pattern shows
-the same text for the same tokens. Text that could be the start of a stop string is held back
-until the next tokens decide, so a stop string never leaks to the client, even split across
-tokens.
+The engine that samples the tokens makes their text here, once (`sampling.stream_completion`),
+and sends both in each `TokenChunk`; the frontend passes the text on. Every deployment pattern
+decodes on the worker that runs decode, so the same tokens give the same text. Text that could
+be the start of a stop string is held back until the next tokens decide, so a stop string never
+leaks to the client, even split across tokens.
 """
 
 from __future__ import annotations

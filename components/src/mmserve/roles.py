@@ -1,0 +1,25 @@
+"""The roles a component plays in a deployment; each serves `<role>.generate` on the runtime."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Role(str, enum.Enum):
+    """A component's role; its value is the component name it registers under."""
+
+    ENCODE = "encode"  # fetch, preprocess, vision tower; forwards to the language hop
+    WORKER = "worker"  # aggregated: prefill and decode in one engine
+    PREFILL = "prefill"  # runs prompts for decode workers
+    DECODE = "decode"  # the entry point of prefill/decode disaggregation
+
+    def __str__(self) -> str:
+        return self.value
+
+
+GENERATE = "generate"
+"""The endpoint every role serves."""
+
+KV_CACHING_ROLES = (Role.WORKER, Role.PREFILL)
+"""Roles whose engines cache the prompts they run, so publish KV events (decode imports a
+prefill's KV without caching it)."""

@@ -1,0 +1,30 @@
+"""The aggregated role (`mmserve worker`): prefill and decode in one engine; with `--encode`,
+encode too."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from mmserve.observability import nvtx
+from mmserve.protocol import PreprocessedRequest, TokenChunk
+from mmserve.roles import GENERATE, Role
+from mmserve.runtime import RequestContext
+from mmserve.worker.base import RoleHandler, engine_request, stream_tokens
+from mmserve.worker.tracking import tracked
+
+
+class AggregatedHandler(RoleHandler):
+    role = Role.WORKER
+
+    async def serve(self) -> None:
+        await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
+
+    async def generate(
+        self, request: PreprocessedRequest, ctx: RequestContext
+    ) -> AsyncIterator[TokenChunk]:
+        with tracked(self.component, request), nvtx.nvtx_range(nvtx.PD_GENERATE):
+            with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
+                embeddings = await self.embeddings(request)
+            chunks = self.engine.generate(engine_request(request), embeddings)
+            async for chunk in stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True):
+                yield chunk

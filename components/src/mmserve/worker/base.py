@@ -1,0 +1,94 @@
+"""What every role's handler shares: the engine, transfer, the encode stage where the worker
+encodes, and getting a request's embeddings from whoever encoded them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from mmserve import protocol
+from mmserve.encode.embeddings import load_embeddings
+from mmserve.encode.stage import EncodeStage
+from mmserve.engines.base import Engine, EngineRequest, ItemEmbedding
+from mmserve.observability import metrics, nvtx
+from mmserve.protocol import PreprocessedRequest, TokenChunk
+from mmserve.roles import Role
+from mmserve.runtime import RemoteError, Runtime
+from mmserve.transfer import TransferAgent
+
+
+class RoleHandler:
+    """Base of the handler of each role; `serve` registers it at `<role>.generate`."""
+
+    role: Role
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        engine: Engine,
+        transfer: TransferAgent,
+        encoder: EncodeStage | None,
+    ) -> None:
+        self.runtime = runtime
+        self.engine = engine
+        self.transfer = transfer
+        self.encoder = encoder
+
+    @property
+    def component(self) -> str:
+        return self.role.value
+
+    async def serve(self) -> None:
+        raise NotImplementedError
+
+    async def embeddings(self, request: PreprocessedRequest) -> list[ItemEmbedding]:
+        """The embeddings of the request's planned media, whoever encodes them."""
+        if not request.plan.media:
+            return []
+        if all(payload.embeddings is not None for payload in request.payloads):
+            with metrics.timed_stage(self.component, "transfer"):
+                return await load_embeddings(self.transfer, request.plan.media, request.payloads)
+        if self.encoder is None:
+            raise RemoteError(
+                protocol.ERROR_UNAVAILABLE,
+                f"this {self.component} worker does not encode media: deploy an encode worker "
+                "or start it with --encode",
+            )
+        return await self.encoder.run(request)
+
+
+def engine_request(request: PreprocessedRequest) -> EngineRequest:
+    return EngineRequest.from_plan(request.request_id, request.plan, request.sampling, request.stop)
+
+
+async def stream_tokens(
+    component: str, chunks: AsyncIterator[TokenChunk], ttft_range: str, *, prefills: bool
+) -> AsyncIterator[TokenChunk]:
+    """Pass chunks through, recording time to first token, inter-token latency and the
+    decode stage (first token to the end); the prefill stage too where this engine `prefills`
+    (its time to first token)."""
+    started = last = first_token_at = time.perf_counter()
+    first = True
+    ttft = nvtx.range_start(ttft_range)
+    try:
+        async for chunk in chunks:
+            now = time.perf_counter()
+            if first:
+                nvtx.range_end(ttft)
+                metrics.TTFT.labels(component).observe(now - started)
+                if prefills:
+                    metrics.STAGE_SECONDS.labels(component, "prefill").observe(now - started)
+                first_token_at = now
+                first = False
+            else:
+                metrics.ITL.labels(component).observe(now - last)
+            last = now
+            if chunk.usage is not None:
+                hit = "hit" if chunk.usage.cached_tokens else "miss"
+                metrics.CACHE_LOOKUPS.labels(component, "prefix", hit).inc()
+            yield chunk
+    finally:
+        if first:
+            nvtx.range_end(ttft)
+    if not first:
+        metrics.STAGE_SECONDS.labels(component, "decode").observe(last - first_token_at)

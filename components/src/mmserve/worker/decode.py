@@ -1,0 +1,77 @@
+"""The decode role (`mmserve decode`), the entry point of disaggregation: asks a prefill worker
+to run the prompt, joins its KV handover (its bootstrap, or the exported tensors by transfer),
+and streams the completion."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+
+import torch
+
+from mmserve import protocol
+from mmserve.engines.base import KvHandle
+from mmserve.observability import metrics, nvtx
+from mmserve.protocol import (
+    BootstrapInfo,
+    PrefillDone,
+    PrefillReply,
+    PrefillRequest,
+    PreprocessedRequest,
+    TokenChunk,
+)
+from mmserve.roles import GENERATE, Role
+from mmserve.router.route import stream_routed
+from mmserve.runtime import RemoteError, RequestContext
+from mmserve.worker.base import RoleHandler, stream_tokens
+from mmserve.worker.tracking import tracked
+
+
+class DecodeHandler(RoleHandler):
+    role = Role.DECODE
+
+    async def serve(self) -> None:
+        self.prefill = self.runtime.client(Role.PREFILL.value, GENERATE)
+        await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
+
+    async def generate(
+        self, request: PreprocessedRequest, ctx: RequestContext
+    ) -> AsyncIterator[TokenChunk]:
+        with tracked(self.component, request):
+            with nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
+                kv = await self._remote_prefill(request)
+            chunks = self.engine.decode(kv, request.sampling, request.stop)
+            async for chunk in stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=False):
+                yield chunk
+
+    async def _remote_prefill(self, request: PreprocessedRequest) -> KvHandle:
+        """Run the prompt on a prefill worker (the one the router chose, if any); read its
+        stream to the end, so prefill sees its KV buffers read before it finishes."""
+        bootstrap: BootstrapInfo | None = None
+        tensors: dict[str, torch.Tensor] | None = None
+        replies: AsyncGenerator[PrefillReply, None] = stream_routed(
+            self.prefill,
+            PrefillRequest(request=request),
+            PrefillReply,
+            instance_id=request.route.get(Role.PREFILL.value),
+            request_id=request.request_id,
+            deadline=request.deadline,
+        )
+        async with contextlib.aclosing(replies):
+            async for reply in replies:
+                if isinstance(reply, BootstrapInfo):
+                    bootstrap = reply
+                elif isinstance(reply, PrefillDone):
+                    with (
+                        nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ),
+                        metrics.timed_stage(self.component, "transfer"),
+                    ):
+                        tensors = {
+                            name: await self.transfer.fetch(handle)
+                            for name, handle in reply.kv.items()
+                        }
+        if tensors is None:
+            raise RemoteError(
+                protocol.ERROR_PROTOCOL, "prefill ended without handing over the KV cache"
+            )
+        return await self.engine.import_kv(request.request_id, tensors, bootstrap)

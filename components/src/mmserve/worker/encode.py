@@ -1,0 +1,69 @@
+"""The encode role (`mmserve encode`): encode each request's planned media, then hand the
+request with its embeddings to the language hop (`router.hops`) and stream its answer back.
+The instance is the one the frontend's router chose (`PreprocessedRequest.route`), or any
+instance when none was chosen or it is gone (`router.route`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+
+import msgspec
+
+from mmserve import protocol
+from mmserve.encode.embeddings import offer_embeddings
+from mmserve.observability import nvtx
+from mmserve.protocol import MediaPayload, PreprocessedRequest, TokenChunk
+from mmserve.roles import GENERATE, Role
+from mmserve.router.hops import language_hop
+from mmserve.router.route import stream_routed
+from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext
+from mmserve.worker.base import RoleHandler
+from mmserve.worker.tracking import tracked
+
+LANGUAGE_ROLES = (Role.WORKER, Role.PREFILL, Role.DECODE)
+
+
+class EncodeHandler(RoleHandler):
+    role = Role.ENCODE
+
+    async def serve(self) -> None:
+        self._watchers: dict[Role, InstanceWatcher] = {
+            role: await self.runtime.watch(role.value, GENERATE) for role in LANGUAGE_ROLES
+        }
+        self._clients: dict[Role, Client] = {
+            role: self.runtime.client(role.value, GENERATE) for role in LANGUAGE_ROLES
+        }
+        await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
+
+    def _next_hop(self) -> Client:
+        hop = language_hop(lambda role: bool(self._watchers[role].instances()))
+        if hop is None:
+            raise RemoteError(
+                protocol.ERROR_UNAVAILABLE,
+                "no worker, or decode and prefill worker, is registered to take encoded requests",
+            )
+        return self._clients[hop]
+
+    async def generate(
+        self, request: PreprocessedRequest, ctx: RequestContext
+    ) -> AsyncIterator[TokenChunk]:
+        with tracked(self.component, request), nvtx.nvtx_range(nvtx.ENC_GENERATE):
+            next_hop = self._next_hop()
+            embeddings = await self.embeddings(request)
+            handles, _leases = await offer_embeddings(self.transfer, embeddings)
+            downstream = msgspec.structs.replace(
+                request, payloads=[MediaPayload(embeddings=handle) for handle in handles]
+            )
+            # Leases return their buffers once the next hop has read them (or time out).
+            replies: AsyncGenerator[TokenChunk, None] = stream_routed(
+                next_hop,
+                downstream,
+                TokenChunk,
+                instance_id=request.route.get(next_hop.component),
+                request_id=request.request_id,
+                deadline=request.deadline,
+            )
+            async with contextlib.aclosing(replies):
+                async for chunk in replies:
+                    yield chunk
