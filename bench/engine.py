@@ -25,7 +25,7 @@ from mmserve.engines.base import EngineRequest, MediaInput
 from mmserve.engines.hf import HfEngine
 from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from mmserve.protocol import SamplingParams, StopConditions
-from tests.support.engines import expand_prompt, make_image, preprocess
+from tests.support.engines import expand_prompt, make_image, planned_request, preprocess
 
 GREEDY = SamplingParams(temperature=0.0)
 DECODE_TOKENS = 32
@@ -64,20 +64,22 @@ async def bench_family(family: str, repeats: int) -> dict[str, float]:
     embeddings = await engine.encode([small])
     no_cache_engine = await HfEngine.load(path, prefix_cache_blocks=0)
 
+    request = planned_request("b", ids, [small], model=engine.model)
+
     async def prefill(target: HfEngine) -> None:
-        target.release(await target.prefill(EngineRequest("b", tuple(ids)), embeddings))
+        target.release(await target.prefill(request, embeddings))
 
     row["prefill"] = await median_ms(lambda _: prefill(no_cache_engine), repeats)
     await prefill(engine)
     row["prefill prefix-cached"] = await median_ms(lambda _: prefill(engine), repeats)
 
     async def cold_request(attempt: int) -> None:
-        target_embeddings = await no_cache_engine.encode([fresh(small, 100 + attempt)])
-        request = EngineRequest("c", tuple(ids))
-        no_cache_engine.release(await no_cache_engine.prefill(request, target_embeddings))
+        item = fresh(small, 100 + attempt)
+        target_embeddings = await no_cache_engine.encode([item])
+        cold = planned_request("c", ids, [item], model=engine.model)
+        no_cache_engine.release(await no_cache_engine.prefill(cold, target_embeddings))
 
     async def warm_request(_: int) -> None:
-        request = EngineRequest("w", tuple(ids))
         engine.release(await engine.prefill(request, await engine.encode([small])))
 
     row["encode+prefill"] = await median_ms(cold_request, repeats)

@@ -47,12 +47,12 @@ import httpx
 import numpy as np
 
 from mmserve.engines.defaults import DEFAULT_CACHE_BLOCKS
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
+from mmserve.kv.view import RoutingView, routing_view
 from mmserve.models.tiny import build_tiny_model
-from mmserve.protocol import KvBlock, KvStored
-from mmserve.router.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
+from mmserve.protocol import KvBlock, KvStored, PlannedMedia
 from mmserve.router.indexer import KvIndexer
 from mmserve.router.scheduler import Router, RouteRequest, RouterMode
-from mmserve.router.view import RoutingMedia, RoutingView, routing_view
 from mmserve.runtime.nats_server import nats_url_from_env_or_private
 from tests.support.deployment import Deployment
 from tests.support.images import photo_like
@@ -62,14 +62,17 @@ VOCAB = 151643
 BLOCKS_PER_EVENT = 64  # an engine stores a prompt in a few events, not one
 
 
-def build_prompt(rng: np.random.Generator) -> tuple[list[int], list[RoutingMedia]]:
-    """~8k tokens: five text segments around 4 images of 1,900 tokens each."""
+def build_prompt(rng: np.random.Generator) -> tuple[list[int], list[PlannedMedia]]:
+    """~8k tokens, as planned: five text segments around 4 images of 1,900 tokens each."""
     ids: list[int] = []
     media = []
     for _ in range(4):
         ids.extend(rng.integers(0, VOCAB, size=100).tolist())
-        ids.append(IMAGE_PAD)
-        media.append(RoutingMedia(mm_hash=int(rng.integers(0, 2**63)), token_count=1900))
+        mm_hash = int(rng.integers(0, 2**63))
+        media.append(
+            PlannedMedia(mm_hash=mm_hash, offset=len(ids), length=1900, grid_thw=(1, 38, 200))
+        )
+        ids.extend([IMAGE_PAD] * 1900)
     ids.extend(rng.integers(0, VOCAB, size=100).tolist())
     return ids, media
 
@@ -127,7 +130,7 @@ def timed(repeat: int, step: Callable[[], object]) -> list[float]:
 def decision_benchmark(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     ids, media = build_prompt(rng)
-    view = routing_view(ids, media, placeholder_id=IMAGE_PAD)
+    view = routing_view(ids, media)
     prompt_hashes = view.block_hashes(DEFAULT_BLOCK_SIZE)
     workers = [f"worker-{i}" for i in range(args.workers)]
 
@@ -151,14 +154,12 @@ def decision_benchmark(args: argparse.Namespace) -> None:
         # One whole decision, as the frontend makes it; each is released at once so the load
         # does not grow over the run.
         request_id = f"r{next(counter)}"
-        request = RouteRequest.from_view(
-            request_id, routing_view(ids, media, placeholder_id=IMAGE_PAD)
-        )
+        request = RouteRequest.from_view(request_id, routing_view(ids, media))
         router.select(request, workers)
         router.on_finish(request_id)
 
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("routing view", lambda: built.append(routing_view(ids, media, placeholder_id=IMAGE_PAD))),
+        ("routing view", lambda: built.append(routing_view(ids, media))),
         ("block hashes", lambda: hashes.append(view.block_hashes(DEFAULT_BLOCK_SIZE))),
         ("find_matches", lambda: indexer.find_matches(prompt_hashes)),
         ("whole decision", decide),
