@@ -25,16 +25,11 @@ import torch
 
 from mmserve.cli import build_parser
 from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbedding, MediaInput
-from mmserve.engines.sglang import (
-    GENERATE_FIELDS,
-    PAD_PROBE_HASH,
-    SglangEngine,
-    generate_kwargs,
-    image_item,
-    mm_hash_hex,
-    sglang_argv,
-)
-from mmserve.engines.sglang_kv_events import SglangKvEventBridge
+from mmserve.engines.sglang.args import GENERATE_FIELDS, sglang_argv
+from mmserve.engines.sglang.checks import PAD_PROBE_HASH
+from mmserve.engines.sglang.convert import generate_kwargs, image_item
+from mmserve.engines.sglang.engine import SglangEngine
+from mmserve.engines.sglang.kv_events import SglangKvEventBridge
 from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.kv.pad import PadScheme, pad_values
 from mmserve.kv.view import routing_view
@@ -47,6 +42,7 @@ from mmserve.protocol import (
     SamplingParams,
     StopConditions,
     Usage,
+    mm_hash_hex,
 )
 from mmserve.worker.options import load_engine
 
@@ -339,15 +335,14 @@ else:
         MultimodalInputFormat,
     )
 
-    from mmserve.engines.sglang import (
+    from mmserve.engines.sglang.args import kv_events_config, parse_sglang_args
+    from mmserve.engines.sglang.checks import (
         SglangStartupError,
         check_sglang,
-        encoder_item,
-        kv_events_config,
-        parse_sglang_args,
         sglang_pad_values,
         sglang_splits_images,
     )
+    from mmserve.engines.sglang.convert import encoder_item
 
     def installed_scheme() -> PadScheme:
         """The scheme of the installed release: 0.5.1x pads with one value, 0.5.2x with four."""

@@ -145,7 +145,8 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
             **common,
         )
     if args.engine == "sglang":
-        from mmserve.engines.sglang import SglangEngine, SglangStartupError
+        from mmserve.engines.sglang.checks import SglangStartupError
+        from mmserve.engines.sglang.engine import SglangEngine
 
         try:
             return await SglangEngine.load(

@@ -1,17 +1,15 @@
-"""The sglang engine: SGLang 0.5.x runs the model stages on GPUs behind mmserve's interface.
+"""`SglangEngine`: mmserve's engine interface over one `sglang.Engine` or one `MMEncoder`.
 
 - Encode: SGLang's `MMEncoder` (`sglang.srt.disaggregation.encoder.server`) loads the vision
   model through SGLang (weights, TP, kernels). Its `encode(mm_items, modality, req_id, ...)`
   fetches and preprocesses raw media itself, so it cannot take the Rust core's pixels; the
-  engine calls the loaded model's `get_image_feature` with the items `_encode_missing` builds
-  (`MultimodalDataItem` of `feature` = pixel_values and `image_grid_thw`). An encode worker
-  (`--encoder-only`) holds only the encoder; a worker that encodes beside its language model
-  makes one on its first image.
-- Prefill / decode / aggregated: `sglang.Engine.async_generate` with the expanded `input_ids`,
-  the embeddings as one `processor_output` image item (`precomputed_embeddings`,
-  `image_grid_thw`, `modality`; SGLang takes exactly one such dict per request) and
-  `mm_hashes` (16-digit hex), so SGLang's pad values, radix cache and KV events use the
-  router's item identities.
+  engine calls the loaded model's `get_image_feature` with the items `_encode` builds
+  (`convert.encoder_item`: a `MultimodalDataItem` of `feature` = pixel_values and
+  `image_grid_thw`). An encode worker (`--encoder-only`) holds only the encoder; a worker that
+  encodes beside its language model makes one on its first image.
+- Prefill / decode / aggregated: `sglang.Engine.async_generate` with the arguments
+  `convert.generate_kwargs` builds (the expanded `input_ids`, one image item of embeddings,
+  `mm_hashes`).
 - P/D: SGLang moves the KV itself. The prefill engine's `bootstrap_info` picks a bootstrap room
   (host: `--host`, or this machine's address when that is a loopback or wildcard one), which
   prefill answers decode in a `protocol.BootstrapInfo` before it runs the request in the
@@ -20,12 +18,9 @@
   (`--disaggregation-mode prefill|decode`, `--disaggregation-transfer-backend nixl`). The first
   token arrives in decode's stream; the handle's `first_token` is -1 on both sides.
 - KV events: SGLang's ZMQ publisher (`--kv-events-config`; on loopback by default), bridged
-  by `SglangKvEventBridge`.
+  by `kv_events.SglangKvEventBridge`.
 
-Start-up checks (`check_sglang`): the installed SGLang accepts `mm_hashes`, and the pad values
-it derives from an item hash equal `router.pad.pad_values` under the configured scheme; a
-mismatch stops the worker with the scheme that would match. Everything from `sglang` is
-imported lazily, so this module imports without it.
+`load` checks the installed SGLang first (`checks.check_sglang`).
 """
 
 from __future__ import annotations
@@ -33,14 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
-import inspect
-import json
 import logging
 import secrets
 import socket
 import threading
-import types
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,11 +48,13 @@ from mmserve.engines.base import (
     KvHandle,
     MediaInput,
 )
-from mmserve.engines.sglang_kv_events import SglangKvEventBridge, zmq_reader
-from mmserve.kv.pad import PadScheme, pad_values
+from mmserve.engines.sglang.args import kv_events_config, parse_sglang_args, sglang_argv
+from mmserve.engines.sglang.checks import SglangStartupError, check_sglang, sglang_splits_images
+from mmserve.engines.sglang.convert import encoder_item, finish_reason, generate_kwargs
+from mmserve.engines.sglang.kv_events import SglangKvEventBridge, zmq_reader
+from mmserve.kv.pad import PadScheme
 from mmserve.protocol import (
     BootstrapInfo,
-    FinishReason,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -70,211 +63,15 @@ from mmserve.protocol import (
 
 log = logging.getLogger(__name__)
 
-PAD_PROBE_HASH = 0x0123_4567_89AB_CDEF
-"""The item hash whose pad values are compared with SGLang's at start-up."""
-
-GENERATE_FIELDS = (
-    "input_ids",
-    "sampling_params",
-    "image_data",
-    "mm_hashes",
-    "stream",
-    "rid",
-    "bootstrap_host",
-    "bootstrap_port",
-    "bootstrap_room",
-)
-"""Every argument the engine passes to `sglang.Engine.async_generate`."""
-
 _UNROUTABLE_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "::1")
 
-ROLE_SGLANG_ARGS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "prefill": (
-        ("--disaggregation-mode", "prefill"),
-        ("--disaggregation-transfer-backend", "nixl"),
-    ),
-    "decode": (("--disaggregation-mode", "decode"), ("--disaggregation-transfer-backend", "nixl")),
-    "encode": (("--encoder-only",),),
-}
-"""SGLang flags a worker role implies, each left out where the user gave that flag."""
-
-
-class SglangStartupError(RuntimeError):
-    """The installed SGLang does not fit the configuration."""
-
-
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
-
-
-def mm_hash_hex(mm_hash: int) -> str:
-    """An item hash as SGLang's `mm_hashes` take it (parsed with `int(value, 16)`)."""
-    return f"{mm_hash & _U64:016x}"
 
 
 def _as_i64(value: int) -> int:
     """A u64 as the int64 a torch tensor holds (`& _U64` turns it back)."""
     value &= _U64
     return value - (1 << 64) if value >> 63 else value
-
-
-def image_item(embeddings: Sequence[ItemEmbedding]) -> dict[str, Any]:
-    """The request's images as one SGLang `processor_output` item."""
-    return {
-        "format": "processor_output",
-        "modality": "IMAGE",
-        "precomputed_embeddings": torch.cat([item.embeddings for item in embeddings]),
-        "image_grid_thw": torch.tensor([item.grid_thw for item in embeddings], dtype=torch.long),
-    }
-
-
-def encoder_item(item: MediaInput, device: torch.device | str = "cpu") -> Any:
-    """The Rust core's pixels as the `MultimodalDataItem` SGLang's encoder hands its model
-    (`MMEncoder._build_model_mm_items`: `from_dict` of modality and feature, then the grid)."""
-    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
-
-    mm_item = MultimodalDataItem.from_dict(
-        {"modality": Modality.IMAGE, "feature": item.pixel_values.to(device)}
-    )
-    mm_item.set("image_grid_thw", torch.tensor([item.grid_thw], dtype=torch.long))
-    return mm_item
-
-
-def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str, Any]:
-    """mmserve's sampling and stop rules as SGLang's `sampling_params` dict."""
-    params: dict[str, Any] = {
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-        "max_new_tokens": stop.max_tokens,
-        "stop_token_ids": list(stop.stop_token_ids),
-        "ignore_eos": stop.ignore_eos,
-        "no_stop_trim": False,
-    }
-    if stop.stop:
-        params["stop"] = list(stop.stop)
-    if sampling.seed is not None:
-        params["sampling_seed"] = sampling.seed
-    return params
-
-
-def generate_kwargs(
-    request: EngineRequest,
-    embeddings: Sequence[ItemEmbedding],
-    bootstrap: BootstrapInfo | None,
-    *,
-    splits_images: bool = True,
-) -> dict[str, Any]:
-    """The keyword arguments of one `async_generate` call (keys: `GENERATE_FIELDS`).
-
-    `mm_hashes` go with one image, or with several where SGLang splits the item per image
-    (`sglang_splits_images`); otherwise SGLang would drop them with a warning anyway."""
-    kwargs: dict[str, Any] = {
-        "input_ids": list(request.token_ids),
-        "sampling_params": sampling_params(request.sampling, request.stop),
-        "stream": True,
-        "rid": request.request_id,
-    }
-    if embeddings:
-        kwargs["image_data"] = [image_item(embeddings)]
-        if len(embeddings) == 1 or splits_images:
-            kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in embeddings]
-    if bootstrap is not None:
-        kwargs["bootstrap_host"] = bootstrap.host
-        kwargs["bootstrap_port"] = bootstrap.port
-        kwargs["bootstrap_room"] = bootstrap.room
-    return kwargs
-
-
-def kv_events_config(port: int) -> str:
-    """SGLang's `--kv-events-config` for a ZMQ publisher on loopback `port`, which the engine
-    reads (set when the user gave none, on engines that cache prompts)."""
-    return json.dumps(
-        {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "bind": True, "topic": ""}
-    )
-
-
-def sglang_argv(model_path: Path, role: str, argv: Sequence[str]) -> list[str]:
-    """SGLang's command line for a worker: the model, the role's flags, the user's flags."""
-    user = list(argv[1:] if argv[:1] == ["--"] else argv)
-    given = {arg.split("=", 1)[0] for arg in user}
-    implied = [
-        arg for flag in ROLE_SGLANG_ARGS.get(role, ()) if flag[0] not in given for arg in flag
-    ]
-    return ["--model-path", str(model_path), *implied, *user]
-
-
-def parse_sglang_args(argv: Sequence[str]) -> argparse.Namespace:
-    """SGLang's own parser over `argv`, built as `prepare_server_args` builds it for
-    `sglang serve` (so its abbreviations work too: `--tp` for `--tp-size`)."""
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-    return parser.parse_args(list(argv))
-
-
-def sglang_pad_values(item: Any, mm_hash: int) -> tuple[int, ...]:
-    """The pad values SGLang gives `item` (an empty `MultimodalDataItem`) for `mm_hash`, as its
-    tokenizer manager sets a caller's hash: `set_hash` (0.5.2x: four `padding_values`), else
-    the hash field and `set_pad_value` (0.5.1x: one `pad_value`)."""
-    if hasattr(item, "set_hash"):
-        item.set_hash(mm_hash)
-    else:
-        item.hash = mm_hash
-        item.set_pad_value()
-    if hasattr(item, "padding_values"):
-        return tuple(item.padding_values())
-    return (item.pad_value,)
-
-
-def sglang_splits_images() -> bool:
-    """Whether SGLang turns a two-image `processor_output` item into one item per image, each
-    then keyed by its own mm_hash. SGLang 0.5.23 (`get_new_expanded_mm_items`) splits by patch
-    counts (t*h*w per grid), which precomputed embeddings (t*h*w / merge^2 rows) do not match,
-    so the images stay one item and per-image mm_hashes cannot apply."""
-    from sglang.srt.managers.mm_utils import get_new_expanded_mm_items
-    from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
-
-    rows = [ItemEmbedding(n, (1, 4, 4), torch.zeros(4, 1)) for n in (1, 2)]
-    tables = types.SimpleNamespace(ATTR_NAME_TO_MODALITY={}, FEATURE_NAMES=[])
-    (item,) = BaseMultimodalProcessor.collect_mm_items_from_processor_output(
-        tables, image_item(rows)
-    )
-    item.offsets = [(0, 4), (4, 8)]
-    return len(get_new_expanded_mm_items([item])) == 2
-
-
-def check_sglang(scheme: PadScheme) -> str:
-    """Check the installed SGLang against the adapter; return its version."""
-    try:
-        import sglang
-        from sglang.srt.entrypoints.engine import Engine as SglEngine
-        from sglang.srt.managers.io_struct import GenerateReqInput
-        from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
-    except ImportError as exc:
-        raise SglangStartupError(
-            f"cannot import SGLang ({exc}); install it with pip install -e '.[sglang]'"
-        ) from exc
-
-    version = sglang.__version__
-    accepted = set(inspect.signature(SglEngine.async_generate).parameters)
-    fields = {field.name for field in dataclasses.fields(GenerateReqInput)}
-    missing = [name for name in GENERATE_FIELDS if name not in accepted or name not in fields]
-    if missing:
-        raise SglangStartupError(
-            f"SGLang {version} does not accept {', '.join(missing)} in async_generate; "
-            "the sglang engine needs a release with mm_hashes (0.5.1x or later)"
-        )
-    theirs = sglang_pad_values(MultimodalDataItem(modality=Modality.IMAGE), PAD_PROBE_HASH)
-    if theirs != pad_values(PAD_PROBE_HASH, scheme):
-        matching = [s.value for s in PadScheme if pad_values(PAD_PROBE_HASH, s) == theirs]
-        hint = f"--pad-scheme {matching[0]}" if matching else "no known --pad-scheme matches"
-        raise SglangStartupError(
-            f"SGLang {version} pads media with other values than --pad-scheme {scheme.value}: "
-            f"routing would miss every cached image; start the frontend, router and workers "
-            f"with {hint}"
-        )
-    return version
 
 
 class SglangEngine(Engine):
@@ -580,16 +377,6 @@ class SglangEngine(Engine):
             yield
         finally:
             self._inflight -= 1
-
-
-def finish_reason(sglang_reason: Any) -> FinishReason:
-    """SGLang's `meta_info.finish_reason` (`{"type": "stop"|"length"|"abort", ...}`)."""
-    kind = sglang_reason.get("type") if isinstance(sglang_reason, dict) else str(sglang_reason)
-    if kind == "length":
-        return "length"
-    if kind == "abort":
-        return "error"
-    return "stop"
 
 
 def _free_port() -> int:

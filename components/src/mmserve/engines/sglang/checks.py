@@ -1,0 +1,93 @@
+"""The installed SGLang checked against the adapter at start-up (`check_sglang`).
+
+SGLang's `async_generate` and `GenerateReqInput` accept every field the engine sends
+(`args.GENERATE_FIELDS`, `mm_hashes` among them), and the pad values it derives from an item
+hash equal `mmserve.kv.pad.pad_values` under the configured scheme; a mismatch stops the worker
+with the scheme that would match. `sglang_splits_images` asks whether per-image `mm_hashes` can
+apply to a multi-image request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from typing import Any
+
+import torch
+
+from mmserve.engines.base import ItemEmbedding
+from mmserve.engines.sglang.args import GENERATE_FIELDS
+from mmserve.engines.sglang.convert import image_item
+from mmserve.kv.pad import PadScheme, pad_values
+
+PAD_PROBE_HASH = 0x0123_4567_89AB_CDEF
+"""The item hash whose pad values are compared with SGLang's at start-up."""
+
+
+class SglangStartupError(RuntimeError):
+    """The installed SGLang does not fit the configuration."""
+
+
+def sglang_pad_values(item: Any, mm_hash: int) -> tuple[int, ...]:
+    """The pad values SGLang gives `item` (an empty `MultimodalDataItem`) for `mm_hash`, as its
+    tokenizer manager sets a caller's hash: `set_hash` (0.5.2x: four `padding_values`), else
+    the hash field and `set_pad_value` (0.5.1x: one `pad_value`)."""
+    if hasattr(item, "set_hash"):
+        item.set_hash(mm_hash)
+    else:
+        item.hash = mm_hash
+        item.set_pad_value()
+    if hasattr(item, "padding_values"):
+        return tuple(item.padding_values())
+    return (item.pad_value,)
+
+
+def sglang_splits_images() -> bool:
+    """Whether SGLang turns a two-image `processor_output` item into one item per image, each
+    then keyed by its own mm_hash. SGLang 0.5.23 (`get_new_expanded_mm_items`) splits by patch
+    counts (t*h*w per grid), which precomputed embeddings (t*h*w / merge^2 rows) do not match,
+    so the images stay one item and per-image mm_hashes cannot apply."""
+    from sglang.srt.managers.mm_utils import get_new_expanded_mm_items
+    from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
+
+    rows = [ItemEmbedding(n, (1, 4, 4), torch.zeros(4, 1)) for n in (1, 2)]
+    tables = types.SimpleNamespace(ATTR_NAME_TO_MODALITY={}, FEATURE_NAMES=[])
+    (item,) = BaseMultimodalProcessor.collect_mm_items_from_processor_output(
+        tables, image_item(rows)
+    )
+    item.offsets = [(0, 4), (4, 8)]
+    return len(get_new_expanded_mm_items([item])) == 2
+
+
+def check_sglang(scheme: PadScheme) -> str:
+    """Check the installed SGLang against the adapter; return its version."""
+    try:
+        import sglang
+        from sglang.srt.entrypoints.engine import Engine as SglEngine
+        from sglang.srt.managers.io_struct import GenerateReqInput
+        from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+    except ImportError as exc:
+        raise SglangStartupError(
+            f"cannot import SGLang ({exc}); install it with pip install -e '.[sglang]'"
+        ) from exc
+
+    version = sglang.__version__
+    accepted = set(inspect.signature(SglEngine.async_generate).parameters)
+    fields = {field.name for field in dataclasses.fields(GenerateReqInput)}
+    missing = [name for name in GENERATE_FIELDS if name not in accepted or name not in fields]
+    if missing:
+        raise SglangStartupError(
+            f"SGLang {version} does not accept {', '.join(missing)} in async_generate; "
+            "the sglang engine needs a release with mm_hashes (0.5.1x or later)"
+        )
+    theirs = sglang_pad_values(MultimodalDataItem(modality=Modality.IMAGE), PAD_PROBE_HASH)
+    if theirs != pad_values(PAD_PROBE_HASH, scheme):
+        matching = [s.value for s in PadScheme if pad_values(PAD_PROBE_HASH, s) == theirs]
+        hint = f"--pad-scheme {matching[0]}" if matching else "no known --pad-scheme matches"
+        raise SglangStartupError(
+            f"SGLang {version} pads media with other values than --pad-scheme {scheme.value}: "
+            f"routing would miss every cached image; start the frontend, router and workers "
+            f"with {hint}"
+        )
+    return version
