@@ -140,10 +140,10 @@ class FrontendApp:
         elif scope["path"] in _ROUTES:
             exchange.extra_headers.append((b"allow", _ROUTES[scope["path"]]))  # RFC 9110
             await exchange.error(
-                ApiError(405, "method_not_allowed", f"{scope['method']} is not allowed here")
+                ApiError("method_not_allowed", f"{scope['method']} is not allowed here")
             )
         else:
-            await exchange.error(ApiError(404, "not_found", f"no route {scope['path']}"))
+            await exchange.error(ApiError("not_found", f"no route {scope['path']}"))
 
     async def _guarded(
         self, scope: Scope, exchange: _Exchange, handler: Callable[[_Exchange], Awaitable[None]]
@@ -174,7 +174,7 @@ class FrontendApp:
         given = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = given.partition(b" ")
         if scheme.lower() != b"bearer" or not hmac.compare_digest(token, expected.encode()):
-            raise ApiError(401, "invalid_api_key", "a valid API key is required (Bearer token)")
+            raise ApiError("invalid_api_key", "a valid API key is required (Bearer token)")
 
     async def _chat_completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
         request_id = new_request_id()
@@ -195,9 +195,7 @@ class FrontendApp:
             if outcome == "disconnected":
                 raise _ClientGone
             if outcome == "deadline":
-                raise ApiError(
-                    504, "deadline_exceeded", f"the request took longer than {timeout:g} s"
-                )
+                raise ApiError("deadline_exceeded", f"the request took longer than {timeout:g} s")
         except _ClientGone:
             outcome = "disconnected"
             metrics.ERRORS.labels(COMPONENT, outcome).inc()
@@ -211,7 +209,7 @@ class FrontendApp:
             outcome = "internal"
             metrics.ERRORS.labels(COMPONENT, outcome).inc()
             log.exception("%s failed", request_id)
-            await exchange.error(ApiError(500, "internal", "internal error; see the server log"))
+            await exchange.error(ApiError("internal", "internal error; see the server log"))
         finally:
             metrics.ACTIVE.labels(COMPONENT).dec()
             log.info(
@@ -232,7 +230,7 @@ class FrontendApp:
     ) -> None:
         self.preprocessor.validate(request)
         if not self.dispatcher.ready():
-            raise ApiError(503, "no_worker", "no worker is reachable for the model; retry later")
+            raise ApiError("no_worker", "no worker is reachable for the model; retry later")
         with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
             preprocessed = await self.preprocessor.preprocess(request, request_id, deadline)
         metrics.STAGE_SECONDS.labels(COMPONENT, "preprocess").observe(time.perf_counter() - arrival)
@@ -275,9 +273,9 @@ class _Generation:
                     if finish is not None:
                         return
         except RemoteError as err:
-            raise ApiError(err.status, err.code, err.message) from err
+            raise ApiError(err.code, err.message, status=err.status) from err
         if finish is None:
-            raise ApiError(502, "incomplete", "the worker ended the stream without finishing")
+            raise ApiError("incomplete", "the worker ended the stream without finishing")
 
     def _observe(self, chunk: TokenChunk) -> None:
         now = time.perf_counter()
@@ -382,11 +380,11 @@ def _decode_request(body: bytes) -> ChatCompletionRequest:
     except msgspec.ValidationError as err:
         message = str(err)
         _, _, path = message.partition(" - at `$.")
-        raise ApiError.bad_request(
+        raise ApiError(
             "invalid_value", f"invalid request: {message}", path.rstrip("`") or None
         ) from err
     except msgspec.DecodeError as err:
-        raise ApiError.bad_request("invalid_json", f"the body is not valid JSON: {err}") from err
+        raise ApiError("invalid_json", f"the body is not valid JSON: {err}") from err
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -400,7 +398,7 @@ def _integral_floats_as_ints(value: Any) -> Any:
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    too_large = ApiError(413, "body_too_large", f"the request body exceeds {limit} bytes")
+    too_large = ApiError("body_too_large", f"the request body exceeds {limit} bytes")
     declared = dict(scope["headers"]).get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large

@@ -97,7 +97,7 @@ class ChatPreprocessor:
         """The request for the first hop; `request` must have passed `validate`."""
         images = _image_refs(request)
         if len(images) > self.options.policy.max_items:
-            raise ApiError.bad_request(
+            raise ApiError(
                 "request.too_many_items",
                 f"the request has {len(images)} images; at most "
                 f"{self.options.policy.max_items} are allowed",
@@ -143,7 +143,7 @@ class ChatPreprocessor:
             wanted = f"{prompt} tokens in the messages" + (
                 f" and {asked} in the completion" if asked is not None else ""
             )
-            raise ApiError.bad_request(
+            raise ApiError(
                 "context_length_exceeded",
                 f"this model's context length is {limit} tokens; the request needs {wanted}",
                 param="messages" if asked is None or prompt >= limit else "max_tokens",
@@ -155,7 +155,6 @@ class ChatPreprocessor:
         ranges of values are the request Struct's own constraints, checked while decoding."""
         if request.model != self.model.name:
             raise ApiError(
-                404,
                 "model_not_found",
                 f"the model {request.model!r} does not exist; this server serves "
                 f"{self.model.name!r}",
@@ -165,7 +164,7 @@ class ChatPreprocessor:
         if unsupported:
             name = unsupported[0]
             detail = "only n=1 is supported" if name == "n" else "it is not supported"
-            raise ApiError.bad_request(
+            raise ApiError(
                 "unsupported_option",
                 f"{name} cannot be set to this value: {detail}",
                 param=name,
@@ -181,7 +180,7 @@ class ChatPreprocessor:
                 messages, tokenize=False, add_generation_prompt=True
             )
         except TemplateError as err:
-            raise ApiError.bad_request(
+            raise ApiError(
                 "chat_template", f"the model's chat template rejected the messages: {err}"
             ) from err
         return list(tokenizer.encode(text, add_special_tokens=False))

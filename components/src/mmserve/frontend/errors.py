@@ -7,11 +7,14 @@ from mmserve.protocol import OpenAIError, OpenAIErrorBody, http_status_for
 
 
 class ApiError(Exception):
-    """A request that ends with an error response: `{"error": {message, type, param, code}}`."""
+    """A request that ends with an error response: `{"error": {message, type, param, code}}`,
+    with the code's status from the catalogue (`protocol.errors`) unless a peer said another."""
 
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, param: str | None = None, *, status: int | None = None
+    ) -> None:
         super().__init__(message)
-        self.status = status
+        self.status = http_status_for(code) if status is None else status
         self.code = code
         self.message = message
         self.param = param
@@ -35,10 +38,6 @@ class ApiError(Exception):
         )
 
     @classmethod
-    def bad_request(cls, code: str, message: str, param: str | None = None) -> ApiError:
-        return cls(400, code, message, param)
-
-    @classmethod
     def from_media_error(
         cls, err: MediaError, item_params: list[str], item: int | None = None
     ) -> ApiError:
@@ -50,4 +49,4 @@ class ApiError(Exception):
         code, message, index = (*err.args, None)[:3]
         index = item if index is None else index
         param = item_params[index] if isinstance(index, int) and index < len(item_params) else None
-        return cls(http_status_for(code), code, message, param)
+        return cls(code, message, param)

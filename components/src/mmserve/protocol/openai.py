@@ -1,0 +1,191 @@
+"""OpenAI chat-completions shapes (JSON at the HTTP edge).
+
+Unknown request fields are ignored, as OpenAI-compatible servers usually do, so clients that
+send extra options keep working; options the server knows but does not support are declared
+here so the frontend can reject a non-default value by name
+(`ChatCompletionRequest.unsupported_options`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+
+class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageUrl(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="image_url"):
+    image_url: ImageUrl | str  # some clients send the URL as a bare string
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+ContentPart = TextPart | ImageUrlPart
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    include_usage: bool = False
+
+
+# The request's integers travel on to the workers as msgpack's 64-bit integers.
+_INT64_MAX = 2**63 - 1
+
+
+class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
+
+    model: str
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
+    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] | None = None  # 0: off
+    seed: Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)] | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any | None = None
+    response_format: Any | None = None
+    user: str | None = None
+
+    def unsupported_options(self) -> list[str]:
+        """Names of options set to a value mmserve cannot honour (the frontend answers 400)."""
+        return [
+            name
+            for name, accepted in DEFAULT_ONLY_OPTIONS.items()
+            if getattr(self, name) not in accepted
+        ]
+
+
+# The known OpenAI options mmserve does not implement, with the values it accepts for each
+# (their defaults); `/openapi.json` documents these as the options' only values.
+DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "frequency_penalty": (None, 0.0),
+    "presence_penalty": (None, 0.0),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class OpenAIUsage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+    @classmethod
+    def from_usage(cls, usage: Usage) -> OpenAIUsage:
+        return cls(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details={"cached_tokens": usage.cached_tokens},
+        )
+
+
+class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: OpenAIUsage | None = None
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+class ChoiceDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    delta: ChoiceDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One SSE `data:` payload; the usage-only chunk has `choices=[]` and `usage` set."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: OpenAIUsage | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+
+
+class OpenAIErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(msgspec.Struct, frozen=True, kw_only=True):
+    """`{"error": {...}}`, OpenAI's error JSON."""
+
+    error: OpenAIErrorBody
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    created: int
+    owned_by: str = "mmserve"
+    object: Literal["model"] = "model"
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"

@@ -1,0 +1,151 @@
+"""The messages of a request through the pipeline: the request plan the frontend computes once,
+the payloads that travel beside it, prefill's handover to decode, and the token stream back."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from mmserve.protocol.openai import FinishReason, Usage
+from mmserve.protocol.wire import WireMessage, mm_hash_hex
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means disabled
+    seed: int | None = None
+
+
+class StopConditions(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens: int = 16
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class TensorHandle(msgspec.Struct, frozen=True, kw_only=True):
+    """A tensor that travels outside NATS: the transfer backend named in `backend` reads
+    `descriptor` (backend-specific bytes) to fetch `shape` x `dtype`."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the prefix: "bfloat16", "float32", "int64", ...
+    backend: str  # "nixl" | "shm" | "inline"
+    descriptor: bytes
+
+
+class EmbeddingsHandle(msgspec.Struct, frozen=True, kw_only=True):
+    """Vision-tower output for one media item; `aux` holds extra per-item tensors by name
+    (Qwen3-VL's stacked deepstack features under "deepstack")."""
+
+    embeddings: TensorHandle
+    aux: dict[str, TensorHandle] = {}
+
+
+class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
+    """One media item of a request plan: what it is, its identity, and the run of tokens it
+    fills in the plan's token ids (vLLM's `MultiModalFeatureSpec` with its `PlaceholderRange`).
+    """
+
+    modality: Literal["image"] = "image"
+    mm_hash: int  # blake3 of the raw encoded bytes, truncated to u64: the item's identity
+    offset: int  # index of the item's first token in `RequestPlan.token_ids`
+    length: int  # tokens the item fills: one per row of its embedding
+    grid_thw: tuple[int, int, int]
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    @property
+    def mm_hash_hex(self) -> str:
+        """The 16-hex form engines key their caches with (`mm_hashes`)."""
+        return mm_hash_hex(self.mm_hash)
+
+
+class MRopePositions(msgspec.Struct, frozen=True, kw_only=True):
+    """M-RoPE position ids of a prompt: `rows` is `[3, len]` flattened row by row (temporal,
+    height, width); decode continues at `len + delta`."""
+
+    rows: list[int]
+    delta: int
+
+
+class RequestPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A request as the model will read it, computed once by the Rust driver in the frontend:
+    the expanded token ids (each item's placeholder repeated `length` times), each media item
+    with its place in them, and the positions (`None`: 1-D positions 0..len, which is also what
+    an M-RoPE model uses for a prompt without media). Every later hop reads it; none re-derives
+    it."""
+
+    token_ids: list[int]
+    media: list[PlannedMedia] = []
+    positions: MRopePositions | None = None
+
+
+class MediaPayload(msgspec.Struct, frozen=True, kw_only=True):
+    """What travels beside one planned item for the stage that needs it: its encoded bytes
+    (inline in `data`, or by transfer in `encoded`), its pixels (`--frontend-decoding`), or,
+    after encode, its embeddings."""
+
+    data: bytes | None = None
+    encoded: TensorHandle | None = None  # uint8 encoded bytes
+    pixel_values: TensorHandle | None = None
+    embeddings: EmbeddingsHandle | None = None
+
+
+class PreprocessedRequest(WireMessage, frozen=True):
+    """What the frontend sends to the first worker: the plan, one payload per planned media
+    item, and the sampling. `deadline` is unix time in seconds. `route` names the instance the
+    router chose per component (`worker`, `prefill`, `decode`); a hop that calls one of them
+    addresses that instance.
+    """
+
+    request_id: str
+    deadline: float
+    model: str
+    plan: RequestPlan
+    payloads: list[MediaPayload] = []
+    sampling: SamplingParams = SamplingParams()
+    stop: StopConditions = StopConditions()
+    lora_name: str | None = None
+    route: dict[str, str] = {}  # component -> instance id
+
+
+class BootstrapInfo(WireMessage, frozen=True):
+    """Where decode joins prefill's KV handover (SGLang's bootstrap server and room): prefill's
+    first reply when its engine moves the KV cache itself."""
+
+    host: str
+    port: int
+    room: int
+
+
+class PrefillRequest(WireMessage, frozen=True):
+    request: PreprocessedRequest
+
+
+class PrefillDone(WireMessage, frozen=True):
+    """Prefill's last reply to decode: the first token and the prompt's KV cache, exported by
+    the engine as named tensors that decode fetches by transfer (empty for engines that move
+    the cache themselves through the bootstrap room)."""
+
+    request_id: str
+    first_token_id: int
+    prompt_tokens: int
+    cached_tokens: int = 0
+    kv: dict[str, TensorHandle] = {}
+
+
+PrefillReply = BootstrapInfo | PrefillDone
+
+
+class TokenChunk(WireMessage, frozen=True):
+    """A step of generation; the last chunk has `finish_reason` and `usage`."""
+
+    request_id: str
+    token_ids: list[int] = []
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
