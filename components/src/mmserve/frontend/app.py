@@ -264,9 +264,13 @@ class _Generation:
         """(text delta, finish reason) pairs; the last pair carries the finish reason."""
         chunks = self._app.dispatcher.generate(self._preprocessed)
         finish: FinishReason | None = None
+        first_token = nvtx.range_start(nvtx.FE_FIRST_TOKEN)
         try:
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                 async for chunk in chunks:
+                    if first_token is not None:
+                        nvtx.range_end(first_token)
+                        first_token = None
                     self._observe(chunk)
                     finish = chunk.finish_reason
                     yield chunk.text, finish
@@ -274,6 +278,9 @@ class _Generation:
                         return
         except RemoteError as err:
             raise ApiError(err.code, err.message, status=err.status) from err
+        finally:
+            if first_token is not None:
+                nvtx.range_end(first_token)
         if finish is None:
             raise ApiError("incomplete", "the worker ended the stream without finishing")
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mmserve.frontend.dispatch import Pipeline
+from mmserve.observability import nvtx
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk
 from mmserve.roles import GENERATE, KV_CACHING_ROLES, Role
 from mmserve.router.hops import kv_roles, language_hop, missing_language_hop_message, next_hop
@@ -148,7 +149,8 @@ class NatsDispatcher:
             nonlocal route
             self._release(request.request_id, route)
             route = {}  # released: a failed routing below must not release it twice
-            route = self.route(request, language, gone)
+            with nvtx.nvtx_range(nvtx.FE_ROUTE):
+                route = self.route(request, language, gone)
             # An encode worker is not routed: any instance takes the request.
             return msgspec.structs.replace(request, route=route), route.get(hop.value)
 
