@@ -42,7 +42,7 @@ def _ask(frontend: RunningFrontend, content: list[dict[str, Any]]) -> httpx.Resp
 
 
 def _expected(frontend: RunningFrontend, data: bytes, width: int, height: int) -> dict[str, Any]:
-    grid, tokens = frontend.app.preprocessor.model.media_spec.plan(width, height)
+    grid, tokens = frontend.app.preprocessor.model.spec.core.plan(width, height)
     mm_hash = _mm.content_hash(data)
     return {"mm_hash": mm_hash, "hex": f"{mm_hash:016x}", "grid": tuple(grid), "tokens": tokens}
 

@@ -13,6 +13,7 @@ import pytest
 from mmserve import _mm, media
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
+from mmserve.models.family import resolve_model_spec
 from mmserve.models.tiny import build_tiny_model
 from tests.support.local_media import MediaServer, data_url, encode_image, serve_directory
 
@@ -87,7 +88,7 @@ async def test_fetch_timeout_is_a_client_error(silent_server: str) -> None:
 
 
 async def test_the_plan_places_hashes_and_sizes_each_item() -> None:
-    spec = media.load_spec(build_tiny_model("qwen2_vl"))
+    spec = resolve_model_spec(build_tiny_model("qwen2_vl")).core
     images = [encode_image(56, 56), encode_image(280, 112)]
     prompt = [1, VISION_START, IMAGE_PAD, VISION_END, 2, VISION_START, IMAGE_PAD, VISION_END]
     result = await media.plan_request(
@@ -105,7 +106,7 @@ async def test_the_plan_places_hashes_and_sizes_each_item() -> None:
 
 
 async def test_process_reports_the_failing_item_and_413_for_limits() -> None:
-    spec = media.load_spec(build_tiny_model("qwen2_vl"))
+    spec = resolve_model_spec(build_tiny_model("qwen2_vl")).core
     prompt = [VISION_START, IMAGE_PAD, VISION_END] * 2
     with pytest.raises(_mm.MediaError) as info:
         await media.plan_request(

@@ -16,6 +16,7 @@ import torch
 
 from mmserve import media
 from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
+from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import MediaPayload, PlannedMedia, PreprocessedRequest
 from mmserve.transfer import TransferAgent
@@ -27,7 +28,7 @@ class EncodeStage:
     ) -> None:
         self.engine = engine
         self.transfer = transfer
-        self.spec = media.load_spec(model_path)
+        self.spec = resolve_model_spec(model_path).core
         self.component = component
 
     async def run(self, request: PreprocessedRequest) -> list[ItemEmbedding]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserve import _mm, media
+from mmserve import media
 from mmserve._mm import MediaError
 from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.errors import ApiError
@@ -42,7 +42,6 @@ class ServedModel:
     name: str
     spec: ModelSpec
     tokenizer: Any  # transformers PreTrainedTokenizerFast
-    media_spec: _mm.Spec
     created: int
 
     @classmethod
@@ -57,7 +56,6 @@ class ServedModel:
             name=name or spec.path.name,
             spec=spec,
             tokenizer=tokenizer,
-            media_spec=media.load_spec(spec.path),
             created=int(time.time()),
         )
 
@@ -191,7 +189,7 @@ class ChatPreprocessor:
         decoding = self.options.frontend_decoding
         try:
             return await media.plan_request(
-                self.model.media_spec,
+                self.model.spec.core,
                 token_ids,
                 [image.url for image in images],
                 self.options.policy,

@@ -4,7 +4,6 @@ from mmserve.media.calls import (
     ItemPixels,
     PlannedRequest,
     fetch,
-    load_spec,
     plan_request,
     preprocess_items,
 )
@@ -15,7 +14,6 @@ __all__ = [
     "MediaPolicy",
     "PlannedRequest",
     "fetch",
-    "load_spec",
     "plan_request",
     "preprocess_items",
 ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,16 +16,6 @@ import numpy as np
 from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
 from mmserve.protocol import MRopePositions, PlannedMedia, RequestPlan
-
-
-def load_spec(model_dir: str | Path) -> _mm.Spec:
-    """The core's preprocessing spec of a checkpoint, from its `preprocessor_config.json` and
-    `config.json`."""
-    model_dir = Path(model_dir)
-    return _mm.spec_from_hf_configs(
-        (model_dir / "preprocessor_config.json").read_text(),
-        (model_dir / "config.json").read_text(),
-    )
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class ModelSpec:
 
     path: Path
     family: FamilyInfo
+    core: _mm.Spec  # the Rust core's spec: what its preprocessing and driver read
     image_token_id: int
     video_token_id: int
     vision_start_token_id: int
@@ -107,6 +108,7 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
     return ModelSpec(
         path=path,
         family=family,
+        core=spec,
         image_token_id=spec.image_token_id,
         video_token_id=_required(spec, "video_token_id", spec.video_token_id),
         vision_start_token_id=spec.vision_start_token_id,
