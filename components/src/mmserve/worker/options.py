@@ -17,6 +17,7 @@ from mmserve.engines.defaults import (
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
 from mmserve.kv.events import KvEventPublisher
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
 from mmserve.roles import KV_CACHING_ROLES
@@ -54,7 +55,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
     )
     parser.add_argument(
-        "--block-size", type=int, default=16, help="KV block size in tokens (default: 16)"
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"KV block size in tokens (default: {DEFAULT_BLOCK_SIZE})",
     )
     add_pad_scheme_argument(parser)
     parser.add_argument(

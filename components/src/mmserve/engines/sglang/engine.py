@@ -48,10 +48,12 @@ from mmserve.engines.base import (
     KvHandle,
     MediaInput,
 )
+from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
 from mmserve.engines.sglang.args import kv_events_config, parse_sglang_args, sglang_argv
 from mmserve.engines.sglang.checks import SglangStartupError, check_sglang, sglang_splits_images
 from mmserve.engines.sglang.convert import encoder_item, finish_reason, generate_kwargs
 from mmserve.engines.sglang.kv_events import SglangKvEventBridge, zmq_reader
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.protocol import (
     BootstrapInfo,
@@ -108,8 +110,8 @@ class SglangEngine(Engine):
         *,
         role: str,
         sglang_args: Sequence[str] = (),
-        block_size: int = 16,
-        max_queue: int = 64,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         pad_scheme: PadScheme = PadScheme.DYNAMO,
     ) -> SglangEngine:
         """Check SGLang, parse its flags and start it (in a thread: loading takes minutes)."""
