@@ -1,0 +1,388 @@
+"""The worker and encode handlers, in one process over a real nats-server: each role's handler
+on its own runtime, the mock engine on the tiny Qwen2-VL (no simulated time) and the inline
+transfer backend, driven with planned requests as the frontend builds them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+import torch
+from prometheus_client import REGISTRY
+
+from mmserve import media, protocol
+from mmserve.encode.embeddings import offer_embeddings
+from mmserve.encode.stage import EncodeStage
+from mmserve.engines.base import ItemEmbedding
+from mmserve.engines.mock import MockEngine
+from mmserve.media import MediaPolicy
+from mmserve.models.family import resolve_model_spec
+from mmserve.models.tiny import build_tiny_model
+from mmserve.protocol import (
+    MediaPayload,
+    PrefillReply,
+    PrefillRequest,
+    PreprocessedRequest,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+)
+from mmserve.roles import GENERATE, Role
+from mmserve.runtime import RemoteError, Runtime
+from mmserve.transfer import DEFAULT_INLINE_THRESHOLD, TransferAgent, create_transfer_agent
+from mmserve.worker.aggregated import AggregatedHandler
+from mmserve.worker.base import RoleHandler
+from mmserve.worker.decode import DecodeHandler
+from mmserve.worker.encode import EncodeHandler
+from mmserve.worker.prefill import PrefillHandler
+from tests.support.images import photo_like, png_bytes
+from tests.support.waiting import wait_until_async
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
+
+HANDLERS: dict[Role, type[RoleHandler]] = {
+    Role.WORKER: AggregatedHandler,
+    Role.PREFILL: PrefillHandler,
+    Role.DECODE: DecodeHandler,
+    Role.ENCODE: EncodeHandler,
+}
+NO_SIMULATED_TIME = {
+    "prefill_us_per_token": 0.0,
+    "decode_ms_per_token": 0.0,
+    "encode_us_per_token": 0.0,
+}
+MAX_TOKENS = 8
+# Small images (a few tokens each) of different sizes, so their grids differ.
+IMAGES = {
+    "wide": png_bytes(photo_like(84, 56, seed=1)),
+    "tall": png_bytes(photo_like(56, 112, seed=2)),
+    "wide_other": png_bytes(photo_like(84, 56, seed=3)),  # same size as "wide", other pixels
+}
+
+
+def inline_transfer() -> TransferAgent:
+    args = argparse.Namespace(
+        transfer="inline", transfer_inline_threshold=DEFAULT_INLINE_THRESHOLD, transfer_timeout=5.0
+    )
+    return create_transfer_agent(args)
+
+
+@dataclass
+class InProcess:
+    """Handlers of one namespace, each on its own runtime, as their processes would be; and a
+    runtime for the test to call them from."""
+
+    nats_url: str
+    model_path: Path
+    namespace: str = field(default_factory=lambda: f"handlers-{uuid.uuid4().hex[:8]}")
+    runtimes: list[Runtime] = field(default_factory=list)
+    transfers: list[TransferAgent] = field(default_factory=list)
+    handlers: dict[Role, RoleHandler] = field(default_factory=dict)
+    _caller: Runtime | None = None
+
+    async def runtime(self) -> Runtime:
+        runtime = await Runtime.connect(self.nats_url, self.namespace, idle_timeout=10.0)
+        self.runtimes.append(runtime)
+        return runtime
+
+    async def start(self, role: Role, engine: MockEngine, *, encode: bool = False) -> RoleHandler:
+        """Serve `role`'s handler (with an encode stage if `encode`) and wait until a caller
+        on the namespace sees it registered."""
+        transfer = inline_transfer()
+        self.transfers.append(transfer)
+        stage = EncodeStage(engine, transfer, self.model_path, role.value) if encode else None
+        handler = HANDLERS[role](await self.runtime(), engine, transfer, stage)
+        await handler.serve()
+        self.handlers[role] = handler
+        caller = await self.caller()
+
+        async def registered() -> bool:
+            instances = await caller.list_instances(role.value, GENERATE)
+            return handler.runtime.instance_id in {i.instance_id for i in instances}
+
+        await wait_until_async(registered, what=f"{role} registered")
+        return handler
+
+    async def caller(self) -> Runtime:
+        if self._caller is None:
+            self._caller = await self.runtime()
+        return self._caller
+
+    async def stream(self, role: Role, request: PreprocessedRequest) -> list[TokenChunk]:
+        caller = await self.caller()
+        replies = caller.client(role.value, GENERATE).stream(
+            request, TokenChunk, request_id=request.request_id, deadline=request.deadline
+        )
+        async with contextlib.aclosing(replies):
+            return [chunk async for chunk in replies]
+
+    async def close(self) -> None:
+        for runtime in reversed(self.runtimes):
+            with contextlib.suppress(Exception):
+                await runtime.shutdown(graceful_timeout=1.0)
+        for transfer in self.transfers:
+            await transfer.close()
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """Planned requests as the frontend makes them: chat template, tokenization, one run of
+    the driver (sized from headers, bytes kept to travel on)."""
+
+    tokenizer: Any
+    spec: Any
+
+    async def planned(
+        self, images: Sequence[bytes], text: str = "What is in the picture?"
+    ) -> media.PlannedRequest:
+        content: list[dict[str, str]] = [{"type": "image"} for _ in images]
+        content.append({"type": "text", "text": text})
+        prompt = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+        token_ids = list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        return await media.plan_request(
+            self.spec, token_ids, list(images), MediaPolicy(), count_only=True, keep_bytes=True
+        )
+
+    async def request(
+        self, images: Sequence[bytes], *, payload_bytes: Sequence[bytes] | None = None, **kw: Any
+    ) -> PreprocessedRequest:
+        """The request for `images`; `payload_bytes` replaces the bytes that travel with it."""
+        planned = await self.planned(images, **kw)
+        data = planned.data if payload_bytes is None else list(payload_bytes)
+        return PreprocessedRequest(
+            request_id=uuid.uuid4().hex,
+            deadline=time.time() + 30,
+            model="tiny",
+            plan=planned.plan,
+            payloads=[MediaPayload(data=d) for d in data],
+            sampling=SamplingParams(temperature=0.0),
+            stop=StopConditions(max_tokens=MAX_TOKENS),
+        )
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return build_tiny_model("qwen2_vl")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engines(model_path: Path) -> AsyncIterator[list[MockEngine]]:
+    """One engine per serving handler: agg, bare worker, E/P/D's encode, prefill, decode."""
+    # Imported here first: transformers' lazy imports race when threads make them at once.
+    from transformers import AutoTokenizer  # noqa: F401
+
+    loaded = await asyncio.gather(
+        *(MockEngine.load(model_path, **NO_SIMULATED_TIME) for _ in range(5))
+    )
+    yield list(loaded)
+    for engine in loaded:
+        await engine.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_path: Path, engines: list[MockEngine]) -> Prompts:
+    return Prompts(tokenizer=engines[0].tokenizer, spec=resolve_model_spec(model_path).core)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def agg(
+    nats_url: str, model_path: Path, engines: list[MockEngine]
+) -> AsyncIterator[InProcess]:
+    """`worker --encode`."""
+    deployment = InProcess(nats_url, model_path)
+    try:
+        await deployment.start(Role.WORKER, engines[0], encode=True)
+        yield deployment
+    finally:
+        await deployment.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bare_worker(
+    nats_url: str, model_path: Path, engines: list[MockEngine]
+) -> AsyncIterator[InProcess]:
+    """`worker` without `--encode` and no encode worker."""
+    deployment = InProcess(nats_url, model_path)
+    try:
+        await deployment.start(Role.WORKER, engines[1])
+        yield deployment
+    finally:
+        await deployment.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def e_p_d(
+    nats_url: str, model_path: Path, engines: list[MockEngine]
+) -> AsyncIterator[InProcess]:
+    """encode + prefill + decode; encode last, so its watchers start with the language hop."""
+    deployment = InProcess(nats_url, model_path)
+    try:
+        await deployment.start(Role.PREFILL, engines[3])
+        await deployment.start(Role.DECODE, engines[4])
+        await deployment.start(Role.ENCODE, engines[2], encode=True)
+        yield deployment
+    finally:
+        await deployment.close()
+
+
+def requests_seen(component: str) -> float:
+    return REGISTRY.get_sample_value("mmserve_requests_total", {"component": component}) or 0.0
+
+
+def completion(chunks: list[TokenChunk]) -> list[int]:
+    return [token for chunk in chunks for token in chunk.token_ids]
+
+
+def assert_complete(chunks: list[TokenChunk], request: PreprocessedRequest) -> None:
+    """One token per chunk, the finish reason and usage on the last chunk only."""
+    assert chunks, "no chunks"
+    assert all(chunk.request_id == request.request_id for chunk in chunks)
+    assert all(chunk.finish_reason is None and chunk.usage is None for chunk in chunks[:-1])
+    last = chunks[-1]
+    assert last.finish_reason in ("stop", "length")
+    assert last.usage is not None
+    assert last.usage.prompt_tokens == len(request.plan.token_ids)
+    assert last.usage.completion_tokens == len(completion(chunks))
+    # Mock tokens are ordinary vocabulary ids, never EOS: the budget ends the stream.
+    assert (last.finish_reason, len(completion(chunks))) == ("length", MAX_TOKENS)
+
+
+IMAGE_SETS = {
+    "no_image": [],
+    "one_image": ["wide"],
+    "two_images": ["wide", "tall"],
+}
+
+
+@pytest.mark.parametrize(
+    "names", [IMAGE_SETS["one_image"], IMAGE_SETS["two_images"]], ids=["one_image", "two_images"]
+)
+async def test_the_aggregated_worker_encodes_and_streams_a_planned_request(
+    agg: InProcess, prompts: Prompts, names: list[str]
+) -> None:
+    request = await prompts.request([IMAGES[name] for name in names])
+    assert len(request.plan.media) == len(names)
+    assert all(item.length > 0 for item in request.plan.media)
+    chunks = await agg.stream(Role.WORKER, request)
+    assert_complete(chunks, request)
+
+
+@pytest.mark.parametrize("names", list(IMAGE_SETS.values()), ids=list(IMAGE_SETS))
+async def test_e_p_d_gives_the_aggregated_tokens(
+    agg: InProcess, e_p_d: InProcess, prompts: Prompts, names: list[str]
+) -> None:
+    request = await prompts.request([IMAGES[name] for name in names])
+    before = {role: requests_seen(role.value) for role in HANDLERS}
+    reference = await agg.stream(Role.WORKER, request)
+    chunks = await e_p_d.stream(Role.ENCODE, request)
+    assert_complete(chunks, request)
+    assert completion(chunks) == completion(reference)
+    assert chunks[-1].usage == msgspec.structs.replace(
+        reference[-1].usage, cached_tokens=chunks[-1].usage.cached_tokens
+    )
+    # Each handler ran the request once: the tokens came through encode, decode and prefill.
+    assert {role: requests_seen(role.value) - before[role] for role in HANDLERS} == dict.fromkeys(
+        HANDLERS, 1.0
+    )
+
+
+async def test_the_same_images_in_another_order_give_other_tokens(
+    agg: InProcess, prompts: Prompts
+) -> None:
+    """The mock's tokens depend on the media, so the equality above means something."""
+    forward = await prompts.request([IMAGES["wide"], IMAGES["tall"]])
+    backward = await prompts.request([IMAGES["tall"], IMAGES["wide"]])
+    other = await prompts.request([IMAGES["wide_other"], IMAGES["tall"]])
+    tokens = [completion(await agg.stream(Role.WORKER, r)) for r in (forward, backward, other)]
+    assert len({tuple(t) for t in tokens}) == 3
+
+
+@pytest.mark.parametrize("entry", [Role.WORKER, Role.DECODE])
+async def test_a_worker_that_does_not_encode_refuses_unencoded_media_as_unavailable(
+    bare_worker: InProcess, e_p_d: InProcess, prompts: Prompts, entry: Role
+) -> None:
+    """A worker without `--encode` (or decode's prefill worker, which never encodes in
+    E/P/D) that gets media still as bytes says the deployment lacks an encoder."""
+    deployment = bare_worker if entry is Role.WORKER else e_p_d
+    request = await prompts.request([IMAGES["wide"]])
+    with pytest.raises(RemoteError) as raised:
+        await deployment.stream(entry, request)
+    assert raised.value.code == protocol.ERROR_UNAVAILABLE
+    assert "does not encode media" in raised.value.message
+    # Text-only requests need no encoder and still work.
+    text_only = await prompts.request([])
+    assert_complete(await deployment.stream(entry, text_only), text_only)
+
+
+@pytest.mark.parametrize("entry", [Role.WORKER, Role.ENCODE])
+@pytest.mark.parametrize("swapped_in", ["wide_other", "tall"], ids=["same_size", "other_size"])
+async def test_an_encode_stage_names_bytes_that_do_not_match_the_plan_and_serves_on(
+    agg: InProcess, e_p_d: InProcess, prompts: Prompts, entry: Role, swapped_in: str
+) -> None:
+    deployment = agg if entry is Role.WORKER else e_p_d
+    request = await prompts.request([IMAGES["wide"]], payload_bytes=[IMAGES[swapped_in]])
+    planned = request.plan.media[0]
+    with pytest.raises(RemoteError) as raised:
+        await deployment.stream(entry, request)
+    message = raised.value.message
+    assert "media item 0" in message and "the plan says" in message, message
+    assert planned.mm_hash_hex in message and str(planned.grid_thw) in message, message
+    assert raised.value.status >= 500, raised.value  # the pipeline's fault, not the client's
+    good = await prompts.request([IMAGES["wide"]])
+    assert_complete(await deployment.stream(entry, good), good)
+
+
+async def offered_embeddings(
+    transfer: TransferAgent, request: PreprocessedRequest, extra_rows: int
+) -> list[MediaPayload]:
+    """Payloads with embeddings of `extra_rows` more rows than the plan gives each item."""
+    items = [
+        ItemEmbedding(item.mm_hash, item.grid_thw, torch.zeros((item.length + extra_rows, 8)))
+        for item in request.plan.media
+    ]
+    handles, _leases = await offer_embeddings(transfer, items)
+    return [MediaPayload(embeddings=handle) for handle in handles]
+
+
+@pytest.mark.parametrize("entry", [Role.DECODE, Role.PREFILL])
+async def test_a_prefill_the_engine_rejects_is_a_server_error(
+    e_p_d: InProcess, prompts: Prompts, entry: Role
+) -> None:
+    """Embeddings whose rows do not fit the plan: the engine refuses the prefill, and the
+    caller sees the worker's fault (5xx), never a client's 400."""
+    transfer = inline_transfer()
+    request = await prompts.request([IMAGES["wide"]])
+    bad = msgspec.structs.replace(
+        request, payloads=await offered_embeddings(transfer, request, extra_rows=1)
+    )
+    caller = await e_p_d.caller()
+    with pytest.raises(RemoteError) as raised:
+        if entry is Role.DECODE:
+            await e_p_d.stream(Role.DECODE, bad)
+        else:
+            replies = caller.client(Role.PREFILL.value, GENERATE).stream(
+                PrefillRequest(request=bad), PrefillReply, deadline=bad.deadline
+            )
+            async with contextlib.aclosing(replies):
+                _ = [reply async for reply in replies]
+    assert raised.value.code == protocol.ERROR_INTERNAL, raised.value
+    assert raised.value.status == 500
+    assert "embedding has" in raised.value.message, raised.value.message
+    # Embeddings that fit go through.
+    fitting = msgspec.structs.replace(
+        request, payloads=await offered_embeddings(transfer, request, extra_rows=0)
+    )
+    assert_complete(await e_p_d.stream(Role.DECODE, fitting), fitting)
+    await transfer.close()
