@@ -188,7 +188,7 @@ def _core_error_codes() -> set[str]:
     from pathlib import Path
 
     crate = Path(__file__).resolve().parents[1] / "rust" / "mmserve-mm" / "src"
-    arm = re.compile(r'=>\s*"([a-z_]+\.[a-z_]+)"')
+    arm = re.compile(r'=>\s*"([a-z0-9_]+\.[a-z0-9_]+)"')
     return {code for source in crate.rglob("*.rs") for code in arm.findall(source.read_text())}
 
 

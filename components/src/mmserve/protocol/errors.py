@@ -60,7 +60,12 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("incomplete", 502, "the worker ended its stream without finishing"),
     ErrorCode("no_worker", 503, "no worker is reachable for the model; retry later"),
     # The Rust core: fetching media.
-    ErrorCode("fetch.bad_data_url", 400, "a data: URL or base64 item is malformed"),
+    ErrorCode("fetch.bad_data_url", 400, "a data: URL is malformed"),
+    ErrorCode("fetch.bad_base64", 400, "an item that is neither a URL nor a path is not valid "
+              "base64"),
+    ErrorCode("base64.invalid", 400, "the base64 text has a character outside its alphabet"),
+    ErrorCode("base64.mixed_alphabets", 400, "the base64 text mixes the standard and URL-safe "
+              "alphabets"),
     ErrorCode("fetch.bad_url", 400, "the media URL cannot be parsed"),
     ErrorCode("fetch.unsupported_scheme", 400, "the media URL's scheme is not data, file or "
               "http(s)"),
