@@ -20,6 +20,7 @@ NATS_PORT="4222"
 EXTRA_ARGS=()
 SGLANG_ARGS=()
 PAD_ARGS=()
+TRANSFER_ARGS=()
 MEDIA_ARGS=()
 PIDS=()
 NAMES=()
@@ -27,7 +28,7 @@ NAMES=()
 launch_usage() {
   cat <<USAGE
 usage: $(basename "$0") [--model-path DIR] [--engine hf|mock|sglang] [--http-host H] [--http-port P]
-                [--nats-port P] [--pad-scheme S] [-- extra worker flags...]
+                [--nats-port P] [--pad-scheme S] [--transfer B] [-- extra worker flags...]
 
 Starts $LAUNCH_DESCRIPTION.
   --model-path DIR  a local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL, built if missing)
@@ -37,6 +38,8 @@ Starts $LAUNCH_DESCRIPTION.
   --nats-port P     port of the nats-server started when NATS_URL is unset (default: 4222)
   --pad-scheme S    media pad values for the frontend and every worker (default: dynamo;
                     SGLang 0.5.2x needs sglang-wide)
+  --transfer B      tensor transfer backend (nixl, shm, inline) for the frontend and every
+                    worker; all must agree (default: nixl where it imports, else shm)
   --allowed-media-domains H..., --allowed-local-media-path DIR..., --media-fetch-timeout S
                     media policy of the frontend (the one process that fetches media)
 Unknown flags, and everything after --, are passed to every worker; with --engine sglang,
@@ -54,6 +57,7 @@ launch_parse() {
       --http-port) HTTP_PORT="$2"; shift 2 ;;
       --nats-port) NATS_PORT="$2"; shift 2 ;;
       --pad-scheme) PAD_ARGS=(--pad-scheme "$2"); shift 2 ;;
+      --transfer) TRANSFER_ARGS=(--transfer "$2"); shift 2 ;;
       --allowed-media-domains|--allowed-local-media-path|--media-fetch-timeout|--max-media-items)
         MEDIA_ARGS+=("$1"); shift
         while [ $# -gt 0 ] && [[ "$1" != --* ]]; do MEDIA_ARGS+=("$1"); shift; done ;;
@@ -78,7 +82,8 @@ launch_parse() {
 # The frontend, with the media policy; extra frontend flags may follow.
 launch_frontend() {
   launch_start frontend mmserve frontend --model-path "$MODEL_PATH" --http-host "$HTTP_HOST" \
-    --http-port "$HTTP_PORT" ${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"} ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} "$@"
+    --http-port "$HTTP_PORT" ${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"} ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} \
+    ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} "$@"
 }
 
 # A worker of ROLE (worker, prefill, decode, encode) with its flags, then the extra flags.
@@ -90,7 +95,8 @@ launch_worker() {
     sglang=(-- ${SGLANG_ARGS[@]+"${SGLANG_ARGS[@]}"} ${WORKER_SGLANG_ARGS[@]+"${WORKER_SGLANG_ARGS[@]}"})
   fi
   launch_start "$name" mmserve "$role" --model-path "$MODEL_PATH" --engine "$ENGINE" "$@" \
-    ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${sglang[@]+"${sglang[@]}"}
+    ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} \
+    ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${sglang[@]+"${sglang[@]}"}
 }
 
 launch_start() {
