@@ -1,5 +1,5 @@
-"""Where media may come from, and how much of it: one policy shared by the frontend and the
-encode worker, built from the same command-line flags in both."""
+"""Where media may come from, and how much of it: the frontend's policy (it is the one process
+that fetches media), built from its command-line flags; the Rust core enforces it."""
 
 from __future__ import annotations
 
