@@ -3,10 +3,43 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from mmserve.runtime.nats_server import NatsServer, nats_url_from_env_or_private
+
+# The slow tier, in this one place: `make test` runs every test, `make test-fast` (`-m "not
+# slow"`) leaves these out to stay under 3 minutes on 2 cores. Chosen from a `--durations=0` run:
+# whole deployments and process kills, KV and tensors moved between processes, and the engines
+# on every family but the first (the fast tier keeps one family; parity on each is in the full).
+SLOW_PATHS = (
+    "e2e/",
+    "reliability/",
+    "engines/test_kv_transfer.py",
+    "engines/test_mock_engine.py",
+    "runtime/test_liveness.py",
+    "transfer/test_cross_process.py",
+)
+SLOW_TESTS = {"mm/test_qwen_vl.py::test_large_images"}
+FAST_FAMILY = "qwen2_vl"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        if not item.path.is_relative_to(root):
+            continue
+        path = item.path.relative_to(root).as_posix()
+        name = getattr(item, "originalname", item.name)
+        callspec = getattr(item, "callspec", None)
+        family = callspec.params.get("tiny_model", FAST_FAMILY) if callspec else FAST_FAMILY
+        if (
+            path.startswith(SLOW_PATHS)
+            or f"{path}::{name}" in SLOW_TESTS
+            or (path.startswith("engines/") and family != FAST_FAMILY)
+        ):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
