@@ -3,7 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := pkg-config libturbojpeg0-dev curl
 
-.PHONY: setup ext run test test-py test-rust lint
+.PHONY: help setup ext run test test-fast test-py test-rust lint
+
+## help: list these targets
+help:
+	@awk '/^## /{sub(/^## /, ""); i = index($$0, ": "); printf "  %-10s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2)}' $(MAKEFILE_LIST)
 
 ## setup: install everything from nothing (Debian packages, Rust, Python env, the extension)
 setup:
@@ -20,14 +24,23 @@ run:
 ## test: the whole test suite (Python and Rust)
 test: test-rust test-py
 
+## test-fast: the developer loop: the Python tests not marked slow (tests/conftest.py), under 3 minutes on 2 cores
+test-fast:
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+## test-py: the Python suite alone
 test-py:
 	$(PY) -m pytest -q -p no:cacheprovider
 
+## test-rust: the Rust tests alone
 test-rust:
 	cd rust/mmserve-mm && cargo test --no-default-features --quiet
 
+## lint: ruff, ruff format, mypy, typos, shellcheck, rustfmt and clippy (what CI runs before the tests)
 lint:
 	$(VENV)/bin/ruff check components tests bench
 	$(VENV)/bin/ruff format --check components tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/typos
+	$(VENV)/bin/shellcheck launch/*.sh .ci/run .ci/setup.sh
 	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel -- -D warnings

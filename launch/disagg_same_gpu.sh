@@ -2,6 +2,7 @@
 # P/D (EP/D for images) with prefill and decode sharing one GPU, as Dynamo's SGLang
 # disagg_same_gpu.sh: each SGLang engine gets a share of the GPU's memory. --engine sglang only.
 LAUNCH_DESCRIPTION="P/D on one GPU (frontend + prefill --encode + decode, sglang engine)"
+# shellcheck source=_lib.sh
 source "$(dirname "$0")/_lib.sh"
 launch_parse --engine sglang "$@"
 [ "$ENGINE" = sglang ] || { echo "disagg_same_gpu.sh runs the sglang engine only" >&2; exit 2; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # E/PD: a separate encode worker, then one worker that prefills and decodes.
 LAUNCH_DESCRIPTION="E/PD (frontend + encode worker + prefill/decode worker)"
+# shellcheck source=_lib.sh
 source "$(dirname "$0")/_lib.sh"
 launch_parse "$@"
 launch_worker encode encode
