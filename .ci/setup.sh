@@ -18,9 +18,33 @@ fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 
+# The package (editable) with its test and NIXL extras; the parity references pinned exactly by
+# constraints.txt. Installed again only when pyproject.toml or constraints.txt changed since the
+# last install, or the environment drifted from the pins; otherwise only the extension is rebuilt
+# (a no-op when the Rust sources are unchanged).
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[test,nixl]"
+STAMP="$VENV/.mmserve-setup"
+WANT=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+installed() {
+  [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && [ -x "$VENV/bin/maturin" ] &&
+    "$VENV/bin/python" - <<'PY' 2>/dev/null
+import importlib.metadata
+import sys
+
+import mmserve._mm  # noqa: F401
+
+pins = [line.split("#")[0].strip() for line in open("constraints.txt")]
+pins = [pin.split("==") for pin in pins if pin]
+sys.exit(any(importlib.metadata.version(name) != version for name, version in pins))
+PY
+}
+if installed; then
+  VIRTUAL_ENV=$(cd "$VENV" && pwd) "$VENV/bin/maturin" develop --release --skip-install --quiet
+else
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[test,nixl]" -c constraints.txt
+  echo "$WANT" >"$STAMP"
+fi
 
 # SGLang's Python modules for the sglang engine's contract tests (tests/engines/
 # test_sglang_contract.py). The full package pulls ~11 GB of CUDA kernels; the modules the tests
@@ -40,7 +64,7 @@ if ! "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE" >/dev/null 2>&1; the
   echo "import site; site.addsitedir('$(site_of "$VENV/bin/python")')" \
     >"$(site_of "$SGLANG_VENV/bin/python")/mmserve_base_env.pth"
   sglang_pip=("$VENV/bin/python" -m pip --python "$SGLANG_VENV/bin/python" install -q
-    --no-warn-conflicts)
+    --no-warn-conflicts -c constraints.txt)
   "${sglang_pip[@]}" --no-deps "sglang==$SGLANG_VERSION"
   "${sglang_pip[@]}" "${SGLANG_CPU_DEPS[@]}"
   "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE"
