@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import pytest
 
 from mmserve.kv.events import KvEventPublisher, dump_events, kv_dump_topic, kv_events_topic
 from mmserve.kv.hashing import compute_seq_hashes
-from mmserve.protocol import KvBlock, KvDumpRequest, KvEvent, KvRemoved, KvStored
+from mmserve.protocol import KvBlock, KvCleared, KvDumpRequest, KvEvent, KvRemoved, KvStored
 from mmserve.router.indexer import KvIndexer
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
 from mmserve.runtime import Runtime
@@ -159,6 +160,38 @@ async def test_late_router_catches_up_with_an_idle_worker(
             subscriber.catch_up([worker])
             await eventually(lambda: indexer.find_matches([1, 2, 3]) == {worker: 3})
             assert subscriber.following(worker)
+
+
+async def test_a_worker_lost_again_as_its_catch_up_ends_is_asked_again(
+    runtimes: tuple[Runtime, Runtime],
+) -> None:
+    _, router_rt = runtimes
+    asked: list[KvDumpRequest] = []
+
+    async def record(request: KvDumpRequest) -> None:
+        asked.append(request)
+
+    await router_rt.subscribe(kv_dump_topic(COMPONENT), KvDumpRequest, record)
+    await router_rt.nc.flush()
+    retry_s = 0.2
+    async with KvEventSubscriber(router_rt, KvIndexer(), COMPONENT, dump_retry_s=retry_s) as sub:
+        idle = "idle-worker"
+        sub.apply(KvEvent(worker_id=idle, event_id=3, data=KvRemoved(block_hashes=[])))
+        await eventually(lambda: len(asked) == 1)  # its catch-up now sleeps until the retry
+        sub.apply(KvEvent(worker_id=idle, event_id=4, data=KvCleared()))
+        assert sub.following(idle)
+        # A gap lands right after the catch-up's last step (woken by its retry timer, it sees
+        # the worker in step and ends) and before its end is recorded (its done callback).
+        # Blocking the loop past the retry makes both timers due in one turn; this one, due
+        # first, reaches `apply` through two more callbacks, after the catch-up's wake-up.
+        # (Whatever the order, a fixed subscriber asks again; only the window shows the bug.)
+        loop = asyncio.get_running_loop()
+        gap = KvEvent(worker_id=idle, event_id=9, data=KvRemoved(block_hashes=[]))
+        loop.call_later(0, lambda: loop.call_soon(lambda: loop.call_soon(sub.apply, gap)))
+        time.sleep(2 * retry_s)  # noqa: ASYNC251 (blocking the loop is the point)
+        # The worker is idle: only a new dump request can bring it back in step.
+        await eventually(lambda: len(asked) >= 2, timeout=1.0)
+        assert not sub.following(idle)
 
 
 async def test_a_gap_in_event_ids_resynchronises(link: Link) -> None:

@@ -118,11 +118,18 @@ class KvEventSubscriber:
 
     def _lose_track(self, worker_id: str) -> None:
         self._last_event_id.pop(worker_id, None)
-        if worker_id in self._catching_up:
-            return
+        running = self._catching_up.get(worker_id)
+        if running is not None and not running.done():
+            return  # it asks again: its loop sees the worker out of step
+        # A catch-up that just ended (in step) may not be forgotten yet: start another.
         task = asyncio.create_task(self._catch_up(worker_id))
         self._catching_up[worker_id] = task
-        task.add_done_callback(lambda _: self._catching_up.pop(worker_id, None))
+
+        def forget(ended: asyncio.Task[None]) -> None:
+            if self._catching_up.get(worker_id) is ended:
+                del self._catching_up[worker_id]
+
+        task.add_done_callback(forget)
 
     async def _catch_up(self, worker_id: str) -> None:
         """Ask the worker for a dump, again every `dump_retry_s` while its events are not in
