@@ -1,8 +1,10 @@
 # shellcheck shell=bash
 # Shared by the launch scripts: flags, nats-server, process supervision.
 # Sourced, not run. Each script calls `launch_parse "$@"`, then `launch_start NAME CMD...` per
-# component, then `launch_wait`. Every process it started is stopped on Ctrl-C, on SIGTERM, or as
-# soon as one of them exits, so nothing is left behind.
+# component, then `launch_wait`. Every process it started is stopped on Ctrl-C, on SIGTERM or
+# SIGHUP, or as soon as one of them exits; killed hard (SIGKILL), the script takes them along by
+# their parent-death signal (MMSERVE_PARENT_PID, mmserve/runtime/lifetime.py), so nothing is
+# left behind.
 
 set -euo pipefail
 
@@ -22,13 +24,20 @@ SGLANG_ARGS=()
 PAD_ARGS=()
 TRANSFER_ARGS=()
 MEDIA_ARGS=()
+FRONTEND_ARGS=()
+# Flags of one role (worker, encode, prefill, decode: the mmserve command), as given by
+# --ROLE-args; split on whitespace where used.
+declare -A ROLE_ARGS=()
+declare -A ROLES_STARTED=()
 PIDS=()
 NAMES=()
 
 launch_usage() {
   cat <<USAGE
 usage: $(basename "$0") [--model-path DIR] [--engine hf|mock|sglang] [--http-host H] [--http-port P]
-                [--nats-port P] [--pad-scheme S] [--transfer B] [-- extra worker flags...]
+                [--nats-port P] [--pad-scheme S] [--transfer B] [--frontend-args "FLAGS"]
+                [--worker-args|--encode-args|--prefill-args|--decode-args "FLAGS"]
+                [-- extra worker flags...]
 
 Starts $LAUNCH_DESCRIPTION.
   --model-path DIR  a local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL, built if missing)
@@ -40,8 +49,19 @@ Starts $LAUNCH_DESCRIPTION.
                     SGLang 0.5.2x needs sglang-wide)
   --transfer B      tensor transfer backend (nixl, shm, inline) for the frontend and every
                     worker; all must agree (default: nixl where it imports, else shm)
-  --allowed-media-domains H..., --allowed-local-media-path DIR..., --media-fetch-timeout S
+  --allowed-media-domains H..., --allowed-local-media-path DIR..., --media-fetch-timeout S,
+  --max-media-items N
                     media policy of the frontend (the one process that fetches media)
+  --frontend-args "FLAGS"
+                    flags for the frontend (\`mmserve frontend --help\`), after the script's own:
+                    --api-key KEY, --frontend-decoding, the router's --router-mode M,
+                    --kv-block-size N, --kv-overlap-weight W, --router-queue-weight W,
+                    --router-temperature T; the limits --max-request-body-bytes N,
+                    --context-length N, --default-max-tokens N, --request-timeout S ...
+  --worker-args|--encode-args|--prefill-args|--decode-args "FLAGS"
+                    flags for the workers of that role only (\`mmserve ROLE --help\`), after the
+                    flags every worker gets; the script must start that role
+FLAGS are split on whitespace (no quoting inside); each of these may be given more than once.
 Unknown flags, and everything after --, are passed to every worker; with --engine sglang,
 everything after -- is SGLang's own flags (--tp 2 --mem-fraction-static 0.8 ...).
 USAGE
@@ -58,6 +78,13 @@ launch_parse() {
       --nats-port) NATS_PORT="$2"; shift 2 ;;
       --pad-scheme) PAD_ARGS=(--pad-scheme "$2"); shift 2 ;;
       --transfer) TRANSFER_ARGS=(--transfer "$2"); shift 2 ;;
+      --frontend-args)
+        local split=()
+        read -r -a split <<<"$2"
+        FRONTEND_ARGS+=(${split[@]+"${split[@]}"}); shift 2 ;;
+      --worker-args|--encode-args|--prefill-args|--decode-args)
+        local role=${1#--}; role=${role%-args}
+        ROLE_ARGS[$role]="${ROLE_ARGS[$role]:-} $2"; shift 2 ;;
       --allowed-media-domains|--allowed-local-media-path|--media-fetch-timeout|--max-media-items)
         MEDIA_ARGS+=("$1"); shift
         while [ $# -gt 0 ] && [[ "$1" != --* ]]; do MEDIA_ARGS+=("$1"); shift; done ;;
@@ -67,9 +94,11 @@ launch_parse() {
       *) EXTRA_ARGS+=("$1"); shift ;;
     esac
   done
-  trap launch_stop INT TERM
+  trap launch_stop INT TERM HUP
   trap launch_stop_quiet EXIT
+  launch_check_port "$HTTP_HOST" "$HTTP_PORT"
   if [ -z "${NATS_URL:-}" ]; then
+    launch_check_port 127.0.0.1 "$NATS_PORT"
     launch_start nats mmserve nats --port "$NATS_PORT"
     export NATS_URL="nats://127.0.0.1:$NATS_PORT"
     launch_wait_port 127.0.0.1 "$NATS_PORT" 30
@@ -79,38 +108,62 @@ launch_parse() {
   fi
 }
 
-# The frontend, with the media policy; extra frontend flags may follow.
+# The frontend, with the media policy; the script's frontend flags may follow, then the user's
+# (--frontend-args), which win. Started after the workers, so it also refuses --ROLE-args for a
+# role the script did not start.
 launch_frontend() {
+  local role
+  for role in "${!ROLE_ARGS[@]}"; do
+    if [ -z "${ROLES_STARTED[$role]:-}" ]; then
+      echo "[launch] $(basename "$0") starts no $role worker, so --$role-args has nowhere to go" >&2
+      exit 2
+    fi
+  done
   launch_start frontend mmserve frontend --model-path "$MODEL_PATH" --http-host "$HTTP_HOST" \
     --http-port "$HTTP_PORT" ${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"} ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} \
-    ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} "$@"
+    ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} "$@" ${FRONTEND_ARGS[@]+"${FRONTEND_ARGS[@]}"}
 }
 
-# A worker of ROLE (worker, prefill, decode, encode) with its flags, then the extra flags.
-# Only the frontend fetches media, so only it takes the media policy.
+# A worker of ROLE (worker, prefill, decode, encode) with its flags, then the flags of every
+# worker, then the role's own (--ROLE-args). Only the frontend fetches media, so only it takes
+# the media policy.
 launch_worker() {
   local name=$1 role=$2; shift 2
-  local sglang=()
+  local sglang=() own=()
   if [ "$ENGINE" = sglang ]; then
     sglang=(-- ${SGLANG_ARGS[@]+"${SGLANG_ARGS[@]}"} ${WORKER_SGLANG_ARGS[@]+"${WORKER_SGLANG_ARGS[@]}"})
   fi
+  read -r -a own <<<"${ROLE_ARGS[$role]:-}"
+  ROLES_STARTED[$role]=1
   launch_start "$name" mmserve "$role" --model-path "$MODEL_PATH" --engine "$ENGINE" "$@" \
     ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} \
-    ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${sglang[@]+"${sglang[@]}"}
+    ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${own[@]+"${own[@]}"} ${sglang[@]+"${sglang[@]}"}
 }
 
+# Starts CMD in the background. MMSERVE_PARENT_PID makes it stop (SIGTERM) when this script
+# dies, however it dies.
 launch_start() {
   local name=$1; shift
   echo "[launch] starting $name: $*" >&2
-  "$@" &
+  MMSERVE_PARENT_PID=$$ "$@" &
   PIDS+=($!)
   NAMES+=("$name")
+}
+
+# Exits with one line when HOST cannot bind PORT, naming the holder when the port is taken.
+launch_check_port() {
+  local why
+  if ! why=$(mmserve check-port --host "$1" --port "$2"); then
+    echo "[launch] ${why:-cannot bind $1:$2}" >&2
+    exit 1
+  fi
 }
 
 launch_wait_port() {
   local host=$1 port=$2 timeout=$3 i
   for ((i = 0; i < timeout * 10; i++)); do
     (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null && return 0
+    launch_check_alive || exit 1
     sleep 0.1
   done
   echo "[launch] nothing listens on $host:$port after ${timeout}s" >&2

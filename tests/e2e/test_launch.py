@@ -1,5 +1,6 @@
 """Each launch script starts its deployment, answers curl, and leaves no process behind after
-Ctrl-C."""
+Ctrl-C; flags reach the frontend and each role; a SIGKILL leaves no nats-server holding its port;
+a taken port is named in one line."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import re
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from mmserve.runtime.nats_server import NatsServer
+from mmserve.runtime.ports import port_holder
 from tests.support.deployment import free_port
 from tests.support.waiting import wait_until
 
@@ -27,6 +31,7 @@ SCRIPTS = [
 ]
 READY = re.compile(r"\[launch\] ready: curl (\S+)/v1/chat/completions")
 TIMEOUT_S = 300.0
+API_KEY = "launch-test-key"
 
 
 def _group_alive(pgid: int) -> bool:
@@ -37,12 +42,36 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _launch(script: str, flags: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["bash", str(ROOT / "launch" / script), *flags],
+        env={"MMSERVE_NAMESPACE": f"launch-{secrets.token_hex(4)}", **env},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _curl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["curl", "-sS", *args], capture_output=True, text=True, timeout=120, check=True
+    )
+
+
+def _started(log: Path, name: str) -> str:
+    """The command line the script printed for component NAME."""
+    found = re.search(rf"^\[launch\] starting {name}: (.*)$", log.read_text(), re.MULTILINE)
+    assert found, f"{name} not started:\n{log.read_text()[-2000:]}"
+    return found.group(1)
+
+
 def test_every_launch_script_serves_and_stops_cleanly(
     nats_url: str, tmp_path: Path, image_server: str
 ) -> None:
     launched = {}
+    metrics_port = free_port()
     for script in SCRIPTS:
-        env = {**os.environ, "MMSERVE_NAMESPACE": f"launch-{secrets.token_hex(4)}"}
+        env = {**os.environ}
         flags = ["--http-port", str(free_port()), "--allowed-media-domains", "127.0.0.1"]
         if script == "agg.sh":
             # This one starts its own nats-server, as a user without NATS_URL gets.
@@ -50,17 +79,12 @@ def test_every_launch_script_serves_and_stops_cleanly(
             flags += ["--nats-port", str(free_port())]
         else:
             env["NATS_URL"] = nats_url
+        if script == "multimodal_disagg.sh":
+            # A frontend flag, and a flag for one role of three.
+            flags += ["--frontend-args", f"--api-key {API_KEY}"]
+            flags += ["--decode-args", f"--metrics-port {metrics_port}"]
         log = tmp_path / f"{script}.log"
-        launched[script] = (
-            subprocess.Popen(
-                ["bash", str(ROOT / "launch" / script), *flags],
-                env=env,
-                stdout=log.open("wb"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            ),
-            log,
-        )
+        launched[script] = (_launch(script, flags, env, log), log)
     try:
         deadline = time.monotonic() + TIMEOUT_S
         urls: dict[str, str] = {}
@@ -87,12 +111,24 @@ def test_every_launch_script_serves_and_stops_cleanly(
             ],
         }
         for script, url in urls.items():
-            out = subprocess.run(
-                ["curl", "-sS", f"{url}/v1/chat/completions", "-H",
-                 "Content-Type: application/json", "-d", json.dumps(body)],
-                capture_output=True, text=True, timeout=120, check=True,
-            )  # fmt: skip
+            auth = ["-H", f"Authorization: Bearer {API_KEY}"]
+            out = _curl(f"{url}/v1/chat/completions", "-H", "Content-Type: application/json",
+                        *auth, "-d", json.dumps(body))  # fmt: skip
             assert json.loads(out.stdout)["usage"]["completion_tokens"] == 3, (script, out.stdout)
+
+        # --frontend-args reached the frontend: without the key, 401.
+        disagg_url = urls["multimodal_disagg.sh"]
+        unauthenticated = _curl("-o", "/dev/null", "-w", "%{http_code}", f"{disagg_url}/v1/models")
+        assert unauthenticated.stdout == "401"
+        # --decode-args reached the decode worker alone.
+        disagg_log = launched["multimodal_disagg.sh"][1]
+        assert f"--metrics-port {metrics_port}" in _started(disagg_log, "decode")
+        for role in ("encode", "prefill"):
+            assert "--metrics-port" not in _started(disagg_log, role)
+        assert "# HELP" in _curl(f"http://127.0.0.1:{metrics_port}/metrics").stdout
+        # The router script's frontend decodes images (and served the image request above).
+        router_log = launched["agg_multimodal_router.sh"][1]
+        assert "--frontend-decoding" in _started(router_log, "frontend").split()
     finally:
         for process, _ in launched.values():
             if process.poll() is None:
@@ -106,3 +142,47 @@ def test_every_launch_script_serves_and_stops_cleanly(
     for script, (process, _) in launched.items():
         pid = process.pid
         wait_until(lambda: not _group_alive(pid), 10.0, f"{script} left processes behind")  # noqa: B023
+
+
+def test_sigkill_of_the_scripts_group_leaves_no_nats_server(tmp_path: Path) -> None:
+    """The nats-server runs in its own session, out of the group's reach: its parent-death
+    signal stops it once `mmserve nats` is killed, and the port is free for the next launch."""
+    nats_port = free_port()
+    env = {key: value for key, value in os.environ.items() if key != "NATS_URL"}
+    log = tmp_path / "agg.log"
+    flags = ["--engine", "mock", "--http-port", str(free_port()), "--nats-port", str(nats_port)]
+    process = _launch("agg.sh", flags, env, log)
+    try:
+        wait_until(lambda: READY.search(log.read_text()) or process.poll() is not None, 120.0)
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert port_holder(nats_port) is not None
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    wait_until(lambda: port_holder(nats_port) is None, 20.0, "the nats port to be free")
+    wait_until(lambda: not _group_alive(process.pid), 20.0, "the script's group to be gone")
+
+
+def test_a_taken_port_is_named_in_one_line(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "NATS_URL"}
+    with NatsServer() as stray:
+        expected = (
+            f"port {stray.port} is taken by a nats-server that mmserve started (pid {stray.pid}: "
+        )
+        log = tmp_path / "agg.log"
+        flags = ["--engine", "mock", "--http-port", str(free_port())]
+        process = _launch("agg.sh", [*flags, "--nats-port", str(stray.port)], env, log)
+        assert process.wait(timeout=60) == 1
+        lines = log.read_text().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"[launch] {expected}"), lines
+        assert lines[0].endswith(f"stop it with: kill {stray.pid}")
+
+        # `mmserve nats` itself, started by hand on the taken port.
+        mmserve = str(Path(sys.executable).parent / "mmserve")
+        by_hand = subprocess.run(
+            [mmserve, "nats", "--port", str(stray.port)],
+            capture_output=True, text=True, timeout=30, env=env,
+        )  # fmt: skip
+        assert by_hand.returncode == 1
+        lines = by_hand.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"mmserve nats: {expected}"), lines

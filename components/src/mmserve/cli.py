@@ -11,10 +11,13 @@ import argparse
 import importlib
 import sys
 
+from mmserve.runtime.lifetime import follow_launcher
+
 COMPONENT_MODULES: list[str] = [
     "mmserve.models.tiny",
     "mmserve.frontend.cli",
     "mmserve.runtime.nats_server",
+    "mmserve.runtime.ports",
     "mmserve.worker.cli",
 ]
 
@@ -31,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    follow_launcher()
     args = build_parser().parse_args(argv)
     return int(args.handler(args) or 0)
 

@@ -3,7 +3,8 @@
 `connection` (the `Runtime`: connect, namespace, shutdown, drain), `serving` (handlers,
 keepalives, server-side cancellation), `calling` (`Client`: call and stream, deadlines,
 instance targeting, typed errors), `events` (publish and subscribe), `discovery`, `subjects`,
-`errors`, `nats_server`.
+`errors`, `nats_server`, `lifetime` (children that stop with their owner), `ports` (who holds
+a port).
 
 Names are imported lazily so that `mmserve nats` and the CLI stay light to import.
 """

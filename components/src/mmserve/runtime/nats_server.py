@@ -22,6 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
+from mmserve.runtime.lifetime import die_with_parent
+from mmserve.runtime.ports import port_holder
+
 DEFAULT_PORT = 4222
 
 
@@ -83,10 +86,18 @@ class NatsServer:
         argv += ["--ports_file_dir", ports_dir]
         if self.jetstream:
             argv += ["-js", "-sd", self.store_dir]
+        # The parent-death signal follows the thread that starts the server: only the main
+        # thread lives as long as the owner (a restart from a worker thread goes without it).
+        on_main_thread = threading.current_thread() is threading.main_thread()
         with open(self.log_path, "ab") as log:
-            # Its own session: a terminal's Ctrl-C reaches the owner, which stops it in order.
+            # Its own session: a terminal's Ctrl-C reaches the owner, which stops it in order;
+            # an owner killed hard takes it along by the parent-death signal.
             self._process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent if on_main_thread else None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -190,11 +201,16 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    if args.port and (holder := port_holder(args.port, args.host)):
+        print(f"mmserve nats: {holder.message()}", file=sys.stderr)
+        return 1
     server = NatsServer(host=args.host, port=args.port, store_dir=args.store_dir)
     try:
         url = server.start()
     except NatsServerError as exc:
-        print(f"mmserve nats: {exc}", file=sys.stderr)
+        # Taken between the check and the bind: still one line.
+        holder = port_holder(args.port, args.host) if args.port else None
+        print(f"mmserve nats: {holder.message() if holder else exc}", file=sys.stderr)
         server.close()
         return 1
     print(url, flush=True)

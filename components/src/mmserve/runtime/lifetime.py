@@ -1,0 +1,62 @@
+"""Children that do not outlive their owner: Linux's parent-death signal (`PR_SET_PDEATHSIG`).
+
+A process killed hard (SIGKILL, a closed terminal) runs no cleanup, so whatever it started must
+stop by itself. Two ways in:
+- `die_with_parent` is a `preexec_fn` for `subprocess.Popen`: the child asks for SIGTERM when the
+  thread that started it ends (the kernel tracks the forking thread, not the process, so start
+  long-lived children from the main thread);
+- `follow_launcher` runs first in every `mmserve` command: a launch script sets
+  `MMSERVE_PARENT_PID=$$` on each component it starts, and the component asks for SIGTERM when
+  that script goes (or exits at once when it already went).
+Elsewhere than Linux both are no-ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PARENT_PID_ENV = "MMSERVE_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+# Loaded before any fork: the child of `die_with_parent` only calls into it.
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send `signum` to this process when its parent ends; False where it
+    cannot (not Linux, or prctl refused)."""
+    if _libc is None:
+        return False
+    return _libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+
+
+def die_with_parent() -> None:
+    """`preexec_fn`: SIGTERM this child when the thread that started it ends."""
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:  # the parent ended before the signal was set
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def follow_launcher() -> None:
+    """Stop with the launch script that started this process (`$MMSERVE_PARENT_PID`). The
+    variable is removed so this process's own children do not take it as theirs."""
+    value = os.environ.pop(PARENT_PID_ENV, None)
+    if not value or not value.isdigit():
+        return
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != int(value) and not _alive(int(value)):
+        raise SystemExit(f"mmserve: the launcher (pid {value}) is gone; not starting")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
