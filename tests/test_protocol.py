@@ -54,6 +54,8 @@ WIRE_SAMPLES: list[p.WireMessage] = [
     ),
     p.KvEvent(worker_id="w1", event_id=4, data=p.KvRemoved(block_hashes=[U64_MAX, 1])),
     p.KvEvent(worker_id="w1", event_id=5, data=p.KvCleared()),
+    p.ResetCachesRequest(),
+    p.CachesCleared(prefix_blocks=3, encoder_items=1),
     p.InstanceRecord(
         namespace="ns",
         component="worker",

@@ -148,6 +148,30 @@ async def test_eviction_under_a_small_budget_emits_removed_events(tiny_model: Pa
     assert isinstance(events[-1], KvCleared)
 
 
+async def test_clear_caches_empties_both_caches_and_says_so(tiny_model: Path):
+    engine = HfEngine(tiny_model)
+    events: list = []
+    engine.subscribe_kv_events(events.append)
+    items = preprocess(tiny_model, [make_image(84, 56, seed=5)])
+    ids = expand_prompt(engine.tokenizer, ["What is it?"], items)
+    first = await run(engine, ids, items)
+    blocks = engine.prefix_cache.num_blocks
+    assert blocks > 0
+
+    cleared = await engine.clear_caches()
+
+    assert (cleared.prefix_blocks, cleared.encoder_items) == (blocks, 1)
+    assert engine.prefix_cache.num_blocks == 0 and engine.prefix_cache.num_bytes == 0
+    assert isinstance(events[-1], KvCleared)
+    assert engine.kv_cache_snapshot() == []
+    # The repeat runs cold (the vision tower and every block again) to the same tokens.
+    misses = engine.encoder_cache.misses
+    again = await run(engine, ids, items)
+    assert engine.encoder_cache.misses == misses + 1
+    assert again[-1].usage.cached_tokens == 0
+    assert tokens_of(again) == tokens_of(first)
+
+
 async def test_seeded_sampling_is_reproducible(engine: HfEngine):
     ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
     sampling = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7)

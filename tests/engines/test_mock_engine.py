@@ -15,7 +15,14 @@ from mmserve.engines.mock import MockEngine
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
 from mmserve.models.tiny import build_tiny_model
-from mmserve.protocol import KvRemoved, KvStored, PlannedMedia, StopConditions, TokenChunk
+from mmserve.protocol import (
+    KvCleared,
+    KvRemoved,
+    KvStored,
+    PlannedMedia,
+    StopConditions,
+    TokenChunk,
+)
 from tests.support.engines import IMAGE_TOKEN_ID, placements
 
 BLOCK = 16
@@ -118,6 +125,19 @@ async def test_lru_eviction_under_the_block_budget(model_path: Path) -> None:
     assert isinstance(events[-1], KvRemoved) and len(events[-1].block_hashes) == 2
     assert (await engine.prefill(EngineRequest("c", second))).cached_tokens == 3 * BLOCK
     assert (await engine.prefill(EngineRequest("d", first))).cached_tokens == BLOCK
+
+
+async def test_clear_caches_empties_the_prefix_cache_and_says_so(model_path: Path) -> None:
+    engine = await engine_for(model_path)
+    events: list = []
+    engine.subscribe_kv_events(events.append)
+    ids = tuple(range(1000, 1049))  # 3 blocks
+    await engine.prefill(EngineRequest("a", ids))
+    cleared = await engine.clear_caches()
+    assert (cleared.prefix_blocks, cleared.encoder_items) == (3, 0)
+    assert isinstance(events[-1], KvCleared)
+    assert engine.kv_cache_snapshot() == []
+    assert (await engine.prefill(EngineRequest("b", ids))).cached_tokens == 0
 
 
 async def test_prefills_take_turns_and_decode_streams_run_together(model_path: Path) -> None:

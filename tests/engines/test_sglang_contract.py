@@ -24,7 +24,14 @@ import pytest
 import torch
 
 from mmserve.cli import build_parser
-from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbedding, MediaInput
+from mmserve.engines.base import (
+    GREEDY,
+    EngineError,
+    EngineOverloaded,
+    EngineRequest,
+    ItemEmbedding,
+    MediaInput,
+)
 from mmserve.engines.sglang.args import GENERATE_FIELDS, sglang_argv
 from mmserve.engines.sglang.checks import PAD_PROBE_HASH
 from mmserve.engines.sglang.convert import generate_kwargs, image_item
@@ -185,6 +192,20 @@ def test_role_flags_unless_given() -> None:
     assert sglang_argv(Path("/m"), "worker", []) == ["--model-path", "/m"]
 
 
+class FakeTokenizerManager:
+    """SGLang's tokenizer manager as far as `flush_cache` goes: it refuses while busy."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.flushes = 0
+
+    async def flush_cache(self) -> argparse.Namespace:
+        if self.busy:
+            return argparse.Namespace(success=False, message="")
+        self.flushes += 1
+        return argparse.Namespace(success=True, message="")
+
+
 class FakeSglangEngine:
     """Stands in for the GPU-only `sglang.Engine`: records each `async_generate` call and
     streams cumulative outputs, as SGLang does by default."""
@@ -193,6 +214,7 @@ class FakeSglangEngine:
         self.tokens = tokens
         self.calls: list[dict[str, object]] = []
         self.shut_down = False
+        self.tokenizer_manager = FakeTokenizerManager()
 
     def shutdown(self) -> None:
         self.shut_down = True
@@ -271,6 +293,20 @@ async def test_prefill_hands_decode_its_bootstrap_room() -> None:
         await decode.export_kv(imported)
     await prefill.close()
     assert prefill_fake.shut_down
+
+
+async def test_clear_caches_flushes_sglang_and_refuses_while_busy() -> None:
+    fake = FakeSglangEngine([1])
+    engine = _engine("null", fake)
+    assert engine.bridge.translate({**_stored_event(list(range(16)), [7], None), "block_size": 16})
+    cleared = await engine.clear_caches()
+    assert (cleared.prefix_blocks, fake.tokenizer_manager.flushes) == (1, 1)
+    fake.tokenizer_manager.busy = True
+    with pytest.raises(EngineOverloaded, match="requests are running or waiting"):
+        await engine.clear_caches()
+    encoder = _engine("null", fake)
+    encoder._llm = None  # --encoder-only: nothing cached
+    assert (await encoder.clear_caches()).prefix_blocks == 0
 
 
 async def test_sglang_flags_need_the_sglang_engine() -> None:
@@ -442,6 +478,19 @@ else:
                 block_size=16,
                 pad_scheme=installed_scheme(),
             )
+
+    def test_flush_cache_is_the_tokenizer_managers_coroutine() -> None:
+        """What `SglangEngine.clear_caches` awaits: `Engine.flush_cache` wraps it, it answers
+        `FlushCacheReqOutput(success, message)` and takes no required argument."""
+        from sglang.srt.managers.io_struct import FlushCacheReqOutput
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+        assert callable(SglEngine.flush_cache)
+        assert inspect.iscoroutinefunction(TokenizerManager.flush_cache)
+        params = list(inspect.signature(TokenizerManager.flush_cache).parameters.values())[1:]
+        assert all(param.default is not inspect.Parameter.empty for param in params)
+        output = FlushCacheReqOutput(success=False)
+        assert (output.success, output.message) == (False, "")
 
     def test_default_kv_events_config_is_a_zmq_publisher() -> None:
         config = KVEventsConfig.from_cli(kv_events_config(5999))

@@ -38,7 +38,8 @@ class EchoDispatcher:
     """Test double of the pipeline: streams the prompt's own token ids back, one per chunk, up
     to max_tokens. `hold_first_token` makes it wait forever before the first token (deadline and
     disconnect tests); `failure` is raised after `fail_after` tokens; `cancelled` is set when the
-    frontend abandons a generation."""
+    frontend abandons a generation. `reset_prefix_cache` counts its calls in `resets` and raises
+    `reset_failure` when one is set."""
 
     is_ready: bool = True
     hold_first_token: bool = False
@@ -46,9 +47,17 @@ class EchoDispatcher:
     fail_after: int = 0
     requests: list[PreprocessedRequest] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    resets: int = 0
+    reset_failure: RemoteError | None = None
 
     def ready(self) -> bool:
         return self.is_ready
+
+    async def reset_prefix_cache(self) -> int:
+        if self.reset_failure is not None:
+            raise self.reset_failure
+        self.resets += 1
+        return 1
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
         self.requests.append(request)
@@ -143,6 +152,7 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             frontend.dispatcher.failure = None
             frontend.dispatcher.fail_after = 0
             frontend.dispatcher.cancelled.clear()
+            frontend.dispatcher.reset_failure = None
             return frontend
         dispatcher = EchoDispatcher()
         tensor_sink = InlineTensorSink()

@@ -1,6 +1,7 @@
 """The worker and encode handlers, in one process over a real nats-server: each role's handler
 on its own runtime, the mock engine on the tiny Qwen2-VL (no simulated time) and the inline
-transfer backend, driven with planned requests as the frontend builds them."""
+transfer backend, driven with planned requests as the frontend builds them; and the frontend's
+NATS dispatcher asking every instance to clear its caches (`POST /reset_prefix_cache`)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from prometheus_client import REGISTRY
 from mmserve import media, protocol
 from mmserve.encode.embeddings import offer_embeddings
 from mmserve.encode.stage import EncodeStage
-from mmserve.engines.base import ItemEmbedding
+from mmserve.engines.base import EngineOverloaded, EngineRequest, ItemEmbedding
 from mmserve.engines.mock import MockEngine
+from mmserve.frontend.nats_dispatch import NatsDispatcher
+from mmserve.kv.events import KvEventPublisher
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
 from mmserve.models.tiny import build_tiny_model
@@ -38,12 +41,13 @@ from mmserve.protocol import (
     TokenChunk,
 )
 from mmserve.roles import GENERATE, Role
-from mmserve.runtime import RemoteError, Runtime
+from mmserve.runtime import RemoteError, Runtime, Unavailable
 from mmserve.transfer import DEFAULT_INLINE_THRESHOLD, TransferAgent, create_transfer_agent
 from mmserve.worker.aggregated import AggregatedHandler
 from mmserve.worker.base import RoleHandler
 from mmserve.worker.decode import DecodeHandler
 from mmserve.worker.encode import EncodeHandler
+from mmserve.worker.options import publish_kv_events
 from mmserve.worker.prefill import PrefillHandler
 from tests.support.images import photo_like, png_bytes
 from tests.support.waiting import wait_until_async
@@ -88,6 +92,7 @@ class InProcess:
     runtimes: list[Runtime] = field(default_factory=list)
     transfers: list[TransferAgent] = field(default_factory=list)
     handlers: dict[Role, RoleHandler] = field(default_factory=dict)
+    publishers: list[KvEventPublisher] = field(default_factory=list)
     _caller: Runtime | None = None
 
     async def runtime(self) -> Runtime:
@@ -95,13 +100,19 @@ class InProcess:
         self.runtimes.append(runtime)
         return runtime
 
-    async def start(self, role: Role, engine: MockEngine, *, encode: bool = False) -> RoleHandler:
-        """Serve `role`'s handler (with an encode stage if `encode`) and wait until a caller
-        on the namespace sees it registered."""
+    async def start(
+        self, role: Role, engine: MockEngine, *, encode: bool = False, kv_events: bool = False
+    ) -> RoleHandler:
+        """Serve `role`'s handler (with an encode stage if `encode`, publishing the engine's
+        KV events if `kv_events`) and wait until a caller on the namespace sees it
+        registered."""
         transfer = inline_transfer()
         self.transfers.append(transfer)
         stage = EncodeStage(engine, transfer, self.model_path, role.value) if encode else None
-        handler = HANDLERS[role](await self.runtime(), engine, transfer, stage)
+        runtime = await self.runtime()
+        if kv_events:
+            self.publishers.append(await publish_kv_events(runtime, engine, role.value))
+        handler = HANDLERS[role](runtime, engine, transfer, stage)
         await handler.serve()
         self.handlers[role] = handler
         caller = await self.caller()
@@ -127,6 +138,8 @@ class InProcess:
             return [chunk async for chunk in replies]
 
     async def close(self) -> None:
+        for publisher in self.publishers:
+            await publisher.stop()
         for runtime in reversed(self.runtimes):
             with contextlib.suppress(Exception):
                 await runtime.shutdown(graceful_timeout=1.0)
@@ -386,3 +399,101 @@ async def test_a_prefill_the_engine_rejects_is_a_server_error(
     )
     assert_complete(await e_p_d.stream(Role.DECODE, fitting), fitting)
     await transfer.close()
+
+
+async def fresh_engines(model_path: Path, count: int) -> list[MockEngine]:
+    """Engines of one test's own, so the caches it clears are no other test's."""
+    return list(
+        await asyncio.gather(
+            *(MockEngine.load(model_path, **NO_SIMULATED_TIME) for _ in range(count))
+        )
+    )
+
+
+async def test_reset_prefix_cache_clears_every_instance_and_the_routers_index(
+    nats_url: str, model_path: Path, prompts: Prompts
+) -> None:
+    """E/P/D behind the frontend's dispatcher: a request fills prefill's cache and the
+    frontend's index of it; the reset empties both, and the repeat runs cold."""
+    engines = await fresh_engines(model_path, 3)
+    deployment = InProcess(nats_url, model_path)
+    dispatcher: NatsDispatcher | None = None
+    try:
+        prefill = await deployment.start(Role.PREFILL, engines[0], kv_events=True)
+        await deployment.start(Role.DECODE, engines[1])
+        await deployment.start(Role.ENCODE, engines[2], encode=True)
+        dispatcher = await NatsDispatcher.start(await deployment.runtime())
+        assert dispatcher.ready()
+        index = dispatcher.routers[Role.PREFILL].indexer
+        prefill_id = prefill.runtime.instance_id
+
+        request = await prompts.request([IMAGES["wide"]])
+        first = [chunk async for chunk in dispatcher.generate(request)]
+        assert_complete(first, request)
+        blocks = engines[0].prefix_cache.num_blocks
+        assert blocks > 0
+        await wait_until_async(
+            lambda: index.num_blocks(prefill_id) == blocks, what="the index holds prefill's blocks"
+        )
+
+        assert await dispatcher.reset_prefix_cache() == 3  # encode, prefill and decode
+
+        assert engines[0].prefix_cache.num_blocks == 0
+        await wait_until_async(
+            lambda: index.num_blocks(prefill_id) == 0, what="the index drops prefill's blocks"
+        )
+        again_request = msgspec.structs.replace(request, request_id=uuid.uuid4().hex)
+        again = [chunk async for chunk in dispatcher.generate(again_request)]
+        assert again[-1].usage is not None and again[-1].usage.cached_tokens == 0
+        assert completion(again) == completion(first)
+    finally:
+        if dispatcher is not None:
+            await dispatcher.stop()
+        await deployment.close()
+        for engine in engines:
+            await engine.close()
+
+
+async def test_a_reset_names_the_instances_that_failed_or_timed_out(
+    nats_url: str, model_path: Path
+) -> None:
+    """Three workers: one clears, one is busy, one never answers; the reset waits for all,
+    then fails naming the two (with their codes); the one that could clear did."""
+    engines = await fresh_engines(model_path, 3)
+    ok, busy, stuck = engines
+
+    async def refuse() -> protocol.CachesCleared:
+        raise EngineOverloaded("busy with requests")
+
+    async def hang() -> protocol.CachesCleared:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    busy.clear_caches = refuse  # type: ignore[method-assign]
+    stuck.clear_caches = hang  # type: ignore[method-assign]
+    await ok.prefill(EngineRequest("warm", tuple(range(1000, 1049))))  # 3 blocks cached
+    deployment = InProcess(nats_url, model_path)
+    dispatcher: NatsDispatcher | None = None
+    try:
+        empty = await NatsDispatcher.start(await deployment.runtime())
+        with pytest.raises(Unavailable, match="no instance is deployed"):
+            await empty.reset_prefix_cache()
+        await empty.stop()
+        handlers = [await deployment.start(Role.WORKER, engine) for engine in engines]
+        ok_id, busy_id, stuck_id = (handler.runtime.instance_id for handler in handlers)
+        dispatcher = await NatsDispatcher.start(await deployment.runtime())
+        with pytest.raises(RemoteError) as raised:
+            await dispatcher.reset_prefix_cache(timeout=0.5)
+        error = raised.value
+        assert (error.code, error.status) == (protocol.ERROR_CACHE_RESET_FAILED, 503)
+        assert error.message.startswith("2 of 3 instances did not clear their caches"), error
+        assert f"worker {busy_id}: [unavailable] busy with requests" in error.message, error
+        assert f"worker {stuck_id}: [deadline_exceeded]" in error.message, error
+        assert ok_id not in error.message
+        assert ok.prefix_cache.num_blocks == 0
+    finally:
+        if dispatcher is not None:
+            await dispatcher.stop()
+        await deployment.close()
+        for engine in engines:
+            await engine.close()

@@ -1,4 +1,5 @@
-"""The roles a component plays in a deployment; each serves `<role>.generate` on the runtime."""
+"""The roles a component plays in a deployment; each serves `<role>.generate` and
+`<role>.reset_prefix_cache` on the runtime."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ class Role(str, enum.Enum):
 
 GENERATE = "generate"
 """The endpoint every role serves."""
+
+RESET_PREFIX_CACHE = "reset_prefix_cache"
+"""The endpoint every role serves beside `generate`: clear the engine's prefix and encoder
+caches (`protocol.ResetCachesRequest` -> `protocol.CachesCleared`)."""
 
 KV_CACHING_ROLES = (Role.WORKER, Role.PREFILL)
 """Roles whose engines cache the prompts they run, so publish KV events (decode imports a

@@ -27,6 +27,7 @@ import torch
 from mmserve.kv.events import KvEventSink
 from mmserve.protocol import (
     BootstrapInfo,
+    CachesCleared,
     MRopePositions,
     PlannedMedia,
     RequestPlan,
@@ -226,6 +227,16 @@ class Engine(abc.ABC):
     def encoder_cache_stats(self) -> tuple[int, int]:
         """Encoder cache `(hits, misses)` so far; `(0, 0)` for an engine without one."""
         return 0, 0
+
+    async def clear_caches(self) -> CachesCleared:
+        """Drop every prefix-cache block and encoder-cache entry (`POST /reset_prefix_cache`).
+
+        The prefix cache says so with a `protocol.KvCleared` event through the KV event sinks,
+        so the routers drop this worker's blocks. Requests already running keep their own KV.
+        An engine without caches has nothing to drop. Raises `EngineOverloaded` when the engine
+        cannot clear now (busy) and the caller should retry.
+        """
+        return CachesCleared()
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -47,7 +47,13 @@ from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.protocol import BootstrapInfo, SamplingParams, StopConditions, TokenChunk
+from mmserve.protocol import (
+    BootstrapInfo,
+    CachesCleared,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+)
 
 Result = TypeVar("Result")
 
@@ -94,6 +100,14 @@ class _EncoderCache:
         self.hits += 1
         self._entries.move_to_end(key)
         return item
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry; the hit and miss counts (the metrics' totals) stay."""
+        self._entries.clear()
+        self._num_bytes = 0
 
     def put(self, key: EncoderKey, item: ItemEmbedding) -> None:
         size = self._size(item)
@@ -467,6 +481,18 @@ class HfEngine(Engine):
 
     def encoder_cache_stats(self) -> tuple[int, int]:
         return self.encoder_cache.hits, self.encoder_cache.misses
+
+    async def clear_caches(self) -> CachesCleared:
+        """Empty both caches on the model thread, their one owner, between two model calls."""
+        return await self._call(self._clear_sync)
+
+    def _clear_sync(self) -> CachesCleared:
+        cleared = CachesCleared(
+            prefix_blocks=self.prefix_cache.num_blocks, encoder_items=len(self.encoder_cache)
+        )
+        self.prefix_cache.clear()
+        self.encoder_cache.clear()
+        return cleared
 
     async def close(self) -> None:
         self._closed = True

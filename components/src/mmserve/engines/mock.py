@@ -53,7 +53,13 @@ from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.protocol import BootstrapInfo, SamplingParams, StopConditions, TokenChunk
+from mmserve.protocol import (
+    BootstrapInfo,
+    CachesCleared,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+)
 
 EMBEDDING_DIM = 8  # columns of a mock embedding: small, so transfers stay cheap
 PSEUDO_TOKENS = (1_000, 100_000)  # ordinary vocabulary ids, far from the special tokens
@@ -227,6 +233,12 @@ class MockEngine(Engine):
 
     def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
         return self.prefix_cache.snapshot()
+
+    async def clear_caches(self) -> CachesCleared:
+        """Empty the prefix cache (on the loop, as prefills use it); encode keeps no cache."""
+        blocks = self.prefix_cache.num_blocks
+        self.prefix_cache.clear()
+        return CachesCleared(prefix_blocks=blocks)
 
     async def close(self) -> None:
         self._closed = True

@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP API as a plain ASGI application.
 
 Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
-`GET /openapi.json`. Streaming responses send their headers only once the first token chunk
-arrives, so a failure before the first token (no worker, a refused image, the deadline) still
-answers with its own HTTP status; a failure after it ends the stream with an error event.
+`GET /openapi.json`, `POST /reset_prefix_cache` (every worker clears its prefix and encoder
+caches; vLLM's route and answer, under the API key when one is set). Streaming responses send
+their headers only once the first token chunk arrives, so a failure before the first token (no
+worker, a refused image, the deadline) still answers with its own HTTP status; a failure after
+it ends the stream with an error event.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ class FrontendApp:
         elif route == ("GET", "/metrics"):
             await exchange.start(200, [(b"content-type", metrics.CONTENT_TYPE.encode())])
             await exchange.body(metrics.render())
+        elif route == ("POST", "/reset_prefix_cache"):
+            await self._guarded(scope, exchange, self._reset_prefix_cache)
         elif route == ("GET", "/openapi.json"):
             await exchange.start(200, _JSON)
             await exchange.body(self._openapi)
@@ -166,6 +170,32 @@ class FrontendApp:
             await exchange.json(
                 503, {"status": "unavailable", "reason": "no worker is reachable for the model"}
             )
+
+    async def _reset_prefix_cache(self, exchange: _Exchange) -> None:
+        """Every instance clears its caches; 200 with an empty body once all did (as vLLM
+        answers), else the dispatcher's error naming those that did not."""
+        started = time.perf_counter()
+        try:
+            cleared = await self.dispatcher.reset_prefix_cache()
+        except RemoteError as err:
+            metrics.ERRORS.labels(COMPONENT, err.code).inc()
+            log.warning("reset_prefix_cache failed: %s", err)
+            await exchange.error(ApiError(err.code, err.message, status=err.status))
+            return
+        except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+            raise
+        except BaseException:
+            metrics.ERRORS.labels(COMPONENT, "internal").inc()
+            log.exception("reset_prefix_cache failed")
+            await exchange.error(ApiError("internal", "internal error; see the server log"))
+            return
+        log.info(
+            "prefix and encoder caches cleared on %d instances in %.1f ms",
+            cleared,
+            (time.perf_counter() - started) * 1e3,
+        )
+        await exchange.start(200, [(b"content-length", b"0")])
+        await exchange.body(b"")
 
     def _authorize(self, scope: Scope) -> None:
         expected = self.http.api_key
@@ -372,6 +402,7 @@ _ROUTES = {
     "/health": b"GET",
     "/metrics": b"GET",
     "/openapi.json": b"GET",
+    "/reset_prefix_cache": b"POST",
 }
 
 

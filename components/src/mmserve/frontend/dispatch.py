@@ -30,11 +30,17 @@ class Dispatcher(Protocol):
     implementation must then cancel the work downstream. Failures are raised as
     `mmserve.runtime.RemoteError` (whose code and status the client sees, as the runtime's
     `Client.stream` raises them); `ready()` is true only while a full path to a worker exists.
+
+    `reset_prefix_cache()` asks every instance of the deployment, whatever its role, to clear
+    its prefix and encoder caches, and returns how many did once all of them have; when any
+    failed, was busy, gone or too slow it raises a `RemoteError` whose message names each.
     """
 
     def ready(self) -> bool: ...
 
     def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]: ...
+
+    async def reset_prefix_cache(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ decode worker by load alone. The chosen ids travel in `PreprocessedRequest.route
 worker and decode address those instances. The router learns the workers' caches from their KV
 events and forgets a worker as soon as discovery drops it. A call to an instance that is gone
 (or overloaded) before it answered is routed again to another one (`router.route`).
+
+`reset_prefix_cache` calls `<role>.reset_prefix_cache` on every instance discovery knows, one
+call each, so every instance answers for itself.
 """
 
 from __future__ import annotations
@@ -24,19 +27,30 @@ import msgspec
 import numpy as np
 import torch
 
+from mmserve import protocol
 from mmserve.frontend.dispatch import Pipeline
 from mmserve.observability import nvtx
-from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk
-from mmserve.roles import GENERATE, KV_CACHING_ROLES, Role
+from mmserve.protocol import (
+    CachesCleared,
+    PreprocessedRequest,
+    ResetCachesRequest,
+    TensorHandle,
+    TokenChunk,
+)
+from mmserve.roles import GENERATE, KV_CACHING_ROLES, RESET_PREFIX_CACHE, Role
 from mmserve.router.hops import kv_roles, language_hop, missing_language_hop_message, next_hop
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
 from mmserve.router.route import stream_with_retry
 from mmserve.router.scheduler import NoWorkersError, Router, RouteRequest, RouterMode
 from mmserve.router.settings import RouterSettings
-from mmserve.runtime import InstanceWatcher, Runtime, Unavailable
+from mmserve.runtime import InstanceWatcher, RemoteError, Runtime, Unavailable
 from mmserve.transfer import TransferAgent, create_transfer_agent
 
 log = logging.getLogger(__name__)
+
+RESET_TIMEOUT_S = 30.0
+"""How long each instance has to clear its caches (an hf engine first finishes the model call
+it is running)."""
 
 
 class NatsDispatcher:
@@ -49,6 +63,9 @@ class NatsDispatcher:
         self.runtime = runtime
         self._watchers = watchers
         self._clients = {role: runtime.client(role.value, GENERATE) for role in Role}
+        self._reset_clients = {
+            role: runtime.client(role.value, RESET_PREFIX_CACHE) for role in Role
+        }
         settings = settings if settings is not None else RouterSettings()
         self.routers: dict[Role, Router] = {
             role: settings.build_router() for role in (Role.WORKER, Role.PREFILL, Role.DECODE)
@@ -100,6 +117,49 @@ class NatsDispatcher:
 
     def ready(self) -> bool:
         return language_hop(self._deployed) is not None
+
+    async def reset_prefix_cache(self, timeout: float = RESET_TIMEOUT_S) -> int:
+        """Every known instance clears its caches; raises `cache_reset_failed` naming the
+        instances that did not (their error, or the timeout), after all have answered."""
+        targets = [
+            (role, instance_id)
+            for role in Role
+            for instance_id in sorted(self._watchers[role].instance_ids())
+        ]
+        if not targets:
+            raise Unavailable(None, "no instance is deployed: there is no cache to clear")
+        results = await asyncio.gather(
+            *(
+                self._reset_clients[role].call(
+                    ResetCachesRequest(), CachesCleared, instance_id=instance_id, timeout=timeout
+                )
+                for role, instance_id in targets
+            ),
+            return_exceptions=True,
+        )
+        failures = []
+        for (role, instance_id), result in zip(targets, results, strict=True):
+            if isinstance(result, CachesCleared):
+                log.info(
+                    "%s %s cleared %d prefix blocks, %d encoder entries",
+                    role,
+                    instance_id,
+                    result.prefix_blocks,
+                    result.encoder_items,
+                )
+            elif isinstance(result, RemoteError):
+                failures.append(f"{role} {instance_id}: [{result.code}] {result.message}")
+            elif isinstance(result, Exception):
+                failures.append(f"{role} {instance_id}: {type(result).__name__}: {result}")
+            else:  # CancelledError and the like: not a failure of the instance
+                raise result
+        if failures:
+            raise RemoteError(
+                protocol.ERROR_CACHE_RESET_FAILED,
+                f"{len(failures)} of {len(targets)} instances did not clear their caches: "
+                + "; ".join(failures),
+            )
+        return len(targets)
 
     def route(
         self, request: PreprocessedRequest, language: Role, exclude: Sequence[str] = ()

@@ -4,7 +4,7 @@
 - `openai`: OpenAI chat-completions shapes (JSON at the HTTP edge);
 - `errors`: the catalogue of error codes with their HTTP status, and `ErrorMessage`;
 - `pipeline`: the request plan, media payloads, prefill's handover, token chunks;
-- `kv`: KV events;
+- `kv`: KV events, and the call that clears a worker's caches;
 - `runtime`: discovery records and the frames around every call on NATS;
 - `transfer`: the transfer backends' descriptors and the probe's messages.
 
@@ -15,6 +15,7 @@ contract). Everything is importable from `mmserve.protocol` itself.
 from mmserve.protocol.errors import (
     CATALOGUE,
     ERROR_BAD_REQUEST,
+    ERROR_CACHE_RESET_FAILED,
     ERROR_CANCELLED,
     ERROR_DEADLINE_EXCEEDED,
     ERROR_DISCONNECTED,
@@ -28,12 +29,14 @@ from mmserve.protocol.errors import (
     http_status_for,
 )
 from mmserve.protocol.kv import (
+    CachesCleared,
     KvBlock,
     KvCleared,
     KvDumpRequest,
     KvEvent,
     KvRemoved,
     KvStored,
+    ResetCachesRequest,
 )
 from mmserve.protocol.openai import (
     DEFAULT_ONLY_OPTIONS,
@@ -105,6 +108,7 @@ __all__ = [
     "CATALOGUE",
     "DEFAULT_ONLY_OPTIONS",
     "ERROR_BAD_REQUEST",
+    "ERROR_CACHE_RESET_FAILED",
     "ERROR_CANCELLED",
     "ERROR_DEADLINE_EXCEEDED",
     "ERROR_DISCONNECTED",
@@ -116,6 +120,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AssistantMessage",
     "BootstrapInfo",
+    "CachesCleared",
     "CancelFrame",
     "ChatCompletionChoice",
     "ChatCompletionChunk",
@@ -158,6 +163,7 @@ __all__ = [
     "ReplyFrame",
     "RequestFrame",
     "RequestPlan",
+    "ResetCachesRequest",
     "SamplingParams",
     "ServerFrame",
     "ShmBufferDescriptor",

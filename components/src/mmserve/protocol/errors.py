@@ -33,6 +33,7 @@ ERROR_DISCONNECTED = "disconnected"
 ERROR_SLOW_CONSUMER = "slow_consumer"
 ERROR_PROTOCOL = "protocol"
 ERROR_INTERNAL = "internal"
+ERROR_CACHE_RESET_FAILED = "cache_reset_failed"
 
 CATALOGUE: dict[str, ErrorCode] = _catalogue(
     # Between components.
@@ -59,6 +60,8 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("body_too_large", 413, "the request body is over --max-request-body-bytes"),
     ErrorCode("incomplete", 502, "the worker ended its stream without finishing"),
     ErrorCode("no_worker", 503, "no worker is reachable for the model; retry later"),
+    ErrorCode(ERROR_CACHE_RESET_FAILED, 503, "some instances did not clear their caches (busy, "
+              "failed, gone or timed out); the message names each"),
     # The Rust core: fetching media.
     ErrorCode("fetch.bad_data_url", 400, "a data: URL is malformed"),
     ErrorCode("fetch.bad_base64", 400, "an item that is neither a URL nor a path is not valid "

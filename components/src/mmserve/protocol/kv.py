@@ -1,4 +1,5 @@
-"""KV events: the changes of a worker's prefix cache, as the router indexes them."""
+"""KV events: the changes of a worker's prefix cache, as the router indexes them; and the call
+that asks a worker to clear its caches."""
 
 from __future__ import annotations
 
@@ -37,3 +38,15 @@ class KvDumpRequest(WireMessage, frozen=True):
     """A router asks `worker_id` to publish its whole cache as KV events (it lost track)."""
 
     worker_id: str
+
+
+class ResetCachesRequest(WireMessage, frozen=True):
+    """The frontend asks one instance to clear its prefix cache and its encoder cache
+    (`POST /reset_prefix_cache`); it answers `CachesCleared` once they are empty."""
+
+
+class CachesCleared(WireMessage, frozen=True):
+    """An instance's caches are empty: what it dropped (0 where its engine cannot count)."""
+
+    prefix_blocks: int = 0
+    encoder_items: int = 0

@@ -17,6 +17,7 @@ class AggregatedHandler(RoleHandler):
     role = Role.WORKER
 
     async def serve(self) -> None:
+        await self.serve_reset_prefix_cache()
         await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
 
     async def generate(

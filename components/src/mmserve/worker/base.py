@@ -1,8 +1,10 @@
 """What every role's handler shares: the engine, transfer, the encode stage where the worker
-encodes, and getting a request's embeddings from whoever encoded them."""
+encodes, getting a request's embeddings from whoever encoded them, and clearing the engine's
+caches (`<role>.reset_prefix_cache`, served beside `generate`)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -11,10 +13,13 @@ from mmserve.encode.embeddings import load_embeddings
 from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import Engine, EngineRequest, ItemEmbedding
 from mmserve.observability import metrics, nvtx
-from mmserve.protocol import PreprocessedRequest, TokenChunk
-from mmserve.roles import Role
-from mmserve.runtime import RemoteError, Runtime
+from mmserve.protocol import CachesCleared, PreprocessedRequest, ResetCachesRequest, TokenChunk
+from mmserve.roles import RESET_PREFIX_CACHE, Role
+from mmserve.runtime import RemoteError, RequestContext, Runtime
 from mmserve.transfer import TransferAgent
+from mmserve.worker.errors import typed_errors
+
+log = logging.getLogger("mmserve.worker")
 
 
 class RoleHandler:
@@ -39,7 +44,28 @@ class RoleHandler:
         return self.role.value
 
     async def serve(self) -> None:
+        """Serve `reset_prefix_cache` (`serve_reset_prefix_cache`), then `generate`: an
+        instance the frontend discovers by `generate` already answers resets."""
         raise NotImplementedError
+
+    async def serve_reset_prefix_cache(self) -> None:
+        await self.runtime.serve(
+            self.component, RESET_PREFIX_CACHE, self.reset_prefix_cache, ResetCachesRequest
+        )
+
+    async def reset_prefix_cache(
+        self, request: ResetCachesRequest, ctx: RequestContext
+    ) -> CachesCleared:
+        """Clear the engine's prefix and encoder caches; its KV events tell the routers."""
+        with typed_errors():
+            cleared = await self.engine.clear_caches()
+        log.info(
+            "%s caches cleared: %d prefix blocks, %d encoder entries",
+            self.component,
+            cleared.prefix_blocks,
+            cleared.encoder_items,
+        )
+        return cleared
 
     async def embeddings(self, request: PreprocessedRequest) -> list[ItemEmbedding]:
         """The embeddings of the request's planned media, whoever encodes them."""

@@ -1,8 +1,8 @@
 """`mmserve worker`, `mmserve prefill`, `mmserve decode`, `mmserve encode`: the worker processes.
 
-Each loads the engine, connects to NATS, serves its `generate` endpoint and registers it for
-discovery, then runs until SIGINT/SIGTERM, when it stops taking requests, finishes the ones it
-has (up to a grace period), deregisters and exits.
+Each loads the engine, connects to NATS, serves its `generate` and `reset_prefix_cache`
+endpoints and registers them for discovery, then runs until SIGINT/SIGTERM, when it stops taking
+requests, finishes the ones it has (up to a grace period), deregisters and exits.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ class DecodeHandler(RoleHandler):
 
     async def serve(self) -> None:
         self.prefill = self.runtime.client(Role.PREFILL.value, GENERATE)
+        await self.serve_reset_prefix_cache()
         await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
 
     async def generate(

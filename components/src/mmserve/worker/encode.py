@@ -34,6 +34,7 @@ class EncodeHandler(RoleHandler):
         self._clients: dict[Role, Client] = {
             role: self.runtime.client(role.value, GENERATE) for role in LANGUAGE_ROLES
         }
+        await self.serve_reset_prefix_cache()
         await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
 
     def _next_hop(self) -> Client:

@@ -32,6 +32,7 @@ class PrefillHandler(RoleHandler):
     role = Role.PREFILL
 
     async def serve(self) -> None:
+        await self.serve_reset_prefix_cache()
         await self.runtime.serve(self.component, GENERATE, self.generate, PrefillRequest)
 
     async def generate(

@@ -19,6 +19,10 @@
   token arrives in decode's stream; the handle's `first_token` is -1 on both sides.
 - KV events: SGLang's ZMQ publisher (`--kv-events-config`; on loopback by default), bridged
   by `kv_events.SglangKvEventBridge`.
+- Clearing the caches: the tokenizer manager's `flush_cache` (what `sglang.Engine.flush_cache`
+  and SGLang's `/flush_cache` call) resets the radix cache, which publishes
+  `AllBlocksCleared` (a `KvCleared` through the bridge), and the multimodal preprocessing
+  cache. SGLang refuses while requests run or wait.
 
 `load` checks the installed SGLang first (`checks.check_sglang`).
 """
@@ -57,6 +61,7 @@ from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.protocol import (
     BootstrapInfo,
+    CachesCleared,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -344,6 +349,22 @@ class SglangEngine(Engine):
 
     def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
         return self.bridge.snapshot()
+
+    async def clear_caches(self) -> CachesCleared:
+        """SGLang's `flush_cache` on the language model (an encoder keeps no cache here): the
+        radix cache's `AllBlocksCleared` event reaches the sinks through the bridge."""
+        if self._llm is None:
+            return CachesCleared()
+        blocks = len(self.bridge.snapshot())
+        # Awaited here, as `async_generate`'s requests are: the tokenizer manager serves the
+        # loop that first called it (`sglang.Engine.flush_cache` is its blocking wrapper).
+        result = await self._llm.tokenizer_manager.flush_cache()
+        if not result.success:
+            raise EngineOverloaded(
+                "sglang did not flush its cache: "
+                + (result.message or "requests are running or waiting; retry when idle")
+            )
+        return CachesCleared(prefix_blocks=blocks)
 
     async def close(self) -> None:
         self._stop_events.set()
