@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -121,6 +122,29 @@ async def test_events_from_an_engine_thread_arrive_in_order(
     worker = publisher.worker_id
     await eventually(lambda: indexer.find_matches(chain) == {worker: len(chain)})
     assert dump_requests == []
+
+
+async def test_a_dump_leaves_after_the_events_numbered_before_it(
+    runtimes: tuple[Runtime, Runtime],
+) -> None:
+    worker_rt, router_rt = runtimes
+    seen: list[KvEvent] = []
+
+    async def record(event: KvEvent) -> None:
+        seen.append(event)
+
+    await router_rt.subscribe(kv_events_topic(COMPONENT), KvEvent, record)
+    await router_rt.nc.flush()
+    cache = FakeCacheOwner()
+    async with KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher:
+        # An engine thread numbers an event; before the loop queues it, a dump is answered.
+        thread = threading.Thread(target=publisher.publish, args=(cache.store([1]),))
+        thread.start()
+        thread.join()
+        await publisher._on_dump_request(KvDumpRequest(worker_id=publisher.worker_id))
+        await eventually(lambda: len(seen) == 3)  # the event, then cleared + one stored run
+    assert [event.event_id for event in seen] == [0, 1, 2]
+    assert isinstance(seen[1].data, KvCleared)
 
 
 async def test_late_router_catches_up_from_a_dump(runtimes: tuple[Runtime, Runtime]) -> None:

@@ -162,8 +162,12 @@ class KvEventPublisher:
         with self._lock:
             events = dump_events(self.worker_id, self._next_event_id, self._snapshot())
             self._next_event_id += len(events)
+            # Queued behind the events `publish` numbered before the dump: their
+            # call_soon_threadsafe callbacks were scheduled earlier, and the loop runs callbacks
+            # in order, so events leave in id order.
+            loop = asyncio.get_running_loop()
             for event in events:
-                self._outbox.put_nowait(event)
+                loop.call_soon(self._outbox.put_nowait, event)
 
     async def _send(self) -> None:
         while (event := await self._outbox.get()) is not None:
