@@ -1,26 +1,47 @@
 """Streaming detokenization with the real Qwen tokenizer: multi-byte characters split across
-tokens, and stop strings that never leak, even when they span tokens."""
+tokens, a stream that ends inside one, stop strings that never leak, even when they span
+tokens, and min_tokens, whose text no stop string may end in."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
 
 from mmserve.engines.detokenize import IncrementalDetokenizer
+from mmserve.models.tiny import build_tiny_model
 
 TEXT = "Grüße aus Köln 🌍🚀 — naïve café, 東京タワー!"
+STOPS = ["Köln", "🚀", "café,", "タワ", " ", "\ufffd"]
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_path: Path) -> Tokenizer:
-    return Tokenizer.from_file(str(tiny_model_path / "tokenizer.json"))
+def auto_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tiny_model("qwen2_vl"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(auto_tokenizer: Any) -> Tokenizer:
+    return auto_tokenizer.backend_tokenizer
 
 
 def _stream(tokenizer: Tokenizer, stop: list[str], text: str = TEXT) -> tuple[list[str], bool]:
-    detokenizer = IncrementalDetokenizer(tokenizer, stop)
-    pieces = [detokenizer.push([token]) for token in tokenizer.encode(text).ids]
+    return _stream_ids(tokenizer, stop, tokenizer.encode(text).ids)
+
+
+def _stream_ids(
+    tokenizer: Tokenizer, stop: list[str], ids: list[int], min_tokens: int = 0
+) -> tuple[list[str], bool]:
+    """The pieces a stream of `ids` releases, the last one from `flush`; whether it stopped."""
+    detokenizer = IncrementalDetokenizer(tokenizer, stop, min_tokens)
+    pieces = []
+    for token in ids:
+        pieces.append(detokenizer.push([token]))
+        if detokenizer.stopped:
+            break
     pieces.append(detokenizer.flush())
     return pieces, detokenizer.stopped
 
@@ -45,3 +66,63 @@ def test_text_stops_before_the_stop_string(tokenizer: Tokenizer, stop: str) -> N
 def test_a_partial_match_is_released_when_it_turns_out_not_to_match(tokenizer) -> None:
     pieces, stopped = _stream(tokenizer, ["Köln!"])
     assert not stopped and "".join(pieces) == TEXT
+
+
+def _ends_mid_character(auto_tokenizer: Any, ids: list[int]) -> list[int]:
+    """The lengths n at which `ids[:n]` decodes with an incomplete last character."""
+    return [
+        n
+        for n in range(1, len(ids) + 1)
+        if auto_tokenizer.decode(ids[:n], skip_special_tokens=True).endswith("\ufffd")
+    ]
+
+
+def test_a_completion_cut_inside_a_character_ends_as_the_tokenizer_decodes_it(
+    tokenizer: Tokenizer, auto_tokenizer: Any
+) -> None:
+    """Cut by max_tokens after any token: the text is the tokenizer's own decode of the ids,
+    U+FFFD for the incomplete character and the space before it kept."""
+    ids = auto_tokenizer.encode(TEXT, add_special_tokens=False)
+    cuts = _ends_mid_character(auto_tokenizer, ids)
+    assert len(cuts) >= 3, "too few tokens of the text ends inside a character"
+    for n in range(1, len(ids) + 1):
+        pieces, stopped = _stream_ids(tokenizer, [], ids[:n])
+        assert "".join(pieces) == auto_tokenizer.decode(ids[:n], skip_special_tokens=True)
+        assert not stopped
+    # The first token of " 🌍" is the space and the emoji's first bytes: alone it is " �", not "".
+    (first, *_) = auto_tokenizer.encode(" 🌍", add_special_tokens=False)
+    assert _stream_ids(tokenizer, [], [first]) == (["", " \ufffd"], False)
+    (first, *_) = auto_tokenizer.encode("a 東京", add_special_tokens=False)[1:]
+    assert "".join(_stream_ids(tokenizer, [], [first])[0]) == " \ufffd"
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_cut_completion_still_stops_before_the_stop_string(
+    tokenizer: Tokenizer, auto_tokenizer: Any, stop: str
+) -> None:
+    """Whatever token the completion is cut after, its text is the tokenizer's decode up to
+    the first stop string, never including it (also one completed by the flushed text)."""
+    ids = auto_tokenizer.encode(TEXT, add_special_tokens=False)
+    for n in range(1, len(ids) + 1):
+        whole = auto_tokenizer.decode(ids[:n], skip_special_tokens=True)
+        pieces, stopped = _stream_ids(tokenizer, ["never there", stop], ids[:n])
+        assert "".join(pieces) == (whole[: whole.index(stop)] if stop in whole else whole)
+        assert stopped == (stop in whole)
+
+
+def test_min_tokens_text_cannot_end_a_stop_string(tokenizer: Tokenizer) -> None:
+    """As vLLM: a stop string that ends in the text of the first min_tokens tokens does not
+    stop the stream (nor is it cut); one that starts there and ends after it does."""
+    text = "alpha beta alpha beta gamma"
+    ids = tokenizer.encode(text).ids
+    assert [tokenizer.decode([i]) for i in ids][:2] == ["alpha", " beta"]
+    stop = ["alpha beta"]
+
+    assert _stream_ids(tokenizer, stop, ids) == (["", "", ""], True)
+    # "alpha" alone is protected: the first match ends after it.
+    assert _stream_ids(tokenizer, stop, ids, min_tokens=1) == (["", "", ""], True)
+    # "alpha beta" is protected: the second match stops the stream.
+    pieces, stopped = _stream_ids(tokenizer, stop, ids, min_tokens=2)
+    assert stopped and "".join(pieces) == "alpha beta "
+    pieces, stopped = _stream_ids(tokenizer, stop, ids, min_tokens=len(ids))
+    assert not stopped and "".join(pieces) == text

@@ -298,9 +298,9 @@ async def test_first_token_logits_are_bit_identical_to_generate(
 
     seen: list[torch.Tensor] = []
 
-    def keep_logits(logits, sampling, generator):
+    def keep_logits(logits, sampling, generator, banned=()):
         seen.append(logits.clone())
-        return hf_sample_token(logits, sampling, generator)
+        return hf_sample_token(logits, sampling, generator, banned)
 
     hf_sample_token = hf.sample_token
     monkeypatch.setattr(hf, "sample_token", keep_logits)
@@ -312,3 +312,35 @@ async def test_first_token_logits_are_bit_identical_to_generate(
     request = planned_request("x", ids, items, model=engine.model)
     engine.release(await engine.prefill(request, await engine.encode(items)))
     assert torch.equal(seen[0], expected)
+
+
+async def test_ignore_eos_and_min_tokens_move_where_generation_stops(
+    engine: HfEngine, monkeypatch: pytest.MonkeyPatch
+):
+    """With the third greedy token as the checkpoint's EOS: the completion stops on it, runs
+    on to max_tokens with ignore_eos, and with min_tokens it is masked until then (greedy takes
+    the next best token) and may end the completion only after."""
+    ids = expand_prompt(engine.tokenizer, ["Count to ten."], [])
+    free = tokens_of(await run(engine, ids, request_id="free"))
+    assert free[2] not in free[:2], "the test needs a third token unlike the first two"
+    eos = free[2]
+    monkeypatch.setattr(engine, "spec", replace(engine.spec, eos_token_ids=(eos,)))
+
+    stopped = await run(engine, ids, stop=StopConditions(max_tokens=8), request_id="eos")
+    assert tokens_of(stopped) == free[:3] and stopped[-1].finish_reason == "stop"
+    assert stopped[-1].usage.completion_tokens == 3
+    ignoring = await run(engine, ids, stop=EIGHT_TOKENS, request_id="ignore")
+    assert tokens_of(ignoring) == free and ignoring[-1].finish_reason == "length"
+
+    held = await run(engine, ids, stop=StopConditions(max_tokens=8, min_tokens=4), request_id="m")
+    tokens = tokens_of(held)
+    assert tokens[:2] == free[:2] and eos not in tokens[:4]
+    assert len(tokens) > 4
+    if eos in tokens:  # it may end the completion, only after min_tokens
+        assert tokens.index(eos) == len(tokens) - 1 and held[-1].finish_reason == "stop"
+    else:
+        assert len(tokens) == 8 and held[-1].finish_reason == "length"
+    # min_tokens = max_tokens: EOS never ends it.
+    full = await run(engine, ids, stop=StopConditions(max_tokens=6, min_tokens=6), request_id="x")
+    assert len(tokens_of(full)) == 6 and eos not in tokens_of(full)
+    assert full[-1].finish_reason == "length"

@@ -182,3 +182,35 @@ async def test_the_plan_must_match_the_embeddings(model_path: Path) -> None:
         await engine.prefill(EngineRequest("a", ids, media=(short,)), emb)
     with pytest.raises(EngineError, match="1 embeddings for 0 media items"):
         await engine.prefill(EngineRequest("b", ids), emb)
+
+
+async def test_min_tokens_keeps_stop_ids_from_ending_the_stream(model_path: Path) -> None:
+    """A stop id ends the stream once min_tokens are out; before that it is not drawn (the
+    next id is), and the rest of the stream stays the same."""
+    engine = await engine_for(model_path)
+    ids = prompt([1, 2, 3], images=0)
+
+    async def tokens(request_id: str, stop: StopConditions) -> tuple[list[int], str | None]:
+        chunks = await collect(engine.generate(EngineRequest(request_id, ids, stop=stop)))
+        return [t for chunk in chunks for t in chunk.token_ids], chunks[-1].finish_reason
+
+    free, _ = await tokens("free", StopConditions(max_tokens=8))
+    stop_id = free[2]
+    assert await tokens("stop", StopConditions(max_tokens=8, stop_token_ids=[stop_id])) == (
+        free[:3],
+        "stop",
+    )
+    held, finish = await tokens(
+        "held", StopConditions(max_tokens=8, min_tokens=5, stop_token_ids=[stop_id, free[0]])
+    )
+    assert (held[0], held[1:2], held[2], held[3:]) == (
+        free[0] + 1,
+        free[1:2],
+        stop_id + 1,
+        free[3:],
+    )
+    assert finish == "length"
+    with pytest.raises(EngineError, match="min_tokens"):
+        await engine.prefill(
+            EngineRequest("bad", ids, stop=StopConditions(max_tokens=2, min_tokens=3))
+        )

@@ -39,6 +39,26 @@ def test_eos_and_stop_ids_end_a_stream_unless_eos_is_ignored():
     assert rules.on_token(3, 5) == "length"
     ignoring = StopRules(StopConditions(max_tokens=5, ignore_eos=True), eos_token_ids=(9,))
     assert ignoring.on_token(9, 1) is None
+    assert ignoring.on_token(7, 1) is None
+
+
+def test_before_min_tokens_no_stop_id_ends_a_stream_or_is_sampled():
+    """vLLM's min_tokens: EOS and stop ids are masked for the first min_tokens tokens and end
+    nothing there; the next token may be one."""
+    rules = StopRules(StopConditions(max_tokens=5, min_tokens=2, stop_token_ids=[7]), (9,))
+    assert rules.banned(0) == rules.banned(1) == {7, 9}
+    assert rules.banned(2) == frozenset()
+    assert rules.on_token(9, 2) is None and rules.on_token(7, 1) is None
+    assert rules.on_token(9, 3) == "stop"
+    capped = StopRules(StopConditions(max_tokens=2, min_tokens=2), (9,))
+    assert capped.on_token(9, 2) == "length"
+    # The mask: the best token that is not banned, greedy or sampled; ids past the vocabulary
+    # (a client's stop id) are no concern of the logits.
+    greedy = SamplingParams(temperature=0.0)
+    assert sample_token(LOGITS, greedy, None, frozenset({1, 99})) == 2
+    params = SamplingParams(temperature=1.0, top_k=2, seed=0)
+    generator = make_generator(params, torch.device("cpu"))
+    assert {sample_token(LOGITS, params, generator, {1}) for _ in range(100)} == {2, 4}
 
 
 @pytest.mark.parametrize(
@@ -48,6 +68,8 @@ def test_eos_and_stop_ids_end_a_stream_unless_eos_is_ignored():
         (SamplingParams(top_p=0.0), StopConditions(), "top_p"),
         (SamplingParams(top_k=-2), StopConditions(), "top_k"),
         (SamplingParams(), StopConditions(max_tokens=0), "max_tokens"),
+        (SamplingParams(), StopConditions(min_tokens=-1), "min_tokens"),
+        (SamplingParams(), StopConditions(max_tokens=4, min_tokens=5), "min_tokens"),
     ],
 )
 def test_values_no_engine_can_honour_are_rejected(sampling, stop, message):

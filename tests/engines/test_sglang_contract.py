@@ -34,7 +34,7 @@ from mmserve.engines.base import (
 )
 from mmserve.engines.sglang.args import GENERATE_FIELDS, sglang_argv
 from mmserve.engines.sglang.checks import PAD_PROBE_HASH
-from mmserve.engines.sglang.convert import generate_kwargs, image_item
+from mmserve.engines.sglang.convert import generate_kwargs, image_item, sampling_params
 from mmserve.engines.sglang.engine import SglangEngine
 from mmserve.engines.sglang.kv_events import SglangKvEventBridge
 from mmserve.kv.hashing import compute_seq_hashes
@@ -173,6 +173,19 @@ def test_request_the_adapter_builds() -> None:
     assert "mm_hashes" not in bundled and "image_data" in bundled
     single = generate_kwargs(_request(), _embeddings()[:1], None, splits_images=False)
     assert single["mm_hashes"] == ["fedcba9876543210"]
+
+
+def test_stop_rules_the_adapter_maps() -> None:
+    """ignore_eos and min_tokens go to SGLang under its names (vLLM's min_tokens is SGLang's
+    min_new_tokens: EOS and stop ids are masked until then)."""
+    stop = StopConditions(
+        max_tokens=8, stop=["\n"], stop_token_ids=[2], ignore_eos=True, min_tokens=3
+    )
+    params = sampling_params(GREEDY, stop)
+    assert params["max_new_tokens"] == 8 and params["min_new_tokens"] == 3
+    assert params["ignore_eos"] is True and params["stop_token_ids"] == [2]
+    defaults = sampling_params(GREEDY, StopConditions(max_tokens=4))
+    assert defaults["min_new_tokens"] == 0 and defaults["ignore_eos"] is False
 
 
 def test_role_flags_unless_given() -> None:
@@ -395,6 +408,18 @@ else:
         obj.normalize_batch_and_arguments()
         assert obj.mm_hashes == ["fedcba9876543210", "0000000012345678"]
         assert obj.bootstrap_room == 42 and obj.rid == "req-1"
+
+    def test_sampling_params_read_as_sglang_takes_them() -> None:
+        from sglang.srt.sampling.sampling_params import SamplingParams as SglSamplingParams
+
+        stop = StopConditions(max_tokens=8, stop=["\n"], ignore_eos=True, min_tokens=3)
+        sampling = SamplingParams(temperature=0.5, top_k=5, seed=7)
+        params = SglSamplingParams(**sampling_params(sampling, stop))
+        params.verify(vocab_size=1000)
+        assert (params.max_new_tokens, params.min_new_tokens, params.ignore_eos) == (8, 3, True)
+        over = StopConditions(max_tokens=2, min_tokens=3)
+        with pytest.raises(ValueError, match="min_new_tokens"):
+            SglSamplingParams(**sampling_params(sampling, over)).verify(vocab_size=1000)
 
     def test_processor_output_item_reads_as_one_image_item() -> None:
         """`collect_mm_items_from_processor_output` (SGLang's reader of processor_output

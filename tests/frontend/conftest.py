@@ -62,7 +62,9 @@ class EchoDispatcher:
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
         self.requests.append(request)
         # Text as an engine makes it: the ids decoded once, cut at a stop string.
-        detokenizer = IncrementalDetokenizer(_tokenizer(), request.stop.stop)
+        detokenizer = IncrementalDetokenizer(
+            _tokenizer(), request.stop.stop, request.stop.min_tokens
+        )
         try:
             if self.hold_first_token:
                 await asyncio.Event().wait()
@@ -78,6 +80,7 @@ class EchoDispatcher:
                 elif last:
                     finish = "length" if len(echoed) < len(request.plan.token_ids) else "stop"
                     text += detokenizer.flush()
+                    finish = "stop" if detokenizer.stopped else finish
                 yield TokenChunk(
                     request_id=request.request_id,
                     token_ids=[token_id],

@@ -174,3 +174,102 @@ def test_api_key_is_required_when_set(start_frontend, path: str) -> None:
     authorized = _client(frontend, api_key="s3cret")
     assert [m.id for m in authorized.models.list().data] == [frontend.model]
     assert httpx.get(frontend.url + "/health").status_code == 200
+
+
+def _sse_payloads(frontend: RunningFrontend, **fields: object) -> list[dict]:
+    body = {"model": frontend.model, "stream": True, **fields}
+    response = httpx.post(frontend.url + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    events = [event for event in response.text.split("\n\n") if event]
+    assert events[-1] == "data: [DONE]"
+    return [json.loads(event[len("data: ") :]) for event in events[:-1]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completion_cut_inside_a_character_keeps_its_end(
+    frontend: RunningFrontend, stream: bool
+) -> None:
+    """max_tokens ends the echo on the first token of 東 (" " and its first bytes): the text is
+    the tokenizer's decode of the ids, " �" last, streamed or not."""
+    messages = [{"role": "user", "content": "a 東京"}]
+    client = _client(frontend)
+    client.chat.completions.create(model=frontend.model, messages=messages, max_tokens=1)
+    ids = frontend.dispatcher.requests[-1].plan.token_ids
+    cut = ids.index(60596) + 1  # " æĿ": a space and 東's first two bytes
+    if stream:
+        chunks = client.chat.completions.create(
+            model=frontend.model, messages=messages, max_tokens=cut, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        completion = client.chat.completions.create(
+            model=frontend.model, messages=messages, max_tokens=cut
+        )
+        text = completion.choices[0].message.content or ""
+    sent = frontend.dispatcher.requests[-1]
+    assert text == _echo_text(frontend, sent, cut) and text.endswith("a \ufffd")
+
+
+def test_ignore_eos_and_min_tokens_reach_the_pipeline(frontend: RunningFrontend) -> None:
+    client = _client(frontend)
+    messages = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model=frontend.model, messages=messages, max_tokens=5)
+    assert frontend.dispatcher.requests[-1].stop.ignore_eos is False
+    assert frontend.dispatcher.requests[-1].stop.min_tokens == 0
+    client.chat.completions.create(
+        model=frontend.model,
+        messages=messages,
+        max_tokens=5,
+        extra_body={"ignore_eos": True, "min_tokens": 5},
+    )
+    sent = frontend.dispatcher.requests[-1].stop
+    assert (sent.ignore_eos, sent.min_tokens, sent.max_tokens) == (True, 5, 5)
+    # Without max_tokens the budget is never below min_tokens.
+    default = frontend.app.preprocessor.options.default_max_tokens
+    client.chat.completions.create(
+        model=frontend.model, messages=messages, extra_body={"min_tokens": default + 1}
+    )
+    assert frontend.dispatcher.requests[-1].stop.max_tokens >= default + 1
+
+
+def test_a_stop_string_in_the_min_tokens_text_does_not_end_it(frontend: RunningFrontend) -> None:
+    """The echo's text: "system ... user\\nalpha beta alpha beta"; the first "beta" falls in the
+    first min_tokens tokens, so the second one stops the completion (vLLM's rule)."""
+    messages = [{"role": "user", "content": "alpha beta alpha beta"}]
+    client = _client(frontend)
+    client.chat.completions.create(model=frontend.model, messages=messages, max_tokens=1)
+    ids = frontend.dispatcher.requests[-1].plan.token_ids
+    tokenizer = frontend.app.preprocessor.model.tokenizer
+    first_beta = next(
+        n for n in range(len(ids)) if tokenizer.decode(ids[:n]).endswith("alpha beta")
+    )
+    completion = client.chat.completions.create(
+        model=frontend.model, messages=messages, stop="beta", extra_body={"min_tokens": first_beta}
+    )
+    text = completion.choices[0].message.content or ""
+    assert text.endswith("user\nalpha beta alpha ")
+    assert completion.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_continuous_usage_stats_put_usage_on_every_chunk(
+    frontend: RunningFrontend, include_usage: bool
+) -> None:
+    payloads = _sse_payloads(
+        frontend,
+        messages=[{"role": "user", "content": "Count with me"}],
+        max_tokens=6,
+        stream_options={"include_usage": include_usage, "continuous_usage_stats": True},
+    )
+    prompt = len(frontend.dispatcher.requests[-1].plan.token_ids)
+    usages = [p["usage"] for p in payloads]
+    assert all(u is not None and u["prompt_tokens"] == prompt for u in usages)
+    completions = [u["completion_tokens"] for u in usages]
+    assert completions == sorted(completions) and completions[-1] == 6
+    assert all(u["total_tokens"] == prompt + u["completion_tokens"] for u in usages)
+    # The usage-only chunk comes last only with include_usage.
+    assert (payloads[-1]["choices"] == []) == include_usage
+    plain = _sse_payloads(
+        frontend, messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream_options={}
+    )
+    assert all(p["usage"] is None for p in plain)

@@ -56,6 +56,18 @@ def test_openapi_document(frontend: RunningFrontend) -> None:
     assert {"messages", "stream", "stream_options", "stop", "top_k", "seed"} <= set(
         request_schema["properties"]
     )
+    # The extensions the server implements, each described, with its range.
+    properties = request_schema["properties"]
+    assert (
+        properties["ignore_eos"]["type"] == "boolean"
+        and properties["ignore_eos"]["default"] is False
+    )
+    assert properties["min_tokens"]["minimum"] == 0 and properties["min_tokens"]["default"] == 0
+    stream_options = document["components"]["schemas"]["StreamOptions"]["properties"]
+    assert stream_options["continuous_usage_stats"]["type"] == "boolean"
+    for described in (properties["ignore_eos"], properties["min_tokens"]):
+        assert described["description"]
+    assert "every chunk" in stream_options["continuous_usage_stats"]["description"]
 
 
 def test_metrics_count_requests_errors_and_latency(frontend: RunningFrontend) -> None:

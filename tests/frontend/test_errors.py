@@ -96,6 +96,7 @@ def test_unsupported_options_at_their_defaults_are_accepted(frontend: RunningFro
         ({"top_p": 0}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"top_k": -1}, "top_k"),
+        ({"min_tokens": -1}, "min_tokens"),
     ],
 )
 def test_out_of_range_values(frontend: RunningFrontend, fields, param: str) -> None:
@@ -174,6 +175,26 @@ def test_context_length_bounds_prompt_and_completion(start_frontend) -> None:
         _post(frontend, _chat(frontend, messages=with_image)), 400, "context_length_exceeded"
     )
     assert _post(frontend, _chat(frontend, max_tokens=1)).status_code == 200
+
+
+def test_min_tokens_over_max_tokens_is_refused_by_name(start_frontend) -> None:
+    frontend = start_frontend("--context-length", "100")
+    for field in ("max_tokens", "max_completion_tokens"):
+        error = _assert_error(
+            _post(frontend, _chat(frontend, min_tokens=5, **{field: 4})),
+            400,
+            "min_tokens_over_max_tokens",
+            "min_tokens",
+        )
+        assert "(5)" in error["message"] and "(4)" in error["message"]
+        assert _post(frontend, _chat(frontend, min_tokens=4, **{field: 4})).status_code == 200
+    # Without max_tokens, min_tokens must fit in what the context leaves.
+    _assert_error(
+        _post(frontend, _chat(frontend, min_tokens=100)),
+        400,
+        "context_length_exceeded",
+        "min_tokens",
+    )
 
 
 def test_the_model_bounds_the_context_by_default(frontend: RunningFrontend) -> None:

@@ -50,8 +50,8 @@ CHECKS = [
     "refused_only_for_its_content",
 ]
 # What a request that follows the document may still be refused for, besides its media (the
-# core's `fetch.*`, `decode.*` and `request.*` codes).
-REFUSABLE = ("chat_template", "context_length_exceeded")
+# core's `fetch.*`, `decode.*` and `request.*` codes): what no schema of one field can say.
+REFUSABLE = ("chat_template", "context_length_exceeded", "min_tokens_over_max_tokens")
 
 
 @schemathesis.check

@@ -4,7 +4,12 @@ The engine that samples the tokens makes their text here, once (`sampling.stream
 and sends both in each `TokenChunk`; the frontend passes the text on. Every deployment pattern
 decodes on the worker that runs decode, so the same tokens give the same text. Text that could
 be the start of a stop string is held back until the next tokens decide, so a stop string never
-leaks to the client, even split across tokens.
+leaks to the client, even split across tokens. The text of the first `min_tokens` tokens cannot
+complete a stop string (vLLM's rule: a match must end after it).
+
+Tokens that end inside a character release nothing until the character completes; when the
+stream ends first, `flush` gives what the tokenizer's own decode of them is (U+FFFD for the
+incomplete character), so the whole text equals `tokenizer.decode(ids)`.
 """
 
 from __future__ import annotations
@@ -14,11 +19,16 @@ from tokenizers.decoders import DecodeStream
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], min_tokens: int = 0) -> None:
         self._tokenizer = tokenizer
         self._stream = DecodeStream(skip_special_tokens=True)
         self._stop = [s for s in stop if s]
+        self._min_tokens = min_tokens
+        self._ids: list[int] = []
+        self._decoded = 0  # characters the stream has given for `_ids` so far
+        self._pending = False  # the last ids end inside a character: the stream gave no text
         self._held = ""
+        self._protected = 0  # leading characters of `_held` made by the first min_tokens tokens
         self.stopped = False
 
     def push(self, token_ids: list[int]) -> str:
@@ -26,35 +36,50 @@ class IncrementalDetokenizer:
         if self.stopped:
             return ""
         for token_id in token_ids:
+            self._ids.append(token_id)
             piece = self._stream.step(self._tokenizer, token_id)
+            self._pending = piece is None
             if piece:
                 self._held += piece
-        return self._release()
+                self._decoded += len(piece)
+            if len(self._ids) <= self._min_tokens:
+                self._protected = len(self._held)
+        return self._release(final=False)
 
     def flush(self) -> str:
-        """Text still held back when generation ended without a stop string."""
+        """The text still held back when generation ends: with the tokenizer's decode of ids
+        that end inside a character, and cut (setting `stopped`) if that completes a stop
+        string."""
         if self.stopped:
             return ""
-        text, self._held = self._held, ""
-        return text
+        if self._pending:
+            whole = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+            self._held += whole[self._decoded :]
+            self._pending = False
+            if len(self._ids) <= self._min_tokens:
+                self._protected = len(self._held)
+        return self._release(final=True)
 
-    def _release(self) -> str:
-        if not self._stop:
-            text, self._held = self._held, ""
-            return text
-        first_match = min(
-            (pos for pos in (self._held.find(s) for s in self._stop) if pos >= 0), default=-1
-        )
-        if first_match >= 0:
-            self.stopped = True
-            text, self._held = self._held[:first_match], ""
-            return text
-        keep = self._longest_stop_prefix_suffix()
-        cut = len(self._held) - keep
-        text, self._held = self._held[:cut], self._held[cut:]
-        return text
+    def _release(self, final: bool) -> str:
+        held = self._held
+        if self._stop:
+            match = self._first_match()
+            if match >= 0:
+                self.stopped = True
+                self._held = ""
+                return held[:match]
+        cut = len(held) if final or not self._stop else len(held) - self._stop_prefix_suffix()
+        self._held = held[cut:]
+        self._protected = max(0, self._protected - cut)
+        return held[:cut]
 
-    def _longest_stop_prefix_suffix(self) -> int:
+    def _first_match(self) -> int:
+        """Where the first stop string that ends past the protected text begins, or -1."""
+        held, protected = self._held, self._protected
+        found = (held.find(s, max(0, protected - len(s) + 1)) for s in self._stop)
+        return min((pos for pos in found if pos >= 0), default=-1)
+
+    def _stop_prefix_suffix(self) -> int:
         """Length of the longest end of the held text that begins some stop string."""
         held = self._held
         for length in range(min(len(held), max(len(s) for s in self._stop) - 1), 0, -1):

@@ -38,6 +38,7 @@ from mmserve.engines.base import (
 from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import (
+    StopRules,
     check_sampling,
     make_generator,
     sample_token,
@@ -324,7 +325,8 @@ class HfEngine(Engine):
             [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
         )
         generator = make_generator(request.sampling, self.device)
-        first_token = sample_token(logits, request.sampling, generator)
+        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+        first_token = sample_token(logits, request.sampling, generator, banned)
         return KvHandle(
             request_id=request.request_id,
             prompt_token_ids=tuple(request.token_ids),
@@ -378,8 +380,8 @@ class HfEngine(Engine):
             if state.generator is None:
                 state.generator = make_generator(sampling, self.device)
 
-            async def next_token(token: int) -> int:
-                return await self._call(self._decode_step, state, token, sampling)
+            async def next_token(token: int, banned: frozenset[int]) -> int:
+                return await self._call(self._decode_step, state, token, sampling, banned)
 
             async for chunk in stream_completion(
                 kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
@@ -389,7 +391,9 @@ class HfEngine(Engine):
             self._leave()
             state.cache = None
 
-    def _decode_step(self, state: _KvState, token: int, sampling: SamplingParams) -> int:
+    def _decode_step(
+        self, state: _KvState, token: int, sampling: SamplingParams, banned: frozenset[int]
+    ) -> int:
         position = state.cache.get_seq_length() + state.rope_delta
         positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
         ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
@@ -400,7 +404,7 @@ class HfEngine(Engine):
             use_cache=True,
         )
         logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
-        return sample_token(logits, sampling, state.generator)
+        return sample_token(logits, sampling, state.generator, banned)
 
     def release(self, kv: KvHandle) -> None:
         if isinstance(kv.state, _KvState):

@@ -48,7 +48,7 @@ from mmserve.engines.defaults import (
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
 from mmserve.engines.prefix_cache import PrefixCache
-from mmserve.engines.sampling import check_sampling, stream_completion
+from mmserve.engines.sampling import StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
@@ -69,6 +69,18 @@ PSEUDO_TOKENS = (1_000, 100_000)  # ordinary vocabulary ids, far from the specia
 class _MockKv:
     seed: int  # the completion's pseudo-random stream
     live: bool = True
+
+
+def _draw(tokens: random.Random, banned: frozenset[int]) -> int:
+    """The next pseudo token, one draw from `tokens`; a banned id (a stop id before
+    min_tokens) gives way to the next id that is not."""
+    low, high = PSEUDO_TOKENS
+    token = tokens.randrange(low, high)
+    for _ in range(min(len(banned), high - low)):
+        if token not in banned:
+            break
+        token = low + (token + 1 - low) % (high - low)
+    return token
 
 
 def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
@@ -166,7 +178,9 @@ class MockEngine(Engine):
         return KvHandle(
             request_id=request.request_id,
             prompt_token_ids=tuple(request.token_ids),
-            first_token=random.Random(seed).randrange(*PSEUDO_TOKENS),
+            first_token=_draw(
+                random.Random(seed), StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+            ),
             cached_tokens=cached,
             state=_MockKv(seed),
         )
@@ -186,9 +200,9 @@ class MockEngine(Engine):
             tokens = random.Random(state.seed)
             tokens.randrange(*PSEUDO_TOKENS)  # the first draw is kv.first_token
 
-            async def next_token(_previous: int) -> int:
+            async def next_token(_previous: int, banned: frozenset[int]) -> int:
                 await asyncio.sleep(self.decode_s_per_token)
-                return tokens.randrange(*PSEUDO_TOKENS)
+                return _draw(tokens, banned)
 
             async for chunk in stream_completion(
                 kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token

@@ -289,6 +289,8 @@ class _Generation:
         self._completion_tokens = 0
         self._usage: Usage | None = None
         self._last_token_at: float | None = None
+        options = request.stream_options
+        self._continuous_usage = options is not None and options.continuous_usage_stats
 
     async def _texts(self) -> AsyncGenerator[tuple[str, FinishReason | None]]:
         """(text delta, finish reason) pairs; the last pair carries the finish reason."""
@@ -337,6 +339,17 @@ class _Generation:
             )
         )
 
+    def _usage_so_far(self) -> OpenAIUsage:
+        """`stream_options.continuous_usage_stats`: the tokens so far, the worker's usage once
+        its last chunk came (only that knows the cached tokens)."""
+        if self._usage is not None:
+            return OpenAIUsage.from_usage(self._usage)
+        prompt = len(self._preprocessed.plan.token_ids)
+        completion = self._completion_tokens
+        return OpenAIUsage(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+
     async def collect(self) -> ChatCompletionResponse:
         parts = []
         finish: FinishReason | None = None
@@ -381,7 +394,8 @@ class _Generation:
 
     def _event(self, delta: ChoiceDelta, finish: FinishReason | None = None) -> bytes:
         choice = ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)
-        return b"data: " + _encoder.encode(self._chunk([choice])) + b"\n\n"
+        usage = self._usage_so_far() if self._continuous_usage else None
+        return b"data: " + _encoder.encode(self._chunk([choice], usage)) + b"\n\n"
 
     def _chunk(
         self, choices: list[ChatCompletionChunkChoice], usage: OpenAIUsage | None = None

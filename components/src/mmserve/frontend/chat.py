@@ -121,7 +121,12 @@ class ChatPreprocessor:
                 top_k=request.top_k or 0,
                 seed=request.seed,
             ),
-            stop=StopConditions(max_tokens=max_tokens, stop=stop),
+            stop=StopConditions(
+                max_tokens=max_tokens,
+                stop=stop,
+                ignore_eos=request.ignore_eos,
+                min_tokens=request.min_tokens,
+            ),
         )
 
     @property
@@ -130,21 +135,23 @@ class ChatPreprocessor:
 
     def _completion_budget(self, request: ChatCompletionRequest, prompt: int) -> int:
         """The request's max_tokens (the default where it gives none, shortened to what the
-        context leaves after the `prompt` tokens); a prompt that leaves no room, or a
-        max_tokens past it, is refused."""
+        context leaves after the `prompt` tokens; never below min_tokens); a prompt that
+        leaves no room, or a max_tokens or min_tokens past it, is refused."""
         asked = _max_tokens(request)
-        budget = asked or self.options.default_max_tokens
+        budget = asked or max(self.options.default_max_tokens, request.min_tokens)
         limit = self.context_length
         if limit is None:
             return budget
-        if prompt >= limit or (asked is not None and prompt + asked > limit):
+        # The context must have room for the completion the client asked for, at least.
+        needed, param = (asked, "max_tokens") if asked else (request.min_tokens, "min_tokens")
+        if prompt >= limit or prompt + needed > limit:
             wanted = f"{prompt} tokens in the messages" + (
-                f" and {asked} in the completion" if asked is not None else ""
+                f" and {needed} in the completion" if needed else ""
             )
             raise ApiError(
                 "context_length_exceeded",
                 f"this model's context length is {limit} tokens; the request needs {wanted}",
-                param="messages" if asked is None or prompt >= limit else "max_tokens",
+                param="messages" if prompt >= limit else param,
             )
         return min(budget, limit - prompt)
 
@@ -157,6 +164,13 @@ class ChatPreprocessor:
                 f"the model {request.model!r} does not exist; this server serves "
                 f"{self.model.name!r}",
                 param="model",
+            )
+        asked = _max_tokens(request)
+        if asked is not None and request.min_tokens > asked:
+            raise ApiError(
+                "min_tokens_over_max_tokens",
+                f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({asked})",
+                param="min_tokens",
             )
         unsupported = request.unsupported_options()
         if unsupported:

@@ -52,6 +52,7 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("invalid_value", 400, "a request field has a wrong type or value"),
     ErrorCode("unsupported_option", 400, "an OpenAI option mmserve does not implement is set"),
     ErrorCode("context_length_exceeded", 400, "the prompt and completion exceed the context"),
+    ErrorCode("min_tokens_over_max_tokens", 400, "min_tokens is greater than max_tokens"),
     ErrorCode("chat_template", 400, "the model's chat template rejected the messages"),
     ErrorCode("invalid_api_key", 401, "the API key is missing or wrong"),
     ErrorCode("model_not_found", 404, "the request names a model this server does not serve"),

@@ -41,6 +41,13 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
+    continuous_usage_stats: Annotated[
+        bool,
+        msgspec.Meta(
+            description="vLLM's extension: every chunk carries the usage so far (here also "
+            "without include_usage, which adds the usage-only chunk at the end)"
+        ),
+    ] = False
 
 
 # The request's integers travel on to the workers as msgpack's 64-bit integers.
@@ -62,6 +69,19 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's and SGLang's extensions.
+    ignore_eos: Annotated[
+        bool, msgspec.Meta(description="Extension: EOS does not end the completion")
+    ] = False
+    min_tokens: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=_INT64_MAX,
+            description="Extension: neither EOS, a stop token nor a stop string ends the "
+            "completion before this many tokens; at most max_tokens",
+        ),
+    ] = 0
     # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

@@ -19,10 +19,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StopConditions(msgspec.Struct, frozen=True, kw_only=True):
+    """When a completion ends: EOS (unless `ignore_eos`), a stop id or string, `max_tokens`;
+    before `min_tokens` tokens neither EOS, a stop id nor a stop string ends it (vLLM's
+    rules)."""
+
     max_tokens: int = 16
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    min_tokens: int = 0
 
 
 class TensorHandle(msgspec.Struct, frozen=True, kw_only=True):
