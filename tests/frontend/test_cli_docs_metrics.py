@@ -43,7 +43,13 @@ def test_openapi_document(frontend: RunningFrontend) -> None:
     assert response.status_code == 200
     document = response.json()
     assert document["openapi"] == "3.1.0"
-    assert set(document["paths"]) == {"/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+    assert set(document["paths"]) == {
+        "/v1/chat/completions",
+        "/v1/models",
+        "/reset_prefix_cache",
+        "/health",
+        "/metrics",
+    }
     chat = document["paths"]["/v1/chat/completions"]["post"]
     assert {"200", "400", "401", "404", "413", "503", "504"} <= set(chat["responses"])
     # Every reference resolves inside the document.

@@ -38,6 +38,9 @@ class _OneToken:
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
         yield TokenChunk(request_id=request.request_id, token_ids=[9], finish_reason="stop")
 
+    async def reset_prefix_cache(self) -> int:
+        return 1
+
 
 @pytest.fixture(scope="module")
 def app() -> FrontendApp:

@@ -141,6 +141,17 @@ def openapi_document(model: str) -> dict[str, Any]:
                     },
                 }
             },
+            "/reset_prefix_cache": {
+                "post": {
+                    "summary": "Clear every worker's prefix and encoder caches (vLLM's endpoint)",
+                    "operationId": "resetPrefixCache",
+                    "security": security,
+                    "responses": {
+                        "200": {"description": "Every worker cleared its caches (empty body)"},
+                        **_error_responses(401, 503),
+                    },
+                }
+            },
             "/health": {
                 "get": {
                     "summary": "Ready when a full path to a worker exists",
