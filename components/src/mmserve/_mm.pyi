@@ -172,8 +172,9 @@ class ProcessedMedia:
     ) -> numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]] | None:
         """None when the request ran with count_only=True."""
     @property
-    def data(self) -> bytes | None:
-        """The item's encoded bytes as fetched; None unless the request ran with keep_bytes."""
+    def data(self) -> bytearray | None:
+        """The item's encoded bytes as fetched (writable, so they can back a tensor without a
+        copy); None unless the request ran with keep_bytes."""
 
 @final
 class ProcessResult:

@@ -226,7 +226,7 @@ class ChatPreprocessor:
                 array = np.frombuffer(data, dtype=np.uint8)
                 payloads.append(MediaPayload(encoded=await sink(request_id, array)))
             else:
-                payloads.append(MediaPayload(data=data))
+                payloads.append(MediaPayload(data=None if data is None else bytes(data)))
         return payloads
 
 

@@ -24,7 +24,7 @@ class PlannedRequest:
     (its encoded bytes when asked to keep them, its pixel values when preprocessed in full)."""
 
     plan: RequestPlan
-    data: list[bytes | None]
+    data: list[bytearray | None]
     pixel_values: list[np.ndarray | None]
 
 

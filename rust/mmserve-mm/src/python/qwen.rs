@@ -11,7 +11,7 @@ use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
-use pyo3::types::PyBytes;
+use pyo3::types::PyByteArray;
 
 use super::error::to_py;
 use super::spec::PySpec;
@@ -111,7 +111,7 @@ pub struct PyProcessedMedia {
     image_grid_thw: Py<PyAny>,
     num_tokens: usize,
     pixel_values: Option<Py<PyAny>>,
-    data: Option<Py<PyBytes>>,
+    data: Option<Py<PyByteArray>>,
 }
 
 /// The driver's output for one request.
@@ -215,7 +215,7 @@ fn process(
                     pixel_values,
                     data: fetched
                         .next()
-                        .map(|bytes| PyBytes::new(py, &bytes).unbind()),
+                        .map(|bytes| PyByteArray::new(py, &bytes).unbind()),
                 },
             )
         })
