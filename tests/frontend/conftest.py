@@ -23,7 +23,7 @@ from mmserve.frontend.cli import add_arguments, build_app, load_model
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 from mmserve.runtime.errors import RemoteError
-from tests.support.local_media import MediaServer, serve_directory
+from tests.support.local_media import MediaServer, media_server_over
 
 
 @functools.cache
@@ -187,7 +187,7 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
 
 @pytest.fixture(scope="session")
 def media_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MediaServer]:
-    with serve_directory(tmp_path_factory.mktemp("media")) as server:
+    with media_server_over(tmp_path_factory.mktemp("media")) as server:
         yield server
 
 

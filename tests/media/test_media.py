@@ -15,7 +15,7 @@ from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
 from mmserve.models.tiny import build_tiny_model
-from tests.support.local_media import MediaServer, data_url, encode_image, serve_directory
+from tests.support.local_media import MediaServer, data_url, encode_image, media_server_over
 
 IMAGE_PAD = 151655
 VISION_START, VISION_END = 151652, 151653
@@ -23,7 +23,7 @@ VISION_START, VISION_END = 151652, 151653
 
 @pytest.fixture(scope="module")
 def media_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MediaServer]:
-    with serve_directory(tmp_path_factory.mktemp("served")) as server:
+    with media_server_over(tmp_path_factory.mktemp("served")) as server:
         yield server
 
 

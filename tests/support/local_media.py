@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import base64
-import functools
 import io
 import struct
-import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from PIL import Image
+
+from tests.support.deployment import serve_directory
 
 
 def encode_image(width: int, height: int, fmt: str = "PNG") -> bytes:
@@ -57,19 +56,12 @@ class MediaServer:
         return f"{self.url}/{name}"
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @contextmanager
-def serve_directory(root: Path) -> Iterator[MediaServer]:
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def media_server_over(root: Path) -> Iterator[MediaServer]:
+    """A loopback HTTP server over `root` (`deployment.serve_directory`'s), for one block."""
+    url, server = serve_directory(root)
     try:
-        yield MediaServer(root, f"http://127.0.0.1:{server.server_address[1]}")
+        yield MediaServer(root, url)
     finally:
         server.shutdown()
         server.server_close()
