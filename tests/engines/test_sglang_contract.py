@@ -69,11 +69,16 @@ def _embeddings() -> list[ItemEmbedding]:
 
 
 def _request() -> EngineRequest:
+    """A planned prompt whose two runs take `_embeddings()` (4 and 2 rows) in order."""
     return EngineRequest(
         "req-1",
         (1, 2, 3, *([9] * 6), 4),
         SamplingParams(temperature=0.0, top_k=5, seed=7),
         StopConditions(max_tokens=8, stop=["\n"], stop_token_ids=[2]),
+        media=(
+            PlannedMedia(mm_hash=MM_A, offset=3, length=4, grid_thw=(1, 4, 4)),
+            PlannedMedia(mm_hash=MM_B, offset=7, length=2, grid_thw=(1, 2, 4)),
+        ),
     )
 
 

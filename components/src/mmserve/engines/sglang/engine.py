@@ -217,6 +217,7 @@ class SglangEngine(Engine):
         embeddings: Sequence[ItemEmbedding],
         bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
+        request.check_media(embeddings)
         llm = self._language_model()
         self.bridge.remember(item.mm_hash for item in embeddings)
         if self.mode == "prefill":
@@ -240,6 +241,7 @@ class SglangEngine(Engine):
     async def generate(
         self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
     ) -> AsyncIterator[TokenChunk]:
+        request.check_media(embeddings)
         self.bridge.remember(item.mm_hash for item in embeddings)
         async for chunk in self._stream(request, embeddings, None):
             yield chunk
