@@ -66,10 +66,22 @@ def serve_directory(root: Path) -> tuple[str, CountingFileServer]:
     return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and never handed out before in this process: the kernel may
+    give the same free port to two binds in a row, and two components told to listen on one
+    port would collide once both start."""
+    with _handed_out_lock:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 @dataclass
