@@ -1,0 +1,525 @@
+"""The frontend's cost per request on the benchmark clients' workloads, against one deployment
+pattern with the mock engine and no simulated compute, on loopback.
+
+Workloads, each bounded by `--max-requests` (or `--image-requests`) and `--duration`:
+
+- `text`: N unique prompts of about `--prompt-tokens` tokens, 1 output token (`max_tokens` 1,
+  `ignore_eos`), `--concurrency` streams;
+- `text-repeat`: the same prompts sent a second time, in the same order;
+- `image-512-data`, `image-512-http`: one 512x512 JPEG per request, as a data URL and as an
+  http URL on a loopback file server, `--image-concurrency` streams;
+- `image-1280x960-data`, `image-1280x960-http`: the same with a 1280x960 JPEG.
+
+Every image is distinct (one per request). A request fails when its status is not 200 or its
+stream does not end in one finish reason then `[DONE]`. TTFT is taken at the first event that
+carries a choice (a 1-token completion may have empty content). Prints, per workload, the
+requests, failures, TTFT p50/p99, and the CPU time per request of the frontend and of all
+server processes (frontend, workers, nats-server), as markdown.
+
+    .venv/bin/python -m bench.frontend_cost
+    .venv/bin/python -m bench.frontend_cost --workloads text,image-1280x960-data \\
+        --py-spy /tmp/profiles --py-spy-seconds 20
+
+With `--py-spy DIR` each workload also runs `py-spy record` on the frontend (speedscope JSON in
+DIR, one file per workload); the sampler takes CPU of its own, so take the CPU figures from a run
+without it. Each workload also prints the CPU of each frontend thread (from /proc): py-spy
+counts some waiting threads as busy. `--summarize FILE [--thread NAME]` prints a speedscope
+profile's top functions by self and total time; `--micro` times the text path's pieces in this
+process.
+
+Exit status 1 when a request failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import uvloop
+from PIL import Image
+
+from bench.load import POOL_CONNECTIONS, cpu_s, percentile, watch_loop_lag
+from mmserve.frontend.cli import raise_open_file_limit
+from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime.nats_server import NatsServer
+from tests.support.deployment import PATTERNS, Deployment, serve_directory
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MAX_DURATION_S = 300.0  # per workload
+ZERO_COMPUTE = [
+    "--mock-prefill-us-per-token", "0",
+    "--mock-decode-ms-per-token", "0",
+    "--mock-encode-us-per-token", "0",
+]  # fmt: skip
+IMAGE_SIZES = {"512": (512, 512), "1280x960": (1280, 960)}
+WORKLOADS = [
+    "text",
+    "text-repeat",
+    "image-512-data",
+    "image-512-http",
+    "image-1280x960-data",
+    "image-1280x960-http",
+]
+WORDS = (
+    "the of and to in is was that for it with as his on be at by had not are but from or have "
+    "an they which one you were her all she there would their we him been has when who will more "
+    "no if out so said what up its about into than them can only other new some could time these "
+    "two may then do first any my now such like our over man me even most made after also did "
+    "many before must through back years where much your way well down should because each just "
+    "those people how too little state good very make world still own see men work long get here "
+    "between both life being under never day same another know while last might us great old year"
+).split()
+
+
+@dataclass
+class Outcome:
+    """Per-request outcomes of one workload."""
+
+    complete: int = 0
+    failed: collections.Counter[str] = field(default_factory=collections.Counter)
+    ttft: list[float] = field(default_factory=list)
+    loop_lag: list[float] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.complete + sum(self.failed.values())
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each of a process's threads, by "tid name" (the name Linux knows, which
+    py-spy's thread ids match)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            # utime and stime, as in bench.load.cpu_s, but of the thread (/proc/TID/stat is the
+            # whole process's).
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            out[f"{task.name} {name}"] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the thread ended
+    return out
+
+
+def make_prompts(tokenizer_path: Path, count: int, tokens: int) -> list[str]:
+    """`count` distinct prompts of about `tokens` tokens each (their first words differ)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    rng = np.random.default_rng(0)
+    # English words here are about one token each; calibrate on one prompt.
+    sample = " ".join(rng.choice(WORDS, size=tokens))
+    per_word = len(tokenizer.encode(sample, add_special_tokens=False).ids) / tokens
+    words = max(1, round(tokens / per_word))
+    return [
+        f"Request {i}: " + " ".join(rng.choice(WORDS, size=words)) + "\nSummarize."
+        for i in range(count)
+    ]
+
+
+def make_jpegs(size: tuple[int, int], count: int) -> list[bytes]:
+    """`count` distinct JPEGs of `size` (width, height): a smooth picture with some noise, so
+    the files are about a photo's size rather than pure noise's."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack(
+        [(x * 255 // width), (y * 255 // height), ((x + y) * 127 // (width + height))], -1
+    )
+    images = []
+    for seed in range(count):
+        rng = np.random.default_rng(seed)
+        noise = rng.integers(-24, 25, size=base.shape)
+        pixels = np.clip(base + noise + seed % 64, 0, 255).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="JPEG", quality=85)
+        images.append(out.getvalue())
+    return images
+
+
+def text_body(model: str, prompt: str) -> dict:
+    return {
+        "model": model,
+        "stream": True,
+        "max_tokens": 1,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": prompt}],
+    }
+
+
+def image_body(model: str, url: str) -> dict:
+    return {
+        "model": model,
+        "stream": True,
+        "max_tokens": 1,
+        "ignore_eos": True,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe the picture."},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+    }
+
+
+async def one_request(client: httpx.AsyncClient, body: dict, outcome: Outcome) -> None:
+    started = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                outcome.failed[f"status {response.status_code}"] += 1
+                return
+            finishes = errors = done = 0
+            first = None
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done += 1
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    errors += 1
+                    continue
+                for choice in event.get("choices", ()):
+                    if first is None:
+                        first = time.perf_counter() - started
+                    finishes += choice.get("finish_reason") is not None
+    except httpx.HTTPError as err:
+        outcome.failed[f"transport {type(err).__name__}"] += 1
+        return
+    if done == 1 and finishes == 1 and errors == 0:
+        outcome.complete += 1
+        if first is not None:
+            outcome.ttft.append(first)
+    elif errors:
+        outcome.failed["error event"] += 1
+    else:
+        outcome.failed["incomplete stream"] += 1
+
+
+async def run_workload(
+    base_url: str, bodies: list[dict], concurrency: int, duration_s: float
+) -> tuple[Outcome, float]:
+    """Sends `bodies` in order, `concurrency` at a time, until they run out or time is up."""
+    outcome = Outcome()
+    issued = 0
+    stop_at = time.monotonic() + duration_s
+    timeout = httpx.Timeout(120.0, connect=30.0)
+
+    async def loop(client: httpx.AsyncClient) -> None:
+        nonlocal issued
+        while time.monotonic() < stop_at and issued < len(bodies):
+            body = bodies[issued]
+            issued += 1
+            await one_request(client, body, outcome)
+
+    async def streams(count: int) -> None:
+        limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
+            await asyncio.gather(*(loop(client) for _ in range(count)))
+
+    pools = [
+        min(POOL_CONNECTIONS, concurrency - first)
+        for first in range(0, concurrency, POOL_CONNECTIONS)
+    ]
+    lag = asyncio.ensure_future(watch_loop_lag(outcome.loop_lag))
+    started = time.monotonic()
+    await asyncio.gather(*(streams(count) for count in pools))
+    elapsed = time.monotonic() - started
+    lag.cancel()
+    return outcome, elapsed
+
+
+def summarize(path: Path, top: int, thread_filter: str = "") -> None:
+    """A speedscope profile's (py-spy's) top functions by self and by total time, over the
+    threads whose name contains `thread_filter` (all by default), as shares of their samples."""
+    profile = json.loads(path.read_text())
+    frames = profile["shared"]["frames"]
+    self_w: collections.Counter[str] = collections.Counter()
+    total_w: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
+    all_w = 0.0
+    for thread in profile["profiles"]:
+        if thread_filter not in thread["name"]:
+            continue
+        for stack, weight in zip(thread["samples"], thread["weights"], strict=True):
+            all_w += weight
+            threads[thread["name"].split(" ")[0] + " " + thread["name"].split(" ")[-1]] += weight
+            names = [
+                f"{frames[i]['name']} ({Path(frames[i].get('file', '?')).name}"
+                f":{frames[i].get('line', '?')})"
+                for i in stack
+            ]
+            if names:
+                self_w[names[-1]] += weight
+            for name in set(names):
+                total_w[name] += weight
+    print(f"{path.name}: {all_w:.0f} samples")
+    for name, weight in threads.most_common(6):
+        print(f"  thread {name}: {weight / all_w:.0%}")
+    print("| self | function |\n| --- | --- |")
+    for name, weight in self_w.most_common(top):
+        print(f"| {weight / all_w:.1%} | `{name}` |")
+    print("| total | function |\n| --- | --- |")
+    for name, weight in total_w.most_common(top):
+        print(f"| {weight / all_w:.1%} | `{name}` |")
+
+
+def micro(model_path: Path, count: int, tokens: int) -> None:
+    """CPU per call of the text path's pieces in this process, on the workload's prompts: the
+    chat template, tokenization, the request plan (with and without its thread hop)."""
+    import msgspec
+
+    from mmserve import _mm, media
+    from mmserve.frontend.chat import ServedModel
+    from mmserve.media.calls import _fetch_options, _plan
+    from mmserve.protocol import ChatCompletionRequest
+
+    served = ServedModel.load(model_path)
+    tokenizer = served.tokenizer
+    prompts = make_prompts(model_path / "tokenizer.json", count, tokens)
+    messages = [[{"role": "user", "content": p}] for p in prompts]
+    texts = [
+        tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+        for m in messages
+    ]
+    ids = [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    bodies = [msgspec.json.encode(text_body(served.name, p)) for p in prompts]
+    policy = media.MediaPolicy(allowed_domains=frozenset({"127.0.0.1"}))
+    options = _fetch_options(policy)
+    core = served.spec.core
+    output = _mm.process(core, ids[0], [], count_only=True, keep_bytes=True, **options)
+
+    def per_call(label: str, call: object) -> None:
+        started = time.process_time()
+        for i in range(count):
+            call(i)  # type: ignore[operator]
+        print(f"| {label} | {(time.process_time() - started) / count * 1e3:.3f} ms |")
+
+    print(f"| piece ({count} prompts of about {tokens} tokens) | CPU per call |\n| --- | --- |")
+    per_call(
+        "msgspec decode of the body",
+        lambda i: msgspec.json.decode(bodies[i], type=ChatCompletionRequest),
+    )
+    per_call(
+        "apply_chat_template",
+        lambda i: tokenizer.apply_chat_template(
+            messages[i], tokenize=False, add_generation_prompt=True
+        ),
+    )
+    per_call(
+        "tokenizer.encode (transformers)",
+        lambda i: list(tokenizer.encode(texts[i], add_special_tokens=False)),
+    )
+    backend = tokenizer.backend_tokenizer
+    per_call(
+        "Tokenizer.encode (tokenizers, no wrapper)",
+        lambda i: backend.encode(texts[i], add_special_tokens=False).ids,
+    )
+    per_call(
+        "_mm.process, text only, no thread",
+        lambda i: _mm.process(core, ids[i], [], count_only=True, keep_bytes=True, **options),
+    )
+    per_call("media.calls._plan of its output", lambda i: _plan(output))
+
+    async def hops() -> None:
+        started = time.process_time()
+        for _ in range(count):
+            await asyncio.to_thread(int, 1)
+        hop = (time.process_time() - started) / count * 1e3
+        print(f"| asyncio.to_thread round trip | {hop:.3f} ms |")
+        started = time.process_time()
+        for i in range(count):
+            await media.plan_request(core, ids[i], [], policy, count_only=True, keep_bytes=True)
+        print(
+            "| media.plan_request, text only (hop, process, _plan) "
+            f"| {(time.process_time() - started) / count * 1e3:.3f} ms |"
+        )
+
+    uvloop.run(hops())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", choices=sorted(PATTERNS), default="agg")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
+    parser.add_argument("--max-requests", type=int, default=2000, help="unique text prompts")
+    parser.add_argument("--image-requests", type=int, default=300, help="per image workload")
+    parser.add_argument("--prompt-tokens", type=int, default=1500)
+    parser.add_argument("--concurrency", type=int, default=64, help="text workloads")
+    parser.add_argument("--image-concurrency", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds, per workload")
+    parser.add_argument("--warmup", type=int, default=64, help="warm-up requests, text and image")
+    parser.add_argument("--log-dir", type=Path, default=None)
+    parser.add_argument("--py-spy", type=Path, default=None, help="profile the frontend into DIR")
+    parser.add_argument("--py-spy-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--py-spy-flags",
+        type=lambda text: text.split(),
+        default=[],
+        help='more py-spy record flags, e.g. "--gil" (only the thread holding the GIL)',
+    )
+    parser.add_argument("--summarize", type=Path, default=None, help="summarize a profile, exit")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument(
+        "--micro", action="store_true", help="time the text path's pieces in-process, exit"
+    )
+    parser.add_argument("--thread", default="", help="with --summarize: only these threads")
+    args = parser.parse_args()
+    if args.micro:
+        micro(build_tiny_model("qwen2_vl"), 300, args.prompt_tokens)
+        return 0
+    if args.summarize is not None:
+        summarize(args.summarize, args.top, args.thread)
+        return 0
+    workloads = args.workloads.split(",")
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads {sorted(unknown)}; known: {WORKLOADS}")
+    duration = min(args.duration, MAX_DURATION_S)
+
+    raise_open_file_limit()
+    model_path = build_tiny_model("qwen2_vl")
+    model = model_path.name
+    prompts = make_prompts(model_path / "tokenizer.json", args.max_requests, args.prompt_tokens)
+    warm_prompts = make_prompts(model_path / "tokenizer.json", args.warmup, args.prompt_tokens)
+    warm_prompts = [f"Warm-up {p}" for p in warm_prompts]
+    rows = []
+    failed_any = False
+    with tempfile.TemporaryDirectory() as tmp, NatsServer() as nats:
+        tmp_path = Path(tmp)
+        image_root = tmp_path / "images"
+        image_root.mkdir()
+        base, file_server = serve_directory(image_root)
+        bodies: dict[str, list[dict]] = {
+            "text": [text_body(model, p) for p in prompts],
+            "text-repeat": [text_body(model, p) for p in prompts],
+        }
+        for label, size in IMAGE_SIZES.items():
+            if not any(w.startswith(f"image-{label}-") for w in workloads):
+                continue
+            jpegs = make_jpegs(size, args.image_requests)
+            names = []
+            for i, data in enumerate(jpegs):
+                (image_root / f"{label}-{i}.jpg").write_bytes(data)
+                names.append(f"{label}-{i}.jpg")
+            bodies[f"image-{label}-http"] = [image_body(model, f"{base}/{n}") for n in names]
+            bodies[f"image-{label}-data"] = [
+                image_body(model, "data:image/jpeg;base64," + base64.b64encode(d).decode())
+                for d in jpegs
+            ]
+            print(
+                f"{label}: {len(jpegs)} JPEGs, mean {np.mean([len(d) for d in jpegs]) / 1e3:.0f} kB"
+            )
+        warm_jpegs = make_jpegs((320, 240), 8)
+        (image_root / "warm.jpg").write_bytes(warm_jpegs[0])
+        warm_bodies = [text_body(model, p) for p in warm_prompts] + [
+            image_body(model, "data:image/jpeg;base64," + base64.b64encode(d).decode())
+            for d in warm_jpegs
+        ]
+        log_dir = args.log_dir or tmp_path
+        log_dir.mkdir(parents=True, exist_ok=True)
+        deployment = Deployment(
+            args.pattern,
+            model_path,
+            nats.url,
+            log_dir,
+            worker_flags=["--engine", "mock", *ZERO_COMPUTE],
+        )
+        try:
+            deployment.start().wait_ready()
+            warm, _ = uvloop.run(run_workload(deployment.base_url, warm_bodies, 16, 60.0))
+            print(f"warm-up: {warm.complete}/{warm.total} complete")
+            # The server's processes: each component and the nats-server.
+            pids = {name: p.pid for name, p in deployment.processes.items()}
+            if nats.pid is not None:
+                pids["nats-server"] = nats.pid
+            for workload in workloads:
+                concurrency = (
+                    args.concurrency if workload.startswith("text") else args.image_concurrency
+                )
+                spy = None
+                if args.py_spy is not None:
+                    args.py_spy.mkdir(parents=True, exist_ok=True)
+                    spy = subprocess.Popen(
+                        [
+                            str(Path(sys.executable).parent / "py-spy"), "record",
+                            "-p", str(pids["frontend"]), "-d", str(int(args.py_spy_seconds)),
+                            *args.py_spy_flags, "-r", "100", "--threads", "--format", "speedscope",
+                            "-o", str(args.py_spy / f"{workload}.json"),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                    )  # fmt: skip
+                before = {name: cpu_s(pid) for name, pid in pids.items()}
+                threads_before = thread_cpu_s(pids["frontend"])
+                outcome, elapsed = uvloop.run(
+                    run_workload(deployment.base_url, bodies[workload], concurrency, duration)
+                )
+                cpu = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+                threads = thread_cpu_s(pids["frontend"])
+                threads = {t: v - threads_before.get(t, 0.0) for t, v in threads.items()}
+                if spy is not None:
+                    spy.wait(timeout=args.py_spy_seconds + 60)
+                n = max(outcome.total, 1)
+                failed_any |= bool(outcome.failed)
+                rows.append(
+                    (
+                        workload,
+                        concurrency,
+                        outcome.total,
+                        ", ".join(f"{k}: {v}" for k, v in outcome.failed.items()) or "0",
+                        outcome.total / elapsed,
+                        cpu["frontend"] / n * 1e3,
+                        sum(cpu.values()) / n * 1e3,
+                        "; ".join(f"{k} {v / n * 1e3:.2f}" for k, v in cpu.items()),
+                        percentile(outcome.ttft, 0.5) * 1e3,
+                        percentile(outcome.ttft, 0.99) * 1e3,
+                        max(outcome.loop_lag, default=0.0) * 1e3,
+                    )
+                )
+                print(f"{workload}: {outcome.total} requests in {elapsed:.1f} s", flush=True)
+                busiest = sorted(threads.items(), key=lambda item: -item[1])[:12]
+                print(
+                    "  frontend threads, CPU ms/request: "
+                    + "; ".join(f"{t} {v / n * 1e3:.2f}" for t, v in busiest if v > 0),
+                    flush=True,
+                )
+        finally:
+            deployment.stop()
+            file_server.shutdown()
+    print(
+        f"pattern {args.pattern}, engine mock with zero compute, "
+        f"prompts of about {args.prompt_tokens} tokens"
+    )
+    print(
+        "| workload | c | requests | failed | req/s | frontend CPU/req | all servers CPU/req "
+        "| per process (ms/req) | TTFT p50 | TTFT p99 | client loop lag max |"
+    )
+    print("| --- " * 11 + "|")
+    for w, c, total, failed, rate, fe, allp, per, p50, p99, lag in rows:
+        print(
+            f"| {w} | {c} | {total} | {failed} | {rate:.0f} | {fe:.2f} ms | {allp:.2f} ms "
+            f"| {per} | {p50:.0f} ms | {p99:.0f} ms | {lag:.0f} ms |"
+        )
+    return 1 if failed_any else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
