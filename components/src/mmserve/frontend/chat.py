@@ -17,6 +17,7 @@ from mmserve import media
 from mmserve._mm import MediaError
 from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.errors import ApiError
+from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache
 from mmserve.media import MediaPolicy
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
@@ -71,6 +72,8 @@ class ChatOptions:
     # Prompt and completion together; None: the model's max_position_embeddings (no limit if
     # the checkpoint names none).
     context_length: int | None = None
+    # Budget of the cache of rendered prompts' token ids; 0 turns it off.
+    token_cache_bytes: int = DEFAULT_TOKEN_CACHE_MIB << 20
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class ChatPreprocessor:
         self.model = model
         self.options = options
         self._tensor_sink = tensor_sink
+        self._token_cache = (
+            TokenCache(options.token_cache_bytes) if options.token_cache_bytes > 0 else None
+        )
 
     async def preprocess(
         self, request: ChatCompletionRequest, request_id: str, deadline: float
@@ -195,7 +201,12 @@ class ChatPreprocessor:
             raise ApiError(
                 "chat_template", f"the model's chat template rejected the messages: {err}"
             ) from err
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        if self._token_cache is None:
+            return self._encode(text)
+        return self._token_cache.tokens(text, self._encode)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.model.tokenizer.encode(text, add_special_tokens=False))
 
     async def _plan(self, token_ids: list[int], images: list[_ImageRef]) -> media.PlannedRequest:
         """The request plan, from one run of the Rust driver: it fetches each image once and

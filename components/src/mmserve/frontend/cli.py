@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.media.policy import MediaPolicy
 from mmserve.router.settings import RouterSettings
 from mmserve.transfer.options import add_transfer_arguments
@@ -93,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="completion length when the request gives no max_tokens (default: 1024)",
     )
     parser.add_argument(
+        "--token-cache-mib",
+        type=_non_negative_int,
+        default=DEFAULT_TOKEN_CACHE_MIB,
+        metavar="MIB",
+        help="memory for the token ids of rendered prompts already seen, so a prompt sent "
+        f"again skips the tokenizer; 0 turns it off (default: {DEFAULT_TOKEN_CACHE_MIB})",
+    )
+    parser.add_argument(
         "--context-length",
         type=int,
         default=None,
@@ -143,6 +152,7 @@ def build_app(
         context_length=args.context_length,
         request_timeout_s=args.request_timeout,
         frontend_decoding=args.frontend_decoding,
+        token_cache_bytes=args.token_cache_mib << 20,
     )
     return FrontendApp(
         ChatPreprocessor(model, options, tensor_sink),
@@ -206,6 +216,13 @@ async def serve(
         await server.serve()
         if not server.started:
             raise RuntimeError(f"cannot listen on {args.http_host}:{args.http_port}")
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def _handle(args: argparse.Namespace) -> int:
