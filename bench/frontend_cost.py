@@ -51,7 +51,7 @@ import numpy as np
 import uvloop
 from PIL import Image
 
-from bench.load import POOL_CONNECTIONS, cpu_s, percentile, watch_loop_lag
+from bench.load import POOL_CONNECTIONS, cpu_s, percentile, read_stream, watch_loop_lag
 from mmserve.frontend.cli import raise_open_file_limit
 from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
@@ -185,30 +185,15 @@ async def one_request(client: httpx.AsyncClient, body: dict, outcome: Outcome) -
                 await response.aread()
                 outcome.failed[f"status {response.status_code}"] += 1
                 return
-            finishes = errors = done = 0
-            first = None
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
-                    done += 1
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    errors += 1
-                    continue
-                for choice in event.get("choices", ()):
-                    if first is None:
-                        first = time.perf_counter() - started
-                    finishes += choice.get("finish_reason") is not None
+            end = await read_stream(response, started)
     except httpx.HTTPError as err:
         outcome.failed[f"transport {type(err).__name__}"] += 1
         return
-    if done == 1 and finishes == 1 and errors == 0:
+    if end.complete:
         outcome.complete += 1
-        if first is not None:
-            outcome.ttft.append(first)
-    elif errors:
+        if end.first_s is not None:
+            outcome.ttft.append(end.first_s)
+    elif end.errors:
         outcome.failed["error event"] += 1
     else:
         outcome.failed["incomplete stream"] += 1

@@ -129,37 +129,61 @@ async def one_request(
                 await response.aread()
                 tally.errors[f"{response.status_code} {response.json()['error']['code']}"] += 1
                 return
-            finishes = errors = done = 0
-            first = None
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
-                    done += 1
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    errors += 1
-                    code = event["error"]["code"]
-                    continue
-                for choice in event["choices"]:
-                    if choice["delta"].get("content") and first is None:
-                        first = time.perf_counter() - started
-                    finishes += choice["finish_reason"] is not None
+            end = await read_stream(response, started)
     except httpx.HTTPError as err:
         where = "before the response" if response is None else "mid-response"
         tally.errors[f"transport {type(err).__name__} {where}"] += 1
         return
-    if done == 1 and finishes == 1 and errors == 0:
+    if end.complete:
         tally.complete += 1
-        if first is not None:
-            tally.ttft.append(first)
-    elif done == 1 and errors == 1 and finishes == 0:
-        tally.errors[f"200 then {code}"] += 1
-    elif done == 0 and finishes == 0 and errors == 0:
+        if end.first_s is not None:
+            tally.ttft.append(end.first_s)
+    elif end.done == 1 and end.errors == 1 and end.finishes == 0:
+        tally.errors[f"200 then {end.error_code}"] += 1
+    elif end.done == 0 and end.finishes == 0 and end.errors == 0:
         tally.lost += 1
     else:
         tally.duplicated += 1
+
+
+@dataclass
+class StreamEnd:
+    """What one streamed chat response held: finish reasons, error events, `[DONE]` lines,
+    and the seconds to its first token."""
+
+    finishes: int = 0
+    errors: int = 0
+    done: int = 0
+    first_s: float | None = None
+    error_code: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Exactly one answer: one finish reason, then `[DONE]`, no error."""
+        return self.done == 1 and self.finishes == 1 and self.errors == 0
+
+
+async def read_stream(response: httpx.Response, started: float) -> StreamEnd:
+    """Reads a 200 SSE response to its end; the first token is the first choice that carries
+    content or a finish reason, timed from `started` (`time.perf_counter()`)."""
+    end = StreamEnd()
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            end.done += 1
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            end.errors += 1
+            end.error_code = event["error"]["code"]
+            continue
+        for choice in event.get("choices", ()):
+            finished = choice.get("finish_reason") is not None
+            if end.first_s is None and (choice["delta"].get("content") or finished):
+                end.first_s = time.perf_counter() - started
+            end.finishes += finished
+    return end
 
 
 async def watch_loop_lag(samples: list[float], interval_s: float = 0.1) -> None:
