@@ -48,11 +48,12 @@ def follow_launcher() -> None:
     if not value or not value.isdigit():
         return
     set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != int(value) and not _alive(int(value)):
+    if os.getppid() != int(value) and not process_exists(int(value)):
         raise SystemExit(f"mmserve: the launcher (pid {value}) is gone; not starting")
 
 
-def _alive(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -37,6 +37,7 @@ from mmserve.protocol import (
     decode,
     encode,
 )
+from mmserve.runtime.lifetime import process_exists
 
 from .base import (
     Landing,
@@ -71,20 +72,10 @@ def remove_stale_files(directory: str) -> None:
         if not name.startswith(FILE_PREFIX):
             continue
         pid_text = name[len(FILE_PREFIX) :].split("-", 1)[0]
-        if not pid_text.isdigit() or _process_exists(int(pid_text)):
+        if not pid_text.isdigit() or process_exists(int(pid_text)):
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(directory, name))
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ShmTransferAgent(TransferAgent):
