@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -125,37 +126,76 @@ def test_idle_connections_outlive_the_client_pool_expiry(
     assert server_config(args, frontend.app).timeout_keep_alive == 2.5
 
 
-def test_the_server_refuses_an_oversized_request_head_before_the_app(
-    frontend: RunningFrontend, tiny_model_path: Path
-) -> None:
-    """The frontend's HTTP parser bounds a request's head (h11: 16 KiB), so a client cannot
-    grow the server's memory with headers."""
+@contextlib.contextmanager
+def _served(app: object, tiny_model_path: Path) -> Iterator[int]:
+    """The frontend's own uvicorn settings in a thread; yields the port."""
     import threading
 
     import uvicorn
     import uvloop
 
-    server = uvicorn.Server(server_config(parse_frontend_args(tiny_model_path), frontend.app))
+    server = uvicorn.Server(server_config(parse_frontend_args(tiny_model_path), app))
     thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
     thread.start()
     try:
         while not server.started:
             assert thread.is_alive(), "uvicorn did not start"
             threading.Event().wait(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        head = f"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: {'a' * (1 << 20)}\r\n\r\n"
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-            with contextlib.suppress(ConnectionError):
-                conn.sendall(head.encode())
-            answer = b""
-            with contextlib.suppress(ConnectionError):
-                while chunk := conn.recv(65536):
-                    answer += chunk
-        # Refused (4xx) or the connection dropped; the app would have answered 200.
-        assert not answer or answer.split(b" ", 2)[1].startswith(b"4"), answer[:200]
+        yield server.servers[0].sockets[0].getsockname()[1]
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def _exchange(port: int, pieces: list[bytes]) -> bytes:
+    """Sends `pieces` one write each and reads until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        with contextlib.suppress(ConnectionError):
+            for piece in pieces:
+                conn.sendall(piece)
+            conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := conn.recv(65536):
+                answer += chunk
+    return answer
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer else 0
+
+
+@pytest.mark.parametrize("pieces", [1, 400], ids=["one-write", "many-small-writes"])
+def test_the_server_refuses_an_oversized_request_head_before_the_app(
+    frontend: RunningFrontend, tiny_model_path: Path, pieces: int
+) -> None:
+    """The frontend's HTTP parser bounds a request's head (16 KiB), so a client cannot grow the
+    server's memory with headers, whether it sends them at once or a few bytes at a time."""
+    headers = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 40) for i in range(2000))
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+    step = -(-len(head) // pieces)
+    with _served(frontend.app, tiny_model_path) as port:
+        answer = _exchange(port, [head[i : i + step] for i in range(0, len(head), step)])
+    # Refused with 431 (or the connection dropped mid-send); the app would have answered 200.
+    assert not answer or _status(answer) == 431, answer[:200]
+
+
+def test_a_head_under_the_bound_and_a_body_over_it_are_served(
+    frontend: RunningFrontend, tiny_model_path: Path
+) -> None:
+    """Only the head counts: 12 KiB of headers, then a 1 MiB body sent in the head's write."""
+    headers = b"X-Pad: " + b"a" * (12 * 1024) + b"\r\n"
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"Connection: close\r\n\r\n"
+    body = json.dumps({"model": "m", "messages": [], "padding": "b" * (1 << 20)}).encode()
+    post = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+    )
+    with _served(frontend.app, tiny_model_path) as port:
+        assert _status(_exchange(port, [health])) == 200
+        # The app answered (a 4xx of its own for the empty messages), not the parser's 431.
+        answer = _exchange(port, [post])
+    assert _status(answer) == 400 and b'"error"' in answer, answer[:300]
 
 
 def test_cli_exits_with_a_one_line_reason_when_the_model_is_missing(

@@ -66,6 +66,7 @@ _request_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 class HttpOptions:
     api_key: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
+    log_requests: bool = False  # a line for every request, not only for failed ones
 
 
 class _ClientGone(Exception):
@@ -242,13 +243,14 @@ class FrontendApp:
             await exchange.error(ApiError("internal", "internal error; see the server log"))
         finally:
             metrics.ACTIVE.labels(COMPONENT).dec()
-            log.info(
-                "%s status=%s outcome=%s %.1f ms",
-                request_id,
-                exchange.status or "-",
-                outcome,
-                (time.perf_counter() - arrival) * 1e3,
-            )
+            if outcome != "ok" or self.http.log_requests:
+                log.info(
+                    "%s status=%s outcome=%s %.1f ms",
+                    request_id,
+                    exchange.status or "-",
+                    outcome,
+                    (time.perf_counter() - arrival) * 1e3,
+                )
 
     async def _complete(
         self,

@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none when unset)",
     )
     parser.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="log one line for every request (id, status, outcome, time); without it only "
+        "requests that failed are logged",
+    )
+    parser.add_argument(
         "--request-timeout",
         type=float,
         default=300.0,
@@ -157,7 +163,11 @@ def build_app(
     return FrontendApp(
         ChatPreprocessor(model, options, tensor_sink),
         dispatcher,
-        HttpOptions(api_key=args.api_key, max_body_bytes=args.max_request_body_bytes),
+        HttpOptions(
+            api_key=args.api_key,
+            max_body_bytes=args.max_request_body_bytes,
+            log_requests=args.enable_log_requests,
+        ),
     )
 
 
@@ -172,14 +182,14 @@ def server_config(args: argparse.Namespace, app: FrontendApp) -> uvicorn.Config:
     """The HTTP server's settings for parsed arguments."""
     import uvicorn
 
+    from mmserve.frontend.http_protocol import BoundedHttpToolsProtocol
+
     return uvicorn.Config(
         app,
         host=args.http_host,
         port=args.http_port,
         lifespan="off",
-        # h11 even where httptools is installed (uvicorn's "auto" would take it): h11 refuses a
-        # request line plus headers over 16 KiB, httptools buffers a head of any size.
-        http="h11",
+        http=BoundedHttpToolsProtocol,
         access_log=False,
         log_level="info",
         timeout_graceful_shutdown=5,
