@@ -5,8 +5,9 @@ place in the expanded prompt and grid, and the positions)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,14 @@ from mmserve.protocol import (
 )
 
 
+# Request ids: a random prefix drawn once per process, then a counter (32 hex digits, as a
+# uuid4's): unique across frontends without a system call per request.
+_ID_PREFIX = secrets.token_hex(8)
+_ID_COUNTER = itertools.count()
+
+
 def new_request_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+    return f"chatcmpl-{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 @dataclass(frozen=True)
