@@ -268,7 +268,12 @@ class Client:
                     close_reason = protocol.ERROR_DEADLINE_EXCEEDED
                     raise DeadlineExceeded(None, f"deadline of request {request_id} passed")
                 try:
-                    item = await asyncio.wait_for(call.frames.get(), min(left, idle))
+                    # A frame already queued needs no timer (wait_for wraps the wait in a task).
+                    item = (
+                        call.frames.get_nowait()
+                        if not call.frames.empty()
+                        else await asyncio.wait_for(call.frames.get(), min(left, idle))
+                    )
                 except asyncio.TimeoutError:
                     if time.time() >= deadline:
                         continue
