@@ -10,20 +10,28 @@ header, then the data. The header carries completion instead of NIXL notificatio
 READ mode: the producer posts, the consumer copies out, checks the buffer still holds its
 sequence (a lease that expired mid-read is detected, not silently mixed) and acknowledges.
 WRITE mode: the consumer posts a landing buffer, the producer copies in and acknowledges.
-The acknowledgement is stored after the data, and x86 keeps stores in order.
+The acknowledgement is stored after the data, and x86 keeps stores in order. The peer then
+sends one datagram to the owner's socket beside its buffers (`<prefix>ack`): the owner's event
+loop reads it and checks its posted buffers, so nothing polls while transfers are pending (a
+datagram carries no data; one dropped because the socket's queue is full is covered by those
+still queued). Where that socket cannot be bound, the owner polls the headers from the progress
+thread instead.
 
 Files of processes that died are removed when the next agent starts on the host.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools
+import logging
 import os
 import secrets
+import socket
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -52,10 +60,13 @@ from .base import (
 from .defaults import DEFAULT_INLINE_THRESHOLD, DEFAULT_LEASE_TIMEOUT_S, DEFAULT_POOL_BYTES
 from .pool import BufferPool, PooledBuffer
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_SHM_DIRECTORY = "/dev/shm"
 FILE_PREFIX = "mmserve-xfer-"
 HEADER_BYTES = 64
 POSTED, ACKNOWLEDGED = 0, 1
+ACK_SUFFIX = "ack"  # the owner's socket: its buffers' prefix, then this
 # Peer files kept mapped; pooled buffers are long-lived, so this is a cache of mappings.
 MAX_ATTACHED_FILES = 256
 
@@ -100,6 +111,10 @@ class ShmTransferAgent(TransferAgent):
         # thread removes an entry when it reports it.
         self._watched: dict[str, tuple[torch.Tensor, int]] = {}
         self._attached: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._acks: _AckSocket | None = None  # bound when the first transfer is posted
+        self._acks_tried = False
+        self._notifier = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notifier.setblocking(False)
 
     def stats(self) -> TransferPoolStats:
         return TransferPoolStats(
@@ -163,10 +178,10 @@ class ShmTransferAgent(TransferAgent):
         try:
             yield data[:nbytes]
         except BaseException:
-            header[ACKNOWLEDGED] = -remote.sequence
+            self._acknowledge(remote, header, -remote.sequence)
             raise
         self._check_posted(remote, header)
-        header[ACKNOWLEDGED] = remote.sequence
+        self._acknowledge(remote, header, remote.sequence)
 
     async def _write_buffer(
         self, tensor: torch.Tensor, destination: TensorHandle, nbytes: int
@@ -176,9 +191,18 @@ class ShmTransferAgent(TransferAgent):
             await copy_tensor(typed_view(data, tensor.shape, tensor.dtype), tensor)
             self._check_posted(remote, header)
         except BaseException:
-            header[ACKNOWLEDGED] = -remote.sequence
+            self._acknowledge(remote, header, -remote.sequence)
             raise
-        header[ACKNOWLEDGED] = remote.sequence
+        self._acknowledge(remote, header, remote.sequence)
+
+    def _acknowledge(self, remote: ShmBufferDescriptor, header: torch.Tensor, value: int) -> None:
+        """Store the acknowledgement, then wake the owner (its socket is named after its
+        buffers' common prefix). An owner that is gone, or whose queue is full (it has wake-ups
+        to read already), needs no datagram."""
+        header[ACKNOWLEDGED] = value
+        owner = remote.name.rpartition("-")[0] + "-" + ACK_SUFFIX
+        with contextlib.suppress(OSError):
+            self._notifier.sendto(b"", os.path.join(self._directory, owner))
 
     def _attach(
         self, handle: TensorHandle, nbytes: int
@@ -221,7 +245,22 @@ class ShmTransferAgent(TransferAgent):
                 f"{remote.sequence} (its reservation timed out or was closed)"
             )
 
-    # -- progress thread -------------------------------------------------------------------
+    # -- completions -----------------------------------------------------------------------
+
+    def _wake_progress(self) -> None:
+        if not self._acks_tried:
+            self._acks_tried = True
+            path = os.path.join(self._directory, f"{self._file_prefix}{ACK_SUFFIX}")
+            self._acks = _AckSocket.bind(path, self._on_acks)
+        if self._acks is None:
+            super()._wake_progress()
+
+    def _on_acks(self) -> None:
+        """On the event loop, when the socket has datagrams: read them all, then complete what
+        the headers say finished."""
+        if self._acks is not None:
+            self._acks.drain()
+        self._deliver(self._poll_completions())
 
     def _has_pending(self) -> bool:
         return bool(self._watched)
@@ -260,6 +299,47 @@ class ShmTransferAgent(TransferAgent):
             os.unlink(buffer.backend_state.path)
 
     def _close_buffers(self) -> None:
+        if self._acks is not None:
+            self._acks.close()
+            self._acks = None
+        self._notifier.close()
         self._watched.clear()
         self._attached.clear()
         self._pool.close()
+
+
+class _AckSocket:
+    """The owner's datagram socket that peers wake it through, read by its event loop."""
+
+    def __init__(self, sock: socket.socket, path: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._sock = sock
+        self._path = path
+        self._loop = loop
+
+    @classmethod
+    def bind(cls, path: str, on_readable: Callable[[], None]) -> _AckSocket | None:
+        """Bound at `path` and watched by the running loop; None where a Unix socket cannot be
+        bound there (a path past the 107-byte limit, a file system without sockets)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            sock.close()
+            logger.info("no acknowledgement socket at %s (%s): polling instead", path, exc)
+            return None
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(sock.fileno(), on_readable)
+        return cls(sock, path, loop)
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self._sock.recv(1)
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path)
