@@ -18,7 +18,7 @@ from mmserve import media
 from mmserve._mm import MediaError
 from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.errors import ApiError
-from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache
+from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
 from mmserve.media import MediaPolicy
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
@@ -31,7 +31,6 @@ from mmserve.protocol import (
     StopConditions,
     TextPart,
 )
-
 
 # Request ids: a random prefix drawn once per process, then a counter (32 hex digits, as a
 # uuid4's): unique across frontends without a system call per request.
@@ -99,7 +98,9 @@ class ChatPreprocessor:
         self.options = options
         self._tensor_sink = tensor_sink
         self._token_cache = (
-            TokenCache(options.token_cache_bytes) if options.token_cache_bytes > 0 else None
+            TokenCache(options.token_cache_bytes, message_boundary(model.tokenizer))
+            if options.token_cache_bytes > 0
+            else None
         )
 
     async def preprocess(
