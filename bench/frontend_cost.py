@@ -6,6 +6,9 @@ Workloads, each bounded by `--max-requests` (or `--image-requests`) and `--durat
 - `text`: N unique prompts of about `--prompt-tokens` tokens, 1 output token (`max_tokens` 1,
   `ignore_eos`), `--concurrency` streams;
 - `text-repeat`: the same prompts sent a second time, in the same order;
+- `chat-turns`: conversations of 4 turns, N/4 of them, each opening with one such prompt, then
+  three short follow-up questions, every turn resending the whole history with a short answer
+  per turn (as a chat client does); all first turns, then all second turns, and so on;
 - `image-512-data`, `image-512-http`: one 512x512 JPEG per request, as a data URL and as an
   http URL on a loopback file server, `--image-concurrency` streams;
 - `image-1280x960-data`, `image-1280x960-http`: the same with a 1280x960 JPEG.
@@ -14,7 +17,9 @@ Every image is distinct (one per request). A request fails when its status is no
 stream does not end in one finish reason then `[DONE]`. TTFT is taken at the first event that
 carries a choice (a 1-token completion may have empty content). Prints, per workload, the
 requests, failures, TTFT p50/p99, and the CPU time per request of the frontend and of all
-server processes (frontend, workers, nats-server), as markdown.
+server processes (frontend, workers, nats-server), as markdown. `--dynamo-python PYTHON` also
+runs every workload against Dynamo's frontend and mocker (`bench.router.DynamoDeployment`: file
+discovery, one mocker worker with zero simulated time) under that interpreter, one row each.
 
     .venv/bin/python -m bench.frontend_cost
     .venv/bin/python -m bench.frontend_cost --workloads text,image-1280x960-data \\
@@ -43,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +58,7 @@ import uvloop
 from PIL import Image
 
 from bench.load import POOL_CONNECTIONS, cpu_s, percentile, read_stream, watch_loop_lag
+from bench.router import DynamoDeployment, MockCosts, dynamo_unavailable
 from mmserve.frontend.cli import raise_open_file_limit
 from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
@@ -64,10 +71,12 @@ ZERO_COMPUTE = [
     "--mock-decode-ms-per-token", "0",
     "--mock-encode-us-per-token", "0",
 ]  # fmt: skip
+CHAT_TURNS = 4  # per conversation of the chat-turns workload
 IMAGE_SIZES = {"512": (512, 512), "1280x960": (1280, 960)}
 WORKLOADS = [
     "text",
     "text-repeat",
+    "chat-turns",
     "image-512-data",
     "image-512-http",
     "image-1280x960-data",
@@ -149,14 +158,32 @@ def make_jpegs(size: tuple[int, int], count: int) -> list[bytes]:
     return images
 
 
-def text_body(model: str, prompt: str) -> dict:
+def text_body(model: str, prompt: str | list[dict]) -> dict:
+    """A streamed 1-token request of one user message, or of a whole conversation."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     return {
         "model": model,
         "stream": True,
         "max_tokens": 1,
         "ignore_eos": True,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": messages,
     }
+
+
+def conversations(prompts: list[str], turns: int, follow_up: list[str]) -> list[list[dict]]:
+    """Each of `len(prompts) // turns` conversations opens with one of `prompts`, then asks
+    `turns - 1` short follow-ups, resending its history (with a short answer per turn) each
+    time, as a chat client does. Ordered turn by turn: every first turn, then every second."""
+    sessions = prompts[: max(1, len(prompts) // turns)]
+    out: list[list[dict]] = []
+    for turn in range(turns):
+        for opening in sessions:
+            history: list[dict] = [{"role": "user", "content": opening}]
+            for k in range(turn):
+                history.append({"role": "assistant", "content": f"Answer {k}: {follow_up[k]}"})
+                history.append({"role": "user", "content": f"Question {k + 1}: {follow_up[k]}?"})
+            out.append(history)
+    return out
 
 
 def image_body(model: str, url: str) -> dict:
@@ -341,6 +368,85 @@ def micro(model_path: Path, count: int, tokens: int) -> None:
     uvloop.run(hops())
 
 
+def measure(
+    server: str,
+    deployment: Deployment,
+    nats_pid: int | None,
+    bodies: dict[str, list[dict]],
+    warm_bodies: list[dict],
+    workloads: list[str],
+    args: argparse.Namespace,
+) -> tuple[list[tuple], bool]:
+    """Starts `deployment`, warms it up, runs each workload against it and stops it; one table
+    row per workload, and whether a request failed."""
+    rows = []
+    failed_any = False
+    duration = min(args.duration, MAX_DURATION_S)
+    try:
+        deployment.start().wait_ready()
+        warm, _ = uvloop.run(run_workload(deployment.base_url, warm_bodies, 16, 60.0))
+        print(f"{server} warm-up: {warm.complete}/{warm.total} complete")
+        # The server's processes: each component and the nats-server (which Dynamo's file
+        # discovery does not use).
+        pids = {name: p.pid for name, p in deployment.processes.items()}
+        if nats_pid is not None and server == "mmserve":
+            pids["nats-server"] = nats_pid
+        for workload in workloads:
+            concurrency = (
+                args.concurrency if workload.startswith("text") else args.image_concurrency
+            )
+            spy = None
+            if args.py_spy is not None:
+                args.py_spy.mkdir(parents=True, exist_ok=True)
+                spy = subprocess.Popen(
+                    [
+                        str(Path(sys.executable).parent / "py-spy"), "record",
+                        "-p", str(pids["frontend"]), "-d", str(int(args.py_spy_seconds)),
+                        *args.py_spy_flags, "-r", "100", "--threads", "--format", "speedscope",
+                        "-o", str(args.py_spy / f"{server}-{workload}.json"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                )  # fmt: skip
+            before = {name: cpu_s(pid) for name, pid in pids.items()}
+            threads_before = thread_cpu_s(pids["frontend"])
+            outcome, elapsed = uvloop.run(
+                run_workload(deployment.base_url, bodies[workload], concurrency, duration)
+            )
+            cpu = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+            threads = thread_cpu_s(pids["frontend"])
+            threads = {t: v - threads_before.get(t, 0.0) for t, v in threads.items()}
+            if spy is not None:
+                spy.wait(timeout=args.py_spy_seconds + 60)
+            n = max(outcome.total, 1)
+            failed_any |= bool(outcome.failed)
+            rows.append(
+                (
+                    server,
+                    workload,
+                    concurrency,
+                    outcome.total,
+                    ", ".join(f"{k}: {v}" for k, v in outcome.failed.items()) or "0",
+                    outcome.total / elapsed,
+                    cpu["frontend"] / n * 1e3,
+                    sum(cpu.values()) / n * 1e3,
+                    "; ".join(f"{k} {v / n * 1e3:.2f}" for k, v in cpu.items()),
+                    percentile(outcome.ttft, 0.5) * 1e3,
+                    percentile(outcome.ttft, 0.99) * 1e3,
+                    max(outcome.loop_lag, default=0.0) * 1e3,
+                )
+            )
+            print(f"{server} {workload}: {outcome.total} requests in {elapsed:.1f} s", flush=True)
+            busiest = sorted(threads.items(), key=lambda item: -item[1])[:12]
+            print(
+                "  frontend threads, CPU ms/request: "
+                + "; ".join(f"{t} {v / n * 1e3:.2f}" for t, v in busiest if v > 0),
+                flush=True,
+            )
+    finally:
+        deployment.stop()
+    return rows, failed_any
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pattern", choices=sorted(PATTERNS), default="agg")
@@ -366,6 +472,12 @@ def main() -> int:
     parser.add_argument(
         "--micro", action="store_true", help="time the text path's pieces in-process, exit"
     )
+    parser.add_argument(
+        "--dynamo-python",
+        default=None,
+        metavar="PYTHON",
+        help="also run the workloads against Dynamo's frontend and mocker under this interpreter",
+    )
     parser.add_argument("--thread", default="", help="with --summarize: only these threads")
     args = parser.parse_args()
     if args.micro:
@@ -378,13 +490,17 @@ def main() -> int:
     unknown = set(workloads) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads {sorted(unknown)}; known: {WORKLOADS}")
-    duration = min(args.duration, MAX_DURATION_S)
+    dynamo_python = args.dynamo_python
+    if dynamo_python and (reason := dynamo_unavailable(dynamo_python)):
+        print(f"Dynamo skipped: {dynamo_python} cannot import its frontend and mocker ({reason})")
+        dynamo_python = None
 
     raise_open_file_limit()
     model_path = build_tiny_model("qwen2_vl")
     model = model_path.name
-    prompts = make_prompts(model_path / "tokenizer.json", args.max_requests, args.prompt_tokens)
-    warm_prompts = make_prompts(model_path / "tokenizer.json", args.warmup, args.prompt_tokens)
+    tokenizer = model_path / "tokenizer.json"
+    prompts = make_prompts(tokenizer, args.max_requests, args.prompt_tokens)
+    warm_prompts = make_prompts(tokenizer, args.warmup, args.prompt_tokens)
     warm_prompts = [f"Warm-up {p}" for p in warm_prompts]
     rows = []
     failed_any = False
@@ -396,6 +512,12 @@ def main() -> int:
         bodies: dict[str, list[dict]] = {
             "text": [text_body(model, p) for p in prompts],
             "text-repeat": [text_body(model, p) for p in prompts],
+            "chat-turns": [
+                text_body(model, c)
+                for c in conversations(
+                    [f"Chat {p}" for p in prompts], CHAT_TURNS, make_prompts(tokenizer, 8, 100)
+                )
+            ],
         }
         for label, size in IMAGE_SIZES.items():
             if not any(w.startswith(f"image-{label}-") for w in workloads):
@@ -421,87 +543,48 @@ def main() -> int:
         ]
         log_dir = args.log_dir or tmp_path
         log_dir.mkdir(parents=True, exist_ok=True)
-        deployment = Deployment(
-            args.pattern,
-            model_path,
-            nats.url,
-            log_dir,
-            worker_flags=["--engine", "mock", *ZERO_COMPUTE],
-        )
+        servers: dict[str, Callable[[], Deployment]] = {
+            "mmserve": lambda: Deployment(
+                args.pattern,
+                model_path,
+                nats.url,
+                log_dir,
+                worker_flags=["--engine", "mock", *ZERO_COMPUTE],
+            )
+        }
+        if dynamo_python:
+            servers["dynamo"] = lambda: DynamoDeployment(
+                "dynamo",
+                model_path,
+                nats.url,
+                log_dir,
+                python=dynamo_python,
+                mode="round-robin",
+                num_workers=1,
+                costs=MockCosts(prefill_us_per_token=0.0, decode_ms_per_token=0.0),
+            )
         try:
-            deployment.start().wait_ready()
-            warm, _ = uvloop.run(run_workload(deployment.base_url, warm_bodies, 16, 60.0))
-            print(f"warm-up: {warm.complete}/{warm.total} complete")
-            # The server's processes: each component and the nats-server.
-            pids = {name: p.pid for name, p in deployment.processes.items()}
-            if nats.pid is not None:
-                pids["nats-server"] = nats.pid
-            for workload in workloads:
-                concurrency = (
-                    args.concurrency if workload.startswith("text") else args.image_concurrency
+            for server, make in servers.items():
+                server_rows, failed = measure(
+                    server, make(), nats.pid, bodies, warm_bodies, workloads, args
                 )
-                spy = None
-                if args.py_spy is not None:
-                    args.py_spy.mkdir(parents=True, exist_ok=True)
-                    spy = subprocess.Popen(
-                        [
-                            str(Path(sys.executable).parent / "py-spy"), "record",
-                            "-p", str(pids["frontend"]), "-d", str(int(args.py_spy_seconds)),
-                            *args.py_spy_flags, "-r", "100", "--threads", "--format", "speedscope",
-                            "-o", str(args.py_spy / f"{workload}.json"),
-                        ],
-                        stdout=subprocess.DEVNULL,
-                    )  # fmt: skip
-                before = {name: cpu_s(pid) for name, pid in pids.items()}
-                threads_before = thread_cpu_s(pids["frontend"])
-                outcome, elapsed = uvloop.run(
-                    run_workload(deployment.base_url, bodies[workload], concurrency, duration)
-                )
-                cpu = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
-                threads = thread_cpu_s(pids["frontend"])
-                threads = {t: v - threads_before.get(t, 0.0) for t, v in threads.items()}
-                if spy is not None:
-                    spy.wait(timeout=args.py_spy_seconds + 60)
-                n = max(outcome.total, 1)
-                failed_any |= bool(outcome.failed)
-                rows.append(
-                    (
-                        workload,
-                        concurrency,
-                        outcome.total,
-                        ", ".join(f"{k}: {v}" for k, v in outcome.failed.items()) or "0",
-                        outcome.total / elapsed,
-                        cpu["frontend"] / n * 1e3,
-                        sum(cpu.values()) / n * 1e3,
-                        "; ".join(f"{k} {v / n * 1e3:.2f}" for k, v in cpu.items()),
-                        percentile(outcome.ttft, 0.5) * 1e3,
-                        percentile(outcome.ttft, 0.99) * 1e3,
-                        max(outcome.loop_lag, default=0.0) * 1e3,
-                    )
-                )
-                print(f"{workload}: {outcome.total} requests in {elapsed:.1f} s", flush=True)
-                busiest = sorted(threads.items(), key=lambda item: -item[1])[:12]
-                print(
-                    "  frontend threads, CPU ms/request: "
-                    + "; ".join(f"{t} {v / n * 1e3:.2f}" for t, v in busiest if v > 0),
-                    flush=True,
-                )
+                rows.extend(server_rows)
+                failed_any |= failed
         finally:
-            deployment.stop()
             file_server.shutdown()
     print(
         f"pattern {args.pattern}, engine mock with zero compute, "
         f"prompts of about {args.prompt_tokens} tokens"
     )
     print(
-        "| workload | c | requests | failed | req/s | frontend CPU/req | all servers CPU/req "
-        "| per process (ms/req) | TTFT p50 | TTFT p99 | client loop lag max |"
+        "| server | workload | c | requests | failed | req/s | frontend CPU/req "
+        "| all servers CPU/req | per process (ms/req) | TTFT p50 | TTFT p99 | client loop lag max |"
     )
-    print("| --- " * 11 + "|")
-    for w, c, total, failed, rate, fe, allp, per, p50, p99, lag in rows:
+    print("| --- " * 12 + "|")
+    for server, w, c, total, failed, rate, fe, allp, per, p50, p99, lag in rows:
         print(
-            f"| {w} | {c} | {total} | {failed} | {rate:.0f} | {fe:.2f} ms | {allp:.2f} ms "
-            f"| {per} | {p50:.0f} ms | {p99:.0f} ms | {lag:.0f} ms |"
+            f"| {server} | {w} | {c} | {total} | {failed} | {rate:.0f} | {fe:.2f} ms "
+            f"| {allp:.2f} ms | {per} | {p50:.0f} ms | {p99:.0f} ms | {lag:.0f} ms |"
         )
     return 1 if failed_any else 0
 

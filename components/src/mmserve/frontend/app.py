@@ -373,26 +373,33 @@ class _Generation:
         )
 
     async def stream(self, exchange: _Exchange) -> None:
+        """One write per chunk from the worker: the events it makes, the role's with the first,
+        the closing ones with the last (a 1-token completion is one write after the head)."""
         texts = self._texts()
         async with contextlib.aclosing(texts):
             # Wait for the first chunk before committing to a 200.
-            first = await anext(texts)
+            text, finish = await anext(texts)
             await exchange.start(200, _SSE)
-            await exchange.body(self._event(ChoiceDelta(role="assistant", content="")), True)
-            await self._send_text(exchange, *first)
-            async for text, finish in texts:
-                await self._send_text(exchange, text, finish)
+            events = [self._event(ChoiceDelta(role="assistant", content=""))]
+            while True:
+                events += self._text_events(text, finish)
+                if finish is not None:
+                    break
+                await exchange.body(b"".join(events), True)
+                events = []
+                text, finish = await anext(texts)
         options = self._request.stream_options
         if options is not None and options.include_usage:
             usage_chunk = self._chunk([], self.usage())
-            await exchange.body(b"data: " + _encoder.encode(usage_chunk) + b"\n\n", True)
-        await exchange.body(b"data: [DONE]\n\n")
+            events.append(b"data: " + _encoder.encode(usage_chunk) + b"\n\n")
+        events.append(b"data: [DONE]\n\n")
+        await exchange.body(b"".join(events))
 
-    async def _send_text(self, exchange: _Exchange, text: str, finish: FinishReason | None) -> None:
-        if text:
-            await exchange.body(self._event(ChoiceDelta(content=text)), True)
+    def _text_events(self, text: str, finish: FinishReason | None) -> list[bytes]:
+        events = [self._event(ChoiceDelta(content=text))] if text else []
         if finish is not None:
-            await exchange.body(self._event(ChoiceDelta(), finish), True)
+            events.append(self._event(ChoiceDelta(), finish))
+        return events
 
     def _event(self, delta: ChoiceDelta, finish: FinishReason | None = None) -> bytes:
         choice = ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)
