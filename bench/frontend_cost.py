@@ -392,9 +392,8 @@ def measure(
         if nats_pid is not None and server == "mmserve":
             pids["nats-server"] = nats_pid
         for workload in workloads:
-            concurrency = (
-                args.concurrency if workload.startswith("text") else args.image_concurrency
-            )
+            image = workload.startswith("image")
+            concurrency = args.image_concurrency if image else args.concurrency
             spy = None
             if args.py_spy is not None:
                 args.py_spy.mkdir(parents=True, exist_ok=True)

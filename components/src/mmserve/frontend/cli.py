@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.media.policy import MediaPolicy
 from mmserve.router.settings import RouterSettings
+from mmserve.runtime.heap import freeze_startup_heap
 from mmserve.transfer.options import add_transfer_arguments
 
 if TYPE_CHECKING:
@@ -219,9 +220,10 @@ async def serve(
     async with pipeline_factory(args) as pipeline:
         app = build_app(args, model, pipeline.dispatcher, pipeline.tensor_sink)
         server = uvicorn.Server(server_config(args, app))
+        frozen = freeze_startup_heap()
         log.info(
-            "serving %s on http://%s:%d/v1 (up to %d open files)", app.preprocessor.model.name,
-            args.http_host, args.http_port, open_files,
+            "serving %s on http://%s:%d/v1 (up to %d open files, %d start-up objects frozen)",
+            app.preprocessor.model.name, args.http_host, args.http_port, open_files, frozen,
         )  # fmt: skip
         await server.serve()
         if not server.started:

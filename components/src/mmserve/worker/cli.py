@@ -57,6 +57,7 @@ def _handle(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace) -> int:
     from mmserve.encode.stage import EncodeStage
+    from mmserve.runtime.heap import freeze_startup_heap
     from mmserve.worker.aggregated import AggregatedHandler
     from mmserve.worker.base import RoleHandler
     from mmserve.worker.decode import DecodeHandler
@@ -77,6 +78,7 @@ async def _main(args: argparse.Namespace) -> int:
         if role is Role.ENCODE or getattr(args, "encode", False):
             stage = EncodeStage(services.engine, services.transfer, services.model_path, role.value)
         handler = handlers[role](services.runtime, services.engine, services.transfer, stage)
+        freeze_startup_heap()
         await handler.serve()
         services.runtime.install_signal_handlers()
         log.info(
