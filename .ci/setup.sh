@@ -69,4 +69,14 @@ if ! "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE" >/dev/null 2>&1; the
   "${sglang_pip[@]}" "${SGLANG_CPU_DEPS[@]}"
   "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE"
 fi
+# aiperf, NVIDIA's benchmark client, for tests/e2e/test_aiperf.py. In an environment of its own,
+# not layered: it pins Pillow ~=12.3 where the main one pins 13.0.0, and it runs as a separate
+# program. About 1 minute from nothing on 2 cores.
+AIPERF_VERSION=0.13.0
+AIPERF_VENV="$VENV/aiperf"
+if [ "$("$AIPERF_VENV/bin/aiperf" --version 2>/dev/null)" != "$AIPERF_VERSION" ]; then
+  [ -x "$AIPERF_VENV/bin/python" ] || python3 -m venv "$AIPERF_VENV"
+  "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==$AIPERF_VERSION"
+  [ "$("$AIPERF_VENV/bin/aiperf" --version)" = "$AIPERF_VERSION" ]
+fi
 echo "setup: done ($VENV)"
