@@ -191,3 +191,35 @@ def test_an_evicted_prompt_takes_its_prefixes_with_it() -> None:
     assert cache.tokens(longer, lambda t: (calls.append(t), _encode(t))[1]) == _encode(longer)
     # Only the system prompt the two share was reused, not the evicted prompt's user message.
     assert len(calls) == 1 and calls[0].startswith("<|im_start|>user\nfirst first")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.lists(st.sampled_from([*_PIECES, "Ġ", "\x00", "ﬁ", "e\u0301"]), max_size=40))
+def test_the_frontends_encoder_gives_the_tokenizers_ids(text: list[str]) -> None:
+    # The frontend encodes through the tokenizers backend's batch call (it releases the GIL).
+    served = _served()
+    preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
+    joined = "".join(text)
+    assert preprocessor._encode(joined) == _encode(joined)
+
+
+def test_encoding_a_long_prompt_leaves_other_threads_running() -> None:
+    preprocessor = ChatPreprocessor(_served(), ChatOptions(policy=MediaPolicy()))
+    text = "the quick brown fox jumps over the lazy dog " * 8000  # 100 ms or more to encode
+    started, done = threading.Event(), threading.Event()
+
+    def encode() -> None:
+        started.set()
+        preprocessor._encode(text)
+        done.set()
+
+    worker = threading.Thread(target=encode)
+    worker.start()
+    started.wait()
+    turns = 0
+    while not done.is_set():
+        turns += 1
+    worker.join()
+    # An encoder holding the GIL (the tokenizers backend's plain `encode` does) would let this
+    # loop run only once it had finished.
+    assert turns > 1000, turns

@@ -214,7 +214,13 @@ class ChatPreprocessor:
         return self._token_cache.tokens(text, self._encode)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.model.tokenizer.encode(text, add_special_tokens=False))
+        # The backend's fast batch call skips the offsets and word ids that transformers'
+        # `encode` computes and nothing here reads (1.07 instead of 1.34 ms for 1.5k tokens),
+        # and releases the GIL while it works, as that one does (the backend's own `encode`
+        # would hold it for the whole prompt).
+        backend = self.model.tokenizer.backend_tokenizer
+        (encoding,) = backend.encode_batch_fast([text], add_special_tokens=False)
+        return encoding.ids
 
     async def _plan(self, token_ids: list[int], images: list[_ImageRef]) -> media.PlannedRequest:
         """The request plan, from one run of the Rust driver: it fetches each image once and
