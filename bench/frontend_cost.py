@@ -368,82 +368,77 @@ def micro(model_path: Path, count: int, tokens: int) -> None:
     uvloop.run(hops())
 
 
-def measure(
-    server: str,
-    deployment: Deployment,
-    nats_pid: int | None,
-    bodies: dict[str, list[dict]],
-    warm_bodies: list[dict],
-    workloads: list[str],
-    args: argparse.Namespace,
-) -> tuple[list[tuple], bool]:
-    """Starts `deployment`, warms it up, runs each workload against it and stops it; one table
-    row per workload, and whether a request failed."""
-    rows = []
-    failed_any = False
+@dataclass
+class Server:
+    """A deployment under measurement and the processes whose CPU counts."""
+
+    name: str
+    deployment: Deployment
+    pids: dict[str, int]
+
+
+def start_server(
+    name: str, deployment: Deployment, nats_pid: int | None, warm_bodies: list[dict]
+) -> Server:
+    deployment.start().wait_ready()
+    warm, _ = uvloop.run(run_workload(deployment.base_url, warm_bodies, 16, 60.0))
+    print(f"{name} warm-up: {warm.complete}/{warm.total} complete")
+    # Each component, and the nats-server (which Dynamo's file discovery does not use).
+    pids = {process: p.pid for process, p in deployment.processes.items()}
+    if nats_pid is not None and name == "mmserve":
+        pids["nats-server"] = nats_pid
+    return Server(name, deployment, pids)
+
+
+def measure(server: Server, workload: str, bodies: list[dict], args: argparse.Namespace) -> tuple:
+    """One workload against one server: its table row."""
+    pids = server.pids
+    concurrency = args.image_concurrency if workload.startswith("image") else args.concurrency
+    spy = None
+    if args.py_spy is not None:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
+        spy = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"), "record",
+                "-p", str(pids["frontend"]), "-d", str(int(args.py_spy_seconds)),
+                *args.py_spy_flags, "-r", "100", "--threads", "--format", "speedscope",
+                "-o", str(args.py_spy / f"{server.name}-{workload}.json"),
+            ],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    threads_before = thread_cpu_s(pids["frontend"])
     duration = min(args.duration, MAX_DURATION_S)
-    try:
-        deployment.start().wait_ready()
-        warm, _ = uvloop.run(run_workload(deployment.base_url, warm_bodies, 16, 60.0))
-        print(f"{server} warm-up: {warm.complete}/{warm.total} complete")
-        # The server's processes: each component and the nats-server (which Dynamo's file
-        # discovery does not use).
-        pids = {name: p.pid for name, p in deployment.processes.items()}
-        if nats_pid is not None and server == "mmserve":
-            pids["nats-server"] = nats_pid
-        for workload in workloads:
-            image = workload.startswith("image")
-            concurrency = args.image_concurrency if image else args.concurrency
-            spy = None
-            if args.py_spy is not None:
-                args.py_spy.mkdir(parents=True, exist_ok=True)
-                spy = subprocess.Popen(
-                    [
-                        str(Path(sys.executable).parent / "py-spy"), "record",
-                        "-p", str(pids["frontend"]), "-d", str(int(args.py_spy_seconds)),
-                        *args.py_spy_flags, "-r", "100", "--threads", "--format", "speedscope",
-                        "-o", str(args.py_spy / f"{server}-{workload}.json"),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                )  # fmt: skip
-            before = {name: cpu_s(pid) for name, pid in pids.items()}
-            threads_before = thread_cpu_s(pids["frontend"])
-            outcome, elapsed = uvloop.run(
-                run_workload(deployment.base_url, bodies[workload], concurrency, duration)
-            )
-            cpu = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
-            threads = thread_cpu_s(pids["frontend"])
-            threads = {t: v - threads_before.get(t, 0.0) for t, v in threads.items()}
-            if spy is not None:
-                spy.wait(timeout=args.py_spy_seconds + 60)
-            n = max(outcome.total, 1)
-            failed_any |= bool(outcome.failed)
-            rows.append(
-                (
-                    server,
-                    workload,
-                    concurrency,
-                    outcome.total,
-                    ", ".join(f"{k}: {v}" for k, v in outcome.failed.items()) or "0",
-                    outcome.total / elapsed,
-                    cpu["frontend"] / n * 1e3,
-                    sum(cpu.values()) / n * 1e3,
-                    "; ".join(f"{k} {v / n * 1e3:.2f}" for k, v in cpu.items()),
-                    percentile(outcome.ttft, 0.5) * 1e3,
-                    percentile(outcome.ttft, 0.99) * 1e3,
-                    max(outcome.loop_lag, default=0.0) * 1e3,
-                )
-            )
-            print(f"{server} {workload}: {outcome.total} requests in {elapsed:.1f} s", flush=True)
-            busiest = sorted(threads.items(), key=lambda item: -item[1])[:12]
-            print(
-                "  frontend threads, CPU ms/request: "
-                + "; ".join(f"{t} {v / n * 1e3:.2f}" for t, v in busiest if v > 0),
-                flush=True,
-            )
-    finally:
-        deployment.stop()
-    return rows, failed_any
+    outcome, elapsed = uvloop.run(
+        run_workload(server.deployment.base_url, bodies, concurrency, duration)
+    )
+    cpu = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+    threads = thread_cpu_s(pids["frontend"])
+    threads = {t: v - threads_before.get(t, 0.0) for t, v in threads.items()}
+    if spy is not None:
+        spy.wait(timeout=args.py_spy_seconds + 60)
+    n = max(outcome.total, 1)
+    print(f"{server.name} {workload}: {outcome.total} requests in {elapsed:.1f} s", flush=True)
+    busiest = sorted(threads.items(), key=lambda item: -item[1])[:12]
+    print(
+        "  frontend threads, CPU ms/request: "
+        + "; ".join(f"{t} {v / n * 1e3:.2f}" for t, v in busiest if v > 0),
+        flush=True,
+    )
+    return (
+        server.name,
+        workload,
+        concurrency,
+        outcome.total,
+        ", ".join(f"{k}: {v}" for k, v in outcome.failed.items()) or "0",
+        outcome.total / elapsed,
+        cpu["frontend"] / n * 1e3,
+        sum(cpu.values()) / n * 1e3,
+        "; ".join(f"{k} {v / n * 1e3:.2f}" for k, v in cpu.items()),
+        percentile(outcome.ttft, 0.5) * 1e3,
+        percentile(outcome.ttft, 0.99) * 1e3,
+        max(outcome.loop_lag, default=0.0) * 1e3,
+    )
 
 
 def main() -> int:
@@ -501,8 +496,7 @@ def main() -> int:
     prompts = make_prompts(tokenizer, args.max_requests, args.prompt_tokens)
     warm_prompts = make_prompts(tokenizer, args.warmup, args.prompt_tokens)
     warm_prompts = [f"Warm-up {p}" for p in warm_prompts]
-    rows = []
-    failed_any = False
+    rows: list[tuple] = []
     with tempfile.TemporaryDirectory() as tmp, NatsServer() as nats:
         tmp_path = Path(tmp)
         image_root = tmp_path / "images"
@@ -562,15 +556,23 @@ def main() -> int:
                 num_workers=1,
                 costs=MockCosts(prefill_us_per_token=0.0, decode_ms_per_token=0.0),
             )
+        launched: list[Deployment] = []
+        started: list[Server] = []
         try:
-            for server, make in servers.items():
-                server_rows, failed = measure(
-                    server, make(), nats.pid, bodies, warm_bodies, workloads, args
-                )
-                rows.extend(server_rows)
-                failed_any |= failed
+            for name, make in servers.items():
+                launched.append(make())
+                started.append(start_server(name, launched[-1], nats.pid, warm_bodies))
+            # Every server takes each workload in turn, first one then the other, so that the
+            # machine's other load weighs on both alike.
+            for i, workload in enumerate(workloads):
+                for server in started if i % 2 == 0 else started[::-1]:
+                    rows.append(measure(server, workload, bodies[workload], args))
         finally:
+            for deployment in launched:
+                deployment.stop()
             file_server.shutdown()
+        rows.sort(key=lambda row: (list(servers).index(row[0]), workloads.index(row[1])))
+        failed_any = any(row[4] != "0" for row in rows)
     print(
         f"pattern {args.pattern}, engine mock with zero compute, "
         f"prompts of about {args.prompt_tokens} tokens"
