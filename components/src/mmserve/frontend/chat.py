@@ -5,7 +5,10 @@ place in the expanded prompt and grid, and the positions)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import itertools
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -88,6 +91,16 @@ class _ImageRef:
     param: str  # where the item sits in the request, for error messages
 
 
+@functools.cache
+def _tokenizer_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that render and tokenize prompts, one per core this process may run on:
+    the work is CPU-bound, and more threads than cores only contend for the GIL (asyncio's
+    default pool, which media fetches wait in, has cores + 4)."""
+    return concurrent.futures.ThreadPoolExecutor(
+        max_workers=len(os.sched_getaffinity(0)), thread_name_prefix="mmserve-tokenize"
+    )
+
+
 class ChatPreprocessor:
     def __init__(
         self, model: ServedModel, options: ChatOptions, tensor_sink: TensorSink | None = None
@@ -115,7 +128,8 @@ class ChatPreprocessor:
                 f"{self.options.policy.max_items} are allowed",
                 param="messages",
             )
-        token_ids = await asyncio.to_thread(self._tokenize, request)
+        loop = asyncio.get_running_loop()
+        token_ids = await loop.run_in_executor(_tokenizer_threads(), self._tokenize, request)
         # Text-only prompts go through the driver too: it refuses text that spells the image
         # placeholder token.
         planned = await self._plan(token_ids, images)
