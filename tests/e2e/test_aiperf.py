@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from mmserve.models.tiny import build_tiny_model
 from tests.support.aiperf import offline_hub, run_aiperf
 from tests.support.deployment import Deployment
 
@@ -21,14 +20,9 @@ OUTPUT_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def agg(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    deployment = Deployment(
-        "agg",
-        build_tiny_model("qwen2_vl"),
-        nats_url,
-        tmp_path_factory.mktemp("aiperf-logs"),
-        worker_flags=["--engine", "mock"],
-    )
-    with deployment.running():
+    with Deployment.mock_agg(
+        nats_url, tmp_path_factory.mktemp("aiperf-logs")
+    ).running() as deployment:
         yield deployment
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from mmserve.models.tiny import build_tiny_model
 from tests.support.deployment import Deployment, serve_directory
 
 from .conftest import Trial, rss_mib
@@ -65,14 +64,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def agg(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    deployment = Deployment(
-        "agg",
-        build_tiny_model("qwen2_vl"),
-        nats_url,
-        tmp_path_factory.mktemp("large-media-logs"),
-        worker_flags=["--engine", "mock"],
-    )
-    with deployment.running():
+    with Deployment.mock_agg(
+        nats_url, tmp_path_factory.mktemp("large-media-logs")
+    ).running() as deployment:
         yield deployment
 
 

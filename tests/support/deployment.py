@@ -150,6 +150,19 @@ class Deployment:
         finally:
             self.stop()
 
+    @classmethod
+    def mock_agg(cls, nats_url: str, log_dir: Path) -> Deployment:
+        """The aggregated pattern on the tiny Qwen2-VL with the mock engine (not started)."""
+        from mmserve.models.tiny import build_tiny_model
+
+        return cls(
+            "agg",
+            build_tiny_model("qwen2_vl"),
+            nats_url,
+            log_dir,
+            worker_flags=["--engine", "mock"],
+        )
+
     def log(self, name: str) -> str:
         return (self.log_dir / f"{self.pattern}-{name}.log").read_text(errors="replace")
 
