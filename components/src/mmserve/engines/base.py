@@ -53,7 +53,8 @@ class EngineOverloaded(EngineError):
 class MediaInput:
     """One preprocessed image for the vision tower.
 
-    `mm_hash` is the item's content hash (u64, blake3 of the raw bytes): the encoder cache key.
+    `mm_hash` is the item's identity (`PlannedMedia.mm_hash`: blake3 of the raw bytes, folded
+    with the pixel bounds it was processed under): the encoder cache key.
     `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`.
     """
 

@@ -347,7 +347,10 @@ class HfEngine(Engine):
         skipped = int(image_mask[:cached].sum())
         num_layers = len(embeddings[0].deepstack)
         features = [
-            torch.cat([item.deepstack[layer] for item in embeddings])[skipped:].to(self.device)
+            # In the model's dtype: a client's precomputed features may come in another.
+            torch.cat([item.deepstack[layer] for item in embeddings])[skipped:].to(
+                self.device, self.dtype
+            )
             for layer in range(num_layers)
         ]
         return {"visual_pos_masks": suffix_mask[None], "deepstack_visual_embeds": features}

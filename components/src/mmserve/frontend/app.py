@@ -117,7 +117,8 @@ class FrontendApp:
         self.preprocessor = preprocessor
         self.dispatcher = dispatcher
         self.http = http or HttpOptions()
-        self._openapi = _encoder.encode(openapi_document(preprocessor.model.name))
+        pixels = preprocessor.pixel_range.min_pixels, preprocessor.pixel_range.max_pixels
+        self._openapi = _encoder.encode(openapi_document(preprocessor.model.name, pixels))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

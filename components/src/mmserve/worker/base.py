@@ -68,19 +68,28 @@ class RoleHandler:
         return cleared
 
     async def embeddings(self, request: PreprocessedRequest) -> list[ItemEmbedding]:
-        """The embeddings of the request's planned media, whoever encodes them."""
-        if not request.plan.media:
+        """The embeddings of the request's planned media, whoever made them: loaded by
+        transfer where a payload carries them (an upstream encoder's, or the client's own
+        precomputed ones), encoded here for the rest."""
+        media = request.plan.media
+        if not media:
             return []
-        if all(payload.embeddings is not None for payload in request.payloads):
-            with metrics.timed_stage(self.component, "transfer"):
-                return await load_embeddings(self.transfer, request.plan.media, request.payloads)
-        if self.encoder is None:
-            raise RemoteError(
-                protocol.ERROR_UNAVAILABLE,
-                f"this {self.component} worker does not encode media: deploy an encode worker "
-                "or start it with --encode",
+        encoded: dict[int, ItemEmbedding] = {}
+        if any(payload.embeddings is None for payload in request.payloads):
+            if self.encoder is None:
+                raise RemoteError(
+                    protocol.ERROR_UNAVAILABLE,
+                    f"this {self.component} worker does not encode media: deploy an encode "
+                    "worker or start it with --encode",
+                )
+            encoded = await self.encoder.run(request)
+        carried = [i for i in range(len(media)) if i not in encoded]
+        with metrics.timed_stage(self.component, "transfer"):
+            loaded = await load_embeddings(
+                self.transfer, [media[i] for i in carried], [request.payloads[i] for i in carried]
             )
-        return await self.encoder.run(request)
+        by_index = encoded | dict(zip(carried, loaded, strict=True))
+        return [by_index[i] for i in range(len(media))]
 
 
 def engine_request(request: PreprocessedRequest) -> EngineRequest:
