@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -242,3 +243,51 @@ def test_precomputed_embeddings_give_the_images_tokens(
         for deployment in deployments:
             deployment.stop()
     assert all(result == bounded["agg"] for result in bounded.values()), bounded
+
+
+def test_an_image_named_by_its_id_gives_the_images_tokens(
+    nats_url: str, tmp_path: Path, image_server: str, image_gets: Counter[str]
+) -> None:
+    """In every pattern a part carrying only the uuid of an image sent before answers as the
+    image did, with nothing fetched; another API key cannot use the id, and once the
+    deployment's caches are cleared the id is gone (400 media_id.gone: send it again)."""
+    model_path = build_tiny_model("qwen2_vl")
+    url = f"{image_server}/photo.jpg"
+    question = {"type": "text", "text": "What is in this picture?"}
+
+    def ask(part: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [part, question]}]
+
+    named = ask({"type": "image_url", "image_url": {"url": url}, "uuid": "photo-1"})
+    by_id = ask({"type": "image_url", "uuid": "photo-1"})
+    deployments = [
+        Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
+        for p in PATTERNS
+    ]
+    results: dict[str, tuple] = {}
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+            base = f"{deployment.base_url}/v1"
+            client = openai.OpenAI(base_url=base, api_key="tenant-a", max_retries=0)
+            name = deployment.model_path.name
+            results[deployment.pattern] = _complete(client, name, named)
+            before = Counter(image_gets)
+            assert _complete(client, name, by_id) == results[deployment.pattern]
+            assert _stream(client, name, by_id) == results[deployment.pattern][0]
+            assert Counter(image_gets) == before, "the image was fetched again"
+            other = openai.OpenAI(base_url=base, api_key="tenant-b", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as unknown:
+                _complete(other, name, by_id)
+            assert unknown.value.code == "media_id.unknown"
+            reset = httpx.post(f"{deployment.base_url}/reset_prefix_cache", timeout=60)
+            assert reset.status_code == 200, reset.text
+            with pytest.raises(openai.BadRequestError) as gone:
+                _complete(client, name, by_id)
+            assert gone.value.code == "media_id.gone", deployment.pattern
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+    assert all(result == results["agg"] for result in results.values()), results

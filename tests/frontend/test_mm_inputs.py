@@ -317,3 +317,57 @@ def test_pickle_is_never_loaded(embeds_frontend: RunningFrontend, tmp_path: Path
     value = base64.b64encode(pickle.dumps(Exploit())).decode()
     _error(_ask(embeds_frontend, [_embeds_part(value)]), 400, "embeds.format")
     assert not marker.exists()
+
+
+# -- media ids ------------------------------------------------------------------------------
+
+
+def _named_image(url: str | None, uuid: str) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "image_url", "uuid": uuid}
+    if url is not None:
+        part["image_url"] = {"url": url}
+    return part
+
+
+def _ask_as(frontend: RunningFrontend, key: str, content: list[dict[str, Any]]) -> httpx.Response:
+    body = {"model": frontend.model, "messages": [{"role": "user", "content": content}]}
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.post(frontend.url + "/v1/chat/completions", json=body, headers=headers)
+
+
+def test_an_id_alone_is_planned_as_the_image_it_named(frontend: RunningFrontend) -> None:
+    data = encode_image(100, 80)
+    assert _ask_as(frontend, "a", [_named_image(data_url(data), "cat")]).status_code == 200
+    original = frontend.dispatcher.requests[-1]
+    assert _ask_as(frontend, "a", [_named_image(None, "cat")]).status_code == 200
+    repeat = frontend.dispatcher.requests[-1]
+    # The same item: identity, grid and place, so the same routing view and cache keys.
+    assert repeat.plan == original.plan
+    assert repeat.payloads[0].reuse and repeat.payloads[0].data is None
+    # `image_url: null` is the same as leaving it out.
+    content = [{"type": "image_url", "image_url": None, "uuid": "cat"}]
+    assert _ask_as(frontend, "a", content).status_code == 200
+
+
+def test_an_id_is_the_tenants_own(frontend: RunningFrontend) -> None:
+    data = encode_image(64, 64)
+    assert _ask_as(frontend, "a", [_named_image(data_url(data), "dog")]).status_code == 200
+    unknown = _error(_ask_as(frontend, "b", [_named_image(None, "dog")]), 400, "media_id.unknown")
+    assert unknown["param"] == "messages[0].content[0].image_url"
+    never = _error(_ask_as(frontend, "a", [_named_image(None, "owl")]), 400, "media_id.unknown")
+    assert never["message"].replace("owl", "dog") == unknown["message"]  # nothing leaks
+    # Another tenant naming the same id holds its own image under it.
+    other = encode_image(48, 96)
+    assert _ask_as(frontend, "b", [_named_image(data_url(other), "dog")]).status_code == 200
+    assert _ask_as(frontend, "a", [_named_image(None, "dog")]).status_code == 200
+    assert frontend.dispatcher.requests[-1].plan.media[0].mm_hash == _mm.content_hash(data)
+    # Naming it again with other content replaces it.
+    assert _ask_as(frontend, "a", [_named_image(data_url(other), "dog")]).status_code == 200
+    assert _ask_as(frontend, "a", [_named_image(None, "dog")]).status_code == 200
+    assert frontend.dispatcher.requests[-1].plan.media[0].mm_hash == _mm.content_hash(other)
+
+
+def test_an_image_part_needs_a_url_or_an_id(frontend: RunningFrontend) -> None:
+    error = _error(_ask(frontend, [{"type": "image_url"}]), 400, "invalid_value")
+    assert "uuid" in error["message"]
+    _error(_ask(frontend, [_named_image(None, "")]), 400, "invalid_value")

@@ -220,6 +220,8 @@ def test_stream_events_follow_the_document(api: schemathesis.BaseSchema) -> None
         {"mm_processor_kwargs": {"min_pixels": 3136, "max_pixels": 100_000}},
         {"mm_processor_kwargs": {"max_pixels": 10**12}},
         {"mm_processor_kwargs": {"do_resize": False}},
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "uuid": None}]}]},
         {
             "messages": [
                 {

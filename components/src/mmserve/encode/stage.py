@@ -21,6 +21,7 @@ from mmserve.media.processing import item_identity
 from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import MediaPayload, PlannedMedia, PreprocessedRequest
+from mmserve.runtime import RemoteError
 from mmserve.transfer import TransferAgent
 
 
@@ -34,16 +35,21 @@ class EncodeStage:
         self.component = component
 
     async def run(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
-        """An embedding for each planned item whose payload carries none yet, by item
-        index."""
+        """An embedding for each planned item whose payload carries none yet, by item index:
+        encoded here, or read from the encoder cache for an item named by its media id."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
                 "items"
             )
-        todo = [i for i, payload in enumerate(request.payloads) if payload.embeddings is None]
+        reused = await self._reused(request)
+        todo = [
+            i
+            for i, payload in enumerate(request.payloads)
+            if payload.embeddings is None and not payload.reuse
+        ]
         if not todo:
-            return {}
+            return reused
         planned = [request.plan.media[i] for i in todo]
         payloads = [request.payloads[i] for i in todo]
         if all(payload.pixel_values is not None for payload in payloads):
@@ -59,7 +65,26 @@ class EncodeStage:
                     f"media item {index}: the vision tower gave {embedding.num_tokens} rows for "
                     f"the {item.length} tokens the plan holds"
                 )
-        return dict(zip(todo, embeddings, strict=True))
+        return reused | dict(zip(todo, embeddings, strict=True))
+
+    async def _reused(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
+        """The embeddings of the items named by their media id alone, from the encoder cache;
+        one it no longer holds is the client's to send again (`media_id.gone`)."""
+        indices = [i for i, payload in enumerate(request.payloads) if payload.reuse]
+        if not indices:
+            return {}
+        items = [request.plan.media[i] for i in indices]
+        cached = await self.engine.cached_embeddings([(i.mm_hash, i.grid_thw) for i in items])
+        found: dict[int, ItemEmbedding] = {}
+        for index, embedding in zip(indices, cached, strict=True):
+            if embedding is None:
+                raise RemoteError(
+                    "media_id.gone",
+                    f"media item {index} was named by its uuid alone, and this deployment no "
+                    "longer holds it; send the image again with its uuid",
+                )
+            found[index] = embedding
+        return found
 
     async def _preprocess(
         self, planned: list[PlannedMedia], payloads: list[MediaPayload]

@@ -229,6 +229,13 @@ class Engine(abc.ABC):
         """Encoder cache `(hits, misses)` so far; `(0, 0)` for an engine without one."""
         return 0, 0
 
+    async def cached_embeddings(
+        self, items: Sequence[tuple[int, tuple[int, int, int]]]
+    ) -> list[ItemEmbedding | None]:
+        """What the encoder cache holds for each `(mm_hash, grid_thw)`, None where it holds
+        nothing (an item named by its media id alone); all None for an engine without one."""
+        return [None for _ in items]
+
     async def clear_caches(self) -> CachesCleared:
         """Drop every prefix-cache block and encoder-cache entry (`POST /reset_prefix_cache`).
 

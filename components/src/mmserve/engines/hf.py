@@ -235,9 +235,23 @@ class HfEngine(Engine):
                 results[index] = embedding
         return [result for result in results if result is not None]
 
+    async def cached_embeddings(
+        self, items: Sequence[tuple[int, tuple[int, int, int]]]
+    ) -> list[ItemEmbedding | None]:
+        # On the model thread, which owns the cache.
+        return await self._call(self._cached_sync, list(items))
+
+    def _cached_sync(
+        self, items: list[tuple[int, tuple[int, int, int]]]
+    ) -> list[ItemEmbedding | None]:
+        return [self.encoder_cache.get(self._key(mm_hash, grid)) for mm_hash, grid in items]
+
     def _encoder_key(self, item: MediaInput) -> EncoderKey:
-        t, h, w = item.grid_thw  # a list when it came over the wire: keys must be hashable
-        return (self.spec.spec_id, item.mm_hash, (t, h, w))
+        return self._key(item.mm_hash, item.grid_thw)
+
+    def _key(self, mm_hash: int, grid_thw: tuple[int, int, int]) -> EncoderKey:
+        t, h, w = grid_thw  # a list when it came over the wire: keys must be hashable
+        return (self.spec.spec_id, mm_hash, (t, h, w))
 
     def _check_media(self, item: MediaInput) -> None:
         t, h, w = item.grid_thw

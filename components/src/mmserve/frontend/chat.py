@@ -18,6 +18,7 @@ from mmserve._mm import MediaError
 from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_embeds
 from mmserve.frontend.errors import ApiError
+from mmserve.frontend.media_ids import KnownMedia, MediaIds
 from mmserve.frontend.mm_options import PixelRange, check_media_counts
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache
 from mmserve.media import MediaPolicy, PixelBounds
@@ -107,15 +108,17 @@ class ChatPreprocessor:
         self.model = model
         self.options = options
         self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
+        self.media_ids = MediaIds()
         self._tensor_sink = tensor_sink
         self._token_cache = (
             TokenCache(options.token_cache_bytes) if options.token_cache_bytes > 0 else None
         )
 
     async def preprocess(
-        self, request: ChatCompletionRequest, request_id: str, deadline: float
+        self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""
     ) -> PreprocessedRequest:
-        """The request for the first hop; `request` must have passed `validate`."""
+        """The request for the first hop; `request` must have passed `validate`. `tenant`
+        scopes the media ids the request names (`frontend.media_ids`)."""
         items = _media_refs(request)
         if len(items) > self.options.policy.max_items:
             raise ApiError(
@@ -126,14 +129,19 @@ class ChatPreprocessor:
             )
         check_media_counts(self.options.limit_mm_per_prompt, {"image": len(items)})
         bounds = self.pixel_range.bounds(request.mm_processor_kwargs)
+        known = self._recall(items, tenant)
         precomputed = await self._precomputed(items)
         token_ids = await asyncio.to_thread(self._tokenize, request)
         # Text-only prompts go through the driver too: it refuses text that spells the image
         # placeholder token.
-        planned = await self._plan(token_ids, items, precomputed, bounds)
+        planned = await self._plan(token_ids, items, known, precomputed, bounds)
         plan = planned.plan
         max_tokens = self._completion_budget(request, len(plan.token_ids))
-        payloads = await self._payloads(planned, precomputed, request_id)
+        payloads = await self._payloads(planned, known, precomputed, request_id)
+        for item, ref in zip(plan.media, items, strict=True):
+            part = ref.part
+            if isinstance(part, ImageUrlPart) and part.uuid is not None and part.url is not None:
+                self.media_ids.remember(tenant, part.uuid, KnownMedia(item.mm_hash, item.grid_thw))
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return PreprocessedRequest(
             request_id=request_id,
@@ -198,6 +206,13 @@ class ChatPreprocessor:
                 f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({asked})",
                 param="min_tokens",
             )
+        for item in _media_refs(request):
+            if isinstance(item.part, ImageUrlPart) and item.part.url is None is item.part.uuid:
+                raise ApiError(
+                    "invalid_value",
+                    "an image_url part needs its url, or the uuid of an image sent before",
+                    param=item.param,
+                )
         if not self.options.enable_mm_embeds:
             for item in _media_refs(request):
                 if isinstance(item.part, ImageEmbedsPart):
@@ -237,6 +252,23 @@ class ChatPreprocessor:
     def _encode(self, text: str) -> list[int]:
         return list(self.model.tokenizer.encode(text, add_special_tokens=False))
 
+    def _recall(self, items: list[_MediaRef], tenant: str) -> dict[int, KnownMedia]:
+        """The items named by their media id alone, by item index."""
+        known = {}
+        for index, item in enumerate(items):
+            part = item.part
+            if isinstance(part, ImageUrlPart) and part.url is None and part.uuid is not None:
+                media_item = self.media_ids.recall(tenant, part.uuid)
+                if media_item is None:
+                    raise ApiError(
+                        "media_id.unknown",
+                        f"no image was sent with uuid {part.uuid!r} under this API key; send "
+                        "the image with its uuid",
+                        param=item.param,
+                    )
+                known[index] = media_item
+        return known
+
     async def _precomputed(self, items: list[_MediaRef]) -> dict[int, PrecomputedImage]:
         """The request's precomputed embeddings by item index, read and checked (before the
         prompt is tokenized or any image fetched)."""
@@ -253,19 +285,23 @@ class ChatPreprocessor:
         self,
         token_ids: list[int],
         items: list[_MediaRef],
+        known: dict[int, KnownMedia],
         precomputed: dict[int, PrecomputedImage],
         bounds: PixelBounds | None,
     ) -> media.PlannedRequest:
         """The request plan, from one run of the Rust driver: it fetches each image once and
-        keeps its bytes to ship on (or, with frontend decoding, preprocesses it in full); a
-        precomputed item is planned from its grid."""
+        keeps its bytes to ship on (or, with frontend decoding, preprocesses it in full); an
+        item named by its id alone, and a precomputed one, is planned from its identity and
+        grid."""
         decoding = self.options.frontend_decoding
-        sources: list[str | bytes | media.Precomputed] = [
-            item.part.url
-            if isinstance(item.part, ImageUrlPart)
-            else (precomputed[i].mm_hash, precomputed[i].grid_thw)
-            for i, item in enumerate(items)
-        ]
+        sources: list[str | bytes | media.Precomputed] = []
+        for index, item in enumerate(items):
+            part = item.part
+            if isinstance(part, ImageUrlPart) and part.url is not None:
+                sources.append(part.url)
+            else:
+                facts = known.get(index) or precomputed[index]
+                sources.append((facts.mm_hash, facts.grid_thw))
         try:
             return await media.plan_request(
                 self.model.spec.core,
@@ -282,18 +318,22 @@ class ChatPreprocessor:
     async def _payloads(
         self,
         planned: media.PlannedRequest,
+        known: dict[int, KnownMedia],
         precomputed: dict[int, PrecomputedImage],
         request_id: str,
     ) -> list[MediaPayload]:
         """What the first hop reads for each item: with frontend decoding its pixels, else its
         encoded bytes, both by transfer (so a large item never meets the NATS payload limit);
         inline bytes only where no transfer sink is attached. Precomputed embeddings go by
-        transfer too, ready for the language hop."""
+        transfer too, ready for the language hop; an item named by its id alone carries
+        nothing."""
         sink = self._tensor_sink
         payloads = []
         items = zip(planned.data, planned.pixel_values, strict=True)
         for index, (data, pixel_values) in enumerate(items):
-            if index in precomputed and sink is not None:
+            if index in known:
+                payloads.append(MediaPayload(reuse=True))
+            elif index in precomputed and sink is not None:
                 payloads.append(await _embeddings_payload(sink, request_id, precomputed[index]))
             elif pixel_values is not None and sink is not None:
                 payloads.append(MediaPayload(pixel_values=await sink(request_id, pixel_values)))

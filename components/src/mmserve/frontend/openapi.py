@@ -70,6 +70,14 @@ def _restrict_pixel_bounds(schema: dict[str, Any], pixels: tuple[int, int]) -> N
         }
 
 
+def _require_url_or_uuid(schema: dict[str, Any]) -> None:
+    """An image_url part names its image by URL, or by the uuid of one sent before."""
+    schema["anyOf"] = [
+        {"required": ["image_url"], "properties": {"image_url": {"not": {"type": "null"}}}},
+        {"required": ["uuid"], "properties": {"uuid": {"type": "string"}}},
+    ]
+
+
 # One server-sent event of a streamed completion, as its fields (`data`, `event`, ...): an event
 # stream's schema describes each event, as OpenAPI 3.2's `itemSchema` does.
 _STREAM_EVENT = {
@@ -113,6 +121,7 @@ def openapi_document(model: str, pixels: tuple[int, int]) -> dict[str, Any]:
     )
     _restrict_chat_request(components["ChatCompletionRequest"], model)
     _restrict_pixel_bounds(components["MMProcessorKwargs"], pixels)
+    _require_url_or_uuid(components["ImageUrlPart"])
     # A key is needed only when the server sets one.
     security: list[dict[str, list[str]]] = [{"bearer": []}, {}]
     return {

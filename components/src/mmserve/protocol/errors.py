@@ -65,6 +65,11 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("no_worker", 503, "no worker is reachable for the model; retry later"),
     ErrorCode(ERROR_CACHE_RESET_FAILED, 503, "some instances did not clear their caches (busy, "
               "failed, gone or timed out); the message names each"),
+    # Media ids (a part's uuid).
+    ErrorCode("media_id.unknown", 400, "no media was sent under this uuid with this API key; "
+              "send the image with its uuid"),
+    ErrorCode("media_id.gone", 400, "the deployment no longer holds the media of this uuid; "
+              "send the image again with its uuid"),
     # Precomputed embeddings (image_embeds parts).
     ErrorCode("embeds.disabled", 400, "image_embeds parts need a server started with "
               "--enable-mm-embeds"),

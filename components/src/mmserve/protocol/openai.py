@@ -22,12 +22,28 @@ class ImageUrl(msgspec.Struct, frozen=True, kw_only=True):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+MediaUuid = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        description="vLLM's media id: names the item for later requests of the same API key, "
+        "which may then send the id alone (no image_url)",
+    ),
+]
+
+
 class ImageUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="image_url"):
-    image_url: ImageUrl | str  # some clients send the URL as a bare string
+    # Some clients send the URL as a bare string; None (or absent) with a `uuid` names an image
+    # sent before.
+    image_url: ImageUrl | str | None = None
+    uuid: MediaUuid | None = None
 
     @property
-    def url(self) -> str:
-        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+    def url(self) -> str | None:
+        if self.image_url is None or isinstance(self.image_url, str):
+            return self.image_url
+        return self.image_url.url
 
 
 _GridThw = Annotated[

@@ -101,13 +101,16 @@ class RequestPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 class MediaPayload(msgspec.Struct, frozen=True, kw_only=True):
     """What travels beside one planned item for the stage that needs it: its encoded bytes
-    (inline in `data`, or by transfer in `encoded`), its pixels (`--frontend-decoding`), or,
-    after encode, its embeddings."""
+    (inline in `data`, or by transfer in `encoded`), its pixels (`--frontend-decoding`), its
+    embeddings (after encode, or precomputed by the client), or nothing (`reuse`)."""
 
     data: bytes | None = None
     encoded: TensorHandle | None = None  # uint8 encoded bytes
     pixel_values: TensorHandle | None = None
     embeddings: EmbeddingsHandle | None = None
+    # The client named the item by its media id alone: nothing travels, and the encoder reads
+    # the embedding its cache holds under the item's mm_hash and grid.
+    reuse: bool = False
 
 
 class PreprocessedRequest(WireMessage, frozen=True):
