@@ -3,6 +3,7 @@ as the aggregated one, for each tiny model family, with 0, 1 and 3 images."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from mmserve.models.tiny import build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import data_url
+from tests.support.waiting import wait_until
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 PATTERNS = ["agg", "ep_d", "e_pd", "e_p_d"]
@@ -86,6 +88,10 @@ def _image_urls(requests: list, image_server: str) -> Counter[str]:
                 if url.startswith(image_server):
                     paths[url.removeprefix(image_server)] += 1
     return paths
+
+
+def _logged(deployment: Deployment, process: str, request_id: str) -> bool:
+    return request_id in deployment.log(process)
 
 
 def _run_patterns(
@@ -227,8 +233,10 @@ def test_precomputed_embeddings_give_the_images_tokens(
                 mixed = client.chat.completions.create(
                     model=name, messages=ask(tall, embeds), max_tokens=1, temperature=0
                 )
-                encode_log = deployment.log("encode")
-                assert again.id not in encode_log and mixed.id in encode_log
+                # The encode worker logs a request once its stream has ended, after the answer.
+                logged = functools.partial(_logged, deployment, "encode", mixed.id)
+                wait_until(logged, what="the mixed request in the encode log")
+                assert again.id not in deployment.log("encode")
             # Pixel bounds per request (inside every family's) reach whoever preprocesses.
             small = client.chat.completions.create(
                 model=name,

@@ -56,7 +56,7 @@ class EncodeStage:
             with metrics.timed_stage(self.component, "transfer"):
                 inputs = await self._inputs_from_pixels(planned, payloads)
         else:
-            inputs = await self._preprocess(planned, payloads)
+            inputs = await self._preprocess(todo, planned, payloads)
         with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE), metrics.timed_stage(self.component, "encode"):
             embeddings = await self.engine.encode(inputs)
         for index, item, embedding in zip(todo, planned, embeddings, strict=True):
@@ -87,8 +87,9 @@ class EncodeStage:
         return found
 
     async def _preprocess(
-        self, planned: list[PlannedMedia], payloads: list[MediaPayload]
+        self, indices: list[int], planned: list[PlannedMedia], payloads: list[MediaPayload]
     ) -> list[MediaInput]:
+        """Pixels for the `planned` items (at `indices` in the request) from their bytes."""
         with metrics.timed_stage(self.component, "transfer"):
             data = await asyncio.gather(*(self._encoded_bytes(p) for p in payloads))
         with metrics.timed_stage(self.component, "preprocess"):
@@ -99,8 +100,8 @@ class EncodeStage:
                 done = await media.preprocess_items(self.spec, [data[i] for i in group], bounds)
                 processed |= dict(zip(group, done, strict=True))
         inputs = []
-        for index, item in enumerate(planned):
-            pixels = processed[index]
+        for position, (index, item) in enumerate(zip(indices, planned, strict=True)):
+            pixels = processed[position]
             identity = item_identity(pixels.mm_hash, item.pixel_bounds)
             if (identity, pixels.grid_thw) != (item.mm_hash, item.grid_thw):
                 # The frontend sized the item from its headers; the decoded image disagrees.
