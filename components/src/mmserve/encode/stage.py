@@ -21,7 +21,6 @@ from mmserve.media.processing import item_identity
 from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import MediaPayload, PlannedMedia, PreprocessedRequest
-from mmserve.runtime import RemoteError
 from mmserve.transfer import TransferAgent
 
 
@@ -36,7 +35,8 @@ class EncodeStage:
 
     async def run(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
         """An embedding for each planned item whose payload carries none yet, by item index:
-        encoded here, or read from the encoder cache for an item named by its media id."""
+        encoded here, or read from the encoder cache for an item named by its media id (left
+        out when the cache no longer holds it)."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
@@ -68,23 +68,15 @@ class EncodeStage:
         return reused | dict(zip(todo, embeddings, strict=True))
 
     async def _reused(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
-        """The embeddings of the items named by their media id alone, from the encoder cache;
-        one it no longer holds is the client's to send again (`media_id.gone`)."""
+        """The embeddings the encoder cache holds for the items named by their media id
+        alone; one it no longer holds stays without (the language hop's prefix cache may
+        hold its tokens)."""
         indices = [i for i, payload in enumerate(request.payloads) if payload.reuse]
         if not indices:
             return {}
         items = [request.plan.media[i] for i in indices]
         cached = await self.engine.cached_embeddings([(i.mm_hash, i.grid_thw) for i in items])
-        found: dict[int, ItemEmbedding] = {}
-        for index, embedding in zip(indices, cached, strict=True):
-            if embedding is None:
-                raise RemoteError(
-                    "media_id.gone",
-                    f"media item {index} was named by its uuid alone, and this deployment no "
-                    "longer holds it; send the image again with its uuid",
-                )
-            found[index] = embedding
-        return found
+        return {i: e for i, e in zip(indices, cached, strict=True) if e is not None}
 
     async def _preprocess(
         self, indices: list[int], planned: list[PlannedMedia], payloads: list[MediaPayload]

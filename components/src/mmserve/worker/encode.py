@@ -55,8 +55,8 @@ class EncodeHandler(RoleHandler):
             encoded = await self.encoder.run(request)
             handles, _leases = await offer_embeddings(self.transfer, list(encoded.values()))
             offered = dict(zip(encoded, handles, strict=True))
-            # Precomputed embeddings pass on untouched: the language hop reads them from the
-            # frontend.
+            # Precomputed embeddings pass on untouched (the language hop reads them from the
+            # frontend), and so does an id-only item this cache no longer holds.
             payloads = [
                 MediaPayload(embeddings=offered[i]) if i in offered else payload
                 for i, payload in enumerate(request.payloads)
