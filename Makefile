@@ -17,9 +17,9 @@ setup:
 ext:
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --skip-install --quiet
 
-## run: the aggregated deployment on the default tiny model
+## run: the aggregated deployment on the default tiny model (RUN_ARGS: the launch script's flags)
 run:
-	PATH=$(abspath $(VENV))/bin:$$PATH bash launch/agg.sh
+	PATH=$(abspath $(VENV))/bin:$$PATH bash launch/agg.sh $(RUN_ARGS)
 
 ## test: the whole test suite (Python and Rust)
 test: test-rust test-py

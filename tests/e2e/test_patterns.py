@@ -3,16 +3,20 @@ as the aggregated one, for each tiny model family, with 0, 1 and 3 images."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from mmserve.models.tiny import build_tiny_model
 from tests.support.deployment import Deployment
+from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import data_url
+from tests.support.waiting import wait_until
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 PATTERNS = ["agg", "ep_d", "e_pd", "e_p_d"]
@@ -84,6 +88,10 @@ def _image_urls(requests: list, image_server: str) -> Counter[str]:
                 if url.startswith(image_server):
                     paths[url.removeprefix(image_server)] += 1
     return paths
+
+
+def _logged(deployment: Deployment, process: str, request_id: str) -> bool:
+    return request_id in deployment.log(process)
 
 
 def _run_patterns(
@@ -162,3 +170,132 @@ def test_frontend_decoding_gives_the_same_tokens(
         assert streamed[pattern] == [text for text, *_ in results["agg"]]
         assert results[pattern] == results["agg"], f"{pattern} with frontend decoding"
         assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_precomputed_embeddings_give_the_images_tokens(
+    family: str,
+    nats_url: str,
+    tmp_path: Path,
+    image_server: str,
+    image_dir: Path,
+    image_gets: Counter[str],
+) -> None:
+    """The model's own vision tower output for an image, sent as an `image_embeds` part, gives
+    the image's greedy tokens in every pattern: alone (it skips the encoder) and beside an
+    image that is encoded (the embedding passes the encoder untouched). Nothing is fetched for
+    it, and the same embedding sent again hits the prefix cache."""
+    model_path = build_tiny_model(family)
+    photo = image_dir / "photo.jpg"
+    embeds = embeds_part(vision_tower_safetensors(model_path, photo.read_bytes()))
+    image = {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}}
+    tall = {"type": "image_url", "image_url": {"url": data_url(image_dir / "tall.png")}}
+    question = {"type": "text", "text": "What is in this picture?"}
+
+    def ask(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [*parts, question]}]
+
+    pairs = [(ask(image), ask(embeds)), (ask(tall, image), ask(tall, embeds))]
+    bounded: dict[str, tuple[str | None, Any]] = {}
+    plain_prompt = 0
+    deployments = [
+        Deployment(
+            p,
+            model_path,
+            nats_url,
+            tmp_path,
+            transfer="nixl" if p == "e_p_d" else "shm",
+            frontend_flags=["--enable-mm-embeds"],
+        )
+        for p in PATTERNS
+    ]
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
+            name = deployment.model_path.name
+            for with_image, with_embeds in pairs:
+                expected = _complete(client, name, with_image)
+                plain_prompt = plain_prompt or expected[2]
+                before = Counter(image_gets)
+                assert _complete(client, name, with_embeds) == expected, deployment.pattern
+                assert _stream(client, name, with_embeds) == expected[0], deployment.pattern
+                assert Counter(image_gets) == before, "an embedding was fetched"
+            again = client.chat.completions.create(
+                model=name, messages=ask(embeds), max_tokens=1, temperature=0
+            )
+            details = again.usage.prompt_tokens_details if again.usage else None
+            assert details is not None and details.cached_tokens, deployment.pattern
+            if "encode" in deployment.processes:
+                # Only a request with an image to encode reaches the encode worker.
+                mixed = client.chat.completions.create(
+                    model=name, messages=ask(tall, embeds), max_tokens=1, temperature=0
+                )
+                # The encode worker logs a request once its stream has ended, after the answer.
+                logged = functools.partial(_logged, deployment, "encode", mixed.id)
+                wait_until(logged, what="the mixed request in the encode log")
+                assert again.id not in deployment.log("encode")
+            # Pixel bounds per request (inside every family's) reach whoever preprocesses.
+            small = client.chat.completions.create(
+                model=name,
+                messages=ask(image),
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body={"mm_processor_kwargs": {"max_pixels": 65_536}},
+            )
+            assert small.usage is not None and small.usage.prompt_tokens < plain_prompt
+            bounded[deployment.pattern] = (small.choices[0].message.content, small.usage)
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+    assert all(result == bounded["agg"] for result in bounded.values()), bounded
+
+
+def test_an_image_named_by_its_id_gives_the_images_tokens(
+    nats_url: str, tmp_path: Path, image_server: str, image_gets: Counter[str]
+) -> None:
+    """In every pattern a part carrying only the uuid of an image sent before answers as the
+    image did, with nothing fetched; another API key cannot use the id, and once the
+    deployment's caches are cleared the id is gone (400 media_id.gone: send it again)."""
+    model_path = build_tiny_model("qwen2_vl")
+    url = f"{image_server}/photo.jpg"
+    question = {"type": "text", "text": "What is in this picture?"}
+
+    def ask(part: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [part, question]}]
+
+    named = ask({"type": "image_url", "image_url": {"url": url}, "uuid": "photo-1"})
+    by_id = ask({"type": "image_url", "uuid": "photo-1"})
+    deployments = [
+        Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
+        for p in PATTERNS
+    ]
+    results: dict[str, tuple] = {}
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+            base = f"{deployment.base_url}/v1"
+            client = openai.OpenAI(base_url=base, api_key="tenant-a", max_retries=0)
+            name = deployment.model_path.name
+            results[deployment.pattern] = _complete(client, name, named)
+            before = Counter(image_gets)
+            assert _complete(client, name, by_id) == results[deployment.pattern]
+            assert _stream(client, name, by_id) == results[deployment.pattern][0]
+            assert Counter(image_gets) == before, "the image was fetched again"
+            other = openai.OpenAI(base_url=base, api_key="tenant-b", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as unknown:
+                _complete(other, name, by_id)
+            assert unknown.value.code == "media_id.unknown"
+            reset = httpx.post(f"{deployment.base_url}/reset_prefix_cache", timeout=60)
+            assert reset.status_code == 200, reset.text
+            with pytest.raises(openai.BadRequestError) as gone:
+                _complete(client, name, by_id)
+            assert gone.value.code == "media_id.gone", deployment.pattern
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+    assert all(result == results["agg"] for result in results.values()), results

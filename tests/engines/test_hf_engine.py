@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import torch
 
-from mmserve.engines.base import GREEDY, EngineError, EngineOverloaded, EngineRequest
+from mmserve.engines.base import GREEDY, EngineError, EngineOverloaded, EngineRequest, MediaGone
 from mmserve.engines.hf import HfEngine
 from mmserve.protocol import (
     KvCleared,
@@ -170,6 +170,28 @@ async def test_clear_caches_empties_both_caches_and_says_so(tiny_model: Path):
     assert engine.encoder_cache.misses == misses + 1
     assert again[-1].usage.cached_tokens == 0
     assert tokens_of(again) == tokens_of(first)
+
+
+async def test_an_item_without_its_embedding_is_served_from_the_prefix_cache(tiny_model: Path):
+    """Items named by their media id alone whose embeddings no encoder cache holds (None) need
+    none while the prefix cache holds all their tokens: the same tokens as with them. Once the
+    prefix cache dropped them the engine refuses them (MediaGone)."""
+    engine = HfEngine(tiny_model)
+    items = preprocess(tiny_model, [make_image(84, 56, seed=6), make_image(56, 56, seed=7)])
+    ids = expand_prompt(engine.tokenizer, ["Compare these two."], items)
+    embeddings = await engine.encode(items)
+    request = planned_request("r", ids, items, GREEDY, EIGHT_TOKENS, model=engine.model)
+    first = await collect(engine.generate(request, embeddings))
+    cached = (len(ids) - 1) // 16 * 16
+    assert request.media[-1].end <= cached  # both images lie in the cached prefix
+
+    again = await collect(engine.generate(replace(request, request_id="s"), [None, None]))
+    assert tokens_of(again) == tokens_of(first)
+    assert again[-1].usage.cached_tokens == cached
+
+    await engine.clear_caches()
+    with pytest.raises(MediaGone, match="media item 0"):
+        await engine.prefill(replace(request, request_id="t"), [None, embeddings[1]])
 
 
 async def test_seeded_sampling_is_reproducible(engine: HfEngine):

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import uvicorn
 import uvloop
 
@@ -102,18 +103,20 @@ class EchoDispatcher:
 
 @dataclass
 class InlineTensorSink:
-    """Test double of the transfer layer for frontend decoding: ships pixel_values with the
-    `inline` backend (the descriptor is the tensor's bytes) and keeps what it shipped."""
+    """Test double of the transfer layer for frontend decoding and precomputed embeddings:
+    ships each array with the `inline` backend (the descriptor is the tensor's bytes) and
+    keeps what it shipped."""
 
-    shipped: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    shipped: list[tuple[str, np.ndarray | torch.Tensor]] = field(default_factory=list)
 
-    async def __call__(self, request_id: str, pixel_values: np.ndarray) -> TensorHandle:
-        self.shipped.append((request_id, pixel_values))
+    async def __call__(self, request_id: str, array: np.ndarray | torch.Tensor) -> TensorHandle:
+        self.shipped.append((request_id, array))
+        tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
         return TensorHandle(
-            shape=pixel_values.shape,
-            dtype=str(pixel_values.dtype),
+            shape=tuple(tensor.shape),
+            dtype=str(tensor.dtype).removeprefix("torch."),
             backend="inline",
-            descriptor=pixel_values.tobytes(),
+            descriptor=tensor.contiguous().view(torch.uint8).numpy().tobytes(),
         )
 
 
@@ -160,7 +163,8 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
         dispatcher = EchoDispatcher()
         tensor_sink = InlineTensorSink()
         args = parse_frontend_args(tiny_model_path, *extra)
-        app = build_app(args, model, dispatcher, tensor_sink if args.frontend_decoding else None)
+        ships = args.frontend_decoding or args.enable_mm_embeds
+        app = build_app(args, model, dispatcher, tensor_sink if ships else None)
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning")
         )

@@ -29,7 +29,7 @@ from mmserve.frontend.cli import serve
 from mmserve.frontend.dispatch import Pipeline
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TokenChunk, decode, encode
-from tests.frontend.conftest import parse_frontend_args
+from tests.frontend.conftest import InlineTensorSink, parse_frontend_args
 from tests.support.deployment import free_port
 
 from .conftest import Trial
@@ -51,7 +51,12 @@ CHECKS = [
 ]
 # What a request that follows the document may still be refused for, besides its media (the
 # core's `fetch.*`, `decode.*` and `request.*` codes): what no schema of one field can say.
-REFUSABLE = ("chat_template", "context_length_exceeded", "min_tokens_over_max_tokens")
+REFUSABLE = (
+    "chat_template",
+    "context_length_exceeded",
+    "min_tokens_over_max_tokens",
+    "min_pixels_over_max_pixels",
+)
 
 
 @schemathesis.check
@@ -76,7 +81,8 @@ class _OverTheWire(_OneToken):
 
 @contextlib.asynccontextmanager
 async def _pipeline(args: argparse.Namespace) -> AsyncIterator[Pipeline]:
-    yield Pipeline(_OverTheWire())
+    # The sink ships precomputed embeddings (image_embeds parts are on).
+    yield Pipeline(_OverTheWire(), InlineTensorSink())
 
 
 async def _serve_until_cancelled(args: argparse.Namespace) -> None:
@@ -88,7 +94,14 @@ async def _serve_until_cancelled(args: argparse.Namespace) -> None:
 def frontend_url() -> Iterator[str]:
     """`mmserve frontend`'s own server (uvicorn with the CLI's settings) on a loopback port."""
     port = free_port()
-    args = parse_frontend_args(build_tiny_model("qwen2_vl"), "--http-port", str(port))
+    args = parse_frontend_args(
+        build_tiny_model("qwen2_vl"),
+        "--http-port",
+        str(port),
+        "--enable-mm-embeds",
+        "--limit-mm-per-prompt",
+        '{"image": 8}',
+    )
     loop = uvloop.new_event_loop()
     server = loop.create_task(_serve_until_cancelled(args))
     thread = threading.Thread(target=loop.run_until_complete, args=(server,), daemon=True)
@@ -204,6 +217,24 @@ def test_stream_events_follow_the_document(api: schemathesis.BaseSchema) -> None
         {"max_tokens": 1.0},  # was: refused, though JSON Schema's integers include it
         {"max_completion_tokens": 2e0, "seed": -1.0},
         {"n": 1, "presence_penalty": 0, "logprobs": False, "tools": [], "tool_choice": "auto"},
+        {"mm_processor_kwargs": {"min_pixels": 3136, "max_pixels": 100_000}},
+        {"mm_processor_kwargs": {"max_pixels": 10**12}},
+        {"mm_processor_kwargs": {"do_resize": False}},
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "uuid": None}]}]},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image_embeds",
+                            "image_embeds": {"image_embeds": "AAAA", "image_grid_thw": [1, 2]},
+                        }
+                    ],
+                }
+            ]
+        },
     ],
 )
 def test_the_document_and_the_server_agree_on_a_request(

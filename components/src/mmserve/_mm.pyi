@@ -196,7 +196,7 @@ class ProcessResult:
 def process(
     spec: Spec,
     input_ids: list[int],
-    images: list[str | bytes],
+    images: list[str | bytes | tuple[int, tuple[int, int, int]]],
     *,
     allowed_local_roots: list[str] = ...,
     allowed_domains: list[str] = ...,
@@ -205,9 +205,10 @@ def process(
     keep_bytes: bool = False,
 ) -> ProcessResult:
     """The request driver: one placeholder per image in input_ids, images as references
-    (URL, data: URL, base64, local path) or already-fetched bytes. With count_only each image
-    is fetched, hashed and sized from its headers (probe_image), never decoded. With keep_bytes
-    each item's fetched bytes come back in ProcessedMedia.data."""
+    (URL, data: URL, base64, local path), already-fetched bytes, or (hash, (t, h, w)) for an
+    item whose features the caller holds (nothing fetched; its grid is checked). With
+    count_only each image is fetched, hashed and sized from its headers (probe_image), never
+    decoded. With keep_bytes each item's fetched bytes come back in ProcessedMedia.data."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""

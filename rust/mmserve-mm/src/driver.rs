@@ -51,6 +51,37 @@ pub enum MediaInput<'a> {
     Source(&'a str),
     /// Bytes someone already fetched (the frontend, for instance).
     Bytes(&'a [u8]),
+    /// An item the caller holds the model features of (precomputed embeddings): its identity
+    /// and patch grid are given, nothing is fetched or decoded.
+    Planned { hash: u64, grid_thw: [u32; 3] },
+}
+
+/// One item after fetching: its bytes, or the facts of a planned item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched<'a> {
+    Bytes(Cow<'a, [u8]>),
+    Planned { hash: u64, grid_thw: [u32; 3] },
+}
+
+impl Fetched<'_> {
+    /// The item as driver input, borrowing the fetched bytes.
+    pub fn as_input(&self) -> MediaInput<'_> {
+        match self {
+            Fetched::Bytes(bytes) => MediaInput::Bytes(bytes),
+            Fetched::Planned { hash, grid_thw } => MediaInput::Planned {
+                hash: *hash,
+                grid_thw: *grid_thw,
+            },
+        }
+    }
+
+    /// The fetched bytes; `None` for a planned item.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Fetched::Bytes(bytes) => Some(bytes),
+            Fetched::Planned { .. } => None,
+        }
+    }
 }
 
 /// How much of each item to produce.
@@ -80,7 +111,7 @@ pub struct ItemOutput {
     pub height: u32,
     pub geometry: Geometry,
     pub num_tokens: usize,
-    /// `None` in [`Mode::CountOnly`].
+    /// `None` in [`Mode::CountOnly`] and for a planned item.
     pub processed: Option<ProcessedItem>,
 }
 
@@ -110,7 +141,7 @@ pub fn run(
         .into());
     }
     let fetched = fetch_all(media, &options.fetch)?;
-    let items = par::try_map(&fetched, |bytes| prepare_item(family, bytes, options, mode))
+    let items = par::try_map(&fetched, |item| prepare_item(family, item, options, mode))
         .map_err(|(index, e)| e.at_item(index))?;
 
     let geometries: Vec<Geometry> = items.iter().map(|item| item.geometry).collect();
@@ -128,10 +159,11 @@ pub fn run(
 /// Fetches in order, refusing as soon as the running total passes the request cap. Each
 /// source may bring at most what the request has left, so the one that would cross the cap
 /// is refused from its announced size (Content-Length, file size) before it is read.
+/// Planned items pass through.
 pub fn fetch_all<'a>(
     media: &[MediaInput<'a>],
     policy: &FetchPolicy,
-) -> Result<Vec<Cow<'a, [u8]>>, Error> {
+) -> Result<Vec<Fetched<'a>>, Error> {
     let mut total: u64 = 0;
     let mut out = Vec::with_capacity(media.len());
     for (index, input) in media.iter().enumerate() {
@@ -158,22 +190,48 @@ pub fn fetch_all<'a>(
                 Cow::Owned(fetch_bytes(source, policy).map_err(|e| Error::from(e).at_item(index))?)
             }
             MediaInput::Bytes(bytes) => Cow::Borrowed(*bytes),
+            MediaInput::Planned { hash, grid_thw } => {
+                out.push(Fetched::Planned {
+                    hash: *hash,
+                    grid_thw: *grid_thw,
+                });
+                continue;
+            }
         };
         total += bytes.len() as u64;
         if total > MAX_BYTES_PER_REQUEST {
             return Err(too_many_bytes());
         }
-        out.push(bytes);
+        out.push(Fetched::Bytes(bytes));
     }
     Ok(out)
 }
 
 fn prepare_item(
     family: &dyn Family,
-    bytes: &[u8],
+    item: &Fetched<'_>,
     options: &DriverOptions,
     mode: Mode,
 ) -> Result<ItemOutput, Error> {
+    let bytes = match item {
+        Fetched::Bytes(bytes) => bytes,
+        Fetched::Planned { hash, grid_thw } => {
+            let geometry = family.geometry_from_grid(*grid_thw)?;
+            let Geometry::Image {
+                resized_width,
+                resized_height,
+                ..
+            } = geometry;
+            return Ok(ItemOutput {
+                hash: *hash,
+                width: resized_width,
+                height: resized_height,
+                geometry,
+                num_tokens: family.num_tokens(&geometry),
+                processed: None,
+            });
+        }
+    };
     let hash = content_hash(bytes);
     let (width, height, geometry, processed) = match mode {
         Mode::CountOnly => {
@@ -304,6 +362,47 @@ mod tests {
         let err = result.unwrap_err();
         assert_eq!(err.code(), "request.too_many_bytes");
         assert!(err.to_string().contains("item 4"), "{err}");
+    }
+
+    #[test]
+    fn a_planned_item_expands_like_the_image_it_stands_for() {
+        let image = png(90, 40);
+        let full = run_bytes(&prompt(2), &[&image, &image], Mode::Full).unwrap();
+        let grid_thw = full.items[1].geometry.grid_thw();
+        let media = [
+            MediaInput::Bytes(&image),
+            MediaInput::Planned { hash: 7, grid_thw },
+        ];
+        let out = run(
+            family().as_ref(),
+            &prompt(2),
+            &media,
+            &DriverOptions::default(),
+            Mode::Full,
+        )
+        .unwrap();
+        assert_eq!(out.input_ids, full.input_ids);
+        assert_eq!(out.offsets, full.offsets);
+        assert_eq!(out.positions, full.positions);
+        assert_eq!(
+            (out.items[1].hash, out.items[1].num_tokens),
+            (7, full.items[1].num_tokens)
+        );
+        assert!(out.items[1].processed.is_none());
+
+        let bad = [MediaInput::Planned {
+            hash: 7,
+            grid_thw: [1, 3, 4],
+        }];
+        let err = run(
+            family().as_ref(),
+            &prompt(1),
+            &bad,
+            &DriverOptions::default(),
+            Mode::CountOnly,
+        )
+        .unwrap_err();
+        assert_eq!((err.code(), err.item_index()), ("process.grid", Some(0)));
     }
 
     #[test]

@@ -188,6 +188,11 @@ pub trait Family: Send + Sync {
     /// Number of prompt tokens the item expands to.
     fn num_tokens(&self, geometry: &Geometry) -> usize;
 
+    /// The geometry of an item whose features the caller already holds (precomputed
+    /// embeddings): its patch grid `[t, h, w]` as the vision tower produced it, checked
+    /// against what this family's tower can produce for an image.
+    fn geometry_from_grid(&self, grid_thw: [u32; 3]) -> Result<Geometry, ProcessError>;
+
     /// Resize, normalise and lay out one image as the model's input feature.
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error>;
 
@@ -233,6 +238,8 @@ pub enum ProcessError {
          put exactly one placeholder per image"
     )]
     PlaceholderCount { placeholders: usize, items: usize },
+    #[error("image grid {grid_thw:?} is not one this model's vision tower produces: {reason}")]
+    Grid { grid_thw: [u32; 3], reason: String },
     #[error("item offsets do not fit the prompt: {0}")]
     Offsets(String),
     #[error("tensor of shape {shape:?} cannot hold {elements} elements")]
@@ -248,6 +255,7 @@ impl ProcessError {
             ProcessError::EmptyImage { .. } => "process.empty_image",
             ProcessError::PlaceholderContext { .. } => "process.placeholder_context",
             ProcessError::PlaceholderCount { .. } => "process.placeholder_count",
+            ProcessError::Grid { .. } => "process.grid",
             ProcessError::Offsets(_) => "process.offsets",
             ProcessError::TensorShape { .. } => "process.tensor_shape",
             ProcessError::PixelBuffer { .. } => "process.pixel_buffer",

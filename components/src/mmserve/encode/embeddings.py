@@ -10,10 +10,8 @@ import torch
 
 from mmserve.engines.base import EngineError, ItemEmbedding
 from mmserve.observability import nvtx
-from mmserve.protocol import EmbeddingsHandle, MediaPayload, PlannedMedia
+from mmserve.protocol import DEEPSTACK, EmbeddingsHandle, MediaPayload, PlannedMedia
 from mmserve.transfer import Lease, TransferAgent
-
-DEEPSTACK = "deepstack"
 
 
 async def offer_embeddings(

@@ -3,7 +3,8 @@ the bytes the frontend fetched, or sent by the frontend with `--frontend-decodin
 vision tower.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
-what it decoded agrees with it. Used by the encode worker and by a worker or prefill worker
+what it decoded agrees with it. Items whose payload already carries embeddings (precomputed
+by the client) are not encoded. Used by the encode worker and by a worker or prefill worker
 started with `--encode`.
 """
 
@@ -16,6 +17,7 @@ import torch
 
 from mmserve import media
 from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
+from mmserve.media.processing import item_identity
 from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import MediaPayload, PlannedMedia, PreprocessedRequest
@@ -31,44 +33,73 @@ class EncodeStage:
         self.spec = resolve_model_spec(model_path).core
         self.component = component
 
-    async def run(self, request: PreprocessedRequest) -> list[ItemEmbedding]:
-        """One embedding per planned item, in plan order."""
-        planned = request.plan.media
-        if not planned:
-            return []
-        if len(request.payloads) != len(planned):
+    async def run(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
+        """An embedding for each planned item whose payload carries none yet, by item index:
+        encoded here, or read from the encoder cache for an item named by its media id (left
+        out when the cache no longer holds it)."""
+        if len(request.payloads) != len(request.plan.media):
             raise EngineError(
-                f"{len(request.payloads)} media payloads for {len(planned)} planned items"
+                f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
+                "items"
             )
-        if all(payload.pixel_values is not None for payload in request.payloads):
+        reused = await self._reused(request)
+        todo = [
+            i
+            for i, payload in enumerate(request.payloads)
+            if payload.embeddings is None and not payload.reuse
+        ]
+        if not todo:
+            return reused
+        planned = [request.plan.media[i] for i in todo]
+        payloads = [request.payloads[i] for i in todo]
+        if all(payload.pixel_values is not None for payload in payloads):
             with metrics.timed_stage(self.component, "transfer"):
-                inputs = await self._inputs_from_pixels(planned, request.payloads)
+                inputs = await self._inputs_from_pixels(planned, payloads)
         else:
-            inputs = await self._preprocess(planned, request.payloads)
+            inputs = await self._preprocess(todo, planned, payloads)
         with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE), metrics.timed_stage(self.component, "encode"):
             embeddings = await self.engine.encode(inputs)
-        for index, (item, embedding) in enumerate(zip(planned, embeddings, strict=True)):
+        for index, item, embedding in zip(todo, planned, embeddings, strict=True):
             if embedding.num_tokens != item.length:
                 raise EngineError(
                     f"media item {index}: the vision tower gave {embedding.num_tokens} rows for "
                     f"the {item.length} tokens the plan holds"
                 )
-        return embeddings
+        return reused | dict(zip(todo, embeddings, strict=True))
+
+    async def _reused(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
+        """The embeddings the encoder cache holds for the items named by their media id
+        alone; one it no longer holds stays without (the language hop's prefix cache may
+        hold its tokens)."""
+        indices = [i for i, payload in enumerate(request.payloads) if payload.reuse]
+        if not indices:
+            return {}
+        items = [request.plan.media[i] for i in indices]
+        cached = await self.engine.cached_embeddings([(i.mm_hash, i.grid_thw) for i in items])
+        return {i: e for i, e in zip(indices, cached, strict=True) if e is not None}
 
     async def _preprocess(
-        self, planned: list[PlannedMedia], payloads: list[MediaPayload]
+        self, indices: list[int], planned: list[PlannedMedia], payloads: list[MediaPayload]
     ) -> list[MediaInput]:
+        """Pixels for the `planned` items (at `indices` in the request) from their bytes."""
         with metrics.timed_stage(self.component, "transfer"):
             data = await asyncio.gather(*(self._encoded_bytes(p) for p in payloads))
         with metrics.timed_stage(self.component, "preprocess"):
-            processed = await media.preprocess_items(self.spec, list(data))
+            # One batch per pixel bounds (a request's images share them).
+            processed: dict[int, media.ItemPixels] = {}
+            for bounds in {item.pixel_bounds for item in planned}:
+                group = [i for i, item in enumerate(planned) if item.pixel_bounds == bounds]
+                done = await media.preprocess_items(self.spec, [data[i] for i in group], bounds)
+                processed |= dict(zip(group, done, strict=True))
         inputs = []
-        for index, (item, pixels) in enumerate(zip(planned, processed, strict=True)):
-            if (pixels.mm_hash, pixels.grid_thw) != (item.mm_hash, item.grid_thw):
+        for position, (index, item) in enumerate(zip(indices, planned, strict=True)):
+            pixels = processed[position]
+            identity = item_identity(pixels.mm_hash, item.pixel_bounds)
+            if (identity, pixels.grid_thw) != (item.mm_hash, item.grid_thw):
                 # The frontend sized the item from its headers; the decoded image disagrees.
                 raise EngineError(
                     f"media item {index} decodes to grid {pixels.grid_thw} (hash "
-                    f"{pixels.mm_hash:016x}); the plan says {item.grid_thw} ({item.mm_hash_hex})"
+                    f"{identity:016x}); the plan says {item.grid_thw} ({item.mm_hash_hex})"
                 )
             inputs.append(
                 MediaInput(

@@ -49,11 +49,23 @@ class EngineOverloaded(EngineError):
     """The engine's queue is full; the caller should retry elsewhere or later (HTTP 503)."""
 
 
+class MediaGone(EngineError):
+    """An item came without its embedding (named by its media id alone, and no encoder cache
+    held it) and the prefix cache does not hold its tokens either: the client must send the
+    media again (HTTP 400 `media_id.gone`)."""
+
+
+Embeddings = Sequence["ItemEmbedding | None"]
+"""One per planned item, in plan order; None for an item named by its media id alone whose
+embedding no encoder cache held (the prefix cache may still hold its tokens)."""
+
+
 @dataclass(frozen=True)
 class MediaInput:
     """One preprocessed image for the vision tower.
 
-    `mm_hash` is the item's content hash (u64, blake3 of the raw bytes): the encoder cache key.
+    `mm_hash` is the item's identity (`PlannedMedia.mm_hash`: blake3 of the raw bytes, folded
+    with the pixel bounds it was processed under): the encoder cache key.
     `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`.
     """
 
@@ -113,7 +125,7 @@ class EngineRequest:
             stop=stop if stop is not None else StopConditions(),
         )
 
-    def check_media(self, embeddings: Sequence[ItemEmbedding]) -> None:
+    def check_media(self, embeddings: Embeddings) -> None:
         """The embeddings fit the plan: one per item, one row per token of its run, runs in
         order inside the prompt."""
         if len(embeddings) != len(self.media):
@@ -125,12 +137,29 @@ class EngineRequest:
                     f"media item {index} spans [{item.offset}, {item.end}), outside the "
                     f"{len(self.token_ids)} prompt tokens or before the item ahead of it"
                 )
-            if embedding.num_tokens != item.length:
+            if embedding is not None and embedding.num_tokens != item.length:
                 raise EngineError(
                     f"media item {index} fills {item.length} tokens but its embedding has "
                     f"{embedding.num_tokens} rows"
                 )
             previous_end = item.end
+
+    def live_embeddings(self, embeddings: Embeddings, cached: int) -> list[ItemEmbedding]:
+        """The embeddings of the items with tokens past the first `cached` prompt tokens (the
+        prefix the engine holds), in order: an item wholly inside it needs none, so one that
+        came without its embedding is served from the prefix cache; else `MediaGone`."""
+        live = []
+        for index, (item, embedding) in enumerate(zip(self.media, embeddings, strict=True)):
+            if item.end <= cached:
+                continue
+            if embedding is None:
+                raise MediaGone(
+                    f"media item {index} was named by its uuid alone, and neither an encoder "
+                    "cache nor the prefix cache holds it any more; send the image again with "
+                    "its uuid"
+                )
+            live.append(embedding)
+        return live
 
     def media_mask(self) -> torch.Tensor:
         """A bool mask over the prompt, true at the tokens media items fill."""
@@ -171,11 +200,12 @@ class Engine(abc.ABC):
     async def prefill(
         self,
         request: EngineRequest,
-        embeddings: Sequence[ItemEmbedding],
+        embeddings: Embeddings,
         bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
         """Run the prompt with `embeddings` spliced in; sample the first token. `bootstrap` is
-        this engine's own `bootstrap_info` for the request, when it gives one."""
+        this engine's own `bootstrap_info` for the request, when it gives one. The embeddings
+        of the items the prefix cache holds are not read (`EngineRequest.live_embeddings`)."""
 
     @abc.abstractmethod
     def decode(
@@ -228,6 +258,13 @@ class Engine(abc.ABC):
         """Encoder cache `(hits, misses)` so far; `(0, 0)` for an engine without one."""
         return 0, 0
 
+    async def cached_embeddings(
+        self, items: Sequence[tuple[int, tuple[int, int, int]]]
+    ) -> list[ItemEmbedding | None]:
+        """What the encoder cache holds for each `(mm_hash, grid_thw)`, None where it holds
+        nothing (an item named by its media id alone); all None for an engine without one."""
+        return [None for _ in items]
+
     async def clear_caches(self) -> CachesCleared:
         """Drop every prefix-cache block and encoder-cache entry (`POST /reset_prefix_cache`).
 
@@ -243,7 +280,7 @@ class Engine(abc.ABC):
         """Stop the engine's thread; pending calls fail."""
 
     async def generate(
-        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
+        self, request: EngineRequest, embeddings: Embeddings = ()
     ) -> AsyncIterator[TokenChunk]:
         """Prefill then decode, as one stream (the aggregated path)."""
         kv = await self.prefill(request, embeddings)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from mmserve.engines.base import (
+    Embeddings,
     Engine,
     EngineError,
     EngineOverloaded,
@@ -235,9 +236,23 @@ class HfEngine(Engine):
                 results[index] = embedding
         return [result for result in results if result is not None]
 
+    async def cached_embeddings(
+        self, items: Sequence[tuple[int, tuple[int, int, int]]]
+    ) -> list[ItemEmbedding | None]:
+        # On the model thread, which owns the cache.
+        return await self._call(self._cached_sync, list(items))
+
+    def _cached_sync(
+        self, items: list[tuple[int, tuple[int, int, int]]]
+    ) -> list[ItemEmbedding | None]:
+        return [self.encoder_cache.get(self._key(mm_hash, grid)) for mm_hash, grid in items]
+
     def _encoder_key(self, item: MediaInput) -> EncoderKey:
-        t, h, w = item.grid_thw  # a list when it came over the wire: keys must be hashable
-        return (self.spec.spec_id, item.mm_hash, (t, h, w))
+        return self._key(item.mm_hash, item.grid_thw)
+
+    def _key(self, mm_hash: int, grid_thw: tuple[int, int, int]) -> EncoderKey:
+        t, h, w = grid_thw  # a list when it came over the wire: keys must be hashable
+        return (self.spec.spec_id, mm_hash, (t, h, w))
 
     def _check_media(self, item: MediaInput) -> None:
         t, h, w = item.grid_thw
@@ -255,7 +270,7 @@ class HfEngine(Engine):
     async def prefill(
         self,
         request: EngineRequest,
-        embeddings: Sequence[ItemEmbedding] = (),
+        embeddings: Embeddings = (),
         bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
         check_sampling(request.sampling, request.stop)
@@ -276,7 +291,9 @@ class HfEngine(Engine):
             )
         return rows.view(3, 1, length), request.positions.delta
 
-    def _prefill_sync(self, request: EngineRequest, embeddings: list[ItemEmbedding]) -> KvHandle:
+    def _prefill_sync(
+        self, request: EngineRequest, embeddings: list[ItemEmbedding | None]
+    ) -> KvHandle:
         from transformers import DynamicCache
 
         if not request.token_ids:
@@ -285,7 +302,7 @@ class HfEngine(Engine):
         if int(ids.max()) >= self.spec.vocab_size or int(ids.min()) < 0:
             raise EngineError(f"token ids must lie in [0, {self.spec.vocab_size})")
         for item, embedding in zip(request.media, embeddings, strict=True):
-            if item.grid_thw != embedding.grid_thw:
+            if embedding is not None and item.grid_thw != embedding.grid_thw:
                 raise EngineError(f"embedding of grid {embedding.grid_thw} for item {item}")
         positions, rope_delta = self._positions(request)
 
@@ -301,14 +318,17 @@ class HfEngine(Engine):
             for layer in range(past.shape[0]):
                 cache.update(past[layer, 0][None], past[layer, 1][None], layer)
 
-        # Only the uncached suffix runs: its embeddings, with the image rows that fall in it.
-        image_mask = request.media_mask().to(self.device)
-        rows_cached = int(image_mask[:cached].sum())
+        # Only the uncached suffix runs: its embeddings, with the image rows that fall in it,
+        # from the items it reaches (the first may start inside the cached prefix).
+        live = request.live_embeddings(embeddings, cached)
+        reached = [item for item in request.media if item.end > cached]
+        skipped = max(0, cached - reached[0].offset) if reached else 0
+        suffix_mask = request.media_mask().to(self.device)[cached:]
         inputs_embeds = self._inner.get_input_embeddings()(ids[None, cached:])
-        if rows_cached < int(image_mask.sum()):
-            rows = torch.cat([item.embeddings for item in embeddings])[rows_cached:]
-            inputs_embeds[0, image_mask[cached:]] = rows.to(self.device, inputs_embeds.dtype)
-        extra = self._deepstack_inputs(embeddings, image_mask, cached)
+        if live:
+            rows = torch.cat([item.embeddings for item in live])[skipped:]
+            inputs_embeds[0, suffix_mask] = rows.to(self.device, inputs_embeds.dtype)
+        extra = self._deepstack_inputs(live, skipped, suffix_mask)
         output = self._inner.language_model(
             inputs_embeds=inputs_embeds,
             position_ids=positions[:, :, cached:],
@@ -336,18 +356,18 @@ class HfEngine(Engine):
         )
 
     def _deepstack_inputs(
-        self, embeddings: list[ItemEmbedding], image_mask: torch.Tensor, cached: int
+        self, live: list[ItemEmbedding], skipped: int, suffix_mask: torch.Tensor
     ) -> dict[str, Any]:
-        """Qwen3-VL's deepstack features for the image tokens that are not cached."""
-        if not self.spec.family.has_deepstack or not embeddings:
+        """Qwen3-VL's deepstack features for the image tokens that are not cached: those of
+        the `live` items past their first `skipped` rows."""
+        if not self.spec.family.has_deepstack or not live:
             return {}
-        suffix_mask = image_mask[cached:]
-        if not bool(suffix_mask.any()):
-            return {}
-        skipped = int(image_mask[:cached].sum())
-        num_layers = len(embeddings[0].deepstack)
+        num_layers = len(live[0].deepstack)
         features = [
-            torch.cat([item.deepstack[layer] for item in embeddings])[skipped:].to(self.device)
+            # In the model's dtype: a client's precomputed features may come in another.
+            torch.cat([item.deepstack[layer] for item in live])[skipped:].to(
+                self.device, self.dtype
+            )
             for layer in range(num_layers)
         ]
         return {"visual_pos_masks": suffix_mask[None], "deepstack_visual_embeds": features}

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from mmserve.engines.base import (
+    Embeddings,
     Engine,
     EngineError,
     EngineOverloaded,
@@ -152,7 +153,7 @@ class MockEngine(Engine):
     async def prefill(
         self,
         request: EngineRequest,
-        embeddings: Sequence[ItemEmbedding] = (),
+        embeddings: Embeddings = (),
         bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
         check_sampling(request.sampling, request.stop)
@@ -169,6 +170,8 @@ class MockEngine(Engine):
                 # At least one token runs, as in a real engine (it yields the first token).
                 limit = (len(request.token_ids) - 1) // cache.block_size
                 cached = len(cache.match(keys.seq_hashes, limit)) * cache.block_size
+                # An item that came without its embedding must lie in the cached prefix.
+                request.live_embeddings(embeddings, cached)
                 await asyncio.sleep((len(request.token_ids) - cached) * self.prefill_s_per_token)
                 stored = cached // cache.block_size
                 cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))

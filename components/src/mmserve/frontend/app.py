@@ -24,6 +24,7 @@ import msgspec
 from mmserve.frontend.chat import ChatPreprocessor, new_request_id
 from mmserve.frontend.dispatch import Dispatcher
 from mmserve.frontend.errors import ApiError
+from mmserve.frontend.media_ids import tenant_of
 from mmserve.frontend.openapi import openapi_document
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
@@ -118,7 +119,8 @@ class FrontendApp:
         self.preprocessor = preprocessor
         self.dispatcher = dispatcher
         self.http = http or HttpOptions()
-        self._openapi = _encoder.encode(openapi_document(preprocessor.model.name))
+        pixels = preprocessor.pixel_range.min_pixels, preprocessor.pixel_range.max_pixels
+        self._openapi = _encoder.encode(openapi_document(preprocessor.model.name, pixels))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -216,11 +218,14 @@ class FrontendApp:
         outcome = "ok"
         try:
             self._authorize(scope)
+            tenant = tenant_of(dict(scope["headers"]).get(b"authorization", b""))
             body = await _read_body(scope, receive, self.http.max_body_bytes)
             request = _decode_request(body)
             timeout = self.preprocessor.options.request_timeout_s
             work = asyncio.ensure_future(
-                self._complete(request, request_id, arrival, time.time() + timeout, exchange)
+                self._complete(
+                    request, request_id, arrival, time.time() + timeout, exchange, tenant
+                )
             )
             outcome = await _race(work, receive, timeout)
             if outcome == "disconnected":
@@ -259,12 +264,13 @@ class FrontendApp:
         arrival: float,
         deadline: float,
         exchange: _Exchange,
+        tenant: str,
     ) -> None:
         self.preprocessor.validate(request)
         if not self.dispatcher.ready():
             raise ApiError("no_worker", "no worker is reachable for the model; retry later")
         with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
-            preprocessed = await self.preprocessor.preprocess(request, request_id, deadline)
+            preprocessed = await self.preprocessor.preprocess(request, request_id, deadline, tenant)
         metrics.STAGE_SECONDS.labels(COMPONENT, "preprocess").observe(time.perf_counter() - arrival)
         generation = _Generation(self, request, preprocessed, arrival)
         if request.stream:

@@ -11,7 +11,7 @@ import itertools
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +20,22 @@ import numpy as np
 from mmserve import media
 from mmserve._mm import MediaError
 from mmserve.frontend.dispatch import TensorSink
+from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_embeds
 from mmserve.frontend.errors import ApiError
+from mmserve.frontend.media_ids import KnownMedia, MediaIds
+from mmserve.frontend.mm_options import PixelRange, check_media_counts
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
-from mmserve.media import MediaPolicy
+from mmserve.media import MediaPolicy, PixelBounds
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
+    DEEPSTACK,
     ChatCompletionRequest,
     ChatMessage,
+    EmbeddingsHandle,
+    ImageEmbedsPart,
     ImageUrlPart,
     MediaPayload,
+    MMProcessorKwargs,
     PreprocessedRequest,
     SamplingParams,
     StopConditions,
@@ -83,11 +90,19 @@ class ChatOptions:
     context_length: int | None = None
     # Budget of the cache of rendered prompts' token ids; 0 turns it off.
     token_cache_bytes: int = DEFAULT_TOKEN_CACHE_MIB << 20
+    # Most items per prompt by modality (--limit-mm-per-prompt); a modality not named is
+    # bounded by the policy's max_items alone.
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
+    # The operator's processor options (--mm-processor-kwargs): default pixel bounds that
+    # requests may narrow.
+    mm_processor_kwargs: MMProcessorKwargs | None = None
+    # image_embeds parts are refused unless the operator allows them.
+    enable_mm_embeds: bool = False
 
 
 @dataclass(frozen=True)
-class _ImageRef:
-    url: str
+class _MediaRef:
+    part: ImageUrlPart | ImageEmbedsPart
     param: str  # where the item sits in the request, for error messages
 
 
@@ -107,8 +122,12 @@ class ChatPreprocessor:
     ) -> None:
         if options.frontend_decoding and tensor_sink is None:
             raise ValueError("frontend decoding needs a tensor sink to ship pixel_values")
+        if options.enable_mm_embeds and tensor_sink is None:
+            raise ValueError("--enable-mm-embeds needs a tensor sink to ship embeddings")
         self.model = model
         self.options = options
+        self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
+        self.media_ids = MediaIds()
         self._tensor_sink = tensor_sink
         self._token_cache = (
             TokenCache(options.token_cache_bytes, message_boundary(model.tokenizer))
@@ -117,25 +136,34 @@ class ChatPreprocessor:
         )
 
     async def preprocess(
-        self, request: ChatCompletionRequest, request_id: str, deadline: float
+        self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""
     ) -> PreprocessedRequest:
-        """The request for the first hop; `request` must have passed `validate`."""
-        images = _image_refs(request)
-        if len(images) > self.options.policy.max_items:
+        """The request for the first hop; `request` must have passed `validate`. `tenant`
+        scopes the media ids the request names (`frontend.media_ids`)."""
+        items = _media_refs(request)
+        if len(items) > self.options.policy.max_items:
             raise ApiError(
                 "request.too_many_items",
-                f"the request has {len(images)} images; at most "
+                f"the request has {len(items)} images; at most "
                 f"{self.options.policy.max_items} are allowed",
                 param="messages",
             )
+        check_media_counts(self.options.limit_mm_per_prompt, {"image": len(items)})
+        bounds = self.pixel_range.bounds(request.mm_processor_kwargs)
+        known = self._recall(items, tenant)
+        precomputed = await self._precomputed(items)
         loop = asyncio.get_running_loop()
         token_ids = await loop.run_in_executor(_tokenizer_threads(), self._tokenize, request)
         # Text-only prompts go through the driver too: it refuses text that spells the image
         # placeholder token.
-        planned = await self._plan(token_ids, images)
+        planned = await self._plan(token_ids, items, known, precomputed, bounds)
         plan = planned.plan
         max_tokens = self._completion_budget(request, len(plan.token_ids))
-        payloads = await self._payloads(planned, request_id)
+        payloads = await self._payloads(planned, known, precomputed, request_id)
+        for item, ref in zip(plan.media, items, strict=True):
+            part = ref.part
+            if isinstance(part, ImageUrlPart) and part.uuid is not None and part.url is not None:
+                self.media_ids.remember(tenant, part.uuid, KnownMedia(item.mm_hash, item.grid_thw))
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return PreprocessedRequest(
             request_id=request_id,
@@ -200,6 +228,22 @@ class ChatPreprocessor:
                 f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({asked})",
                 param="min_tokens",
             )
+        for item in _media_refs(request):
+            if isinstance(item.part, ImageUrlPart) and item.part.url is None is item.part.uuid:
+                raise ApiError(
+                    "invalid_value",
+                    "an image_url part needs its url, or the uuid of an image sent before",
+                    param=item.param,
+                )
+        if not self.options.enable_mm_embeds:
+            for item in _media_refs(request):
+                if isinstance(item.part, ImageEmbedsPart):
+                    raise ApiError(
+                        "embeds.disabled",
+                        "image_embeds parts are not accepted: the server was started without "
+                        "--enable-mm-embeds",
+                        param=item.param,
+                    )
         unsupported = request.unsupported_options()
         if unsupported:
             name = unsupported[0]
@@ -236,30 +280,90 @@ class ChatPreprocessor:
         (encoding,) = backend.encode_batch_fast([text], add_special_tokens=False)
         return encoding.ids
 
-    async def _plan(self, token_ids: list[int], images: list[_ImageRef]) -> media.PlannedRequest:
+    def _recall(self, items: list[_MediaRef], tenant: str) -> dict[int, KnownMedia]:
+        """The items named by their media id alone, by item index."""
+        known = {}
+        for index, item in enumerate(items):
+            part = item.part
+            if isinstance(part, ImageUrlPart) and part.url is None and part.uuid is not None:
+                media_item = self.media_ids.recall(tenant, part.uuid)
+                if media_item is None:
+                    raise ApiError(
+                        "media_id.unknown",
+                        f"no image was sent with uuid {part.uuid!r} under this API key; send "
+                        "the image with its uuid",
+                        param=item.param,
+                    )
+                known[index] = media_item
+        return known
+
+    async def _precomputed(self, items: list[_MediaRef]) -> dict[int, PrecomputedImage]:
+        """The request's precomputed embeddings by item index, read and checked (before the
+        prompt is tokenized or any image fetched)."""
+        budget = EmbedsBudget()
+        return {
+            index: await load_image_embeds(
+                item.part, self.model.spec, self.options.policy, item.param, budget
+            )
+            for index, item in enumerate(items)
+            if isinstance(item.part, ImageEmbedsPart)
+        }
+
+    async def _plan(
+        self,
+        token_ids: list[int],
+        items: list[_MediaRef],
+        known: dict[int, KnownMedia],
+        precomputed: dict[int, PrecomputedImage],
+        bounds: PixelBounds | None,
+    ) -> media.PlannedRequest:
         """The request plan, from one run of the Rust driver: it fetches each image once and
-        keeps its bytes to ship on (or, with frontend decoding, preprocesses it in full)."""
+        keeps its bytes to ship on (or, with frontend decoding, preprocesses it in full); an
+        item named by its id alone, and a precomputed one, is planned from its identity and
+        grid."""
         decoding = self.options.frontend_decoding
+        sources: list[str | bytes | media.Precomputed] = []
+        for index, item in enumerate(items):
+            part = item.part
+            if isinstance(part, ImageUrlPart) and part.url is not None:
+                sources.append(part.url)
+            else:
+                facts = known.get(index) or precomputed[index]
+                sources.append((facts.mm_hash, facts.grid_thw))
         try:
             return await media.plan_request(
                 self.model.spec.core,
                 token_ids,
-                [image.url for image in images],
+                sources,
                 self.options.policy,
                 count_only=not decoding,
                 keep_bytes=not decoding,
+                pixel_bounds=bounds,
             )
         except MediaError as err:
-            raise ApiError.from_media_error(err, [image.param for image in images]) from err
+            raise ApiError.from_media_error(err, [item.param for item in items]) from err
 
-    async def _payloads(self, planned: media.PlannedRequest, request_id: str) -> list[MediaPayload]:
+    async def _payloads(
+        self,
+        planned: media.PlannedRequest,
+        known: dict[int, KnownMedia],
+        precomputed: dict[int, PrecomputedImage],
+        request_id: str,
+    ) -> list[MediaPayload]:
         """What the first hop reads for each item: with frontend decoding its pixels, else its
         encoded bytes, both by transfer (so a large item never meets the NATS payload limit);
-        inline bytes only where no transfer sink is attached."""
+        inline bytes only where no transfer sink is attached. Precomputed embeddings go by
+        transfer too, ready for the language hop; an item named by its id alone carries
+        nothing."""
         sink = self._tensor_sink
         payloads = []
-        for data, pixel_values in zip(planned.data, planned.pixel_values, strict=True):
-            if pixel_values is not None and sink is not None:
+        items = zip(planned.data, planned.pixel_values, strict=True)
+        for index, (data, pixel_values) in enumerate(items):
+            if index in known:
+                payloads.append(MediaPayload(reuse=True))
+            elif index in precomputed and sink is not None:
+                payloads.append(await _embeddings_payload(sink, request_id, precomputed[index]))
+            elif pixel_values is not None and sink is not None:
                 payloads.append(MediaPayload(pixel_values=await sink(request_id, pixel_values)))
             elif data is not None and sink is not None:
                 array = np.frombuffer(data, dtype=np.uint8)
@@ -269,19 +373,31 @@ class ChatPreprocessor:
         return payloads
 
 
+async def _embeddings_payload(
+    sink: TensorSink, request_id: str, image: PrecomputedImage
+) -> MediaPayload:
+    aux = {}
+    if image.deepstack is not None:
+        aux[DEEPSTACK] = await sink(request_id, image.deepstack)
+    handle = EmbeddingsHandle(embeddings=await sink(request_id, image.embeddings), aux=aux)
+    return MediaPayload(embeddings=handle)
+
+
 def _max_tokens(request: ChatCompletionRequest) -> int | None:
     if request.max_completion_tokens is not None:
         return request.max_completion_tokens
     return request.max_tokens
 
 
-def _image_refs(request: ChatCompletionRequest) -> list[_ImageRef]:
+def _media_refs(request: ChatCompletionRequest) -> list[_MediaRef]:
+    """The request's media parts in prompt order (the order of the template's placeholders)."""
     refs = []
     for m, message in enumerate(request.messages):
         if isinstance(message.content, list):
             for p, part in enumerate(message.content):
-                if isinstance(part, ImageUrlPart):
-                    refs.append(_ImageRef(part.url, f"messages[{m}].content[{p}].image_url"))
+                if isinstance(part, ImageUrlPart | ImageEmbedsPart):
+                    name = "image_url" if isinstance(part, ImageUrlPart) else "image_embeds"
+                    refs.append(_MediaRef(part, f"messages[{m}].content[{p}].{name}"))
     return refs
 
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mmserve.frontend.mm_options import parse_limit_mm_per_prompt, parse_mm_processor_kwargs
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.media.policy import MediaPolicy
 from mmserve.router.settings import RouterSettings
@@ -122,6 +123,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fetch, decode and preprocess images here and ship pixel_values to the encoder",
     )
     parser.add_argument(
+        "--limit-mm-per-prompt",
+        type=parse_limit_mm_per_prompt,
+        default={},
+        metavar="LIMITS",
+        help="most media items per prompt by modality, as JSON ('{\"image\": 4}', with "
+        'optional size hints \'{"image": {"count": 4, "width": 512, "height": 512}}\') or '
+        "image=4; past it a request gets 400 request.too_many_items (default: only "
+        "--max-media-items)",
+    )
+    parser.add_argument(
+        "--mm-processor-kwargs",
+        type=parse_mm_processor_kwargs,
+        default=None,
+        metavar="JSON",
+        help='pixel bounds images are resized under, \'{"min_pixels": N, "max_pixels": M}\', '
+        "inside the model's preprocessor_config; requests may narrow them with "
+        "mm_processor_kwargs (default: the model's)",
+    )
+    parser.add_argument(
+        "--enable-mm-embeds",
+        action="store_true",
+        help="accept image_embeds parts (precomputed vision-tower output, safetensors or .npy "
+        "only); they skip the encoder",
+    )
+    parser.add_argument(
         "--namespace",
         default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
@@ -160,6 +186,9 @@ def build_app(
         request_timeout_s=args.request_timeout,
         frontend_decoding=args.frontend_decoding,
         token_cache_bytes=args.token_cache_mib << 20,
+        limit_mm_per_prompt=args.limit_mm_per_prompt,
+        mm_processor_kwargs=args.mm_processor_kwargs,
+        enable_mm_embeds=args.enable_mm_embeds,
     )
     return FrontendApp(
         ChatPreprocessor(model, options, tensor_sink),

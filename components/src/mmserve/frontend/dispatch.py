@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk
 
+if TYPE_CHECKING:
+    import torch
+
 # Ships one array of a request (pixel_values with frontend decoding, else the encoded bytes of
-# an inline image) to the first hop by transfer; returns the handle that travels in the
-# `MediaItem`.
-TensorSink = Callable[[str, np.ndarray], Awaitable[TensorHandle]]
+# an inline image; a precomputed embedding as a tensor, which may be bfloat16) to the first
+# hop by transfer; returns the handle that travels in the `MediaPayload`.
+TensorSink = Callable[[str, "np.ndarray | torch.Tensor"], Awaitable[TensorHandle]]
 
 
 class Dispatcher(Protocol):

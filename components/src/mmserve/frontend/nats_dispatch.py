@@ -236,14 +236,15 @@ class NatsDispatcher:
 
 class TransferTensorSink:
     """Offers a request's arrays by transfer (pixel_values with frontend decoding, else the
-    encoded bytes of inline images); the encoder reads them. Each lease gives its buffer back
-    once read (or when it times out)."""
+    encoded bytes of inline images; precomputed embeddings); the next hop reads them. Each
+    lease gives its buffer back once read (or when it times out)."""
 
     def __init__(self, transfer: TransferAgent) -> None:
         self.transfer = transfer
 
-    async def __call__(self, request_id: str, array: np.ndarray) -> TensorHandle:
-        handle, _lease = await self.transfer.offer(torch.from_numpy(array))
+    async def __call__(self, request_id: str, array: np.ndarray | torch.Tensor) -> TensorHandle:
+        tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
+        handle, _lease = await self.transfer.offer(tensor)
         return handle
 
 

@@ -58,6 +58,26 @@ def _restrict_chat_request(schema: dict[str, Any], model: str) -> None:
         }
 
 
+def _restrict_pixel_bounds(schema: dict[str, Any], pixels: tuple[int, int]) -> None:
+    """Each of `mm_processor_kwargs`' bounds lies inside the server's (`pixels`); that the
+    minimum is not above the maximum no schema of one field can say."""
+    low, high = pixels
+    for name in ("min_pixels", "max_pixels"):
+        schema["properties"][name] = {
+            "anyOf": [{"type": "integer", "minimum": low, "maximum": high}, {"type": "null"}],
+            "default": None,
+            "description": f"In [{low}, {high}], this server's pixel bounds",
+        }
+
+
+def _require_url_or_uuid(schema: dict[str, Any]) -> None:
+    """An image_url part names its image by URL, or by the uuid of one sent before."""
+    schema["anyOf"] = [
+        {"required": ["image_url"], "properties": {"image_url": {"not": {"type": "null"}}}},
+        {"required": ["uuid"], "properties": {"uuid": {"type": "string"}}},
+    ]
+
+
 # One server-sent event of a streamed completion, as its fields (`data`, `event`, ...): an event
 # stream's schema describes each event, as OpenAPI 3.2's `itemSchema` does.
 _STREAM_EVENT = {
@@ -86,8 +106,9 @@ def _health(status: str, description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def openapi_document(model: str) -> dict[str, Any]:
-    """The document of a server that serves `model`."""
+def openapi_document(model: str, pixels: tuple[int, int]) -> dict[str, Any]:
+    """The document of a server that serves `model` with images resized within `pixels`
+    (min_pixels, max_pixels)."""
     (_, components) = msgspec.json.schema_components(
         [
             ChatCompletionRequest,
@@ -99,6 +120,8 @@ def openapi_document(model: str) -> dict[str, Any]:
         ref_template=_REF,
     )
     _restrict_chat_request(components["ChatCompletionRequest"], model)
+    _restrict_pixel_bounds(components["MMProcessorKwargs"], pixels)
+    _require_url_or_uuid(components["ImageUrlPart"])
     # A key is needed only when the server sets one.
     security: list[dict[str, list[str]]] = [{"bearer": []}, {}]
     return {

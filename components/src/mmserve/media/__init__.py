@@ -3,16 +3,20 @@
 from mmserve.media.calls import (
     ItemPixels,
     PlannedRequest,
+    Precomputed,
     fetch,
     plan_request,
     preprocess_items,
 )
 from mmserve.media.policy import MediaPolicy
+from mmserve.media.processing import PixelBounds
 
 __all__ = [
     "ItemPixels",
     "MediaPolicy",
+    "PixelBounds",
     "PlannedRequest",
+    "Precomputed",
     "fetch",
     "plan_request",
     "preprocess_items",

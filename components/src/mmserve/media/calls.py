@@ -15,7 +15,11 @@ import numpy as np
 
 from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
+from mmserve.media.processing import PixelBounds, item_identity, spec_with_bounds
 from mmserve.protocol import MRopePositions, PlannedMedia, RequestPlan
+
+Precomputed = tuple[int, tuple[int, int, int]]
+"""`(mm_hash, (t, h, w))` of an item whose embeddings the request carries."""
 
 
 @dataclass(frozen=True)
@@ -37,51 +41,61 @@ class ItemPixels:
     grid_thw: tuple[int, int, int]
 
 
-async def fetch(source: str, policy: MediaPolicy) -> bytes:
-    """The encoded bytes of one media item (URL, `data:` URL, base64 or allowed local path)."""
-    return await asyncio.to_thread(_mm.fetch_bytes, source, **_fetch_options(policy))
+async def fetch(source: str, policy: MediaPolicy, max_bytes: int | None = None) -> bytes:
+    """The encoded bytes of one media item (URL, `data:` URL, base64 or allowed local path),
+    at most `max_bytes` (default: the core's per-item cap)."""
+    return await asyncio.to_thread(
+        _mm.fetch_bytes, source, max_bytes=max_bytes, **_fetch_options(policy)
+    )
 
 
 async def plan_request(
     spec: _mm.Spec,
     input_ids: list[int],
-    sources: list[str | bytes],
+    sources: list[str | bytes | Precomputed],
     policy: MediaPolicy,
     *,
     count_only: bool,
     keep_bytes: bool = False,
+    pixel_bounds: PixelBounds | None = None,
 ) -> PlannedRequest:
     """Runs the request driver once: fetches every item (`sources` are references - URL,
-    `data:` URL, base64, local path - or bytes already fetched), hashes it, sizes it, expands
-    `input_ids` (one placeholder per item) and computes the positions. With `count_only` each
-    item is sized from its headers (EXIF orientation applied) and never decoded: a corrupt body
-    is found by whoever decodes it. With `keep_bytes` each item's fetched bytes come back too,
-    so they travel on instead of being fetched again."""
+    `data:` URL, base64, local path - or bytes already fetched; a precomputed item is planned
+    from its grid), hashes it, sizes it, expands `input_ids` (one placeholder per item) and
+    computes the positions. With `count_only` each item is sized from its headers (EXIF
+    orientation applied) and never decoded: a corrupt body is found by whoever decodes it.
+    With `keep_bytes` each item's fetched bytes come back too, so they travel on instead of
+    being fetched again. `pixel_bounds` resize the images under other bounds than the
+    model's, and enter their identity."""
     output = await asyncio.to_thread(
         _mm.process,
-        spec,
+        spec_with_bounds(spec, pixel_bounds),
         input_ids,
         sources,
         count_only=count_only,
         keep_bytes=keep_bytes,
         **_fetch_options(policy),
     )
+    bounds = [None if isinstance(source, tuple) else pixel_bounds for source in sources]
     return PlannedRequest(
-        plan=_plan(output),
+        plan=_plan(output, bounds),
         data=[item.data for item in output.items],
         pixel_values=[item.pixel_values for item in output.items],
     )
 
 
-def _plan(output: _mm.ProcessResult) -> RequestPlan:
+def _plan(output: _mm.ProcessResult, bounds: list[PixelBounds | None]) -> RequestPlan:
     items = [
         PlannedMedia(
-            mm_hash=int(item.hash),
+            mm_hash=item_identity(int(item.hash), item_bounds),
             offset=start,
             length=end - start,
             grid_thw=_grid(item.image_grid_thw),
+            pixel_bounds=item_bounds,
         )
-        for item, (start, end) in zip(output.items, output.offsets, strict=True)
+        for item, (start, end), item_bounds in zip(
+            output.items, output.offsets, bounds, strict=True
+        )
     ]
     positions = None
     if output.positions is not None and items:  # without media they are plain 0..len
@@ -91,10 +105,15 @@ def _plan(output: _mm.ProcessResult) -> RequestPlan:
     return RequestPlan(token_ids=output.input_ids.tolist(), media=items, positions=positions)
 
 
-async def preprocess_items(spec: _mm.Spec, data: list[bytes]) -> list[ItemPixels]:
+async def preprocess_items(
+    spec: _mm.Spec, data: list[bytes], pixel_bounds: PixelBounds | None = None
+) -> list[ItemPixels]:
     """Decodes and preprocesses each item's encoded bytes for the vision tower (fanned out in
-    the core); the plan already says where each item goes."""
-    processed = await asyncio.to_thread(_mm.qwen_vl_preprocess_batch, spec, data)
+    the core), under `pixel_bounds` when given; the plan already says where each item goes.
+    `mm_hash` is each item's content hash."""
+    processed = await asyncio.to_thread(
+        _mm.qwen_vl_preprocess_batch, spec_with_bounds(spec, pixel_bounds), data
+    )
     return [
         ItemPixels(mm_hash=int(mm_hash), pixel_values=pixel_values, grid_thw=_grid(grid))
         for pixel_values, grid, mm_hash in processed

@@ -9,6 +9,7 @@ the same for the tiny checkpoints and for any real local Qwen-VL checkpoint.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,8 @@ class ModelSpec:
     max_position_embeddings: int | None
     # Digest of the config files: two specs with equal ids produce equal embeddings.
     spec_id: str
+    # Vision layers whose features Qwen3-VL adds to the first decoder layers (0: none).
+    deepstack_layers: int = 0
 
     @property
     def image_factor(self) -> int:
@@ -126,4 +129,10 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
         image_std=spec.image_std,
         max_position_embeddings=spec.max_position_embeddings,
         spec_id=spec.spec_id,
+        deepstack_layers=_deepstack_layers(config) if family.has_deepstack else 0,
     )
+
+
+def _deepstack_layers(config: str) -> int:
+    vision = json.loads(config).get("vision_config") or {}
+    return len(vision.get("deepstack_visual_indexes") or [])

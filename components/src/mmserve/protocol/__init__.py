@@ -50,8 +50,11 @@ from mmserve.protocol.openai import (
     ChoiceDelta,
     ContentPart,
     FinishReason,
+    ImageEmbedsPart,
+    ImageEmbedsTensors,
     ImageUrl,
     ImageUrlPart,
+    MMProcessorKwargs,
     ModelCard,
     ModelList,
     OpenAIError,
@@ -62,6 +65,7 @@ from mmserve.protocol.openai import (
     Usage,
 )
 from mmserve.protocol.pipeline import (
+    DEEPSTACK,
     BootstrapInfo,
     EmbeddingsHandle,
     MediaPayload,
@@ -106,6 +110,7 @@ from mmserve.protocol.wire import (
 
 __all__ = [
     "CATALOGUE",
+    "DEEPSTACK",
     "DEFAULT_ONLY_OPTIONS",
     "ERROR_BAD_REQUEST",
     "ERROR_CACHE_RESET_FAILED",
@@ -135,6 +140,8 @@ __all__ = [
     "ErrorCode",
     "ErrorMessage",
     "FinishReason",
+    "ImageEmbedsPart",
+    "ImageEmbedsTensors",
     "ImageUrl",
     "ImageUrlPart",
     "InstanceRecord",
@@ -145,6 +152,7 @@ __all__ = [
     "KvEvent",
     "KvRemoved",
     "KvStored",
+    "MMProcessorKwargs",
     "MRopePositions",
     "MediaPayload",
     "ModelCard",

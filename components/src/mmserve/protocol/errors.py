@@ -53,6 +53,8 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("unsupported_option", 400, "an OpenAI option mmserve does not implement is set"),
     ErrorCode("context_length_exceeded", 400, "the prompt and completion exceed the context"),
     ErrorCode("min_tokens_over_max_tokens", 400, "min_tokens is greater than max_tokens"),
+    ErrorCode("min_pixels_over_max_pixels", 400, "mm_processor_kwargs: min_pixels is greater "
+              "than max_pixels"),
     ErrorCode("chat_template", 400, "the model's chat template rejected the messages"),
     ErrorCode("invalid_api_key", 401, "the API key is missing or wrong"),
     ErrorCode("model_not_found", 404, "the request names a model this server does not serve"),
@@ -63,6 +65,22 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("no_worker", 503, "no worker is reachable for the model; retry later"),
     ErrorCode(ERROR_CACHE_RESET_FAILED, 503, "some instances did not clear their caches (busy, "
               "failed, gone or timed out); the message names each"),
+    # Media ids (a part's uuid).
+    ErrorCode("media_id.unknown", 400, "no media was sent under this uuid with this API key; "
+              "send the image with its uuid"),
+    ErrorCode("media_id.gone", 400, "the deployment no longer holds the media of this uuid; "
+              "send the image again with its uuid"),
+    # Precomputed embeddings (image_embeds parts).
+    ErrorCode("embeds.disabled", 400, "image_embeds parts need a server started with "
+              "--enable-mm-embeds"),
+    ErrorCode("embeds.format", 400, "the embedding is not a readable safetensors file or .npy "
+              "array (pickled tensors are refused)"),
+    ErrorCode("embeds.missing", 400, "a tensor the part needs (image_embeds, image_grid_thw) "
+              "is not in it"),
+    ErrorCode("embeds.dtype", 400, "the embedding's dtype is not float32, float16 or bfloat16"),
+    ErrorCode("embeds.shape", 400, "the embedding's shape does not fit the model's hidden size "
+              "or the grid's token count"),
+    ErrorCode("embeds.values", 400, "the embedding holds NaN or infinite values"),
     # The Rust core: fetching media.
     ErrorCode("fetch.bad_data_url", 400, "a data: URL is malformed"),
     ErrorCode("fetch.bad_base64", 400, "an item that is neither a URL nor a path is not valid "
@@ -105,6 +123,8 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
               "placeholder token"),
     ErrorCode("process.placeholder_count", 400, "the prompt holds another number of media "
               "placeholders than the request has items"),
+    ErrorCode("process.grid", 400, "a precomputed item's grid is not one the model's vision "
+              "tower produces"),
     ErrorCode("process.offsets", 500, "the prompt layout and the items' grids disagree"),
     ErrorCode("process.tensor_shape", 500, "a preprocessed tensor has the wrong shape"),
     ErrorCode("process.pixel_buffer", 500, "a pixel buffer has the wrong size"),

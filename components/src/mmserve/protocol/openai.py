@@ -22,15 +22,68 @@ class ImageUrl(msgspec.Struct, frozen=True, kw_only=True):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+MediaUuid = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        description="vLLM's media id: names the item for later requests of the same API key, "
+        "which may then send the id alone (no image_url)",
+    ),
+]
+
+
 class ImageUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="image_url"):
-    image_url: ImageUrl | str  # some clients send the URL as a bare string
+    # Some clients send the URL as a bare string; None (or absent) with a `uuid` names an image
+    # sent before.
+    image_url: ImageUrl | str | None = None
+    uuid: MediaUuid | None = None
 
     @property
-    def url(self) -> str:
-        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+    def url(self) -> str | None:
+        if self.image_url is None or isinstance(self.image_url, str):
+            return self.image_url
+        return self.image_url.url
 
 
-ContentPart = TextPart | ImageUrlPart
+_GridThw = Annotated[
+    list[Annotated[int, msgspec.Meta(ge=1, lt=2**31)]], msgspec.Meta(min_length=3, max_length=3)
+]
+
+
+class ImageEmbedsTensors(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An image's precomputed tensors by name, each a source (base64, a `data:` URL, an
+    allowed local path or an allowed URL) of a safetensors file or a `.npy` array."""
+
+    image_embeds: Annotated[
+        str,
+        msgspec.Meta(
+            description="[tokens, hidden]: the vision tower's output (Qwen3-VL: with its "
+            "deepstack features concatenated, hidden x (1 + deepstack layers))"
+        ),
+    ]
+    image_grid_thw: Annotated[
+        str | _GridThw, msgspec.Meta(description="the patch grid [t, h, w], or its source")
+    ]
+
+
+class ImageEmbedsPart(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="image_embeds"
+):
+    """vLLM's part for an image's precomputed vision-tower output; refused unless the server
+    runs with `--enable-mm-embeds`. Safetensors and `.npy` only, never pickle."""
+
+    image_embeds: Annotated[
+        str | ImageEmbedsTensors,
+        msgspec.Meta(
+            description="A safetensors file holding `image_embeds` and `image_grid_thw`, as "
+            "base64, a data: URL, an allowed local path or an allowed URL; or the tensors by "
+            "name"
+        ),
+    ]
+
+
+ContentPart = TextPart | ImageUrlPart | ImageEmbedsPart
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +105,14 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 # The request's integers travel on to the workers as msgpack's 64-bit integers.
 _INT64_MAX = 2**63 - 1
+
+
+class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's per-request processor options: the pixel bounds this request's images are
+    resized under, inside the server's own bounds."""
+
+    min_pixels: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
+    max_pixels: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
 
 
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,6 +143,14 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
             "completion before this many tokens; at most max_tokens",
         ),
     ] = 0
+    mm_processor_kwargs: Annotated[
+        MMProcessorKwargs | None,
+        msgspec.Meta(
+            description="Extension (vLLM's): pixel bounds for this request's images, inside "
+            "the server's bounds; images processed under other bounds are other items to "
+            "every cache"
+        ),
+    ] = None
     # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

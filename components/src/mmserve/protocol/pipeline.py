@@ -40,9 +40,14 @@ class TensorHandle(msgspec.Struct, frozen=True, kw_only=True):
     descriptor: bytes
 
 
+DEEPSTACK = "deepstack"
+"""The `EmbeddingsHandle.aux` entry of Qwen3-VL's deepstack features, `[layers, tokens,
+hidden]`."""
+
+
 class EmbeddingsHandle(msgspec.Struct, frozen=True, kw_only=True):
     """Vision-tower output for one media item; `aux` holds extra per-item tensors by name
-    (Qwen3-VL's stacked deepstack features under "deepstack")."""
+    (Qwen3-VL's stacked deepstack features under `DEEPSTACK`)."""
 
     embeddings: TensorHandle
     aux: dict[str, TensorHandle] = {}
@@ -54,10 +59,15 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     modality: Literal["image"] = "image"
-    mm_hash: int  # blake3 of the raw encoded bytes, truncated to u64: the item's identity
+    # The item's identity: blake3 of the raw encoded bytes truncated to u64 (folded with
+    # `pixel_bounds` when set, `media.processing.item_identity`), or for precomputed
+    # embeddings blake3 of the tensors.
+    mm_hash: int
     offset: int  # index of the item's first token in `RequestPlan.token_ids`
     length: int  # tokens the item fills: one per row of its embedding
     grid_thw: tuple[int, int, int]
+    # (min_pixels, max_pixels) the image is resized under; None: the model's own.
+    pixel_bounds: tuple[int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -91,13 +101,16 @@ class RequestPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 class MediaPayload(msgspec.Struct, frozen=True, kw_only=True):
     """What travels beside one planned item for the stage that needs it: its encoded bytes
-    (inline in `data`, or by transfer in `encoded`), its pixels (`--frontend-decoding`), or,
-    after encode, its embeddings."""
+    (inline in `data`, or by transfer in `encoded`), its pixels (`--frontend-decoding`), its
+    embeddings (after encode, or precomputed by the client), or nothing (`reuse`)."""
 
     data: bytes | None = None
     encoded: TensorHandle | None = None  # uint8 encoded bytes
     pixel_values: TensorHandle | None = None
     embeddings: EmbeddingsHandle | None = None
+    # The client named the item by its media id alone: nothing travels, and the encoder reads
+    # the embedding its cache holds under the item's mm_hash and grid.
+    reuse: bool = False
 
 
 class PreprocessedRequest(WireMessage, frozen=True):

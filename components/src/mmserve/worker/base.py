@@ -67,20 +67,33 @@ class RoleHandler:
         )
         return cleared
 
-    async def embeddings(self, request: PreprocessedRequest) -> list[ItemEmbedding]:
-        """The embeddings of the request's planned media, whoever encodes them."""
-        if not request.plan.media:
+    async def embeddings(self, request: PreprocessedRequest) -> list[ItemEmbedding | None]:
+        """The embeddings of the request's planned media, whoever made them: loaded by
+        transfer where a payload carries them (an upstream encoder's, or the client's own
+        precomputed ones), encoded here for the rest. An item named by its media id alone
+        comes from this worker's encoder cache, or is None when no encoder cache holds it
+        (the engine serves it from its prefix cache, or refuses it)."""
+        media, payloads = request.plan.media, request.payloads
+        if not media:
             return []
-        if all(payload.embeddings is not None for payload in request.payloads):
-            with metrics.timed_stage(self.component, "transfer"):
-                return await load_embeddings(self.transfer, request.plan.media, request.payloads)
-        if self.encoder is None:
+        if self.encoder is None and any(
+            payload.embeddings is None and not payload.reuse for payload in payloads
+        ):
             raise RemoteError(
                 protocol.ERROR_UNAVAILABLE,
                 f"this {self.component} worker does not encode media: deploy an encode worker "
                 "or start it with --encode",
             )
-        return await self.encoder.run(request)
+        encoded: dict[int, ItemEmbedding] = {}
+        if self.encoder is not None and any(payload.embeddings is None for payload in payloads):
+            encoded = await self.encoder.run(request)
+        carried = [i for i, payload in enumerate(payloads) if payload.embeddings is not None]
+        with metrics.timed_stage(self.component, "transfer"):
+            loaded = await load_embeddings(
+                self.transfer, [media[i] for i in carried], [payloads[i] for i in carried]
+            )
+        by_index = encoded | dict(zip(carried, loaded, strict=True))
+        return [by_index.get(i) for i in range(len(media))]
 
 
 def engine_request(request: PreprocessedRequest) -> EngineRequest:

@@ -51,11 +51,17 @@ class EncodeHandler(RoleHandler):
     ) -> AsyncIterator[TokenChunk]:
         with tracked(self.component, request), nvtx.nvtx_range(nvtx.ENC_GENERATE):
             next_hop = self._next_hop()
-            embeddings = await self.embeddings(request)
-            handles, _leases = await offer_embeddings(self.transfer, embeddings)
-            downstream = msgspec.structs.replace(
-                request, payloads=[MediaPayload(embeddings=handle) for handle in handles]
-            )
+            assert self.encoder is not None  # the encode role always has its stage
+            encoded = await self.encoder.run(request)
+            handles, _leases = await offer_embeddings(self.transfer, list(encoded.values()))
+            offered = dict(zip(encoded, handles, strict=True))
+            # Precomputed embeddings pass on untouched (the language hop reads them from the
+            # frontend), and so does an id-only item this cache no longer holds.
+            payloads = [
+                MediaPayload(embeddings=offered[i]) if i in offered else payload
+                for i, payload in enumerate(request.payloads)
+            ]
+            downstream = msgspec.structs.replace(request, payloads=payloads)
             # Leases return their buffers once the next hop has read them (or time out).
             replies: AsyncGenerator[TokenChunk, None] = stream_routed(
                 next_hop,

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 
 from mmserve import _mm, protocol
-from mmserve.engines.base import EngineOverloaded
+from mmserve.engines.base import EngineOverloaded, MediaGone
 from mmserve.runtime import RemoteError
 
 
@@ -17,6 +17,8 @@ def as_remote_error(exc: Exception) -> RemoteError:
     if isinstance(exc, _mm.MediaError):
         code, message = exc.args[0], exc.args[1]
         return RemoteError(code, message)
+    if isinstance(exc, MediaGone):
+        return RemoteError("media_id.gone", str(exc))
     if isinstance(exc, EngineOverloaded):
         return RemoteError(protocol.ERROR_UNAVAILABLE, str(exc))
     # Requests reach a worker planned and validated by the frontend: whatever else fails here

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from mmserve.engines.base import ItemEmbedding
+from mmserve.engines.base import Embeddings
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     BootstrapInfo,
@@ -54,7 +54,7 @@ class PrefillHandler(RoleHandler):
     async def _prefill(
         self,
         request: PreprocessedRequest,
-        embeddings: list[ItemEmbedding],
+        embeddings: Embeddings,
         bootstrap: BootstrapInfo | None,
     ) -> tuple[PrefillDone, list[Lease]]:
         with (

@@ -3,6 +3,7 @@
 //! Arguments are turned into owned (or immutable, reference-counted) Rust values under the
 //! GIL; all work runs with the GIL released; arrays are handed to numpy without a copy.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,6 +129,21 @@ pub struct PyProcessResult {
 enum ImageArg {
     Bytes(PyBackedBytes),
     Source(PyBackedStr),
+    /// `(hash, (t, h, w))`: an item whose features the caller holds.
+    Planned((u64, (u32, u32, u32))),
+}
+
+impl ImageArg {
+    fn as_input(&self) -> MediaInput<'_> {
+        match self {
+            ImageArg::Bytes(b) => MediaInput::Bytes(b),
+            ImageArg::Source(s) => MediaInput::Source(s),
+            ImageArg::Planned((hash, (t, h, w))) => MediaInput::Planned {
+                hash: *hash,
+                grid_thw: [*t, *h, *w],
+            },
+        }
+    }
 }
 
 /// The whole request driver: fetch, hash, decode, preprocess, expand and position.
@@ -163,24 +179,25 @@ fn process(
     let family = Arc::clone(&spec.family);
     let (out, fetched) = py
         .detach(move || {
-            let media: Vec<MediaInput<'_>> = images
-                .iter()
-                .map(|arg| match arg {
-                    ImageArg::Bytes(b) => MediaInput::Bytes(b),
-                    ImageArg::Source(s) => MediaInput::Source(s),
-                })
-                .collect();
+            let media: Vec<MediaInput<'_>> = images.iter().map(ImageArg::as_input).collect();
             if !keep_bytes {
                 return driver::run(family.as_ref(), &input_ids, &media, &options, mode)
                     .map(|out| (out, Vec::new()));
             }
             // The caller ships each item's encoded bytes on, so it keeps what was fetched.
-            let fetched: Vec<Vec<u8>> = driver::fetch_all(&media, &options.fetch)?
+            let fetched: Vec<driver::Fetched<'static>> = driver::fetch_all(&media, &options.fetch)?
                 .into_iter()
-                .map(|bytes| bytes.into_owned())
+                .map(|item| match item {
+                    driver::Fetched::Bytes(bytes) => {
+                        driver::Fetched::Bytes(Cow::Owned(bytes.into_owned()))
+                    }
+                    driver::Fetched::Planned { hash, grid_thw } => {
+                        driver::Fetched::Planned { hash, grid_thw }
+                    }
+                })
                 .collect();
             let inputs: Vec<MediaInput<'_>> =
-                fetched.iter().map(|b| MediaInput::Bytes(b)).collect();
+                fetched.iter().map(driver::Fetched::as_input).collect();
             driver::run(family.as_ref(), &input_ids, &inputs, &options, mode)
                 .map(|out| (out, fetched))
         })
@@ -215,7 +232,7 @@ fn process(
                     pixel_values,
                     data: fetched
                         .next()
-                        .map(|bytes| PyByteArray::new(py, &bytes).unbind()),
+                        .and_then(|item| item.bytes().map(|b| PyByteArray::new(py, b).unbind())),
                 },
             )
         })

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from mmserve.engines.base import (
+    Embeddings,
     Engine,
     EngineError,
     EngineOverloaded,
@@ -214,10 +215,12 @@ class SglangEngine(Engine):
     async def prefill(
         self,
         request: EngineRequest,
-        embeddings: Sequence[ItemEmbedding],
+        given: Embeddings,
         bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle:
-        request.check_media(embeddings)
+        request.check_media(given)
+        # SGLang's radix cache is not read from here: every item needs its embedding.
+        embeddings = request.live_embeddings(given, 0)
         llm = self._language_model()
         self.bridge.remember(item.mm_hash for item in embeddings)
         if self.mode == "prefill":
@@ -239,9 +242,10 @@ class SglangEngine(Engine):
         return self._stream(request, kv.state["embeddings"], kv.state["bootstrap"])
 
     async def generate(
-        self, request: EngineRequest, embeddings: Sequence[ItemEmbedding] = ()
+        self, request: EngineRequest, given: Embeddings = ()
     ) -> AsyncIterator[TokenChunk]:
-        request.check_media(embeddings)
+        request.check_media(given)
+        embeddings = request.live_embeddings(given, 0)
         self.bridge.remember(item.mm_hash for item in embeddings)
         async for chunk in self._stream(request, embeddings, None):
             yield chunk

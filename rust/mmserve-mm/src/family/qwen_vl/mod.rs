@@ -115,6 +115,38 @@ impl Family for QwenVl {
         t * h * w / (merge * merge)
     }
 
+    fn geometry_from_grid(&self, grid_thw: [u32; 3]) -> Result<Geometry, ProcessError> {
+        let spec = &self.spec;
+        let [t, h, w] = grid_thw;
+        let reason = if t != 1 {
+            Some(format!("an image has t = 1, not {t}"))
+        } else if h == 0 || w == 0 {
+            Some("h and w must be at least 1".to_string())
+        } else if h % spec.merge_size != 0 || w % spec.merge_size != 0 {
+            Some(format!(
+                "h and w must be multiples of merge_size {}",
+                spec.merge_size
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(ProcessError::Grid { grid_thw, reason });
+        }
+        let side = |v: u32| {
+            v.checked_mul(spec.patch_size)
+                .ok_or_else(|| ProcessError::Grid {
+                    grid_thw,
+                    reason: "the grid is too large".to_string(),
+                })
+        };
+        Ok(Geometry::Image {
+            resized_width: side(w)?,
+            resized_height: side(h)?,
+            grid_thw,
+        })
+    }
+
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
         let expected = image.width as usize * image.height as usize * 3;
         if image.data.len() != expected {
@@ -224,6 +256,17 @@ mod tests {
         let g = family.plan(640, 480).unwrap();
         assert_eq!(g.grid_thw(), [1, 34, 46]);
         assert_eq!(family.num_tokens(&g), 34 * 46 / 4);
+    }
+
+    #[test]
+    fn a_grid_from_the_tower_plans_as_the_image_it_came_from() {
+        let family = qwen2();
+        let g = family.plan(640, 480).unwrap();
+        assert_eq!(family.geometry_from_grid(g.grid_thw()).unwrap(), g);
+        for bad in [[2, 34, 46], [1, 0, 46], [1, 33, 46], [1, 34, u32::MAX - 1]] {
+            let err = family.geometry_from_grid(bad).unwrap_err();
+            assert_eq!(err.code(), "process.grid", "{bad:?}");
+        }
     }
 
     #[test]

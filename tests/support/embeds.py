@@ -1,0 +1,34 @@
+"""Precomputed embeddings as a client makes them: the model's own vision tower run on an
+image, saved as the safetensors file an `image_embeds` part carries."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save
+
+from mmserve import _mm
+from mmserve.models.family import resolve_model_spec
+
+
+def vision_tower_safetensors(model_path: Path, image: bytes) -> bytes:
+    """`image_embeds` [tokens, hidden x (1 + deepstack layers)] (vLLM's layout: Qwen3-VL's
+    deepstack features after the tower's output) and `image_grid_thw` [1, 3]."""
+    spec = resolve_model_spec(model_path)
+    model_class = getattr(transformers, spec.family.model_class)
+    model = model_class.from_pretrained(model_path, dtype=torch.float32)
+    pixel_values, grid, _ = _mm.qwen_vl_preprocess(spec.core, image)
+    with torch.inference_mode():
+        output = model.model.get_image_features(
+            torch.from_numpy(pixel_values), torch.from_numpy(grid), return_dict=True
+        )
+    deepstack = [layer[0] for layer in getattr(output, "deepstack_features", None) or []]
+    embeds = torch.cat([output.pooler_output[0], *deepstack], dim=1).contiguous()
+    return save({"image_embeds": embeds, "image_grid_thw": torch.from_numpy(grid)})
+
+
+def embeds_part(data: bytes) -> dict[str, str]:
+    return {"type": "image_embeds", "image_embeds": base64.b64encode(data).decode()}
