@@ -342,14 +342,18 @@ def micro(model_path: Path, count: int, tokens: int) -> None:
     )
     backend = tokenizer.backend_tokenizer
     per_call(
-        "Tokenizer.encode (tokenizers, no wrapper)",
+        "Tokenizer.encode (tokenizers, no wrapper; holds the GIL)",
         lambda i: backend.encode(texts[i], add_special_tokens=False).ids,
+    )
+    per_call(
+        "Tokenizer.encode_batch_fast (what the frontend calls)",
+        lambda i: backend.encode_batch_fast([texts[i]], add_special_tokens=False)[0].ids,
     )
     per_call(
         "_mm.process, text only, no thread",
         lambda i: _mm.process(core, ids[i], [], count_only=True, keep_bytes=True, **options),
     )
-    per_call("media.calls._plan of its output", lambda i: _plan(output))
+    per_call("media.calls._plan of its output", lambda i: _plan(output, []))
 
     async def hops() -> None:
         started = time.process_time()

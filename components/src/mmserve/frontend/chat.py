@@ -153,10 +153,11 @@ class ChatPreprocessor:
         known = self._recall(items, tenant)
         precomputed = await self._precomputed(items)
         loop = asyncio.get_running_loop()
-        token_ids = await loop.run_in_executor(_tokenizer_threads(), self._tokenize, request)
-        # Text-only prompts go through the driver too: it refuses text that spells the image
-        # placeholder token.
-        planned = await self._plan(token_ids, items, known, precomputed, bounds)
+        if items:
+            token_ids = await loop.run_in_executor(_tokenizer_threads(), self._tokenize, request)
+            planned = await self._plan(token_ids, items, known, precomputed, bounds)
+        else:  # nothing to fetch: the driver's run is CPU work like tokenizing, in the same hop
+            planned = await loop.run_in_executor(_tokenizer_threads(), self._plan_text, request)
         plan = planned.plan
         max_tokens = self._completion_budget(request, len(plan.token_ids))
         payloads = await self._payloads(planned, known, precomputed, request_id)
@@ -308,6 +309,18 @@ class ChatPreprocessor:
             for index, item in enumerate(items)
             if isinstance(item.part, ImageEmbedsPart)
         }
+
+    def _plan_text(self, request: ChatCompletionRequest) -> media.PlannedRequest:
+        """Tokenize and plan a request without media, on the calling thread. Text goes through
+        the driver too: it refuses text that spells the image placeholder token."""
+        token_ids = self._tokenize(request)
+        policy = self.options.policy
+        try:
+            return media.plan_request_here(
+                self.model.spec.core, token_ids, [], policy, count_only=True
+            )
+        except MediaError as err:
+            raise ApiError.from_media_error(err, []) from err
 
     async def _plan(
         self,

@@ -6,6 +6,7 @@ from mmserve.media.calls import (
     Precomputed,
     fetch,
     plan_request,
+    plan_request_here,
     preprocess_items,
 )
 from mmserve.media.policy import MediaPolicy
@@ -19,5 +20,6 @@ __all__ = [
     "Precomputed",
     "fetch",
     "plan_request",
+    "plan_request_here",
     "preprocess_items",
 ]

@@ -67,8 +67,30 @@ async def plan_request(
     With `keep_bytes` each item's fetched bytes come back too, so they travel on instead of
     being fetched again. `pixel_bounds` resize the images under other bounds than the
     model's, and enter their identity."""
-    output = await asyncio.to_thread(
-        _mm.process,
+    return await asyncio.to_thread(
+        plan_request_here,
+        spec,
+        input_ids,
+        sources,
+        policy,
+        count_only=count_only,
+        keep_bytes=keep_bytes,
+        pixel_bounds=pixel_bounds,
+    )
+
+
+def plan_request_here(
+    spec: _mm.Spec,
+    input_ids: list[int],
+    sources: list[str | bytes | Precomputed],
+    policy: MediaPolicy,
+    *,
+    count_only: bool,
+    keep_bytes: bool = False,
+    pixel_bounds: PixelBounds | None = None,
+) -> PlannedRequest:
+    """`plan_request` on the calling thread, for a caller already off the event loop."""
+    output = _mm.process(
         spec_with_bounds(spec, pixel_bounds),
         input_ids,
         sources,
