@@ -1,15 +1,18 @@
 """Async calls into the Rust media core.
 
 Each call runs in a worker thread: the core releases the GIL while it fetches, decodes and
-preprocesses, so the event loop keeps serving other requests. Refusals and failures surface as
+preprocesses, so the event loop keeps serving other requests (`plan_request_here` is the one
+for a caller already off the loop). Refusals and failures surface as
 `mmserve._mm.MediaError(code, message)`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -17,6 +20,9 @@ from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
 from mmserve.media.processing import PixelBounds, item_identity, spec_with_bounds
 from mmserve.protocol import MRopePositions, PlannedMedia, RequestPlan
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 Precomputed = tuple[int, tuple[int, int, int]]
 """`(mm_hash, (t, h, w))` of an item whose embeddings the request carries."""
@@ -49,7 +55,17 @@ async def fetch(source: str, policy: MediaPolicy, max_bytes: int | None = None) 
     )
 
 
-async def plan_request(
+def _in_a_thread(blocking: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """`blocking` as a coroutine function that runs it in a worker thread."""
+
+    @functools.wraps(blocking)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(blocking, *args, **kwargs)
+
+    return call
+
+
+def plan_request_here(
     spec: _mm.Spec,
     input_ids: list[int],
     sources: list[str | bytes | Precomputed],
@@ -66,30 +82,8 @@ async def plan_request(
     orientation applied) and never decoded: a corrupt body is found by whoever decodes it.
     With `keep_bytes` each item's fetched bytes come back too, so they travel on instead of
     being fetched again. `pixel_bounds` resize the images under other bounds than the
-    model's, and enter their identity."""
-    return await asyncio.to_thread(
-        plan_request_here,
-        spec,
-        input_ids,
-        sources,
-        policy,
-        count_only=count_only,
-        keep_bytes=keep_bytes,
-        pixel_bounds=pixel_bounds,
-    )
-
-
-def plan_request_here(
-    spec: _mm.Spec,
-    input_ids: list[int],
-    sources: list[str | bytes | Precomputed],
-    policy: MediaPolicy,
-    *,
-    count_only: bool,
-    keep_bytes: bool = False,
-    pixel_bounds: PixelBounds | None = None,
-) -> PlannedRequest:
-    """`plan_request` on the calling thread, for a caller already off the event loop."""
+    model's, and enter their identity. On the calling thread: `plan_request` is the same in a
+    worker thread."""
     output = _mm.process(
         spec_with_bounds(spec, pixel_bounds),
         input_ids,
@@ -104,6 +98,9 @@ def plan_request_here(
         data=[item.data for item in output.items],
         pixel_values=[item.pixel_values for item in output.items],
     )
+
+
+plan_request = _in_a_thread(plan_request_here)
 
 
 def _plan(output: _mm.ProcessResult, bounds: list[PixelBounds | None]) -> RequestPlan:
