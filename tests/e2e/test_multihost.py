@@ -9,17 +9,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import torch
 
 from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime import Runtime
 from mmserve.transfer.probe import ProbeError, ProbeProcess
 from mmserve.transfer.shm_backend import ShmTransferAgent
+from tests.reliability.streams import BOUND_S, Outcome, chat_body, stream_chat
 from tests.support import hosts as simulated
 from tests.support.deployment import PATTERNS, Deployment
 from tests.support.images import data_url, photo_like
 from tests.support.transfer import NIXL_MISSING
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.skipif(bool(simulated.available()), reason=str(simulated.available())),
@@ -119,3 +123,65 @@ def test_shared_memory_is_refused_across_hosts(
     finally:
         nats.terminate()
         nats.wait(timeout=20)
+
+
+def _instance_ids(deployment: Deployment) -> set[str]:
+    """The workers discovery lists, as seen from the frontend's host."""
+
+    async def listed() -> set[str]:
+        async with await Runtime.connect(deployment.nats_url, deployment.namespace) as runtime:
+            return {r.instance_id for r in await runtime.list_instances("worker", "generate")}
+
+    return deployment.client_call(asyncio.run, listed())
+
+
+def test_a_partitioned_worker_host_leaves_and_rejoins(tmp_path: Path) -> None:
+    """One of two workers' hosts is cut off: its streams fail with an error within the bound,
+    it leaves discovery, requests go to the other; after the partition heals it comes back.
+    Every request gets exactly one answer."""
+    with simulated.SimulatedHosts(4) as made:
+        nats_host, frontend_host, a_host, b_host = made.hosts
+        nats, url = simulated.start_nats(nats_host, str(tmp_path / "nats.log"))
+        deployment = Deployment(
+            "agg",
+            build_tiny_model("qwen2_vl"),
+            url,
+            tmp_path,
+            worker_flags=["--engine", "mock"],  # 10 ms per decoded token
+            components=[("a", "worker", ["--encode"]), ("b", "worker", ["--encode"])],
+            hosts={"frontend": frontend_host, "a": a_host, "b": b_host},
+        )
+        try:
+            with deployment.running():
+                a_id = deployment.log("a").split(" ready: instance ")[1].split(",")[0]
+
+                async def during() -> list[Outcome]:
+                    async with httpx.AsyncClient(base_url=deployment.base_url, timeout=60) as c:
+                        firsts = [asyncio.Event() for _ in range(4)]
+                        streams = [
+                            asyncio.ensure_future(stream_chat(c, chat_body(500, f"{i}"), first))
+                            for i, first in enumerate(firsts)
+                        ]
+                        await asyncio.gather(*(first.wait() for first in firsts))
+                        made.partition(a_host)
+                        return list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S))
+
+                cut = deployment.client_call(asyncio.run, during())
+                wait_until(lambda: a_id not in _instance_ids(deployment), 10, "a leaves")
+                served = deployment.client_call(asyncio.run, _chats(deployment, 4))
+                made.heal(a_host)
+                wait_until(lambda: a_id in _instance_ids(deployment), 20, "a rejoins")
+                after = deployment.client_call(asyncio.run, _chats(deployment, 4))
+        finally:
+            nats.terminate()
+            nats.wait(timeout=20)
+    # The streams on the cut-off host ended with an error, the others finished.
+    assert all(o.finished != bool(o.error) for o in cut), cut
+    assert any(o.error for o in cut) and any(o.finished for o in cut), cut
+    assert all(o.finished for o in served + after), served + after
+
+
+async def _chats(deployment: Deployment, count: int) -> list[Outcome]:
+    async with httpx.AsyncClient(base_url=deployment.base_url, timeout=60) as client:
+        chats = (stream_chat(client, chat_body(4)) for _ in range(count))
+        return list(await asyncio.gather(*chats))
