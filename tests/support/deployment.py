@@ -110,6 +110,8 @@ class Deployment:
     # process name ("frontend" included) -> the simulated host it runs on; others run here
     hosts: dict[str, SimulatedHost] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
+    process_env: dict[str, dict[str, str]] = field(default_factory=dict)  # and to one's
+    https: str | None = None  # the CA file of the frontend's certificate, when it serves HTTPS
 
     @property
     def workers(self) -> list[tuple[str, str, list[str]]]:
@@ -122,7 +124,8 @@ class Deployment:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.http_host}:{self.http_port}"
+        scheme = "https" if self.https else "http"
+        return f"{scheme}://{self.http_host}:{self.http_port}"
 
     def client_call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` where the frontend can be reached: on its simulated host when it has
@@ -132,6 +135,7 @@ class Deployment:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         env = {**os.environ, "NATS_URL": self.nats_url, "HF_HUB_OFFLINE": "1", **self.env}
+        env.update(self.process_env.get(name, {}))
         log = open(self.log_dir / f"{self.pattern}-{name}.log", "wb")
         argv = [sys.executable, "-m", "mmserve.cli", *args]
         if name in self.hosts:
@@ -184,7 +188,10 @@ class Deployment:
                     raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
             if all(" ready: instance " in self.log(name) for name in workers):
                 try:
-                    health = self.client_call(httpx.get, f"{self.base_url}/health")
+                    health = self.client_call(
+                        functools.partial(httpx.get, verify=self.https or True),
+                        f"{self.base_url}/health",
+                    )
                     if health.status_code == 200:
                         return
                 except httpx.HTTPError:
