@@ -20,7 +20,7 @@ from mmserve.transfer.probe import ProbeError, ProbeProcess
 from mmserve.transfer.shm_backend import ShmTransferAgent
 from tests.reliability.streams import BOUND_S, Outcome, chat_body, stream_chat
 from tests.support import hosts as simulated
-from tests.support.deployment import PATTERNS, Deployment
+from tests.support.deployment import Deployment, spread
 from tests.support.images import data_url, photo_like
 from tests.support.transfer import NIXL_MISSING
 from tests.support.waiting import wait_until
@@ -72,23 +72,11 @@ def test_e_p_d_on_four_hosts_gives_the_aggregated_tokens(
 
     nats, url = simulated.start_nats(hosts["nats"], str(tmp_path / "nats.log"))
     try:
-        # Each process binds its transfers to its own host's address.
-        bind = {role: ["--transfer-bind-address", hosts[role].address] for role in ROLES[1:]}
-        spread = Deployment(
-            "e_p_d",
-            model_path,
-            url,
-            tmp_path,
-            transfer="nixl",
-            components=[
-                (name, role, [*flags, *bind[role]]) for name, role, flags in PATTERNS["e_p_d"]
-            ],
-            frontend_flags=bind["frontend"],
-            hosts={role: hosts[role] for role in ROLES[1:]},
-        )
-        with spread.running():
+        deployment = Deployment("e_p_d", model_path, url, tmp_path)
+        spread_out = spread(deployment, {role: hosts[role] for role in ROLES[1:]})
+        with spread_out.running():
             encode_received = hosts["encode"].received_bytes()
-            assert _answers(spread, requests) == expected
+            assert _answers(spread_out, requests) == expected
             # The image's bytes went from the frontend's host to the encoder's over the
             # network: NATS carries only the plan and the handles.
             received = hosts["encode"].received_bytes() - encode_received

@@ -18,20 +18,11 @@ from tests.support.nats_cluster import NatsCluster
 from tests.support.waiting import wait_until
 
 from .conftest import Trial, metric
-from .streams import BOUND_S, Outcome, chat_body, stream_chat
+from .streams import BOUND_S, Outcome, chat_body, stream_chat, stream_until
 
 MOCK = ["--engine", "mock"]  # 10 ms per decoded token
 CLIENTS = 6
 RECOVERY_S = 5.0  # new requests succeed this soon after the kill
-
-
-async def _load(client: httpx.AsyncClient, stop: asyncio.Event) -> list[tuple[float, Outcome]]:
-    """One client's requests back to back until `stop`: (sent at, outcome) each."""
-    sent: list[tuple[float, Outcome]] = []
-    while not stop.is_set():
-        started = time.monotonic()
-        sent.append((started, await stream_chat(client, chat_body(40))))
-    return sent
 
 
 def test_one_nats_node_of_three_killed_under_load(
@@ -54,7 +45,10 @@ def test_one_nats_node_of_three_killed_under_load(
             async def run() -> tuple[list[tuple[float, Outcome]], float, list[Outcome]]:
                 async with httpx.AsyncClient(base_url=deployment.base_url, timeout=60) as client:
                     stop = asyncio.Event()
-                    loads = [asyncio.ensure_future(_load(client, stop)) for _ in range(CLIENTS)]
+                    loads = [
+                        asyncio.ensure_future(stream_until(client, stop, chat_body(40)))
+                        for _ in range(CLIENTS)
+                    ]
                     await asyncio.sleep(2.0)
                     victim = cluster.node_of(deployment.processes["frontend"].pid)
                     victim.kill()

@@ -213,3 +213,17 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+def spread(deployment: Deployment, hosts: dict[str, SimulatedHost]) -> Deployment:
+    """`deployment` with each process (the frontend included) on the simulated host of its
+    name, its tensor transfers bound to that host's address (NIXL over the network)."""
+
+    def bind(name: str) -> list[str]:
+        return ["--transfer-bind-address", hosts[name].address]
+
+    deployment.components = [(n, role, [*flags, *bind(n)]) for n, role, flags in deployment.workers]
+    deployment.frontend_flags = [*deployment.frontend_flags, *bind("frontend")]
+    deployment.hosts = hosts
+    deployment.transfer = "nixl"
+    return deployment
