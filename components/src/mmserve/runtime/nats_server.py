@@ -59,15 +59,19 @@ class NatsServer:
         config: str | None = None,
         http_port: int | None = None,
         env: dict[str, str] | None = None,
+        client_advertise: str | None = None,
     ) -> None:
         """`http_port`: nats-server's monitoring endpoint (/varz, /routez, /connz); `env`: what
-        the server's environment adds to this process's (the $VARIABLES of a config file)."""
+        the server's environment adds to this process's (the $VARIABLES of a config file);
+        `client_advertise`: the HOST:PORT a cluster announces to clients for this node (the
+        bound address otherwise, useless to clients when that is 0.0.0.0 or behind NAT)."""
         self.host = host
         self.port = port
         self.jetstream = jetstream
         self.config = config
         self.http_port = http_port
         self.env = env or {}
+        self.client_advertise = client_advertise
         self._owned_dir = tempfile.mkdtemp(prefix="mmserve-nats-")
         self.store_dir = store_dir or os.path.join(self._owned_dir, "jetstream")
         self.log_path = os.path.join(self._owned_dir, "nats-server.log")
@@ -98,6 +102,8 @@ class NatsServer:
             argv += ["--config", self.config]
         if self.http_port is not None:
             argv += ["--http_port", str(self.http_port)]
+        if self.client_advertise:
+            argv += ["--client_advertise", self.client_advertise]
         if self.jetstream:
             argv += ["-js", "-sd", self.store_dir]
         # The parent-death signal follows the thread that starts the server: only the main
@@ -221,6 +227,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="nats-server's monitoring port (nats-server --http_port; default: none)",
     )
+    parser.add_argument(
+        "--client-advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="the address a cluster announces to clients for this node (nats-server "
+        "--client_advertise; default: the bound one)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -237,6 +250,7 @@ def _run(args: argparse.Namespace) -> int:
         store_dir=args.store_dir,
         config=args.config,
         http_port=args.http_port,
+        client_advertise=args.client_advertise,
     )
     try:
         url = server.start()
