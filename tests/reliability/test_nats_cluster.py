@@ -84,7 +84,8 @@ def test_one_nats_node_of_three_killed_under_load(
     first_ok = min(at for at, o in sent if at > 0 and o.finished)
     assert all(o.finished for o in healed), healed
     # One answer per request; none served twice.
-    assert received <= len(sent) + len(healed) + 1  # + the readiness probe's chat, if any
+    # (A call that failed before it reached the worker makes the count smaller, never larger.)
+    assert received <= len(sent) + len(healed), (received, len(sent), len(healed))
     trial(
         "SIGKILL the frontend's NATS node (1 of 3) under 6 clients' streams",
         1,
