@@ -63,7 +63,7 @@ def test_e_p_d_on_four_hosts_gives_the_aggregated_tokens(
     image_path = tmp_path / "large.jpg"
     photo_like(1280, 960, 5).save(image_path, quality=90)
     image = {"type": "image_url", "image_url": {"url": data_url(image_path)}}
-    requests = [
+    requests: list[list[dict[str, Any]]] = [
         [{"role": "user", "content": "Say something about the weather."}],
         [{"role": "user", "content": [image, {"type": "text", "text": "What is in it?"}]}],
     ]
