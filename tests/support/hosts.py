@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import secrets
@@ -34,12 +35,20 @@ _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+@functools.cache
 def available() -> str | None:
-    """None when simulated hosts can be made here, else why not (for a skip reason)."""
+    """None when simulated hosts can be made here, else why not (for a skip reason): root
+    alone is not enough in a container without the capability to make namespaces."""
     if os.geteuid() != 0:
         return "simulated hosts need root (network namespaces)"
     if shutil.which("ip") is None:
         return "simulated hosts need iproute2's ip"
+    probe = f"mm{secrets.token_hex(3)}probe"
+    try:
+        _ip("netns", "add", probe)
+    except RuntimeError as exc:
+        return f"network namespaces cannot be made here: {exc}"
+    _ip("netns", "del", probe)
     return None
 
 
