@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-APT_PACKAGES=(pkg-config libturbojpeg0-dev curl)
+APT_PACKAGES=(pkg-config libturbojpeg0-dev curl iproute2 openssl)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

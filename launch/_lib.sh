@@ -19,6 +19,7 @@ ENGINE="hf"
 HTTP_HOST="127.0.0.1"
 HTTP_PORT="8000"
 NATS_PORT="4222"
+NATS_ARGS=()
 EXTRA_ARGS=()
 SGLANG_ARGS=()
 PAD_ARGS=()
@@ -35,7 +36,7 @@ NAMES=()
 launch_usage() {
   cat <<USAGE
 usage: $(basename "$0") [--model-path DIR] [--engine hf|mock|sglang] [--http-host H] [--http-port P]
-                [--nats-port P] [--pad-scheme S] [--transfer B] [--frontend-args "FLAGS"]
+                [--nats-port P] [--nats-config FILE] [--pad-scheme S] [--transfer B] [--frontend-args "FLAGS"]
                 [--worker-args|--encode-args|--prefill-args|--decode-args "FLAGS"]
                 [-- extra worker flags...]
 
@@ -45,6 +46,9 @@ Starts $LAUNCH_DESCRIPTION.
   --http-host H     frontend host (default: 127.0.0.1)
   --http-port P     frontend port (default: 8000)
   --nats-port P     port of the nats-server started when NATS_URL is unset (default: 4222)
+  --nats-config FILE
+                    its config file (configs/nats/: single.conf, cluster.conf, secure.conf; they
+                    read their \$VARIABLES from the environment)
   --pad-scheme S    media pad values for the frontend and every worker (default: dynamo;
                     SGLang 0.5.2x needs sglang-wide)
   --transfer B      tensor transfer backend (nixl, shm, inline) for the frontend and every
@@ -76,6 +80,7 @@ launch_parse() {
       --http-host) HTTP_HOST="$2"; shift 2 ;;
       --http-port) HTTP_PORT="$2"; shift 2 ;;
       --nats-port) NATS_PORT="$2"; shift 2 ;;
+      --nats-config) NATS_ARGS=(--config "$2"); shift 2 ;;
       --pad-scheme) PAD_ARGS=(--pad-scheme "$2"); shift 2 ;;
       --transfer) TRANSFER_ARGS=(--transfer "$2"); shift 2 ;;
       --frontend-args)
@@ -99,7 +104,7 @@ launch_parse() {
   launch_check_port "$HTTP_HOST" "$HTTP_PORT"
   if [ -z "${NATS_URL:-}" ]; then
     launch_check_port 127.0.0.1 "$NATS_PORT"
-    launch_start nats mmserve nats --port "$NATS_PORT"
+    launch_start nats mmserve nats --port "$NATS_PORT" ${NATS_ARGS[@]+"${NATS_ARGS[@]}"}
     export NATS_URL="nats://127.0.0.1:$NATS_PORT"
     launch_wait_port 127.0.0.1 "$NATS_PORT" 30
   fi

@@ -60,3 +60,14 @@ async def stream_chat(
             outcome.finished = outcome.finished or choice["finish_reason"] is not None
         outcome.ended_at = time.monotonic()
         return outcome
+
+
+async def stream_until(
+    client: httpx.AsyncClient, stop: asyncio.Event, body: dict[str, object]
+) -> list[tuple[float, Outcome]]:
+    """One client's streams back to back until `stop`: (sent at, outcome) of each."""
+    sent: list[tuple[float, Outcome]] = []
+    while not stop.is_set():
+        started = time.monotonic()
+        sent.append((started, await stream_chat(client, body)))
+    return sent

@@ -1,5 +1,6 @@
 """Real deployments for end-to-end tests: every component is its own process on one NATS,
-isolated from other tests by a namespace of its own."""
+isolated from other tests by a namespace of its own; optionally each on a simulated host of its
+own (`tests/support/hosts.py`)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
+
+from tests.support.hosts import SimulatedHost
+
+T = TypeVar("T")
 
 # Each pattern as (process name, role, role flags); the frontend comes on top.
 PATTERNS: dict[str, list[tuple[str, str, list[str]]]] = {
@@ -101,24 +107,42 @@ class Deployment:
     namespace: str = field(default_factory=lambda: f"e2e-{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # process name ("frontend" included) -> the simulated host it runs on; others run here
+    hosts: dict[str, SimulatedHost] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
+    process_env: dict[str, dict[str, str]] = field(default_factory=dict)  # and to one's
+    https: str | None = None  # the CA file of the frontend's certificate, when it serves HTTPS
 
     @property
     def workers(self) -> list[tuple[str, str, list[str]]]:
         return self.components or PATTERNS[self.pattern]
 
     @property
+    def http_host(self) -> str:
+        frontend_host = self.hosts.get("frontend")
+        return frontend_host.address if frontend_host else "127.0.0.1"
+
+    @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        scheme = "https" if self.https else "http"
+        return f"{scheme}://{self.http_host}:{self.http_port}"
+
+    def client_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` where the frontend can be reached: on its simulated host when it has
+        one (clients made inside `fn` open their sockets there), else here."""
+        frontend_host = self.hosts.get("frontend")
+        return frontend_host.call(fn, *args) if frontend_host else fn(*args)
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        env = {**os.environ, "NATS_URL": self.nats_url, "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "NATS_URL": self.nats_url, "HF_HUB_OFFLINE": "1", **self.env}
+        env.update(self.process_env.get(name, {}))
         log = open(self.log_dir / f"{self.pattern}-{name}.log", "wb")
+        argv = [sys.executable, "-m", "mmserve.cli", *args]
+        if name in self.hosts:
+            self.processes[name] = self.hosts[name].popen(argv, env=env, log=log)
+            return
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "mmserve.cli", *args],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     def start(self) -> Deployment:
@@ -132,6 +156,8 @@ class Deployment:
             [
                 "frontend",
                 *common,
+                "--http-host",
+                self.http_host,
                 "--http-port",
                 str(self.http_port),
                 *media,
@@ -175,7 +201,11 @@ class Deployment:
                     raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
             if all(" ready: instance " in self.log(name) for name in workers):
                 try:
-                    if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    health = self.client_call(
+                        functools.partial(httpx.get, verify=self.https or True),
+                        f"{self.base_url}/health",
+                    )
+                    if health.status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
@@ -196,3 +226,17 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+def spread(deployment: Deployment, hosts: dict[str, SimulatedHost]) -> Deployment:
+    """`deployment` with each process (the frontend included) on the simulated host of its
+    name, its tensor transfers bound to that host's address (NIXL over the network)."""
+
+    def bind(name: str) -> list[str]:
+        return ["--transfer-bind-address", hosts[name].address]
+
+    deployment.components = [(n, role, [*flags, *bind(n)]) for n, role, flags in deployment.workers]
+    deployment.frontend_flags = [*deployment.frontend_flags, *bind("frontend")]
+    deployment.hosts = hosts
+    deployment.transfer = "nixl"
+    return deployment

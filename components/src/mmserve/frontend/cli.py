@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import resource
+import ssl
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -60,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--http-host", default="127.0.0.1", help="default: 127.0.0.1")
     parser.add_argument("--http-port", type=int, default=8000, help="default: 8000")
+    parser.add_argument(
+        "--ssl-certfile", help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)"
+    )
+    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    parser.add_argument(
+        "--ssl-ca-certs", help="require client certificates signed by this CA (PEM)"
+    )
     parser.add_argument(
         "--http-keep-alive",
         type=float,
@@ -224,6 +232,10 @@ def server_config(args: argparse.Namespace, app: FrontendApp) -> uvicorn.Config:
         log_level="info",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=args.http_keep_alive,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if args.ssl_ca_certs else ssl.CERT_NONE,
     )
 
 
@@ -251,8 +263,9 @@ async def serve(
         server = uvicorn.Server(server_config(args, app))
         frozen = freeze_startup_heap()
         log.info(
-            "serving %s on http://%s:%d/v1 (up to %d open files, %d start-up objects frozen)",
-            app.preprocessor.model.name, args.http_host, args.http_port, open_files, frozen,
+            "serving %s on %s://%s:%d/v1 (up to %d open files, %d start-up objects frozen)",
+            app.preprocessor.model.name, "https" if args.ssl_certfile else "http",
+            args.http_host, args.http_port, open_files, frozen,
         )  # fmt: skip
         await server.serve()
         if not server.started:

@@ -32,11 +32,13 @@ class NixlBufferDescriptor(WireMessage, frozen=True):
 
 class ShmBufferDescriptor(WireMessage, frozen=True):
     """A pooled shared-memory file on this host holding the tensor after a 64-byte header.
-    `sequence` names this use of the buffer; the peer acknowledges it in the header."""
+    `sequence` names this use of the buffer; the peer acknowledges it in the header. `host`
+    is the owner's `mmserve.transfer.host.host_identity` ("": a peer that predates it)."""
 
     name: str  # file name inside the shared-memory directory both sides use
     sequence: int
     nbytes: int
+    host: str = ""
 
 
 class TransferPoolStats(WireMessage, frozen=True):

@@ -31,6 +31,7 @@ from mmserve.runtime import events
 from mmserve.runtime.calling import Caller, Client
 from mmserve.runtime.discovery import InstanceWatcher, list_instances
 from mmserve.runtime.errors import Cancelled, Disconnected, PayloadTooLarge
+from mmserve.runtime.nats_options import nats_connect_options, nats_servers
 from mmserve.runtime.serving import Handler, ServedEndpoint, Server
 from mmserve.runtime.subjects import check_name, endpoint_subject, event_subject
 
@@ -40,7 +41,6 @@ R = TypeVar("R")
 M = TypeVar("M")
 
 DEFAULT_NAMESPACE = "mmserve"
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 _NO_RESPONDERS = "503"
 
 
@@ -98,13 +98,17 @@ class Runtime:
         connect_wait: float = 10.0,
         name: str | None = None,
     ) -> Runtime:
-        """Connect to NATS (`url`, else `$NATS_URL`, else the default loopback URL).
+        """Connect to NATS (`url`, else `$NATS_URL`, else the default loopback URL; several
+        servers separated by commas; TLS and credentials from the environment, see
+        `nats_options`).
 
         The first connection is retried for `connect_wait` seconds, then `Disconnected` is
-        raised. Once connected, it reconnects forever after a connection loss; calls open at
-        that moment fail with `Disconnected` and calls made while disconnected fail at once.
+        raised. Once connected, it reconnects forever after a connection loss (to any server
+        listed or announced by the cluster); calls open at that moment fail with
+        `Disconnected` and calls made while disconnected fail at once.
         """
-        url = url or os.environ.get("NATS_URL") or DEFAULT_NATS_URL
+        servers = nats_servers(url)
+        url = ",".join(servers)
         runtime: Runtime | None = None
 
         async def on_disconnected() -> None:
@@ -115,8 +119,9 @@ class Runtime:
             log.debug("nats: %r", exc)
 
         try:
+            options = nats_connect_options()
             nc = await nats.connect(
-                url,
+                servers,
                 name=name or f"mmserve-{os.getpid()}",
                 reconnect_time_wait=reconnect_time_wait,
                 max_reconnect_attempts=max(1, round(connect_wait / reconnect_time_wait)),
@@ -124,8 +129,9 @@ class Runtime:
                 allow_reconnect=True,
                 disconnected_cb=on_disconnected,
                 error_cb=on_error,
+                **options,
             )
-        except (OSError, nats.errors.Error) as exc:
+        except (OSError, ValueError, nats.errors.Error) as exc:
             raise Disconnected(None, f"cannot connect to NATS at {url}: {exc!r}") from exc
         # Bounded attempts only for the first connection: from now on, retry forever.
         nc.options["max_reconnect_attempts"] = -1

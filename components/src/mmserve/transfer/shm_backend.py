@@ -58,6 +58,7 @@ from .base import (
     typed_view,
 )
 from .defaults import DEFAULT_INLINE_THRESHOLD, DEFAULT_LEASE_TIMEOUT_S, DEFAULT_POOL_BYTES
+from .host import host_identity
 from .pool import BufferPool, PooledBuffer
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class ShmTransferAgent(TransferAgent):
     ) -> None:
         super().__init__(inline_threshold=inline_threshold, lease_timeout_s=lease_timeout_s)
         self._directory = directory
+        self.host = host_identity(directory)
         remove_stale_files(directory)
         self._file_prefix = f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
         self._pool = BufferPool(
@@ -156,7 +158,7 @@ class ShmTransferAgent(TransferAgent):
         shm_file.header[POSTED] = sequence
         self._watched[transfer_id] = (shm_file.header, sequence)
         descriptor = ShmBufferDescriptor(
-            name=os.path.basename(shm_file.path), sequence=sequence, nbytes=nbytes
+            name=os.path.basename(shm_file.path), sequence=sequence, nbytes=nbytes, host=self.host
         )
         close = functools.partial(self._end_reservation, transfer_id, buffer)
         return transfer_id, encode(descriptor), close
@@ -213,6 +215,14 @@ class ShmTransferAgent(TransferAgent):
             remote = decode(handle.descriptor, ShmBufferDescriptor)
         except ProtocolError as exc:
             raise TransferError(f"bad shared-memory descriptor: {exc}") from exc
+        if remote.host and remote.host != self.host:
+            # Another host's /dev/shm may even be this one's (network namespaces of one
+            # machine): reading it would work here and break on real machines, so never.
+            raise TransferError(
+                f"shared-memory handle {remote.name} comes from another host ({remote.host}; "
+                f"this is {self.host}): --transfer shm works on one host only, use --transfer "
+                "nixl for a deployment over several hosts"
+            )
         if not remote.name.startswith(FILE_PREFIX) or os.sep in remote.name:
             raise TransferError(f"{remote.name!r} is not a transfer buffer name")
         mapping = self._attached.get(remote.name)

@@ -1,0 +1,23 @@
+"""Which host a process is on, as far as shared memory goes.
+
+Two processes share a host when they run on the same booted machine (`/proc/sys/kernel/random/
+boot_id`), in the same network namespace, and see the same filesystem at the shared-memory
+directory. The network namespace counts because it is what a deployment places components by:
+a container or a simulated host has an address of its own, and usually a /dev/shm of its own
+too; where it does not, treating it as another host only costs the faster path, never a wrong
+read. The shm backend stamps its descriptors with this identity and refuses those of another.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+
+@functools.cache
+def host_identity(shm_directory: str) -> str:
+    with open("/proc/sys/kernel/random/boot_id") as boot:
+        boot_id = boot.read().strip()
+    netns = os.stat("/proc/self/ns/net").st_ino
+    shm_device = os.stat(shm_directory).st_dev
+    return f"{boot_id}/net:{netns}/shm:{shm_device}"

@@ -1,0 +1,115 @@
+"""NATS secured: TLS on every connection (certificates made by the test), a user per role with
+its password in the environment (never on a command line), subject permissions that keep a
+worker to its own subjects, and clients without credentials or without TLS refused. The
+frontend serves HTTPS with its API key."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import ssl
+from pathlib import Path
+
+import httpx
+import nats
+import nats.errors
+import pytest
+
+from mmserve import protocol
+from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime.discovery import list_instances
+from mmserve.runtime.nats_options import nats_connect_options
+from mmserve.runtime.nats_server import NatsServer
+from tests.support.deployment import Deployment
+from tests.support.tls import make_certificates
+from tests.support.waiting import wait_until_async
+
+SECURE_CONFIG = Path(__file__).parents[2] / "configs" / "nats" / "secure.conf"
+API_KEY = secrets.token_hex(8)
+
+
+def test_tls_auth_and_permissions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    certs = make_certificates(tmp_path)
+    passwords = {role: secrets.token_hex(12) for role in ("frontend", "worker")}
+    server_env = {
+        "NATS_TLS_CERT": str(certs.cert),
+        "NATS_TLS_KEY": str(certs.key),
+        **{f"MMSERVE_{role.upper()}_PASSWORD": pw for role, pw in passwords.items()},
+    }
+    login = {role: {"NATS_USER": role, "NATS_PASSWORD": pw} for role, pw in passwords.items()}
+    with NatsServer(config=str(SECURE_CONFIG), env=server_env) as server:
+        deployment = Deployment(
+            "agg",
+            build_tiny_model("qwen2_vl"),
+            server.url,
+            tmp_path,
+            worker_flags=["--engine", "mock"],
+            frontend_flags=[
+                "--ssl-certfile",
+                str(certs.cert),
+                "--ssl-keyfile",
+                str(certs.key),
+            ],
+            env={"NATS_CA": str(certs.ca), "MMSERVE_API_KEY": API_KEY},
+            process_env=login,
+            https=str(certs.ca),
+        )
+        with deployment.running():
+            body = {
+                "model": deployment.model_path.name,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            }
+            url = f"{deployment.base_url}/v1/chat/completions"
+            refused = httpx.post(url, json=body, verify=str(certs.ca))
+            assert refused.status_code == 401
+            answered = httpx.post(
+                url, json=body, verify=str(certs.ca), headers={"Authorization": f"Bearer {API_KEY}"}
+            )
+            assert answered.status_code == 200, answered.text
+            for process in [*deployment.processes.values()]:
+                argv = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+                assert not any(pw.encode() in argv for pw in passwords.values())
+            tls = ssl.create_default_context(cafile=str(certs.ca))
+            asyncio.run(_refusals(server.url, tls, passwords["worker"]))
+            monkeypatch.setenv("NATS_CA", str(certs.ca))
+            for name, value in login["worker"].items():
+                monkeypatch.setenv(name, value)
+            asyncio.run(_worker_kept_to_its_subjects(server.url, deployment.namespace))
+
+
+async def _refusals(url: str, tls: ssl.SSLContext, worker_password: str) -> None:
+    once = {"allow_reconnect": False, "connect_timeout": 2}
+    with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
+        await nats.connect(url, tls=tls, **once)  # no credentials
+    with pytest.raises((nats.errors.Error, OSError)):
+        await nats.connect(url, user="worker", password=worker_password, **once)  # no TLS
+    with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
+        await nats.connect(url, tls=tls, user="worker", password="wrong", **once)
+
+
+async def _worker_kept_to_its_subjects(url: str, namespace: str) -> None:
+    """With the worker's credentials (from the environment, as components take them): a
+    forged record of another component and a request to another component's endpoint are
+    refused by the server, while the worker's own records are there."""
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc).lower())
+
+    nc = await nats.connect(url, error_cb=on_error, **nats_connect_options())
+    try:
+        forged = protocol.InstanceRecord(
+            namespace=namespace, component="decode", endpoint="generate",
+            instance_id="f" * 16, host="x", pid=1, started_at=0.0,
+        )  # fmt: skip
+        subject = f"$KV.mmserve_instances.{namespace}.decode.generate.{'f' * 16}"
+        await nc.publish(subject, protocol.encode(forged))
+        await nc.publish(f"mmserve.{namespace}.frontend.generate", b"")
+        await nc.flush()
+        await wait_until_async(lambda: len(violations) >= 2, 5, "the server's -ERR replies")
+        assert all("permissions violation for publish" in v for v in violations), violations
+        assert not await list_instances(nc, namespace, "decode")
+        assert await list_instances(nc, namespace, "worker")
+    finally:
+        await nc.close()
