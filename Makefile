@@ -1,7 +1,6 @@
 # mmserve developer entry points. See README.md.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := pkg-config libturbojpeg0-dev curl
 
 .PHONY: help setup ext run test test-fast test-py test-rust lint
 
