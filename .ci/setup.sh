@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything mmserve needs, from nothing, idempotently:
-# Debian packages, the Rust toolchain check, the Python environment and the extension.
+# Debian packages, the Rust toolchain check, the Python environment and the extension, and the
+# default model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -69,4 +70,7 @@ if ! "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE" >/dev/null 2>&1; the
   "${sglang_pip[@]}" "${SGLANG_CPU_DEPS[@]}"
   "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE"
 fi
+# The default model (`make run`): rebuilt from the trained weights the package ships, a few
+# seconds; cached under ~/.cache/mmserve/models.
+"$VENV/bin/mmserve" make-tiny-model --trained >/dev/null
 echo "setup: done ($VENV)"
