@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything mmserve needs, from nothing, idempotently:
-# Debian packages, the Rust toolchain check, the Python environment and the extension.
+# Debian packages, the Rust toolchain check, the Python environment and the extension, and the
+# default model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -79,4 +80,8 @@ if [ "$("$AIPERF_VENV/bin/aiperf" --version 2>/dev/null)" != "$AIPERF_VERSION" ]
   "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==$AIPERF_VERSION"
   [ "$("$AIPERF_VENV/bin/aiperf" --version)" = "$AIPERF_VERSION" ]
 fi
+
+# The default model (`make run`): rebuilt from the trained weights the package ships, a few
+# seconds; cached under ~/.cache/mmserve/models.
+"$VENV/bin/mmserve" make-tiny-model --trained >/dev/null
 echo "setup: done ($VENV)"

@@ -41,7 +41,8 @@ usage: $(basename "$0") [--model-path DIR] [--engine hf|mock|sglang] [--http-hos
                 [-- extra worker flags...]
 
 Starts $LAUNCH_DESCRIPTION.
-  --model-path DIR  a local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL, built if missing)
+  --model-path DIR  a local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL trained on
+                    synthetic scenes, tiny-qwen2_vl-scenes, built if missing)
   --engine NAME     engine for the workers (default: hf)
   --http-host H     frontend host (default: 127.0.0.1)
   --http-port P     frontend port (default: 8000)
@@ -109,7 +110,7 @@ launch_parse() {
     launch_wait_port 127.0.0.1 "$NATS_PORT" 30
   fi
   if [ -z "$MODEL_PATH" ]; then
-    MODEL_PATH=$(mmserve make-tiny-model --family qwen2_vl | tail -n 1)
+    MODEL_PATH=$(mmserve make-tiny-model --trained | tail -n 1)
   fi
 }
 

@@ -1,6 +1,6 @@
-"""Each launch script starts its deployment, answers curl, and leaves no process behind after
-Ctrl-C; flags reach the frontend and each role; a SIGKILL leaves no nats-server holding its port;
-a taken port is named in one line."""
+"""Each launch script starts its deployment, answers the README's curl right, and leaves no
+process behind after Ctrl-C; flags reach the frontend and each role; a SIGKILL leaves no
+nats-server holding its port; a taken port is named in one line."""
 
 from __future__ import annotations
 
@@ -58,6 +58,15 @@ def _curl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _readme_request() -> tuple[dict, str]:
+    """The body of the README's curl and the answer the README shows."""
+    readme = (ROOT / "README.md").read_text()
+    body = re.search(r"-d '(\{.*?\})'\n```", readme, re.DOTALL)
+    answer = re.search(r'The answer is `"content": "([^"]+)"`', readme)
+    assert body and answer, "README.md lost its curl or its answer"
+    return json.loads(body.group(1)), answer.group(1)
+
+
 def _started(log: Path, name: str) -> str:
     """The command line the script printed for component NAME."""
     found = re.search(rf"^\[launch\] starting {name}: (.*)$", log.read_text(), re.MULTILINE)
@@ -65,9 +74,7 @@ def _started(log: Path, name: str) -> str:
     return found.group(1)
 
 
-def test_every_launch_script_serves_and_stops_cleanly(
-    nats_url: str, tmp_path: Path, image_server: str
-) -> None:
+def test_every_launch_script_serves_and_stops_cleanly(nats_url: str, tmp_path: Path) -> None:
     launched = {}
     metrics_port = free_port()
     for script in SCRIPTS:
@@ -97,24 +104,14 @@ def test_every_launch_script_serves_and_stops_cleanly(
             time.sleep(0.5)
         assert len(urls) == len(SCRIPTS), f"not ready: {set(SCRIPTS) - set(urls)}"
 
-        body = {
-            "model": "tiny-qwen2_vl-seed0",
-            "max_tokens": 3,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": f"{image_server}/small.png"}},
-                        {"type": "text", "text": "Hello"},
-                    ],
-                }
-            ],
-        }
+        # A newcomer's first request: the README's curl, answered right by every script.
+        body, answer = _readme_request()
         for script, url in urls.items():
             auth = ["-H", f"Authorization: Bearer {API_KEY}"]
             out = _curl(f"{url}/v1/chat/completions", "-H", "Content-Type: application/json",
                         *auth, "-d", json.dumps(body))  # fmt: skip
-            assert json.loads(out.stdout)["usage"]["completion_tokens"] == 3, (script, out.stdout)
+            choice = json.loads(out.stdout)["choices"][0]
+            assert choice["message"]["content"] == answer, (script, out.stdout)
 
         # --frontend-args reached the frontend: without the key, 401.
         disagg_url = urls["multimodal_disagg.sh"]

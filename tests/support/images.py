@@ -27,3 +27,7 @@ def png_bytes(image: Image.Image) -> bytes:
     out = io.BytesIO()
     image.save(out, format="PNG")
     return out.getvalue()
+
+
+def png_data_url(image: Image.Image) -> str:
+    return f"data:image/png;base64,{base64.b64encode(png_bytes(image)).decode()}"

@@ -15,6 +15,7 @@ from mmserve.runtime.lifetime import follow_launcher
 
 COMPONENT_MODULES: list[str] = [
     "mmserve.models.tiny",
+    "mmserve.models.training",
     "mmserve.frontend.cli",
     "mmserve.runtime.nats_server",
     "mmserve.runtime.ports",

@@ -54,7 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-path",
-        help="checkpoint dir of the model (default: the tiny Qwen2-VL, built if missing)",
+        help="checkpoint dir of the model (default: the trained tiny Qwen2-VL, built if missing)",
     )
     parser.add_argument(
         "--served-model-name", help="model name clients send (default: the dir's name)"

@@ -4,7 +4,8 @@ Each checkpoint is a normal HF dir (config.json, generation_config.json,
 preprocessor_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) with the
 real Qwen tokenizer and special-token ids, tiny hidden sizes (CPU steps take milliseconds) and
 weights drawn with a scale large enough that image pixels and token positions visibly move the
-logits. Building is deterministic for a seed and idempotent.
+logits. Building is deterministic for a seed and idempotent. `--trained` builds the default
+model instead, the tiny Qwen2-VL trained on synthetic scenes (`models/trained.py`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _vision_config(family: str) -> dict[str, Any]:
     }
 
 
-def _preprocessor_config(family: str) -> dict[str, Any]:
+def preprocessor_config(family: str) -> dict[str, Any]:
     if family == "qwen3_vl":
         patch, mean, std, min_pixels, max_pixels = 16, [0.5] * 3, [0.5] * 3, 65536, 16777216
         processor_class = "Qwen3VLProcessor"
@@ -152,15 +153,52 @@ def _build_model(family: str, seed: int) -> Any:
     return model_class(config).eval()
 
 
-def is_valid_checkpoint(path: Path, seed: int) -> bool:
+def has_marker(path: Path, info: dict[str, Any]) -> bool:
+    """Whether `path` is a complete checkpoint whose builder marker says `info`."""
     marker = path / MARKER_FILE
     if not all((path / name).is_file() for name in CHECKPOINT_FILES) or not marker.is_file():
         return False
     try:
-        info = json.loads(marker.read_text())
+        return bool(json.loads(marker.read_text()) == info)
     except json.JSONDecodeError:
         return False
-    return info == {"builder_version": BUILDER_VERSION, "seed": seed}
+
+
+def is_valid_checkpoint(path: Path, seed: int) -> bool:
+    return has_marker(path, {"builder_version": BUILDER_VERSION, "seed": seed})
+
+
+def write_checkpoint(
+    target: Path, info: dict[str, Any], model: Any, preprocessor: dict[str, Any]
+) -> Path:
+    """Save `model` with the Qwen2-VL tokenizer, generation and preprocessor configs and a
+    marker saying `info` as `target`, unless it is already there."""
+    if has_marker(target, info):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename, so a concurrent builder never sees a partial dir.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging.chmod(0o755)
+    try:
+        from mmserve.models.tokenizer import write_qwen2_vl_tokenizer
+
+        model.save_pretrained(staging)
+        model.generation_config.eos_token_id = [151645, 151643]
+        model.generation_config.pad_token_id = 151643
+        model.generation_config.save_pretrained(staging)
+        (staging / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
+        write_qwen2_vl_tokenizer(staging)
+        (staging / MARKER_FILE).write_text(json.dumps(info) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not has_marker(target, info):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def build_tiny_model(
@@ -172,45 +210,29 @@ def build_tiny_model(
     target = tiny_model_dir(family, seed, out)
     if is_valid_checkpoint(target, seed):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename, so a concurrent builder never sees a partial dir.
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    staging.chmod(0o755)
-    try:
-        from mmserve.models.tokenizer import write_qwen2_vl_tokenizer
-
-        model = _build_model(family, seed)
-        model.save_pretrained(staging)
-        model.generation_config.eos_token_id = [151645, 151643]
-        model.generation_config.pad_token_id = 151643
-        model.generation_config.save_pretrained(staging)
-        (staging / "preprocessor_config.json").write_text(
-            json.dumps(_preprocessor_config(family), indent=2) + "\n"
-        )
-        write_qwen2_vl_tokenizer(staging)
-        (staging / MARKER_FILE).write_text(
-            json.dumps({"builder_version": BUILDER_VERSION, "seed": seed}) + "\n"
-        )
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not is_valid_checkpoint(target, seed):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return write_checkpoint(
+        target,
+        {"builder_version": BUILDER_VERSION, "seed": seed},
+        _build_model(family, seed),
+        preprocessor_config(family),
+    )
 
 
 def default_model_path() -> Path:
-    """The default model (tiny Qwen2-VL), built if missing."""
-    return build_tiny_model(DEFAULT_FAMILY, DEFAULT_SEED)
+    """The default model (the tiny Qwen2-VL trained on scenes), built if missing."""
+    from mmserve.models.trained import build_trained_model
+
+    return build_trained_model()
 
 
 def _handle(args: argparse.Namespace) -> int:
-    families = TINY_FAMILIES if args.family == "all" else (args.family,)
     out = Path(args.out).expanduser() if args.out else None
+    if args.trained:
+        from mmserve.models.trained import build_trained_model
+
+        print(build_trained_model(out))
+        return 0
+    families = TINY_FAMILIES if args.family == "all" else (args.family,)
     for family in families:
         print(build_tiny_model(family, args.seed, out))
     return 0
@@ -219,7 +241,7 @@ def _handle(args: argparse.Namespace) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "make-tiny-model",
-        help="build tiny random-weight Qwen-VL checkpoints (offline)",
+        help="build tiny Qwen-VL checkpoints (offline): random weights, or the trained default",
         description=(
             "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints with random weights and the "
             "real Qwen tokenizer; prints each checkpoint dir. Skips ones already built."
@@ -227,6 +249,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--family", choices=(*TINY_FAMILIES, "all"), default=DEFAULT_FAMILY)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="weight seed")
+    parser.add_argument(
+        "--trained",
+        action="store_true",
+        help="build the default model instead: the tiny Qwen2-VL trained on synthetic scenes "
+        "(tiny-qwen2_vl-scenes, from the weights the package ships; see train-tiny-model)",
+    )
     parser.add_argument(
         "--out",
         default=None,

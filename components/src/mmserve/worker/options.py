@@ -39,7 +39,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-path",
         default=None,
-        help="local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL, built if missing)",
+        help="local Qwen-VL checkpoint dir (default: the trained tiny Qwen2-VL, built if missing)",
     )
     parser.add_argument(
         "--engine",
