@@ -16,6 +16,7 @@ import pytest
 from mmserve import protocol as p
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.chat import ChatOptions
+from mmserve.frontend.mm_options import PixelRange
 from mmserve.media import MediaPolicy
 from mmserve.runtime import RemoteError, RequestContext, Runtime
 
@@ -67,6 +68,7 @@ class _PanickingPreprocessor:
 
     options = ChatOptions(policy=MediaPolicy())
     model = SimpleNamespace(name="m")  # the app names it in its OpenAPI document
+    pixel_range = PixelRange(3136, 12845056, model=(3136, 12845056))  # and the pixel bounds
 
     def validate(self, request: p.ChatCompletionRequest) -> None:
         raise PanicException("attempt to multiply with overflow")
