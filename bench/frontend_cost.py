@@ -57,7 +57,7 @@ import numpy as np
 import uvloop
 from PIL import Image
 
-from bench.load import POOL_CONNECTIONS, cpu_s, percentile, read_stream, watch_loop_lag
+from bench.load import cpu_s, percentile, read_stream, run_streams
 from bench.router import DynamoDeployment, MockCosts, dynamo_unavailable
 from mmserve.frontend.cli import raise_open_file_limit
 from mmserve.models.tiny import build_tiny_model
@@ -242,20 +242,7 @@ async def run_workload(
             issued += 1
             await one_request(client, body, outcome)
 
-    async def streams(count: int) -> None:
-        limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
-        async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
-            await asyncio.gather(*(loop(client) for _ in range(count)))
-
-    pools = [
-        min(POOL_CONNECTIONS, concurrency - first)
-        for first in range(0, concurrency, POOL_CONNECTIONS)
-    ]
-    lag = asyncio.ensure_future(watch_loop_lag(outcome.loop_lag))
-    started = time.monotonic()
-    await asyncio.gather(*(streams(count) for count in pools))
-    elapsed = time.monotonic() - started
-    lag.cancel()
+    elapsed = await run_streams(base_url, concurrency, timeout, loop, outcome.loop_lag)
     return outcome, elapsed
 
 

@@ -32,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,23 +216,37 @@ async def run_phase(
             issued += 1
             await one_request(client, model, image, max_tokens, tally)
 
+    elapsed = await run_streams(base_url, concurrency, timeout, loop, tally.loop_lag)
+    assert tally.total == issued, (tally.total, issued)
+    return tally, elapsed
+
+
+async def run_streams(
+    base_url: str,
+    concurrency: int,
+    timeout: httpx.Timeout,
+    stream: Callable[[httpx.AsyncClient], Awaitable[None]],
+    loop_lag: list[float],
+) -> float:
+    """`concurrency` copies of `stream` at once, each given a client of `base_url`, while the
+    client's own event-loop lag is recorded into `loop_lag`; returns the seconds they took."""
+
     async def streams(count: int) -> None:
         limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
         async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
-            await asyncio.gather(*(loop(client) for _ in range(count)))
+            await asyncio.gather(*(stream(client) for _ in range(count)))
 
     # Several small pools: one pool's bookkeeping grows with connections times waiting requests.
     pools = [
         min(POOL_CONNECTIONS, concurrency - first)
         for first in range(0, concurrency, POOL_CONNECTIONS)
     ]
-    lag = asyncio.ensure_future(watch_loop_lag(tally.loop_lag))
+    lag = asyncio.ensure_future(watch_loop_lag(loop_lag))
     started = time.monotonic()
     await asyncio.gather(*(streams(count) for count in pools))
     elapsed = time.monotonic() - started
     lag.cancel()
-    assert tally.total == issued, (tally.total, issued)
-    return tally, elapsed
+    return elapsed
 
 
 def percentile(values: list[float], q: float) -> float:
