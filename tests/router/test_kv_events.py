@@ -134,7 +134,7 @@ async def test_a_dump_leaves_after_the_events_numbered_before_it(
         seen.append(event)
 
     await router_rt.subscribe(kv_events_topic(COMPONENT), KvEvent, record)
-    await router_rt.nc.flush()
+    await router_rt.flush()
     cache = FakeCacheOwner()
     async with KvEventPublisher(worker_rt, COMPONENT, cache.snapshot) as publisher:
         # An engine thread numbers an event; before the loop queues it, a dump is answered.
@@ -196,7 +196,7 @@ async def test_a_worker_lost_again_as_its_catch_up_ends_is_asked_again(
         asked.append(request)
 
     await router_rt.subscribe(kv_dump_topic(COMPONENT), KvDumpRequest, record)
-    await router_rt.nc.flush()
+    await router_rt.flush()
     retry_s = 0.2
     async with KvEventSubscriber(router_rt, KvIndexer(), COMPONENT, dump_retry_s=retry_s) as sub:
         idle = "idle-worker"

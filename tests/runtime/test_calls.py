@@ -288,7 +288,7 @@ async def test_events_reach_every_subscriber_in_order(nats_url: str) -> None:
 
         await subscriber.subscribe("kv_events", p.KvEvent, collector("a"))
         await subscriber.subscribe("kv_events", p.KvEvent, collector("b"))
-        await subscriber.nc.flush()
+        await subscriber.flush()
         for event_id in range(100):
             data = p.KvRemoved(block_hashes=[event_id])
             await publisher.publish(
@@ -319,3 +319,28 @@ async def test_work_in_a_thread_sees_the_cancellation_flag(nats_url: str) -> Non
         with pytest.raises(DeadlineExceeded):
             await caller.client("threads", "work").call(chunk(), p.TokenChunk, timeout=0.3)
         await asyncio.wait_for(observed.wait(), 5.0)
+
+
+async def test_a_flushed_subscription_hears_the_next_publish_from_another_connection(
+    nats_url: str,
+) -> None:
+    # A lost race costs one message in a few hundred (the publish overtakes the SUB at the
+    # server), so the pattern is tried many times.
+    async with (
+        await Runtime.connect(nats_url, "flush") as publisher,
+        await Runtime.connect(nats_url, "flush") as subscriber,
+    ):
+        heard: asyncio.Queue[int] = asyncio.Queue()
+
+        async def hear(event: p.KvEvent) -> None:
+            heard.put_nowait(event.event_id)
+
+        for attempt in range(400):
+            subscription = await subscriber.subscribe(f"flush-{attempt}", p.KvEvent, hear)
+            await subscriber.flush()
+            data = p.KvRemoved(block_hashes=[])
+            await publisher.publish(f"flush-{attempt}", p.KvEvent("w", attempt, data))
+            try:
+                assert await asyncio.wait_for(heard.get(), 2.0) == attempt
+            finally:
+                await subscription.unsubscribe()

@@ -183,7 +183,7 @@ async def subscribe_flushed(
 ) -> Subscription:
     """Subscribe, and return once the server has the subscription."""
     subscription = await runtime.subscribe(topic, message_type, callback)
-    await runtime.nc.flush()  # subscribed at the server before the caller goes on
+    await runtime.flush()  # subscribed at the server before the caller goes on
     return subscription
 
 

@@ -225,6 +225,11 @@ class Runtime:
     def event_subject(self, topic: str) -> str:
         return event_subject(self.namespace, topic)
 
+    async def flush(self) -> None:
+        """Return once the server has processed everything sent so far (a subscription made
+        before it receives every message published after it)."""
+        await flush_in_order(self.nc)
+
     async def publish(self, topic: str, message: protocol.WireMessage) -> None:
         """Fire-and-forget broadcast of `message` to every subscriber of `topic` (KV events,
         load reports). Raises `PayloadTooLarge` or `Disconnected` like a call."""
@@ -293,6 +298,15 @@ class Runtime:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def flush_in_order(nc: NatsClient) -> None:
+    """`nc.flush()` made to mean what it says. nats-py 2.16 writes the flush's PING straight to
+    the socket, ahead of commands still queued for its flusher task, so one PONG proves nothing
+    about a SUB or PUB just issued. The flusher runs before the first PONG can be read (it was
+    woken first), so the second PING leaves behind those commands and its PONG follows them."""
+    await nc.flush()
+    await nc.flush()
 
 
 def run(main: Coroutine[Any, Any, R]) -> R:

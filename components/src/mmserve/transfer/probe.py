@@ -37,6 +37,7 @@ from mmserve.protocol import (
     decode,
     encode,
 )
+from mmserve.runtime.connection import flush_in_order
 
 from .base import TransferAgent, dtype_from_name
 from .options import add_transfer_arguments, create_transfer_agent
@@ -115,7 +116,7 @@ async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
     await connection.subscribe(f"{subject}.fetch", cb=endpoint(fetch))
     await connection.subscribe(f"{subject}.write", cb=endpoint(write))
     await connection.subscribe(f"{subject}.stats", cb=endpoint(stats))
-    await connection.flush()
+    await flush_in_order(connection)
     print("ready", flush=True)
     try:
         await asyncio.Event().wait()
