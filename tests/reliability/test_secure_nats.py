@@ -13,10 +13,12 @@ from pathlib import Path
 import httpx
 import nats
 import nats.errors
+import nkeys
 import pytest
 
 from mmserve import protocol
 from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime import Disconnected, Runtime
 from mmserve.runtime.discovery import list_instances
 from mmserve.runtime.nats_options import nats_connect_options
 from mmserve.runtime.nats_server import NatsServer
@@ -113,3 +115,47 @@ async def _worker_kept_to_its_subjects(url: str, namespace: str) -> None:
         assert await list_instances(nc, namespace, "worker")
     finally:
         await nc.close()
+
+
+def _nkey_seed_file(directory: Path) -> tuple[Path, str]:
+    """A user NKey made here: its seed in a file (what NATS_NKEY names) and its public key."""
+    seed = nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER)
+    path = directory / "worker.nk"
+    path.write_bytes(seed)
+    path.chmod(0o600)
+    return path, nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
+@pytest.mark.parametrize("method", ["nkey", "token"])
+async def test_nkey_and_token_credentials_come_from_the_environment(
+    method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = secrets.token_hex(16)
+    seed_path, public_key = _nkey_seed_file(tmp_path)
+    config = tmp_path / "auth.conf"
+    if method == "nkey":
+        config.write_text(f"authorization {{ users = [ {{ nkey: {public_key} }} ] }}\n")
+        (tmp_path / "stranger").mkdir()
+        stranger, _ = _nkey_seed_file(tmp_path / "stranger")  # a key the server does not know
+        good, bad = {"NATS_NKEY": str(seed_path)}, {"NATS_NKEY": str(stranger)}
+    else:
+        config.write_text("authorization { token: $MMSERVE_NATS_TOKEN }\n")
+        good, bad = {"NATS_TOKEN": token}, {"NATS_TOKEN": "wrong"}
+    with NatsServer(config=str(config), env={"MMSERVE_NATS_TOKEN": token}) as server:
+        for name in ("NATS_NKEY", "NATS_TOKEN", "NATS_USER", "NATS_PASSWORD", "NATS_CA"):
+            monkeypatch.delenv(name, raising=False)
+        with pytest.raises(Disconnected, match=r"[Aa]uthorization"):
+            await Runtime.connect(server.url, "auth", connect_wait=0.5)
+        for name, value in bad.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(Disconnected, match=r"[Aa]uthorization"):
+            await Runtime.connect(server.url, "auth", connect_wait=0.5)
+        for name, value in good.items():
+            monkeypatch.setenv(name, value)
+        async with await Runtime.connect(server.url, "auth") as runtime:
+            heard: asyncio.Queue[protocol.KvEvent] = asyncio.Queue()
+            await runtime.subscribe("t", protocol.KvEvent, heard.put)
+            await runtime.flush()
+            event = protocol.KvEvent("w", 0, protocol.KvCleared())
+            await runtime.publish("t", event)
+            assert await asyncio.wait_for(heard.get(), 5.0) == event

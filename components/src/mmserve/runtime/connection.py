@@ -115,8 +115,12 @@ class Runtime:
             if runtime is not None:
                 runtime._on_disconnected()
 
+        errors: list[Exception] = []  # the server's refusals say more than "no servers"
+
         async def on_error(exc: Exception) -> None:
             log.debug("nats: %r", exc)
+            if runtime is None:
+                errors.append(exc)
 
         try:
             options = nats_connect_options()
@@ -132,7 +136,10 @@ class Runtime:
                 **options,
             )
         except (OSError, ValueError, nats.errors.Error) as exc:
-            raise Disconnected(None, f"cannot connect to NATS at {url}: {exc!r}") from exc
+            cause = f"{exc!r}" + (
+                f", last: {errors[-1]!r}" if errors and errors[-1] is not exc else ""
+            )
+            raise Disconnected(None, f"cannot connect to NATS at {url}: {cause}") from exc
         # Bounded attempts only for the first connection: from now on, retry forever.
         nc.options["max_reconnect_attempts"] = -1
         runtime = cls(
