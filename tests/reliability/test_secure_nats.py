@@ -1,12 +1,13 @@
 """NATS secured: TLS on every connection (certificates made by the test), a user per role with
 its password in the environment (never on a command line), subject permissions that keep a
-worker to its own subjects, and clients without credentials or without TLS refused. The
-frontend serves HTTPS with its API key."""
+worker to its own subjects, and clients without credentials or without TLS refused; NKey and
+token logins; a 3-node cluster with TLS routes. The frontend serves HTTPS with its API key."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import ssl
 from pathlib import Path
 
@@ -23,10 +24,13 @@ from mmserve.runtime.discovery import list_instances
 from mmserve.runtime.nats_options import nats_connect_options
 from mmserve.runtime.nats_server import NatsServer
 from tests.support.deployment import Deployment
-from tests.support.tls import make_certificates
+from tests.support.nats_cluster import NatsCluster
+from tests.support.tls import Certificates, make_certificates
 from tests.support.waiting import wait_until_async
 
-SECURE_CONFIG = Path(__file__).parents[2] / "configs" / "nats" / "secure.conf"
+CONFIGS = Path(__file__).parents[2] / "configs" / "nats"
+SECURE_CONFIG = CONFIGS / "secure.conf"
+SECURE_CLUSTER_CONFIG = CONFIGS / "cluster-secure.conf"
 API_KEY = secrets.token_hex(8)
 
 
@@ -159,3 +163,80 @@ async def test_nkey_and_token_credentials_come_from_the_environment(
             event = protocol.KvEvent("w", 0, protocol.KvCleared())
             await runtime.publish("t", event)
             assert await asyncio.wait_for(heard.get(), 5.0) == event
+
+
+def test_a_secure_cluster_routes_over_tls_and_serves_across_nodes(tmp_path: Path) -> None:
+    """cluster-secure.conf: routes verify each other's certificates, clients need TLS and a
+    user; the frontend on one node reaches the worker on another, discovery replicated."""
+    certs = make_certificates(tmp_path)
+    passwords = {role: secrets.token_hex(12) for role in ("frontend", "worker")}
+    node_env = {
+        "NATS_TLS_CERT": str(certs.cert),
+        "NATS_TLS_KEY": str(certs.key),
+        "NATS_TLS_CA": str(certs.ca),
+        **{f"MMSERVE_{role.upper()}_PASSWORD": pw for role, pw in passwords.items()},
+    }
+    with NatsCluster(3, config=SECURE_CLUSTER_CONFIG, env=node_env) as cluster:
+        for node in cluster.nodes:
+            assert _route_port_takes_only_the_cas_certificates(
+                node.env["NATS_CLUSTER_LISTEN"], certs
+            )
+        first, _, last = cluster.nodes
+        deployment = Deployment(
+            "agg",
+            build_tiny_model("qwen2_vl"),
+            cluster.url,
+            tmp_path,
+            worker_flags=["--engine", "mock"],
+            env={"NATS_CA": str(certs.ca)},
+            process_env={
+                "frontend": {
+                    "NATS_URL": first.url,
+                    "NATS_USER": "frontend",
+                    "NATS_PASSWORD": passwords["frontend"],
+                },
+                "worker": {
+                    "NATS_URL": last.url,
+                    "NATS_USER": "worker",
+                    "NATS_PASSWORD": passwords["worker"],
+                },
+            },
+        )
+        with deployment.running():
+            assert cluster.node_of(deployment.processes["frontend"].pid) is first
+            assert cluster.node_of(deployment.processes["worker"].pid) is last
+            assert cluster.replicas("KV_mmserve_instances") == 3
+            body = {
+                "model": deployment.model_path.name,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            }
+            answered = httpx.post(f"{deployment.base_url}/v1/chat/completions", json=body)
+            assert answered.status_code == 200, answered.text
+            assert answered.json()["usage"]["completion_tokens"] == 4
+            tls = ssl.create_default_context(cafile=str(certs.ca))
+            asyncio.run(_refusals(cluster.nodes[1].url, tls, passwords["worker"]))
+
+
+def _route_port_takes_only_the_cas_certificates(address: str, certs: Certificates) -> bool:
+    """A node's cluster port speaks TLS from the first byte and wants a client certificate:
+    a node's certificate gets its INFO line, a client without one is refused."""
+    host, _, port = address.rpartition(":")
+
+    def hello(client_cert: bool) -> bytes:
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        if client_cert:
+            context.load_cert_chain(str(certs.cert), str(certs.key))
+        with (
+            socket.create_connection((host, int(port)), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname=host) as route,
+        ):
+            return route.recv(5)
+
+    try:
+        hello(client_cert=False)
+    except ssl.SSLError as exc:
+        refused = "CERTIFICATE_REQUIRED" in str(exc)
+    else:
+        refused = False
+    return refused and hello(client_cert=True) == b"INFO "

@@ -17,15 +17,24 @@ CLUSTER_CONFIG = Path(__file__).parents[2] / "configs" / "nats" / "cluster.conf"
 
 
 class NatsCluster:
-    def __init__(self, size: int = 3, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        size: int = 3,
+        host: str = "127.0.0.1",
+        config: Path = CLUSTER_CONFIG,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`config`: cluster.conf or cluster-secure.conf; `env`: what every node's environment
+        adds (certificates, passwords) to the node's own name and routes."""
         routes = [f"nats://{host}:{free_port()}" for _ in range(size)]
         self.nodes = [
             NatsServer(
                 host,
                 free_port(),
-                config=str(CLUSTER_CONFIG),
+                config=str(config),
                 http_port=free_port(),
                 env={
+                    **(env or {}),
                     NAME: f"n{i}",
                     "NATS_CLUSTER_LISTEN": route.removeprefix("nats://"),
                     **{f"NATS_ROUTE_{j + 1}": other for j, other in enumerate(routes)},

@@ -115,12 +115,12 @@ class Runtime:
             if runtime is not None:
                 runtime._on_disconnected()
 
-        errors: list[Exception] = []  # the server's refusals say more than "no servers"
+        refusals: list[Exception] = []  # the server's -ERR says more than "no servers"
 
         async def on_error(exc: Exception) -> None:
             log.debug("nats: %r", exc)
-            if runtime is None:
-                errors.append(exc)
+            if runtime is None and isinstance(exc, nats.errors.Error):
+                refusals.append(exc)
 
         try:
             options = nats_connect_options()
@@ -136,9 +136,8 @@ class Runtime:
                 **options,
             )
         except (OSError, ValueError, nats.errors.Error) as exc:
-            cause = f"{exc!r}" + (
-                f", last: {errors[-1]!r}" if errors and errors[-1] is not exc else ""
-            )
+            refused = f", refused: {refusals[-1]!r}" if refusals and refusals[-1] is not exc else ""
+            cause = f"{exc!r}{refused}"
             raise Disconnected(None, f"cannot connect to NATS at {url}: {cause}") from exc
         # Bounded attempts only for the first connection: from now on, retry forever.
         nc.options["max_reconnect_attempts"] = -1
