@@ -77,17 +77,35 @@ _handed_out_lock = threading.Lock()
 
 
 def free_port() -> int:
-    """A loopback port free now and never handed out before in this process: the kernel may
-    give the same free port to two binds in a row, and two components told to listen on one
-    port would collide once both start."""
+    """A loopback port free now, never handed out before in this process, and outside the
+    kernel's ephemeral range: a port from that range, picked and released, can become the
+    source port of any process's outgoing connection before the component told to listen on
+    it binds (and two binds in a row may get the same port)."""
+    low, _ = _ephemeral_range()
     with _handed_out_lock:
-        while True:
+        for _ in range(1000):
+            port = secrets.randbelow(low - FIRST_PICKED_PORT) + FIRST_PICKED_PORT
+            if port in _handed_out:
+                continue
             with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _handed_out:
-                _handed_out.add(port)
-                return port
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:  # someone listens there
+                    continue
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port in [{FIRST_PICKED_PORT}, {low})")
+
+
+FIRST_PICKED_PORT = 10000
+
+
+@functools.cache
+def _ephemeral_range() -> tuple[int, int]:
+    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    if int(low) - FIRST_PICKED_PORT < 2000:
+        raise RuntimeError(f"ephemeral ports start at {low}: too few ports below for the tests")
+    return int(low), int(high)
 
 
 @dataclass
