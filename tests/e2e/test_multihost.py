@@ -16,7 +16,8 @@ import torch
 
 from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime import Runtime
-from mmserve.transfer.probe import ProbeError, ProbeProcess
+from mmserve.transfer.nixl_backend import NixlTransferAgent
+from mmserve.transfer.probe import ProbeError, ProbeProcess, digest
 from mmserve.transfer.shm_backend import ShmTransferAgent
 from tests.reliability.streams import BOUND_S, Outcome, chat_body, stream_chat
 from tests.support import hosts as simulated
@@ -111,6 +112,44 @@ def test_shared_memory_is_refused_across_hosts(
     finally:
         nats.terminate()
         nats.wait(timeout=20)
+
+
+def test_nixl_picks_the_path_per_peer(
+    hosts: dict[str, simulated.SimulatedHost], tmp_path: Path
+) -> None:
+    """One NIXL producer, a consumer on its host and one on another: the first copies from
+    shared memory, the second reads through UCX over the network; both get the bytes."""
+    nats, url = simulated.start_nats(hosts["nats"], str(tmp_path / "nats.log"))
+
+    async def scenario() -> dict[str, dict[str, int]]:
+        agent = NixlTransferAgent(inline_threshold=0)
+        consumers = {
+            where: await ProbeProcess.start(
+                url,
+                f"test.multihost.{where.replace(' ', '-')}",
+                ["--transfer=nixl"],
+                prefix=host.command([]),
+            )
+            for where, host in (("same host", hosts["encode"]), ("other host", hosts["decode"]))
+        }
+        try:
+            for consumer in consumers.values():
+                tensor = torch.arange(1 << 18, dtype=torch.int32)
+                handle, lease = await agent.offer(tensor)
+                assert (await consumer.fetch([handle])).digests == [digest(tensor)]
+                await asyncio.wait_for(lease.wait(), 10)
+            return {where: await consumer.peer_paths() for where, consumer in consumers.items()}
+        finally:
+            for consumer in consumers.values():
+                await consumer.stop()
+            await agent.close()
+
+    try:
+        paths = hosts["encode"].call(asyncio.run, scenario())
+    finally:
+        nats.terminate()
+        nats.wait(timeout=20)
+    assert paths == {"same host": {"shm": 1}, "other host": {"nixl": 1}}
 
 
 def _instance_ids(deployment: Deployment) -> set[str]:

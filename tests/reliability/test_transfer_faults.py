@@ -24,7 +24,6 @@ import torch
 
 from mmserve.transfer import Lease, TransferAgent, TransferError, TransferFailed, TransferTimeout
 from mmserve.transfer.probe import ProbeError, seeded_pattern
-from mmserve.transfer.shm_backend import DEFAULT_SHM_DIRECTORY
 from tests.support.transfer import AGENT_TIMEOUT_S, BACKENDS, make_agent, start_probe
 
 from .conftest import Trial, rss_mib
@@ -126,9 +125,10 @@ async def warm_up(producer: TransferAgent, consumer: TransferAgent) -> None:
 
 
 def shm_files(agent: TransferAgent) -> int:
-    """Buffers the shm agent has on disk (a registration the pool lost would stay there)."""
-    prefix = getattr(agent, "_file_prefix", None)
-    return len(glob.glob(f"{DEFAULT_SHM_DIRECTORY}/{prefix}*")) if prefix else 0
+    """Buffers the agent keeps as shared-memory files (a registration the pool lost would stay
+    there): the shm backend's, and NIXL's CPU pool unless its same-host path is UCX."""
+    files = getattr(agent, "shm_files", None)
+    return len(glob.glob(f"{files.directory}/{files.prefix}*")) if files else 0
 
 
 async def test_thousand_consumer_deaths_do_not_grow_registered_memory(
@@ -224,7 +224,7 @@ async def test_transfers_cancelled_while_their_buffer_registers(backend: str, tr
     assert cancelled > 0
     assert after_cancel.buffers == after_cancel.registrations == REGISTERING
     assert after_cancel.in_use == 0
-    assert files == (REGISTERING if backend == "shm" else 0)
+    assert files == (0 if backend == "nixl-ucx" else REGISTERING)
     assert reused.registrations == REGISTERING  # no new registration
     trial(
         f"{backend}: offers cancelled while their buffer was being registered",

@@ -11,7 +11,7 @@ import torch
 from mmserve.protocol import NixlBufferDescriptor, ShmBufferDescriptor, TensorHandle, decode, encode
 from mmserve.transfer import TransferAgent, TransferError, TransferFailed, TransferTimeout
 from mmserve.transfer.probe import ProbeError, ProbeProcess, digest, seeded_pattern
-from tests.support.transfer import start_probe
+from tests.support.transfer import start_probe, through_ucx
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -97,11 +97,16 @@ async def test_thousand_transfers_do_not_grow_registered_memory(
 
 
 def corrupt(handle: TensorHandle) -> TensorHandle:
-    """A handle the consumer cannot use: an address outside the registration (NIXL), a
-    sequence the buffer does not hold (shm)."""
+    """A handle the consumer cannot use: an address outside the registration (through UCX),
+    a sequence the buffer does not hold (shared memory)."""
+    bad: NixlBufferDescriptor | ShmBufferDescriptor
     if handle.backend == "nixl":
         nixl = decode(handle.descriptor, NixlBufferDescriptor)
-        bad = msgspec.structs.replace(nixl, address=nixl.address + (1 << 40))
+        if nixl.shm is None:
+            bad = msgspec.structs.replace(nixl, address=nixl.address + (1 << 40))
+        else:
+            shm = msgspec.structs.replace(nixl.shm, sequence=nixl.shm.sequence + 10**9)
+            bad = msgspec.structs.replace(nixl, shm=shm)
     else:
         shm = decode(handle.descriptor, ShmBufferDescriptor)
         bad = msgspec.structs.replace(shm, sequence=shm.sequence + 10**9)
@@ -115,17 +120,18 @@ async def fail_round(agent: TransferAgent, probe: ProbeProcess) -> None:
         *(probe.fetch([corrupt(handle)]) for handle, _ in offers), return_exceptions=True
     )
     assert all("TransferError" in str(result) for result in results)
-    for _, lease in offers:
-        # NIXL consumers report the failure by notification; shm producers time out.
-        with pytest.raises(TransferFailed if agent.backend == "nixl" else TransferTimeout):
+    for handle, lease in offers:
+        # UCX consumers report the failure by notification; a shared-memory consumer must not
+        # touch a header that is not its own, so the producer times out.
+        with pytest.raises(TransferFailed if through_ucx(handle) else TransferTimeout):
             await asyncio.wait_for(lease.wait(), 5)
 
 
 async def test_failing_consumers_return_buffers_to_the_pool(
-    agent: TransferAgent, probe: ProbeProcess
+    agent: TransferAgent, probe: ProbeProcess, backend: str
 ) -> None:
-    # shm producers wait out the timeout; NIXL ones hear of the failure well before it.
-    agent.lease_timeout_s = 3.0 if agent.backend == "nixl" else 1.0
+    # Shared-memory producers wait out the timeout; UCX ones hear of the failure before it.
+    agent.lease_timeout_s = 3.0 if backend == "nixl-ucx" else 1.0
     try:
         await fail_round(agent, probe)
         after_first = agent.stats()
@@ -208,3 +214,22 @@ async def test_handle_of_another_backend_is_refused(agent: TransferAgent) -> Non
     handle = TensorHandle(shape=(4,), dtype="float32", backend=other, descriptor=b"")
     with pytest.raises(TransferError, match="same --transfer"):
         await agent.fetch(handle)
+
+
+async def test_a_peer_on_this_host_takes_the_path_the_backend_names(
+    agent: TransferAgent, probe: ProbeProcess, backend: str
+) -> None:
+    """NIXL's same-host peers copy from shared memory unless told to go through UCX; the
+    shm backend's always do."""
+    before = await probe.peer_paths()
+    tensor = seeded_pattern((256, KIB), torch.uint8, 12)
+    handle, lease = await agent.offer(tensor)
+    assert (await probe.fetch([handle])).digests == [digest(tensor)]
+    await asyncio.wait_for(lease.wait(), 10)
+    landing = await agent.offer_destination((256, KIB), torch.uint8)
+    await probe.write([landing.handle], seed=13)
+    assert digest(await landing.receive()) == digest(seeded_pattern((256, KIB), torch.uint8, 13))
+    after = await probe.peer_paths()
+    path = "nixl" if backend == "nixl-ucx" else "shm"
+    assert after.get(path, 0) - before.get(path, 0) == 2, (before, after)
+    assert sum(after.values()) - sum(before.values()) == 2

@@ -12,6 +12,7 @@ Tensors at or below `inline_threshold` bytes travel inside the handle, whatever 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -245,6 +246,9 @@ class TransferAgent(ABC):
         self.lease_timeout_s = lease_timeout_s
         self._reservations: dict[str, Reservation] = {}
         self._transfer_ids = itertools.count(1)
+        # Reads and writes this process made as the peer, by the path the bytes took ("shm":
+        # shared memory on this host, "nixl": through UCX).
+        self.peer_paths: collections.Counter[str] = collections.Counter()
         self._progress: ProgressThread | None = None
 
     # -- public interface ------------------------------------------------------------------

@@ -10,14 +10,14 @@ read. The shm backend stamps its descriptors with this identity and refuses thos
 
 from __future__ import annotations
 
-import functools
 import os
 
 
-@functools.cache
 def host_identity(shm_directory: str) -> str:
+    """This host's identity, as seen from the calling thread (a thread may have entered
+    another network namespace than its process's: a simulated host in the tests)."""
     with open("/proc/sys/kernel/random/boot_id") as boot:
         boot_id = boot.read().strip()
-    netns = os.stat("/proc/self/ns/net").st_ino
+    netns = os.stat("/proc/thread-self/ns/net").st_ino
     shm_device = os.stat(shm_directory).st_dev
     return f"{boot_id}/net:{netns}/shm:{shm_device}"

@@ -9,6 +9,13 @@ a failure notification so the other side frees its buffer without waiting for th
 
 CPU tensors use DRAM registrations, CUDA tensors VRAM ones (same calls; NIXL picks the memory
 type from the tensor's device).
+
+The transfer path is chosen per peer. The CPU pool's buffers are shared-memory files
+(`shm_backend.ShmFiles`), registered with NIXL like any memory, and a descriptor names both: a
+peer on the owner's host (`mmserve.transfer.host`: same machine, network namespace and
+/dev/shm) maps the file and copies, acknowledging in its header as the shm backend does, and
+never touches UCX; a peer on another host READs or WRITEs through UCX. The owner completes a
+reservation by whichever arrives. `same_host="nixl"` sends every peer through UCX.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from .base import (
 )
 from .defaults import DEFAULT_INLINE_THRESHOLD, DEFAULT_LEASE_TIMEOUT_S, DEFAULT_POOL_BYTES
 from .pool import BufferPool, PooledBuffer
+from .shm_backend import DEFAULT_SHM_DIRECTORY, ShmFile, ShmFiles, ShmPeer
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +99,7 @@ class _Registration:
     metadata: bytes  # partial agent metadata: connection info + this buffer's keys
     mem_type: Literal["DRAM", "VRAM"]
     device_id: int
+    shm_file: ShmFile | None  # CPU buffers, when same-host peers copy directly
 
 
 def _local_device(device: torch.device | str) -> torch.device:
@@ -111,8 +120,11 @@ class NixlTransferAgent(TransferAgent):
         inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
         devices: str = "",
+        same_host: Literal["shm", "nixl"] = "shm",
+        shm_directory: str = DEFAULT_SHM_DIRECTORY,
     ) -> None:
-        """`devices`: the network interfaces UCX may use, comma-separated ("": all of them)."""
+        """`devices`: the network interfaces UCX may use, comma-separated ("": all of them).
+        `same_host`: how peers on this host reach the CPU pool (module docstring)."""
         super().__init__(inline_threshold=inline_threshold, lease_timeout_s=lease_timeout_s)
         try:
             from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
@@ -147,6 +159,8 @@ class NixlTransferAgent(TransferAgent):
         self._xfer_lock = threading.Lock()
         self._xfers: dict[str, Any] = {}
         self._xfer_waiters: dict[str, asyncio.Future[TransferError | None]] = {}
+        self.shm_files = ShmFiles(shm_directory) if same_host == "shm" else None
+        self._shm_peer = ShmPeer(shm_directory, self.shm_files.host) if self.shm_files else None
 
     def stats(self) -> TransferPoolStats:
         pools = self._pools.values()
@@ -188,6 +202,9 @@ class NixlTransferAgent(TransferAgent):
 
     def _end_reservation(self, transfer_id: str, pool: BufferPool, buffer: PooledBuffer) -> None:
         self._untrack(transfer_id)
+        registration: _Registration = buffer.backend_state
+        if self.shm_files is not None and registration.shm_file is not None:
+            self.shm_files.unpost(registration.shm_file, transfer_id)
         pool.release(buffer)
 
     # -- consumer (READ) and producer (WRITE) transfers ------------------------------------
@@ -197,6 +214,12 @@ class NixlTransferAgent(TransferAgent):
         self, handle: TensorHandle, nbytes: int, device: torch.device
     ) -> AsyncIterator[torch.Tensor]:
         remote = self._remote_buffer(handle, nbytes)
+        if self._shm_peer is not None and remote.shm and self._shm_peer.same_host(remote.shm):
+            self.peer_paths["shm"] += 1
+            async with self._shm_peer.reading(remote.shm, nbytes) as data:
+                yield data
+            return
+        self.peer_paths["nixl"] += 1
         pool = self._pool(device)
         buffer = await pool.acquire(nbytes, self.lease_timeout_s)
         try:
@@ -209,6 +232,11 @@ class NixlTransferAgent(TransferAgent):
         self, tensor: torch.Tensor, destination: TensorHandle, nbytes: int
     ) -> None:
         remote = self._remote_buffer(destination, nbytes)
+        if self._shm_peer is not None and remote.shm and self._shm_peer.same_host(remote.shm):
+            self.peer_paths["shm"] += 1
+            await self._shm_peer.write(tensor, remote.shm, nbytes)
+            return
+        self.peer_paths["nixl"] += 1
         pool = self._pool(tensor.device)
         buffer = await pool.acquire(nbytes, self.lease_timeout_s)
         try:
@@ -374,6 +402,8 @@ class NixlTransferAgent(TransferAgent):
                     del self._xfers[key]
                     error = None if state == "DONE" else TransferError("NIXL transfer failed")
                     completions.append((key, error))
+        if self.shm_files is not None:
+            completions.extend(self.shm_files.poll())
         if self._reservations:
             for peer, messages in self._agent.get_new_notifs().items():
                 for message in messages:
@@ -415,21 +445,32 @@ class NixlTransferAgent(TransferAgent):
         return pool
 
     def _allocate(self, device: torch.device, buffer_id: int, capacity: int) -> PooledBuffer:
-        tensor = torch.empty(capacity, dtype=torch.uint8, device=device)
+        shm_file = None
+        if device.type == "cpu" and self.shm_files is not None:
+            tensor, shm_file = self.shm_files.allocate(buffer_id, capacity)
+        else:
+            tensor = torch.empty(capacity, dtype=torch.uint8, device=device)
         descs = self._agent.register_memory(tensor)  # DRAM or VRAM, from the tensor's device
         registration = _Registration(
             descs=descs,
             metadata=self._agent.get_partial_agent_metadata(descs, True, ["UCX"]),
             mem_type="VRAM" if tensor.is_cuda else "DRAM",
             device_id=tensor.device.index or 0,
+            shm_file=shm_file,
         )
         return PooledBuffer(buffer_id, capacity, tensor, registration)
 
     def _free(self, buffer: PooledBuffer) -> None:
-        self._agent.deregister_memory(buffer.backend_state.descs)
+        registration: _Registration = buffer.backend_state
+        self._agent.deregister_memory(registration.descs)
+        if registration.shm_file is not None:
+            ShmFiles.free(registration.shm_file)
 
     def _describe(self, buffer: PooledBuffer, transfer_id: str, nbytes: int) -> bytes:
         registration: _Registration = buffer.backend_state
+        shm = None
+        if self.shm_files is not None and registration.shm_file is not None:
+            shm = self.shm_files.post(registration.shm_file, transfer_id, nbytes)
         return encode(
             NixlBufferDescriptor(
                 transfer_id=transfer_id,
@@ -443,6 +484,7 @@ class NixlTransferAgent(TransferAgent):
                 transfer_by=time.time()
                 + self.lease_timeout_s
                 - min(LEASE_MARGIN_S, LEASE_MARGIN_SHARE * self.lease_timeout_s),
+                shm=shm,
             )
         )
 
@@ -450,3 +492,6 @@ class NixlTransferAgent(TransferAgent):
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        if self.shm_files is not None and self._shm_peer is not None:
+            self.shm_files.close()
+            self._shm_peer.close()

@@ -64,6 +64,14 @@ def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
         "interface (UCX picks per peer)",
     )
     group.add_argument(
+        "--transfer-same-host",
+        choices=("shm", "nixl"),
+        default="shm",
+        help="nixl: how a peer on this process's host reaches its CPU buffers. shm (default): "
+        "it maps them from shared memory and copies, without UCX; nixl: through UCX, as a "
+        "peer on another host does. Peers on other hosts always use UCX",
+    )
+    group.add_argument(
         "--transfer-inline-threshold",
         type=int,
         default=DEFAULT_INLINE_THRESHOLD,
@@ -108,7 +116,11 @@ def create_transfer_agent(args: argparse.Namespace) -> TransferAgent:
         from .nixl_backend import NixlTransferAgent
 
         address = args.transfer_bind_address
-        return NixlTransferAgent(**common, devices=interface_holding(address) if address else "")
+        return NixlTransferAgent(
+            **common,
+            devices=interface_holding(address) if address else "",
+            same_host=args.transfer_same_host,
+        )
     if args.transfer_bind_address:
         raise SystemExit(f"--transfer-bind-address applies to --transfer nixl, not {backend}")
     from .shm_backend import ShmTransferAgent

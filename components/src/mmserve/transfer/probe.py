@@ -111,7 +111,7 @@ async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
         return await _write(agent, decode(data, TransferProbeWrite))
 
     async def stats(_: bytes) -> TransferProbeReply:
-        return TransferProbeReply(stats=agent.stats())
+        return TransferProbeReply(stats=agent.stats(), peer_paths=dict(agent.peer_paths))
 
     await connection.subscribe(f"{subject}.fetch", cb=endpoint(fetch))
     await connection.subscribe(f"{subject}.write", cb=endpoint(write))
@@ -186,6 +186,10 @@ class ProbeProcess:
     ) -> TransferProbeReply:
         request = TransferProbeWrite(destinations=list(destinations), seed=seed)
         return await self._call("write", encode(request), timeout_s)
+
+    async def peer_paths(self) -> dict[str, int]:
+        """How many reads and writes the probe made by each path (`TransferAgent.peer_paths`)."""
+        return (await self._call("stats", b"", 10.0)).peer_paths
 
     async def stats(self) -> TransferPoolStats:
         stats = (await self._call("stats", b"", 10.0)).stats

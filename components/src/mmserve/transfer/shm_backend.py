@@ -73,7 +73,7 @@ MAX_ATTACHED_FILES = 256
 
 
 @dataclass(frozen=True)
-class _ShmFile:
+class ShmFile:
     path: str
     header: torch.Tensor  # int64 words, see the module docstring
 
@@ -90,6 +90,172 @@ def remove_stale_files(directory: str) -> None:
             os.unlink(os.path.join(directory, name))
 
 
+class ShmFiles:
+    """The owner's side of shared-memory buffers, for any agent that keeps its host memory in
+    them (this backend, and NIXL's CPU pool for its same-host peers): the files, the posted
+    sequences and the acknowledgements a peer stores."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.host = host_identity(directory)
+        remove_stale_files(directory)
+        self.prefix = f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
+        # Posted buffers still waiting for their peer: transfer id -> (header, sequence).
+        self._watched: dict[str, tuple[torch.Tensor, int]] = {}
+
+    @property
+    def watching(self) -> bool:
+        return bool(self._watched)
+
+    def allocate(self, buffer_id: int, capacity: int) -> tuple[torch.Tensor, ShmFile]:
+        """A new file of `capacity` data bytes: (its data, mapped, and the file)."""
+        path = os.path.join(self.directory, f"{self.prefix}{buffer_id}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + capacity)
+        finally:
+            os.close(fd)
+        mapping = torch.from_file(
+            path, shared=True, size=HEADER_BYTES + capacity, dtype=torch.uint8
+        )
+        header = mapping[:HEADER_BYTES].view(torch.int64)
+        return mapping[HEADER_BYTES:], ShmFile(path, header)
+
+    @staticmethod
+    def free(shm_file: ShmFile) -> None:
+        # The mapping itself goes when the last tensor viewing it does.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(shm_file.path)
+
+    def post(self, shm_file: ShmFile, transfer_id: str, nbytes: int) -> ShmBufferDescriptor:
+        """Give the file's current use the sequence `transfer_id` (an integer) and watch for
+        its acknowledgement."""
+        sequence = int(transfer_id)
+        shm_file.header[ACKNOWLEDGED] = 0
+        shm_file.header[POSTED] = sequence
+        self._watched[transfer_id] = (shm_file.header, sequence)
+        return ShmBufferDescriptor(
+            name=os.path.basename(shm_file.path), sequence=sequence, nbytes=nbytes, host=self.host
+        )
+
+    def unpost(self, shm_file: ShmFile, transfer_id: str) -> None:
+        self._watched.pop(transfer_id, None)
+        # A peer arriving late now sees that the buffer no longer holds its tensor.
+        shm_file.header[POSTED] = 0
+
+    def poll(self) -> list[tuple[str, TransferError | None]]:
+        """What peers acknowledged since the last poll (each reported once)."""
+        completions: list[tuple[str, TransferError | None]] = []
+        for transfer_id, (header, sequence) in list(self._watched.items()):
+            acknowledged = int(header[ACKNOWLEDGED])
+            if acknowledged == sequence:
+                completions.append((transfer_id, None))
+            elif acknowledged == -sequence:
+                completions.append((transfer_id, TransferFailed("the peer's copy failed")))
+            else:
+                continue
+            self._watched.pop(transfer_id, None)
+        return completions
+
+    def close(self) -> None:
+        self._watched.clear()
+
+
+class ShmPeer:
+    """The peer's side: maps other processes' buffers on this host, reads or writes them, and
+    acknowledges (in the header, then a datagram to the owner's socket)."""
+
+    def __init__(self, directory: str, host: str) -> None:
+        self._directory = directory
+        self.host = host
+        self._attached: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._notifier = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notifier.setblocking(False)
+
+    def same_host(self, remote: ShmBufferDescriptor) -> bool:
+        return remote.host == self.host
+
+    @contextlib.asynccontextmanager
+    async def reading(
+        self, remote: ShmBufferDescriptor, nbytes: int
+    ) -> AsyncIterator[torch.Tensor]:
+        """The peer's `nbytes`, valid inside the context; acknowledged when it ends (as a
+        failure when it ends by an exception, or when the buffer changed hands meanwhile)."""
+        data, header = self.attach(remote, nbytes)
+        try:
+            yield data[:nbytes]
+        except BaseException:
+            self._acknowledge(remote, header, -remote.sequence)
+            raise
+        self._check_posted(remote, header)
+        self._acknowledge(remote, header, remote.sequence)
+
+    async def write(self, tensor: torch.Tensor, remote: ShmBufferDescriptor, nbytes: int) -> None:
+        data, header = self.attach(remote, nbytes)
+        try:
+            await copy_tensor(typed_view(data, tensor.shape, tensor.dtype), tensor)
+            self._check_posted(remote, header)
+        except BaseException:
+            self._acknowledge(remote, header, -remote.sequence)
+            raise
+        self._acknowledge(remote, header, remote.sequence)
+
+    def _acknowledge(self, remote: ShmBufferDescriptor, header: torch.Tensor, value: int) -> None:
+        """Store the acknowledgement, then wake the owner (its socket is named after its
+        buffers' common prefix). An owner that is gone, that polls instead, or whose queue is
+        full (it has wake-ups to read already), needs no datagram."""
+        header[ACKNOWLEDGED] = value
+        owner = remote.name.rpartition("-")[0] + "-" + ACK_SUFFIX
+        with contextlib.suppress(OSError):
+            self._notifier.sendto(b"", os.path.join(self._directory, owner))
+
+    def attach(self, remote: ShmBufferDescriptor, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The peer's buffer: (data, header), mapped once per file."""
+        if remote.host and remote.host != self.host:
+            # Another host's /dev/shm may even be this one's (network namespaces of one
+            # machine): reading it would work here and break on real machines, so never.
+            raise TransferError(
+                f"shared-memory handle {remote.name} comes from another host ({remote.host}; "
+                f"this is {self.host}): --transfer shm works on one host only, use --transfer "
+                "nixl for a deployment over several hosts"
+            )
+        if not remote.name.startswith(FILE_PREFIX) or os.sep in remote.name:
+            raise TransferError(f"{remote.name!r} is not a transfer buffer name")
+        mapping = self._attached.get(remote.name)
+        if mapping is None:
+            path = os.path.join(self._directory, remote.name)
+            try:
+                size = os.path.getsize(path)
+            except FileNotFoundError:
+                raise TransferError(
+                    f"shared-memory buffer {path} is gone (its owner exited, or it runs on "
+                    "another host: use --transfer nixl across hosts)"
+                ) from None
+            mapping = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+            self._attached[remote.name] = mapping
+            if len(self._attached) > MAX_ATTACHED_FILES:
+                self._attached.popitem(last=False)
+        else:
+            self._attached.move_to_end(remote.name)
+        if mapping.numel() < HEADER_BYTES + nbytes or remote.nbytes < nbytes:
+            raise TransferError(f"shared-memory buffer {remote.name} is smaller than {nbytes}")
+        header = mapping[:HEADER_BYTES].view(torch.int64)
+        self._check_posted(remote, header)
+        return mapping[HEADER_BYTES:], header
+
+    @staticmethod
+    def _check_posted(remote: ShmBufferDescriptor, header: torch.Tensor) -> None:
+        if int(header[POSTED]) != remote.sequence:
+            raise TransferError(
+                f"shared-memory buffer {remote.name} no longer holds transfer "
+                f"{remote.sequence} (its reservation timed out or was closed)"
+            )
+
+    def close(self) -> None:
+        self._notifier.close()
+        self._attached.clear()
+
+
 class ShmTransferAgent(TransferAgent):
     backend = "shm"
 
@@ -102,21 +268,14 @@ class ShmTransferAgent(TransferAgent):
         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
     ) -> None:
         super().__init__(inline_threshold=inline_threshold, lease_timeout_s=lease_timeout_s)
-        self._directory = directory
-        self.host = host_identity(directory)
-        remove_stale_files(directory)
-        self._file_prefix = f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
+        self.shm_files = ShmFiles(directory)
+        self._peer = ShmPeer(directory, self.shm_files.host)
+        self.host = self.shm_files.host
         self._pool = BufferPool(
             self._allocate, self._free, pool_bytes, buffer_ids=itertools.count(1)
         )
-        # Reservations the progress thread watches: transfer id -> (header, sequence). The
-        # thread removes an entry when it reports it.
-        self._watched: dict[str, tuple[torch.Tensor, int]] = {}
-        self._attached: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._acks: _AckSocket | None = None  # bound when the first transfer is posted
         self._acks_tried = False
-        self._notifier = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._notifier.setblocking(False)
 
     def stats(self) -> TransferPoolStats:
         return TransferPoolStats(
@@ -151,23 +310,14 @@ class ShmTransferAgent(TransferAgent):
     def _post(
         self, buffer: PooledBuffer, nbytes: int
     ) -> tuple[str, bytes, functools.partial[None]]:
-        shm_file: _ShmFile = buffer.backend_state
         transfer_id = self._new_transfer_id()
-        sequence = int(transfer_id)
-        shm_file.header[ACKNOWLEDGED] = 0
-        shm_file.header[POSTED] = sequence
-        self._watched[transfer_id] = (shm_file.header, sequence)
-        descriptor = ShmBufferDescriptor(
-            name=os.path.basename(shm_file.path), sequence=sequence, nbytes=nbytes, host=self.host
-        )
+        descriptor = self.shm_files.post(buffer.backend_state, transfer_id, nbytes)
         close = functools.partial(self._end_reservation, transfer_id, buffer)
         return transfer_id, encode(descriptor), close
 
     def _end_reservation(self, transfer_id: str, buffer: PooledBuffer) -> None:
         self._untrack(transfer_id)
-        self._watched.pop(transfer_id, None)
-        # A peer arriving late now sees that the buffer no longer holds its tensor.
-        buffer.backend_state.header[POSTED] = 0
+        self.shm_files.unpost(buffer.backend_state, transfer_id)
         self._pool.release(buffer)
 
     # -- peer side -------------------------------------------------------------------------
@@ -176,91 +326,31 @@ class ShmTransferAgent(TransferAgent):
     async def _fetch_buffer(
         self, handle: TensorHandle, nbytes: int, device: torch.device
     ) -> AsyncIterator[torch.Tensor]:
-        remote, data, header = self._attach(handle, nbytes)
-        try:
-            yield data[:nbytes]
-        except BaseException:
-            self._acknowledge(remote, header, -remote.sequence)
-            raise
-        self._check_posted(remote, header)
-        self._acknowledge(remote, header, remote.sequence)
+        remote = self._remote(handle)
+        self.peer_paths["shm"] += 1
+        async with self._peer.reading(remote, nbytes) as data:
+            yield data
 
     async def _write_buffer(
         self, tensor: torch.Tensor, destination: TensorHandle, nbytes: int
     ) -> None:
-        remote, data, header = self._attach(destination, nbytes)
-        try:
-            await copy_tensor(typed_view(data, tensor.shape, tensor.dtype), tensor)
-            self._check_posted(remote, header)
-        except BaseException:
-            self._acknowledge(remote, header, -remote.sequence)
-            raise
-        self._acknowledge(remote, header, remote.sequence)
+        remote = self._remote(destination)
+        self.peer_paths["shm"] += 1
+        await self._peer.write(tensor, remote, nbytes)
 
-    def _acknowledge(self, remote: ShmBufferDescriptor, header: torch.Tensor, value: int) -> None:
-        """Store the acknowledgement, then wake the owner (its socket is named after its
-        buffers' common prefix). An owner that is gone, or whose queue is full (it has wake-ups
-        to read already), needs no datagram."""
-        header[ACKNOWLEDGED] = value
-        owner = remote.name.rpartition("-")[0] + "-" + ACK_SUFFIX
-        with contextlib.suppress(OSError):
-            self._notifier.sendto(b"", os.path.join(self._directory, owner))
-
-    def _attach(
-        self, handle: TensorHandle, nbytes: int
-    ) -> tuple[ShmBufferDescriptor, torch.Tensor, torch.Tensor]:
-        """The peer's buffer named by `handle`: (descriptor, data, header), mapped once per file."""
+    def _remote(self, handle: TensorHandle) -> ShmBufferDescriptor:
         self._check_backend(handle)
         try:
-            remote = decode(handle.descriptor, ShmBufferDescriptor)
+            return decode(handle.descriptor, ShmBufferDescriptor)
         except ProtocolError as exc:
             raise TransferError(f"bad shared-memory descriptor: {exc}") from exc
-        if remote.host and remote.host != self.host:
-            # Another host's /dev/shm may even be this one's (network namespaces of one
-            # machine): reading it would work here and break on real machines, so never.
-            raise TransferError(
-                f"shared-memory handle {remote.name} comes from another host ({remote.host}; "
-                f"this is {self.host}): --transfer shm works on one host only, use --transfer "
-                "nixl for a deployment over several hosts"
-            )
-        if not remote.name.startswith(FILE_PREFIX) or os.sep in remote.name:
-            raise TransferError(f"{remote.name!r} is not a transfer buffer name")
-        mapping = self._attached.get(remote.name)
-        if mapping is None:
-            path = os.path.join(self._directory, remote.name)
-            try:
-                size = os.path.getsize(path)
-            except FileNotFoundError:
-                raise TransferError(
-                    f"shared-memory buffer {path} is gone (its owner exited, or it runs on "
-                    "another host: use --transfer nixl across hosts)"
-                ) from None
-            mapping = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-            self._attached[remote.name] = mapping
-            if len(self._attached) > MAX_ATTACHED_FILES:
-                self._attached.popitem(last=False)
-        else:
-            self._attached.move_to_end(remote.name)
-        if mapping.numel() < HEADER_BYTES + nbytes or remote.nbytes < nbytes:
-            raise TransferError(f"shared-memory buffer {remote.name} is smaller than {nbytes}")
-        header = mapping[:HEADER_BYTES].view(torch.int64)
-        self._check_posted(remote, header)
-        return remote, mapping[HEADER_BYTES:], header
-
-    @staticmethod
-    def _check_posted(remote: ShmBufferDescriptor, header: torch.Tensor) -> None:
-        if int(header[POSTED]) != remote.sequence:
-            raise TransferError(
-                f"shared-memory buffer {remote.name} no longer holds transfer "
-                f"{remote.sequence} (its reservation timed out or was closed)"
-            )
 
     # -- completions -----------------------------------------------------------------------
 
     def _wake_progress(self) -> None:
         if not self._acks_tried:
             self._acks_tried = True
-            path = os.path.join(self._directory, f"{self._file_prefix}{ACK_SUFFIX}")
+            path = os.path.join(self.shm_files.directory, f"{self.shm_files.prefix}{ACK_SUFFIX}")
             self._acks = _AckSocket.bind(path, self._on_acks)
         if self._acks is None:
             super()._wake_progress()
@@ -273,48 +363,26 @@ class ShmTransferAgent(TransferAgent):
         self._deliver(self._poll_completions())
 
     def _has_pending(self) -> bool:
-        return bool(self._watched)
+        return self.shm_files.watching
 
     def _poll_completions(self) -> list[tuple[str, TransferError | None]]:
-        completions: list[tuple[str, TransferError | None]] = []
-        for transfer_id, (header, sequence) in list(self._watched.items()):
-            acknowledged = int(header[ACKNOWLEDGED])
-            if acknowledged == sequence:
-                completions.append((transfer_id, None))
-            elif acknowledged == -sequence:
-                completions.append((transfer_id, TransferFailed("the peer's copy failed")))
-            else:
-                continue
-            self._watched.pop(transfer_id, None)
-        return completions
+        return self.shm_files.poll()
 
     # -- buffers ---------------------------------------------------------------------------
 
     def _allocate(self, buffer_id: int, capacity: int) -> PooledBuffer:
-        path = os.path.join(self._directory, f"{self._file_prefix}{buffer_id}")
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, HEADER_BYTES + capacity)
-        finally:
-            os.close(fd)
-        mapping = torch.from_file(
-            path, shared=True, size=HEADER_BYTES + capacity, dtype=torch.uint8
-        )
-        header = mapping[:HEADER_BYTES].view(torch.int64)
-        return PooledBuffer(buffer_id, capacity, mapping[HEADER_BYTES:], _ShmFile(path, header))
+        data, shm_file = self.shm_files.allocate(buffer_id, capacity)
+        return PooledBuffer(buffer_id, capacity, data, shm_file)
 
     def _free(self, buffer: PooledBuffer) -> None:
-        # The mapping itself goes when the last tensor viewing it does.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(buffer.backend_state.path)
+        self.shm_files.free(buffer.backend_state)
 
     def _close_buffers(self) -> None:
         if self._acks is not None:
             self._acks.close()
             self._acks = None
-        self._notifier.close()
-        self._watched.clear()
-        self._attached.clear()
+        self._peer.close()
+        self.shm_files.close()
         self._pool.close()
 
 
