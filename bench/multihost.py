@@ -5,7 +5,8 @@ of three killed under load.
 - ttft: streamed requests with one 1280x960 JPEG each (a new image every time, so no cache
   helps), the tiny Qwen2-VL; time to the first content token at the client, which sits on the
   frontend's host.
-- transfer: a probe on another host (or the same one) fetches a tensor this process offers: the
+- transfer: a probe on another host (or the same one: from shared memory, and through UCX)
+  fetches a tensor this process offers: the
   image's JPEG bytes, and the embeddings a 7B Qwen2-VL makes of it (1564 tokens x 3584, bf16).
   Time = the probe's fetch until the data is in its buffer.
 - nats kill: 6 clients stream 40-token answers from an aggregated mock worker; the frontend's
@@ -24,6 +25,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import torch
@@ -90,13 +92,15 @@ def bench_ttft(work: Path, repeats: int) -> dict[str, list[float]]:
     return results
 
 
-async def _fetch_times(url: str, probe_host: simulated.SimulatedHost, repeats: int) -> dict:
+async def _fetch_times(
+    url: str, probe_host: simulated.SimulatedHost, repeats: int, same_host: Literal["shm", "nixl"]
+) -> dict:
     jpeg = work_image_bytes()
     tensors = {
         f"image bytes ({len(jpeg) / 1024:.0f} KiB)": torch.frombuffer(jpeg, dtype=torch.uint8),
         "7B embeddings (10.7 MiB)": torch.ones(EMBEDDING_SHAPE, dtype=torch.bfloat16),
     }
-    agent = NixlTransferAgent(inline_threshold=0)
+    agent = NixlTransferAgent(inline_threshold=0, same_host=same_host)
     probe = await ProbeProcess.start(
         url, "bench.multihost", ["--transfer=nixl"], prefix=probe_host.command([])
     )
@@ -126,14 +130,22 @@ def bench_transfer(work: Path, repeats: int) -> dict[str, dict[str, list[float]]
     with simulated.SimulatedHosts(3) as made:
         nats_host, here, there = made.hosts
         nats_process, url = simulated.start_nats(nats_host, str(work / "nats-transfer.log"))
-        # This process's agent runs on `here`'s network from a thread that joined it. UCX
-        # sees one machine, so between "hosts" it is told to leave shared memory aside (as
-        # `SimulatedHost.popen` does); on one host it takes cross-memory attach as usual.
+        # This process's agent runs on `here`'s network from a thread that joined it. On one
+        # host a peer copies from shared memory (mmserve's path per peer), or, told to use UCX
+        # there too, goes by cross-memory attach; UCX sees one machine, so between "hosts" it
+        # is told to leave shared memory aside (as `SimulatedHost.popen` does).
+        layouts: list[tuple[str, simulated.SimulatedHost, Literal["shm", "nixl"]]] = [
+            ("same host", here, "shm"),
+            ("same host, UCX", here, "nixl"),
+            ("other host", there, "shm"),
+        ]
         try:
-            for name, probe_host in (("same host", here), ("other host", there)):
+            for name, probe_host, same_host in layouts:
                 if probe_host is there:
                     os.environ["UCX_TLS"] = "^sm"
-                results[name] = here.call(asyncio.run, _fetch_times(url, probe_host, repeats))
+                results[name] = here.call(
+                    asyncio.run, _fetch_times(url, probe_host, repeats, same_host)
+                )
         finally:
             os.environ.pop("UCX_TLS", None)
             nats_process.terminate()
@@ -201,7 +213,7 @@ def main() -> None:
             for name, seconds in by_tensor.items():
                 median = statistics.median(seconds) * 1e3
                 print(
-                    f"fetch  {layout:>10} {name:>26}: median {median:6.2f} ms, "
+                    f"fetch  {layout:>14} {name:>26}: median {median:6.2f} ms, "
                     f"min {min(seconds) * 1e3:6.2f} ms"
                 )
         print(f"nats kill: {bench_nats_kill(work)}")
