@@ -4,7 +4,7 @@
 preprocessor_config.json and returns the facts the workers and the Rust core need. The Rust
 core's registry parses the files (`_mm.spec_from_hf_configs`, one parser with one set of
 fallbacks); this module adds only what Python alone knows about a family (`FAMILIES`). It works
-the same for the tiny checkpoints and for any real local Qwen-VL checkpoint.
+the same for the tiny checkpoints and for any real local checkpoint of a family in `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     "qwen2_vl": FamilyInfo("qwen2_vl", "Qwen2VLForConditionalGeneration", has_deepstack=False),
     "qwen2_5_vl": FamilyInfo("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False),
     "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
+    "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
 }
 
 

@@ -25,6 +25,8 @@ pub enum FamilyName {
     #[serde(rename = "qwen2_5_vl")]
     Qwen25Vl,
     Qwen3Vl,
+    /// Qwen3-VL's vision and preprocessing before a mixture-of-experts language model.
+    Qwen3VlMoe,
 }
 
 impl FamilyName {
@@ -34,6 +36,7 @@ impl FamilyName {
             "qwen2_vl" => Some(Self::Qwen2Vl),
             "qwen2_5_vl" => Some(Self::Qwen25Vl),
             "qwen3_vl" => Some(Self::Qwen3Vl),
+            "qwen3_vl_moe" => Some(Self::Qwen3VlMoe),
             _ => None,
         }
     }
@@ -106,7 +109,9 @@ pub struct Spec {
 pub enum SpecError {
     #[error("spec JSON is invalid: {0}")]
     Json(String),
-    #[error("model_type '{0}' is not supported (known: qwen2_5_vl, qwen2_vl, qwen3_vl)")]
+    #[error(
+        "model_type '{0}' is not supported (known: qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe)"
+    )]
     UnknownFamily(String),
     #[error("config is missing {0}")]
     Missing(&'static str),
@@ -205,9 +210,10 @@ impl Spec {
 pub fn family_from_spec(spec: &Spec) -> Result<Arc<dyn Family>, SpecError> {
     spec.validate()?;
     Ok(match spec.family {
-        FamilyName::Qwen2Vl | FamilyName::Qwen25Vl | FamilyName::Qwen3Vl => {
-            Arc::new(QwenVl::new(spec.clone())?)
-        }
+        FamilyName::Qwen2Vl
+        | FamilyName::Qwen25Vl
+        | FamilyName::Qwen3Vl
+        | FamilyName::Qwen3VlMoe => Arc::new(QwenVl::new(spec.clone())?),
     })
 }
 
@@ -559,6 +565,22 @@ mod tests {
         assert_eq!(spec.image_mean, [0.5; 3]);
         assert_eq!(spec.factor(), 32);
         assert_eq!(spec.backend, Backend::Pil);
+    }
+
+    #[test]
+    fn qwen3_vl_moe_spec_is_qwen3_vl_preprocessing() {
+        let dense = spec_from_hf_configs(QWEN3_PREPROCESSOR, &config("qwen3_vl", 16)).unwrap();
+        let moe = spec_from_hf_configs(QWEN3_PREPROCESSOR, &config("qwen3_vl_moe", 16)).unwrap();
+        assert_eq!(moe.family, FamilyName::Qwen3VlMoe);
+        assert_eq!(
+            Spec {
+                family: FamilyName::Qwen3Vl,
+                ..moe.clone()
+            },
+            dense
+        );
+        assert_eq!(Spec::from_json(&moe.to_json()).unwrap(), moe);
+        assert!(moe.to_json().contains("\"qwen3_vl_moe\""));
     }
 
     #[test]
