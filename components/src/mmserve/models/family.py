@@ -28,6 +28,8 @@ class FamilyInfo:
     model_class: str
     # Qwen3-VL adds per-layer vision features to the first decoder layers.
     has_deepstack: bool
+    # The model takes video, so its config must name a video token.
+    has_video: bool = True
 
 
 FAMILIES: dict[str, FamilyInfo] = {
@@ -35,6 +37,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     "qwen2_5_vl": FamilyInfo("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False),
     "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
     "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
+    "gemma3": FamilyInfo("gemma3", "Gemma3ForConditionalGeneration", False, has_video=False),
 }
 
 
@@ -46,7 +49,8 @@ class ModelSpec:
     family: FamilyInfo
     core: _mm.Spec  # the Rust core's spec: what its preprocessing and driver read
     image_token_id: int
-    video_token_id: int
+    video_token_id: int | None  # None for image-only families (Gemma 3)
+    # The tokens around an image (Gemma 3: begin and end of image).
     vision_start_token_id: int
     vision_end_token_id: int
     eos_token_ids: tuple[int, ...]
@@ -114,7 +118,11 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
         family=family,
         core=spec,
         image_token_id=spec.image_token_id,
-        video_token_id=_required(spec, "video_token_id", spec.video_token_id),
+        video_token_id=(
+            _required(spec, "video_token_id", spec.video_token_id)
+            if family.has_video
+            else spec.video_token_id
+        ),
         vision_start_token_id=spec.vision_start_token_id,
         vision_end_token_id=spec.vision_end_token_id,
         eos_token_ids=tuple(spec.eos_token_ids),
