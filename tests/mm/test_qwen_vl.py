@@ -44,7 +44,7 @@ SIXTEEN_BIT = [(0, 1), (2, 3), (4, 2), (6, 4)]
 
 # Images per run (scaled by MMSERVE_PARITY_N), each compared with both backends.
 CASE_COUNTS = {
-    "random_rgb": 2 * RANDOM_PER_FAMILY * parity_scale(),
+    "random_rgb": 3 * RANDOM_PER_FAMILY * parity_scale(),
     "tiny": 2 * len(TINY_SIZES),
     "aspect_ratio": 2 * (len(NEAR_LIMIT) + len(OVER_LIMIT)),
     "color_modes": len(COLOR_MODES) * COLOR_ROUNDS * parity_scale(),

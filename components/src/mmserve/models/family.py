@@ -30,6 +30,9 @@ class FamilyInfo:
     has_deepstack: bool
     # The model takes video, so its config must name a video token.
     has_video: bool = True
+    # The workers and engines run it end to end; a family with only its preprocessing and
+    # request plan in place is refused at start-up rather than half served.
+    served: bool = True
 
 
 FAMILIES: dict[str, FamilyInfo] = {
@@ -37,7 +40,9 @@ FAMILIES: dict[str, FamilyInfo] = {
     "qwen2_5_vl": FamilyInfo("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False),
     "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
     "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
-    "gemma3": FamilyInfo("gemma3", "Gemma3ForConditionalGeneration", False, has_video=False),
+    "gemma3": FamilyInfo(
+        "gemma3", "Gemma3ForConditionalGeneration", False, has_video=False, served=False
+    ),
 }
 
 
@@ -96,8 +101,9 @@ def _required(spec: _mm.Spec, name: str, value: int | None) -> int:
     return value
 
 
-def resolve_model_spec(path: str | Path) -> ModelSpec:
-    """The family and facts of the checkpoint at `path`."""
+def resolve_model_spec(path: str | Path, *, unserved: bool = False) -> ModelSpec:
+    """The family and facts of the checkpoint at `path`. A family the workers cannot serve yet
+    is refused unless `unserved` (for its preprocessing alone)."""
     path = Path(path).expanduser().resolve()
     config = _read_text(path / "config.json")
     preprocessor = _read_text(path / "preprocessor_config.json")
@@ -111,6 +117,11 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
     if family is None:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedModel(f"model_type {spec.family!r} is not supported (known: {known})")
+    if not (family.served or unserved):
+        raise UnsupportedModel(
+            f"{path}: {family.name} has its preprocessing and request plan but no engine "
+            "serves it yet"
+        )
     if spec.spec_id is None:  # set for every spec made from config files
         raise UnsupportedModel(f"{path}: the core gave no digest of the config files")
     return ModelSpec(
