@@ -111,8 +111,8 @@ async def test_cached_prefix_skips_prefill_time_and_counts_in_usage(model_path: 
     assert warm_chunks[-1].finish_reason == "length"
 
 
-async def test_kv_events_carry_the_routing_views_hashes(model_path: Path) -> None:
-    engine = await engine_for(model_path, pad_scheme=PadScheme.SGLANG_WIDE)
+async def test_kv_events_carry_the_routing_views_hashes(tiny_model: Path) -> None:
+    engine = await engine_for(tiny_model, pad_scheme=PadScheme.SGLANG_WIDE)
     events: list = []
     engine.subscribe_kv_events(events.append)
     ids = prompt(list(range(1000, 1040)), images=1)
