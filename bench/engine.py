@@ -109,12 +109,13 @@ def print_table(rows: dict[str, dict[str, float]]) -> None:
     families = list(rows)
     metrics = list(rows[families[0]])
     width = max(len(m) for m in metrics) + 2
-    print(f"{'ms (median)':<{width}}" + "".join(f"{f:>12}" for f in families))
+    cell = max(12, *(len(f) + 2 for f in families))
+    print(f"{'ms (median)':<{width}}" + "".join(f"{f:>{cell}}" for f in families))
     for metric in metrics:
         cells = "".join(
-            f"{rows[f][metric]:>12.0f}"
+            f"{rows[f][metric]:>{cell}.0f}"
             if metric == "prompt tokens"
-            else f"{rows[f][metric]:>12.2f}"
+            else f"{rows[f][metric]:>{cell}.2f}"
             for f in families
         )
         print(f"{metric:<{width}}" + cells)

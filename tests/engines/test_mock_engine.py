@@ -7,9 +7,11 @@ import asyncio
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from mmserve import _mm
 from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.mock import MockEngine
 from mmserve.kv.pad import PadScheme
@@ -23,6 +25,7 @@ from mmserve.protocol import (
     StopConditions,
     TokenChunk,
 )
+from tests.mm.qwen_refs import png_bytes
 from tests.support.engines import IMAGE_TOKEN_ID, placements
 
 BLOCK = 16
@@ -70,6 +73,21 @@ async def test_encode_gives_deterministic_rows_per_merged_patch(model_path: Path
     assert not torch.equal(first.embeddings, other.embeddings)
 
 
+async def test_encode_rows_are_the_plans_token_count_for_every_family(tiny_model: Path) -> None:
+    engine = await engine_for(tiny_model)
+    rng = np.random.default_rng(3)
+    images = [png_bytes(rng, w, h) for w, h in [(64, 64), (300, 120), (90, 400)]]
+    ids = [1, *[151652, IMAGE_TOKEN_ID, 151653] * len(images)]
+    plan = _mm.process(engine.spec.core, ids, images, count_only=True)
+    inputs = [
+        MediaInput(item.hash, torch.zeros(1, 1), tuple(int(v) for v in item.image_grid_thw[0]))
+        for item in plan.items
+    ]
+    encoded = await engine.encode(inputs)
+    assert [e.num_tokens for e in encoded] == [item.num_tokens for item in plan.items]
+    assert sum(e.num_tokens for e in encoded) == list(plan.input_ids).count(IMAGE_TOKEN_ID)
+
+
 async def test_cached_prefix_skips_prefill_time_and_counts_in_usage(model_path: Path) -> None:
     engine = await engine_for(model_path, prefill_us_per_token=2000.0)
     ids = prompt(list(range(1000, 1090)), images=1)  # 106 tokens, 6 complete blocks
@@ -93,8 +111,8 @@ async def test_cached_prefix_skips_prefill_time_and_counts_in_usage(model_path: 
     assert warm_chunks[-1].finish_reason == "length"
 
 
-async def test_kv_events_carry_the_routing_views_hashes(model_path: Path) -> None:
-    engine = await engine_for(model_path, pad_scheme=PadScheme.SGLANG_WIDE)
+async def test_kv_events_carry_the_routing_views_hashes(tiny_model: Path) -> None:
+    engine = await engine_for(tiny_model, pad_scheme=PadScheme.SGLANG_WIDE)
     events: list = []
     engine.subscribe_kv_events(events.append)
     ids = prompt(list(range(1000, 1040)), images=1)

@@ -48,7 +48,9 @@ PREPROCESSOR_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "default": {},
 }
-MODEL_TYPE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+# Qwen3-VL-MoE ships Qwen3-VL's preprocessor_config.json.
+PREPROCESSOR_CONFIGS["qwen3_vl_moe"] = PREPROCESSOR_CONFIGS["qwen3_vl"]
+MODEL_TYPE = {f: f for f in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")}
 PROCESSOR_TYPES = {"pil": "Qwen2VLImageProcessorPil", "torch": "Qwen2VLImageProcessor"}
 BACKENDS = ("pil", "torch")
 
@@ -59,7 +61,7 @@ def model_config(family: str) -> dict[str, Any]:
         "image_token_id": IMAGE_TOKEN,
         "vision_start_token_id": VISION_START,
         "vision_end_token_id": VISION_END,
-        "vision_config": {"patch_size": 16 if family == "qwen3_vl" else 14},
+        "vision_config": {"patch_size": 16 if family.startswith("qwen3_vl") else 14},
     }
 
 

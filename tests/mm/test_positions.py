@@ -1,6 +1,6 @@
 """M-RoPE positions and delta from the driver equal transformers' `get_rope_index` of
-Qwen2-VL, Qwen2.5-VL and Qwen3-VL (tiny configs, random weights: the real method) for prompts
-with no image, one, and several of different grids."""
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (tiny configs, random weights: the real
+method) for prompts with no image, one, and several of different grids."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeModel
 
 from mmserve import _mm
 
@@ -38,10 +39,14 @@ def tiny_model(family: str) -> Any:
         return Qwen2_5_VLModel(config).eval()
     text = dict(TEXT, head_dim=8, rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1]})
     vision = dict(VISION, num_heads=2, deepstack_visual_indexes=[0])
+    if family == "qwen3_vl_moe":
+        text = dict(text, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)
+        config = Qwen3VLMoeConfig(text_config=text, vision_config=vision)
+        return Qwen3VLMoeModel(config).eval()
     return Qwen3VLModel(Qwen3VLConfig(text_config=text, vision_config=vision)).eval()
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def family_model(request: pytest.FixtureRequest) -> tuple[str, Any]:
     return request.param, tiny_model(request.param)
 

@@ -44,7 +44,7 @@ SIXTEEN_BIT = [(0, 1), (2, 3), (4, 2), (6, 4)]
 
 # Images per run (scaled by MMSERVE_PARITY_N), each compared with both backends.
 CASE_COUNTS = {
-    "random_rgb": 2 * RANDOM_PER_FAMILY * parity_scale(),
+    "random_rgb": 3 * RANDOM_PER_FAMILY * parity_scale(),
     "tiny": 2 * len(TINY_SIZES),
     "aspect_ratio": 2 * (len(NEAR_LIMIT) + len(OVER_LIMIT)),
     "color_modes": len(COLOR_MODES) * COLOR_ROUNDS * parity_scale(),
@@ -85,9 +85,9 @@ def random_size(rng: np.random.Generator, largest: int) -> tuple[int, int]:
     return w, h
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_random_rgb_png_sizes(family: str) -> None:
-    rng = np.random.default_rng(11 if family == "qwen2_vl" else 12)
+    rng = np.random.default_rng({"qwen2_vl": 11, "qwen3_vl": 12, "qwen3_vl_moe": 24}[family])
     for _ in range(RANDOM_PER_FAMILY * parity_scale()):
         w, h = random_size(rng, 700)
         data = encode(Image.fromarray(photo(rng, w, h)), "PNG")
@@ -182,7 +182,9 @@ def smart_resize_sizes(rng: np.random.Generator, count: int) -> list[tuple[int, 
     return extremes + [(int(w), int(h)) for w, h in log_side]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "default"])
+@pytest.mark.parametrize(
+    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "default"]
+)
 def test_smart_resize_matches_transformers(family: str) -> None:
     spec = mm_spec(family, "torch")
     processor = hf_processor(family, "torch")
@@ -205,7 +207,7 @@ def test_smart_resize_matches_transformers(family: str) -> None:
 # spec from HF config files ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_spec_from_hf_configs_reads_every_value(family: str) -> None:
     spec = json.loads(mm_spec(family, "pil").to_json())
     processor = hf_processor(family, "pil")

@@ -21,7 +21,7 @@ def _texts(checkpoint: Path) -> tuple[str, str, str]:
     )
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_model_spec_is_the_core_spec(family: str) -> None:
     checkpoint = build_tiny_model(family)
     spec = _mm.spec_from_hf_configs(*_texts(checkpoint))
@@ -71,3 +71,34 @@ def test_media_limits_are_the_cores() -> None:
     assert _mm.MAX_ITEMS_PER_REQUEST == 64
     assert (_mm.MAX_BYTES_PER_ITEM, _mm.MAX_BYTES_PER_REQUEST) == (64 << 20, 256 << 20)
     assert MediaPolicy().max_items == _mm.MAX_ITEMS_PER_REQUEST
+
+
+def test_a_gemma3_checkpoint_resolves_from_its_config_files(tmp_path: Path) -> None:
+    from transformers import Gemma3Config
+
+    config = Gemma3Config(
+        text_config={"vocab_size": 262208, "hidden_size": 64, "num_hidden_layers": 2},
+        vision_config={"image_size": 896, "patch_size": 14},
+    )
+    config.to_json_file(tmp_path / "config.json")
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}))
+    preprocessor = {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "size": {"height": 896, "width": 896},
+        "do_pan_and_scan": None,
+    }
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    with pytest.raises(UnsupportedModel, match="no engine serves it yet"):
+        resolve_model_spec(tmp_path)
+    model = resolve_model_spec(tmp_path, unserved=True)
+    assert model.family.name == "gemma3" and model.video_token_id is None
+    assert (model.image_token_id, model.vision_start_token_id, model.vision_end_token_id) == (
+        262144,
+        255999,
+        256000,
+    )
+    assert (model.patch_size, model.spatial_merge_size, model.image_factor) == (14, 4, 56)
+    assert model.image_token_count((1, 64, 64)) == config.mm_tokens_per_image == 256
+    assert (model.vocab_size, model.hidden_size, model.num_layers) == (262208, 64, 2)
+    assert model.eos_token_ids == (1, 106)
+    assert model.core.plan(300, 40) == ((1, 64, 64), 256)

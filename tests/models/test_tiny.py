@@ -66,14 +66,15 @@ def test_chat_template_emits_one_vision_block_per_image(qwen2_vl: Path):
 def test_family_facts_come_from_the_config_files(family: str):
     spec = resolve_model_spec(build_tiny_model(family))
     assert spec.family.name == family
-    assert spec.family.has_deepstack == (family == "qwen3_vl")
+    qwen3_vision = family in ("qwen3_vl", "qwen3_vl_moe")
+    assert spec.family.has_deepstack == qwen3_vision
     assert (spec.image_token_id, spec.video_token_id) == (151655, 151656)
     assert (spec.vision_start_token_id, spec.vision_end_token_id) == (151652, 151653)
     assert spec.eos_token_ids == (151645, 151643)
     assert spec.vocab_size > max(REAL_SPECIAL_IDS.values())
     assert spec.spatial_merge_size == 2
-    assert spec.image_factor == (32 if family == "qwen3_vl" else 28)
-    assert spec.min_pixels == (65536 if family == "qwen3_vl" else 3136)
+    assert spec.image_factor == (32 if qwen3_vision else 28)
+    assert spec.min_pixels == (65536 if qwen3_vision else 3136)
     assert spec.image_token_count((1, 8, 12)) == 24
 
 

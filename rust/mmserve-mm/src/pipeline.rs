@@ -142,6 +142,9 @@ impl MediaTokens {
 pub enum Segment {
     /// A range of the caller's `input_ids`, copied as is.
     Text(Range<usize>),
+    /// Text tokens the family adds around an item (Gemma 3's end-of-image token); they are
+    /// not part of any item's span.
+    Inserted(Vec<TokenId>),
     /// The tokens of media item `item` (index into the request's items).
     Media { item: usize, tokens: MediaTokens },
 }

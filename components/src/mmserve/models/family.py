@@ -4,7 +4,7 @@
 preprocessor_config.json and returns the facts the workers and the Rust core need. The Rust
 core's registry parses the files (`_mm.spec_from_hf_configs`, one parser with one set of
 fallbacks); this module adds only what Python alone knows about a family (`FAMILIES`). It works
-the same for the tiny checkpoints and for any real local Qwen-VL checkpoint.
+the same for the tiny checkpoints and for any real local checkpoint of a family in `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -28,12 +28,21 @@ class FamilyInfo:
     model_class: str
     # Qwen3-VL adds per-layer vision features to the first decoder layers.
     has_deepstack: bool
+    # The model takes video, so its config must name a video token.
+    has_video: bool = True
+    # The workers and engines run it end to end; a family with only its preprocessing and
+    # request plan in place is refused at start-up rather than half served.
+    served: bool = True
 
 
 FAMILIES: dict[str, FamilyInfo] = {
     "qwen2_vl": FamilyInfo("qwen2_vl", "Qwen2VLForConditionalGeneration", has_deepstack=False),
     "qwen2_5_vl": FamilyInfo("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False),
     "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
+    "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
+    "gemma3": FamilyInfo(
+        "gemma3", "Gemma3ForConditionalGeneration", False, has_video=False, served=False
+    ),
 }
 
 
@@ -45,7 +54,8 @@ class ModelSpec:
     family: FamilyInfo
     core: _mm.Spec  # the Rust core's spec: what its preprocessing and driver read
     image_token_id: int
-    video_token_id: int
+    video_token_id: int | None  # None for image-only families (Gemma 3)
+    # The tokens around an image (Gemma 3: begin and end of image).
     vision_start_token_id: int
     vision_end_token_id: int
     eos_token_ids: tuple[int, ...]
@@ -91,8 +101,9 @@ def _required(spec: _mm.Spec, name: str, value: int | None) -> int:
     return value
 
 
-def resolve_model_spec(path: str | Path) -> ModelSpec:
-    """The family and facts of the checkpoint at `path`."""
+def resolve_model_spec(path: str | Path, *, unserved: bool = False) -> ModelSpec:
+    """The family and facts of the checkpoint at `path`. A family the workers cannot serve yet
+    is refused unless `unserved` (for its preprocessing alone)."""
     path = Path(path).expanduser().resolve()
     config = _read_text(path / "config.json")
     preprocessor = _read_text(path / "preprocessor_config.json")
@@ -106,6 +117,11 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
     if family is None:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedModel(f"model_type {spec.family!r} is not supported (known: {known})")
+    if not (family.served or unserved):
+        raise UnsupportedModel(
+            f"{path}: {family.name} has its preprocessing and request plan but no engine "
+            "serves it yet"
+        )
     if spec.spec_id is None:  # set for every spec made from config files
         raise UnsupportedModel(f"{path}: the core gave no digest of the config files")
     return ModelSpec(
@@ -113,7 +129,11 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
         family=family,
         core=spec,
         image_token_id=spec.image_token_id,
-        video_token_id=_required(spec, "video_token_id", spec.video_token_id),
+        video_token_id=(
+            _required(spec, "video_token_id", spec.video_token_id)
+            if family.has_video
+            else spec.video_token_id
+        ),
         vision_start_token_id=spec.vision_start_token_id,
         vision_end_token_id=spec.vision_end_token_id,
         eos_token_ids=tuple(spec.eos_token_ids),

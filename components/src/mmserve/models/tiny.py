@@ -1,4 +1,4 @@
-"""`mmserve make-tiny-model`: tiny Qwen-VL checkpoints with random weights, built offline.
+"""`mmserve make-tiny-model`: tiny vision-language checkpoints with random weights, built offline.
 
 Each checkpoint is a normal HF dir (config.json, generation_config.json,
 preprocessor_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) with the
@@ -18,7 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+# Families with Qwen3-VL's vision tower, preprocessing and interleaved M-RoPE.
+_QWEN3_VISION = ("qwen3_vl", "qwen3_vl_moe")
 DEFAULT_FAMILY = "qwen2_vl"
 DEFAULT_SEED = 0
 # Bumped whenever the builder's output changes, so stale cached checkpoints are rebuilt.
@@ -59,7 +61,7 @@ def _text_config(family: str) -> dict[str, Any]:
         "rope_theta": 1_000_000.0,
         "mrope_section": [2, 3, 3],  # sums to head_dim / 2
     }
-    if family == "qwen3_vl":
+    if family in _QWEN3_VISION:
         rope["mrope_interleaved"] = True
     config: dict[str, Any] = {
         "vocab_size": VOCAB_SIZE,
@@ -75,8 +77,13 @@ def _text_config(family: str) -> dict[str, Any]:
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     }
-    if family == "qwen3_vl":
+    if family in _QWEN3_VISION:
         config["head_dim"] = 16
+    if family == "qwen3_vl_moe":
+        # Every layer sparse, two of four experts per token: routing reaches each expert.
+        config.update(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1
+        )
     return config
 
 
@@ -104,7 +111,7 @@ def _vision_config(family: str) -> dict[str, Any]:
 
 
 def preprocessor_config(family: str) -> dict[str, Any]:
-    if family == "qwen3_vl":
+    if family in _QWEN3_VISION:
         patch, mean, std, min_pixels, max_pixels = 16, [0.5] * 3, [0.5] * 3, 65536, 16777216
         processor_class = "Qwen3VLProcessor"
     else:
@@ -139,6 +146,7 @@ def _build_model(family: str, seed: int) -> Any:
         "qwen2_vl": transformers.Qwen2VLConfig,
         "qwen2_5_vl": transformers.Qwen2_5_VLConfig,
         "qwen3_vl": transformers.Qwen3VLConfig,
+        "qwen3_vl_moe": transformers.Qwen3VLMoeConfig,
     }[family]
     config = config_class(
         text_config=_text_config(family),
@@ -241,9 +249,10 @@ def _handle(args: argparse.Namespace) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "make-tiny-model",
-        help="build tiny Qwen-VL checkpoints (offline): random weights, or the trained default",
+        help="build tiny checkpoints (offline): random weights, or the trained default",
         description=(
-            "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints with random weights and the "
+            "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE checkpoints with random "
+            "weights and the "
             "real Qwen tokenizer; prints each checkpoint dir. Skips ones already built."
         ),
     )

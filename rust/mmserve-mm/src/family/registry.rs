@@ -1,8 +1,9 @@
 //! A model family from a spec of resolved parameters, and the spec from a model's
 //! Hugging Face config files so nobody writes one by hand.
 //!
-//! Where `preprocessor_config.json` leaves a value out, the spec takes what transformers'
-//! `Qwen2VLImageProcessor` would (its class attributes), after the model's `vision_config`.
+//! Where `preprocessor_config.json` leaves a value out, the spec takes what the family's
+//! transformers image processor would (its class attributes), after the model's
+//! `vision_config`.
 //!
 //! This is the one parser of a checkpoint's config files: [`checkpoint_from_hf_configs`] also
 //! reads the facts the language-model side needs ([`ModelFacts`]), which Python takes from here.
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::family::gemma3::Gemma3;
 use crate::family::qwen_vl::QwenVl;
 use crate::image::resize::{Backend, Filter};
 use crate::pipeline::Family;
@@ -25,6 +27,10 @@ pub enum FamilyName {
     #[serde(rename = "qwen2_5_vl")]
     Qwen25Vl,
     Qwen3Vl,
+    /// Qwen3-VL's vision and preprocessing before a mixture-of-experts language model.
+    Qwen3VlMoe,
+    /// A fixed-size SigLIP image between begin/end-of-image tokens, 1-D rope.
+    Gemma3,
 }
 
 impl FamilyName {
@@ -34,6 +40,8 @@ impl FamilyName {
             "qwen2_vl" => Some(Self::Qwen2Vl),
             "qwen2_5_vl" => Some(Self::Qwen25Vl),
             "qwen3_vl" => Some(Self::Qwen3Vl),
+            "qwen3_vl_moe" => Some(Self::Qwen3VlMoe),
+            "gemma3" => Some(Self::Gemma3),
             _ => None,
         }
     }
@@ -78,6 +86,12 @@ mod names {
 }
 
 /// All parameters a family needs, resolved. Serialised as the spec JSON.
+///
+/// The vision tower sees a grid of `patch_size` patches; `merge_size` x `merge_size` of them
+/// make one language-model token (Qwen-VL's patch merger, Gemma 3's average pool).
+/// `image_size` is set for families that resize every image to one size; the others resize
+/// within `[min_pixels, max_pixels]`. `vision_start_token_id` / `vision_end_token_id` are the
+/// tokens around an image (Gemma 3: begin/end of image).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
@@ -99,6 +113,9 @@ pub struct Spec {
     pub image_token_id: u32,
     pub vision_start_token_id: u32,
     pub vision_end_token_id: u32,
+    /// `[height, width]` every image is resized to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_size: Option<[u32; 2]>,
 }
 
 #[derive(Debug, Error)]
@@ -106,7 +123,9 @@ pub struct Spec {
 pub enum SpecError {
     #[error("spec JSON is invalid: {0}")]
     Json(String),
-    #[error("model_type '{0}' is not supported (known: qwen2_5_vl, qwen2_vl, qwen3_vl)")]
+    #[error(
+        "model_type '{0}' is not supported (known: gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe)"
+    )]
     UnknownFamily(String),
     #[error("config is missing {0}")]
     Missing(&'static str),
@@ -197,6 +216,25 @@ impl Spec {
         if !self.rescale_factor.is_finite() || self.rescale_factor == 0.0 {
             return Err(invalid("rescale_factor", "must be finite and non-zero"));
         }
+        if let Some([height, width]) = self.image_size {
+            let fits = |side: u32| side > 0 && side.is_multiple_of(self.factor());
+            if !fits(height) || !fits(width) {
+                return Err(invalid(
+                    "image_size",
+                    format!(
+                        "{height}x{width} is not a positive multiple of patch x merge ({})",
+                        self.factor()
+                    ),
+                ));
+            }
+            let area = u64::from(height) * u64::from(width);
+            if (self.min_pixels, self.max_pixels) != (area, area) {
+                return Err(invalid(
+                    "min_pixels",
+                    "a fixed image size needs min_pixels = max_pixels = its area",
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -205,9 +243,11 @@ impl Spec {
 pub fn family_from_spec(spec: &Spec) -> Result<Arc<dyn Family>, SpecError> {
     spec.validate()?;
     Ok(match spec.family {
-        FamilyName::Qwen2Vl | FamilyName::Qwen25Vl | FamilyName::Qwen3Vl => {
-            Arc::new(QwenVl::new(spec.clone())?)
-        }
+        FamilyName::Qwen2Vl
+        | FamilyName::Qwen25Vl
+        | FamilyName::Qwen3Vl
+        | FamilyName::Qwen3VlMoe => Arc::new(QwenVl::new(spec.clone())?),
+        FamilyName::Gemma3 => Arc::new(Gemma3::new(spec.clone())?),
     })
 }
 
@@ -422,6 +462,9 @@ fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
             return Err(invalid(flag, "only true is supported"));
         }
     }
+    if family == FamilyName::Gemma3 {
+        return gemma3_spec(pp, cfg);
+    }
 
     let vision = cfg.get("vision_config");
     let patch_size = size_param(
@@ -458,42 +501,14 @@ fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
     let min_pixels = pixels("min_pixels", "shortest_edge", hf_defaults::MIN_PIXELS)?;
     let max_pixels = pixels("max_pixels", "longest_edge", hf_defaults::MAX_PIXELS)?;
 
-    let image_mean = pp
-        .get("image_mean")
-        .map(|v| as_triple(v, "image_mean"))
-        .transpose()?
-        .unwrap_or(hf_defaults::IMAGE_MEAN);
-    let image_std = pp
-        .get("image_std")
-        .map(|v| as_triple(v, "image_std"))
-        .transpose()?
-        .unwrap_or(hf_defaults::IMAGE_STD);
-    let rescale_factor = match pp.get("rescale_factor") {
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| invalid("rescale_factor", format!("expected a number, got {v}")))?,
-        None => hf_defaults::RESCALE_FACTOR,
-    };
-    let resample_code = match pp.get("resample") {
-        Some(v) => v
-            .as_i64()
-            .ok_or_else(|| invalid("resample", format!("expected an integer, got {v}")))?,
-        None => hf_defaults::RESAMPLE_BICUBIC,
-    };
-    let resample =
-        Filter::from_pil_code(resample_code).map_err(|e| invalid("resample", e.to_string()))?;
-    let backend = match pp.get("image_processor_type").and_then(Value::as_str) {
-        Some(t) if t.ends_with("Pil") => Backend::Pil,
-        _ => Backend::TorchU8,
-    };
-
-    let token = |key: &'static str| -> Result<u32, SpecError> {
-        let v = cfg
-            .get(key)
-            .or_else(|| cfg.get("text_config").and_then(|t| t.get(key)))
-            .ok_or(SpecError::Missing(key))?;
-        as_u32(v, key)
-    };
+    let Normalize {
+        image_mean,
+        image_std,
+        rescale_factor,
+        backend,
+    } = normalize_params(pp, hf_defaults::IMAGE_MEAN, hf_defaults::IMAGE_STD)?;
+    let resample = resample(pp, hf_defaults::RESAMPLE_BICUBIC)?;
+    let token = |key: &'static str| config_token(cfg, key, key);
 
     let spec = Spec {
         family,
@@ -510,6 +525,171 @@ fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
         image_token_id: token("image_token_id")?,
         vision_start_token_id: token("vision_start_token_id")?,
         vision_end_token_id: token("vision_end_token_id")?,
+        image_size: None,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// The pixel arithmetic settings every family reads the same way.
+struct Normalize {
+    image_mean: [f64; 3],
+    image_std: [f64; 3],
+    rescale_factor: f64,
+    backend: Backend,
+}
+
+fn normalize_params(
+    pp: &Object,
+    default_mean: [f64; 3],
+    default_std: [f64; 3],
+) -> Result<Normalize, SpecError> {
+    let triple = |key: &'static str, default: [f64; 3]| {
+        pp.get(key)
+            .map(|v| as_triple(v, key))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
+    };
+    let rescale_factor = match pp.get("rescale_factor") {
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| invalid("rescale_factor", format!("expected a number, got {v}")))?,
+        None => hf_defaults::RESCALE_FACTOR,
+    };
+    let backend = match pp.get("image_processor_type").and_then(Value::as_str) {
+        Some(t) if t.ends_with("Pil") => Backend::Pil,
+        _ => Backend::TorchU8,
+    };
+    Ok(Normalize {
+        image_mean: triple("image_mean", default_mean)?,
+        image_std: triple("image_std", default_std)?,
+        rescale_factor,
+        backend,
+    })
+}
+
+/// `resample` (a PIL filter code), or the processor's default.
+fn resample(pp: &Object, default: i64) -> Result<Filter, SpecError> {
+    let code = match pp.get("resample") {
+        Some(v) => v
+            .as_i64()
+            .ok_or_else(|| invalid("resample", format!("expected an integer, got {v}")))?,
+        None => default,
+    };
+    Filter::from_pil_code(code).map_err(|e| invalid("resample", e.to_string()))
+}
+
+/// A token id from `config.json` (top level, else `text_config`) under `key`.
+fn config_token(cfg: &Object, key: &str, field: &'static str) -> Result<u32, SpecError> {
+    let v = cfg
+        .get(key)
+        .or_else(|| cfg.get("text_config").and_then(|t| t.get(key)))
+        .ok_or(SpecError::Missing(field))?;
+    as_u32(v, field)
+}
+
+/// Defaults of transformers' `Gemma3ImageProcessor` and `Gemma3Config` / SigLIP's vision
+/// config, used only where the files leave a key out.
+mod gemma3_defaults {
+    pub const IMAGE_MEAN: [f64; 3] = [0.5; 3];
+    pub const IMAGE_STD: [f64; 3] = [0.5; 3];
+    pub const RESAMPLE_BILINEAR: i64 = 2;
+    pub const IMAGE_SIZE: u64 = 224;
+    pub const PATCH_SIZE: u64 = 16;
+    pub const MM_TOKENS_PER_IMAGE: u64 = 256;
+    pub const BOI_TOKEN_INDEX: u64 = 255_999;
+    pub const EOI_TOKEN_INDEX: u64 = 256_000;
+    pub const IMAGE_TOKEN_INDEX: u64 = 262_144;
+}
+
+/// Gemma 3: every image resized to the tower's square input; the projector average-pools the
+/// patch grid to `mm_tokens_per_image` tokens, so the pool's kernel is the merge size.
+fn gemma3_spec(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
+    use gemma3_defaults as d;
+
+    if pp.get("do_pan_and_scan").and_then(Value::as_bool) == Some(true) {
+        return Err(invalid(
+            "do_pan_and_scan",
+            "pan-and-scan crops are not supported; set it to false or null",
+        ));
+    }
+    let vision = cfg.get("vision_config");
+    let vision_u64 = |key: &'static str, default: u64| {
+        vision
+            .and_then(|v| v.get(key))
+            .map(|v| as_u64(v, key))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
+    };
+    let tower_side = vision_u64("image_size", d::IMAGE_SIZE)?;
+    let patch = vision_u64("patch_size", d::PATCH_SIZE)?;
+    let size = pp.get("size");
+    for edge in ["height", "width"] {
+        if let Some(v) = size.and_then(|s| s.get(edge)) {
+            let side = as_u64(v, "size")?;
+            if side != tower_side {
+                return Err(SpecError::Inconsistent {
+                    field: "size",
+                    preprocessor: side,
+                    model: tower_side,
+                });
+            }
+        }
+    }
+    let tokens = match cfg.get("mm_tokens_per_image").filter(|v| !v.is_null()) {
+        Some(v) => as_u64(v, "mm_tokens_per_image")?,
+        None => d::MM_TOKENS_PER_IMAGE,
+    };
+    // As `Gemma3MultiModalProjector`: a square token grid, a whole pool kernel.
+    const MAX_TOKENS: u64 = 1 << 20;
+    let tokens_per_side = (1..=MAX_TOKENS.min(tokens))
+        .find(|s| s * s >= tokens)
+        .unwrap_or(0);
+    if patch == 0 || tokens == 0 || tokens_per_side * tokens_per_side != tokens {
+        return Err(invalid(
+            "mm_tokens_per_image",
+            format!("{tokens} is not a square number of tokens"),
+        ));
+    }
+    let patches_per_side = tower_side / patch;
+    if !tower_side.is_multiple_of(patch) || !patches_per_side.is_multiple_of(tokens_per_side) {
+        return Err(invalid(
+            "vision_config.image_size",
+            format!("{tower_side} / patch {patch} does not pool to {tokens_per_side} per side"),
+        ));
+    }
+    let to_u32 = |v: u64, field: &'static str| {
+        u32::try_from(v).map_err(|_| invalid(field, format!("{v} is too large")))
+    };
+    let side = to_u32(tower_side, "vision_config.image_size")?;
+    let token_id = |key: &str, field: &'static str, default: u64| {
+        if cfg.contains_key(key) {
+            config_token(cfg, key, field)
+        } else {
+            to_u32(default, field)
+        }
+    };
+    let normalize = normalize_params(pp, d::IMAGE_MEAN, d::IMAGE_STD)?;
+    let spec = Spec {
+        family: FamilyName::Gemma3,
+        patch_size: to_u32(patch, "vision_config.patch_size")?,
+        merge_size: to_u32(patches_per_side / tokens_per_side, "mm_tokens_per_image")?,
+        temporal_patch_size: 1,
+        min_pixels: tower_side * tower_side,
+        max_pixels: tower_side * tower_side,
+        image_mean: normalize.image_mean,
+        image_std: normalize.image_std,
+        rescale_factor: normalize.rescale_factor,
+        resample: resample(pp, d::RESAMPLE_BILINEAR)?,
+        backend: normalize.backend,
+        image_token_id: token_id(
+            "image_token_index",
+            "image_token_index",
+            d::IMAGE_TOKEN_INDEX,
+        )?,
+        vision_start_token_id: token_id("boi_token_index", "boi_token_index", d::BOI_TOKEN_INDEX)?,
+        vision_end_token_id: token_id("eoi_token_index", "eoi_token_index", d::EOI_TOKEN_INDEX)?,
+        image_size: Some([side, side]),
     };
     spec.validate()?;
     Ok(spec)
@@ -559,6 +739,86 @@ mod tests {
         assert_eq!(spec.image_mean, [0.5; 3]);
         assert_eq!(spec.factor(), 32);
         assert_eq!(spec.backend, Backend::Pil);
+    }
+
+    #[test]
+    fn qwen3_vl_moe_spec_is_qwen3_vl_preprocessing() {
+        let dense = spec_from_hf_configs(QWEN3_PREPROCESSOR, &config("qwen3_vl", 16)).unwrap();
+        let moe = spec_from_hf_configs(QWEN3_PREPROCESSOR, &config("qwen3_vl_moe", 16)).unwrap();
+        assert_eq!(moe.family, FamilyName::Qwen3VlMoe);
+        assert_eq!(
+            Spec {
+                family: FamilyName::Qwen3Vl,
+                ..moe.clone()
+            },
+            dense
+        );
+        assert_eq!(Spec::from_json(&moe.to_json()).unwrap(), moe);
+        assert!(moe.to_json().contains("\"qwen3_vl_moe\""));
+    }
+
+    const GEMMA3_PREPROCESSOR: &str = r#"{
+        "image_processor_type": "Gemma3ImageProcessor", "do_pan_and_scan": null,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2,
+        "rescale_factor": 0.00392156862745098, "size": {"height": 896, "width": 896}}"#;
+    const GEMMA3_CONFIG: &str = r#"{"model_type": "gemma3", "mm_tokens_per_image": 256,
+        "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+        "vision_config": {"image_size": 896, "patch_size": 14}}"#;
+
+    #[test]
+    fn gemma3_spec_is_a_fixed_size_pooled_grid() {
+        let spec = spec_from_hf_configs(GEMMA3_PREPROCESSOR, GEMMA3_CONFIG).unwrap();
+        assert_eq!(spec.family, FamilyName::Gemma3);
+        assert_eq!(spec.image_size, Some([896, 896]));
+        assert_eq!((spec.patch_size, spec.merge_size), (14, 4));
+        assert_eq!((spec.min_pixels, spec.max_pixels), (896 * 896, 896 * 896));
+        assert_eq!(spec.resample, Filter::Bilinear);
+        assert_eq!(spec.backend, Backend::TorchU8);
+        assert_eq!(
+            (
+                spec.image_token_id,
+                spec.vision_start_token_id,
+                spec.vision_end_token_id
+            ),
+            (262144, 255999, 256000)
+        );
+        assert_eq!(Spec::from_json(&spec.to_json()).unwrap(), spec);
+        // Left out, the keys take the processor's and Gemma3Config's defaults.
+        let config = r#"{"model_type": "gemma3", "vision_config": {"image_size": 896,
+            "patch_size": 14}}"#;
+        let bare = spec_from_hf_configs("{}", config).unwrap();
+        assert_eq!(
+            bare,
+            Spec {
+                backend: Backend::TorchU8,
+                ..spec
+            }
+        );
+        // SigLIP's own defaults (224 / 16) do not pool to 16 x 16 tokens.
+        let err = spec_from_hf_configs("{}", r#"{"model_type": "gemma3"}"#).unwrap_err();
+        assert_eq!(err.code(), "spec.invalid");
+    }
+
+    #[test]
+    fn gemma3_refusals_name_their_cause() {
+        let pan = r#"{"do_pan_and_scan": true}"#;
+        let err = spec_from_hf_configs(pan, GEMMA3_CONFIG).unwrap_err();
+        assert_eq!(err.code(), "spec.invalid");
+        assert!(err.to_string().contains("pan-and-scan"), "{err}");
+        let other_size = r#"{"size": {"height": 448, "width": 448}}"#;
+        let err = spec_from_hf_configs(other_size, GEMMA3_CONFIG).unwrap_err();
+        assert_eq!(err.code(), "spec.inconsistent");
+        for tokens in ["0", "200", "18446744073709551615"] {
+            let config = GEMMA3_CONFIG.replace("256,", &format!("{tokens},"));
+            let err = spec_from_hf_configs("{}", &config).unwrap_err();
+            assert_eq!(err.code(), "spec.invalid", "{tokens}");
+        }
+        let mut spec = spec_from_hf_configs("{}", GEMMA3_CONFIG).unwrap();
+        spec.min_pixels = 1;
+        assert_eq!(
+            Spec::from_json(&spec.to_json()).unwrap_err().code(),
+            "spec.invalid"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub fn expand(
         .iter()
         .map(|s| match s {
             Segment::Text(r) => r.len(),
+            Segment::Inserted(list) => list.len(),
             Segment::Media { tokens, .. } => tokens.len(),
         })
         .sum();
@@ -37,6 +38,7 @@ pub fn expand(
                 })?;
                 ids.extend_from_slice(text);
             }
+            Segment::Inserted(list) => ids.extend_from_slice(list),
             Segment::Media { item, tokens } => {
                 if *item != offsets.len() {
                     return Err(ProcessError::Offsets(format!(
@@ -81,11 +83,13 @@ mod tests {
                     item: 1,
                     tokens: MediaTokens::Ids(vec![7, 8]),
                 },
+                Segment::Inserted(vec![5]),
                 Segment::Text(5..6),
             ],
         };
         let out = expand(&layout, &input, 2).unwrap();
-        assert_eq!(out.ids, vec![10, 11, 99, 99, 99, 12, 7, 8, 13]);
+        assert_eq!(out.ids, vec![10, 11, 99, 99, 99, 12, 7, 8, 5, 13]);
+        // Inserted tokens are text: outside every item's span.
         assert_eq!(out.offsets, vec![(2, 5), (6, 8)]);
     }
 

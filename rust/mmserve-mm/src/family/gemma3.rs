@@ -1,0 +1,247 @@
+//! Gemma 3: every image resized to the SigLIP tower's fixed square input, normalised, as one
+//! `[3, height, width]` tensor; in the prompt, the begin-of-image placeholder the chat
+//! template writes is followed by the image's soft tokens and an end-of-image token. 1-D
+//! rope. Mirrors transformers' `Gemma3ImageProcessor(Pil)` and `Gemma3Processor` (without
+//! pan-and-scan, which the registry refuses).
+
+use crate::family::registry::{Spec, SpecError};
+use crate::image::resize::{resize, Backend};
+use crate::image::transforms::{Convention, NormalizeLut};
+use crate::pipeline::{
+    Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
+    ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
+};
+
+/// The Gemma 3 family configured by its spec (which has an `image_size`).
+#[derive(Debug, Clone)]
+pub struct Gemma3 {
+    spec: Spec,
+    lut: NormalizeLut,
+    /// `[height, width]` of the tower's input.
+    size: [u32; 2],
+}
+
+impl Gemma3 {
+    pub fn new(spec: Spec) -> Result<Self, SpecError> {
+        spec.validate()?;
+        let size = spec.image_size.ok_or(SpecError::Missing("image_size"))?;
+        let convention = match spec.backend {
+            Backend::Pil => Convention::PilNumpy,
+            Backend::TorchU8 => Convention::Torchvision,
+        };
+        let lut = NormalizeLut::new(
+            spec.image_mean,
+            spec.image_std,
+            spec.rescale_factor,
+            convention,
+        )
+        .map_err(|e| SpecError::Invalid {
+            field: "image_std",
+            reason: e.to_string(),
+        })?;
+        Ok(Self { spec, lut, size })
+    }
+
+    /// The one geometry every image gets: the tower's input and its patch grid.
+    fn geometry(&self) -> Geometry {
+        let [height, width] = self.size;
+        Geometry::Image {
+            resized_width: width,
+            resized_height: height,
+            grid_thw: [
+                1,
+                height / self.spec.patch_size,
+                width / self.spec.patch_size,
+            ],
+        }
+    }
+}
+
+impl Family for Gemma3 {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            images: true,
+            video: false,
+            rope: RopeKind::Rope1D,
+        }
+    }
+
+    fn plan(&self, width: u32, height: u32) -> Result<Geometry, ProcessError> {
+        if width == 0 || height == 0 {
+            return Err(ProcessError::EmptyImage { width, height });
+        }
+        Ok(self.geometry())
+    }
+
+    fn num_tokens(&self, geometry: &Geometry) -> usize {
+        let [t, h, w] = geometry.grid_thw().map(|v| v as usize);
+        let merge = self.spec.merge_size as usize;
+        t * h * w / (merge * merge)
+    }
+
+    fn geometry_from_grid(&self, grid_thw: [u32; 3]) -> Result<Geometry, ProcessError> {
+        let geometry = self.geometry();
+        if grid_thw != geometry.grid_thw() {
+            return Err(ProcessError::Grid {
+                grid_thw,
+                reason: format!(
+                    "this model's images all have grid {:?}",
+                    geometry.grid_thw()
+                ),
+            });
+        }
+        Ok(geometry)
+    }
+
+    fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
+        let expected = image.width as usize * image.height as usize * 3;
+        if image.data.len() != expected {
+            return Err(ProcessError::PixelBuffer {
+                width: image.width,
+                height: image.height,
+                len: image.data.len(),
+            }
+            .into());
+        }
+        let geometry = self.plan(image.width, image.height)?;
+        let [height, width] = self.size;
+        let resized;
+        let source = if (image.width, image.height) == (width, height) {
+            image
+        } else {
+            resized = resize(image, width, height, self.spec.resample, self.spec.backend)?;
+            &resized
+        };
+        // HWC u8 to normalised CHW, as the processors' `pixel_values[i]`.
+        let plane = width as usize * height as usize;
+        let mut values = vec![0.0f32; 3 * plane];
+        for (pixel, rgb) in source.data.chunks_exact(3).enumerate() {
+            for (channel, &value) in rgb.iter().enumerate() {
+                values[channel * plane + pixel] = self.lut.value(channel, value);
+            }
+        }
+        let feature = Tensor::new(
+            vec![3, height as usize, width as usize],
+            TensorData::F32(values),
+        )?;
+        Ok(ProcessedItem {
+            feature,
+            aux: Vec::new(),
+            geometry,
+        })
+    }
+
+    /// Each begin-of-image id in `input_ids` is one item: kept, then the item's soft tokens,
+    /// then an end-of-image id. The item's span is the soft tokens alone.
+    fn layout(
+        &self,
+        input_ids: &[TokenId],
+        geometries: &[Geometry],
+    ) -> Result<TokenLayout, ProcessError> {
+        let begin = self.spec.vision_start_token_id;
+        let placeholders: Vec<usize> = input_ids
+            .iter()
+            .enumerate()
+            .filter(|(_, &id)| id == begin)
+            .map(|(i, _)| i)
+            .collect();
+        if placeholders.len() != geometries.len() {
+            return Err(ProcessError::PlaceholderCount {
+                placeholders: placeholders.len(),
+                items: geometries.len(),
+            });
+        }
+        let mut segments = Vec::with_capacity(3 * placeholders.len() + 1);
+        let mut cursor = 0;
+        for (item, (&at, geometry)) in placeholders.iter().zip(geometries).enumerate() {
+            segments.push(Segment::Text(cursor..at + 1));
+            segments.push(Segment::Media {
+                item,
+                tokens: MediaTokens::Repeat {
+                    id: self.spec.image_token_id,
+                    n: self.num_tokens(geometry),
+                },
+            });
+            segments.push(Segment::Inserted(vec![self.spec.vision_end_token_id]));
+            cursor = at + 1;
+        }
+        if cursor < input_ids.len() {
+            segments.push(Segment::Text(cursor..input_ids.len()));
+        }
+        Ok(TokenLayout { segments })
+    }
+
+    fn positions(
+        &self,
+        len: usize,
+        _offsets: &[(usize, usize)],
+        _geometries: &[Geometry],
+    ) -> Result<Positions, ProcessError> {
+        Ok(Positions::Rope1D { len })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::registry::spec_from_hf_configs;
+    use crate::family::token_layout::expand;
+
+    const BOI: TokenId = 255_999;
+    const EOI: TokenId = 256_000;
+    const SOFT: TokenId = 262_144;
+
+    fn gemma3() -> Gemma3 {
+        let config = r#"{"model_type": "gemma3", "mm_tokens_per_image": 256,
+            "vision_config": {"image_size": 896, "patch_size": 14}}"#;
+        let pp = r#"{"size": {"height": 896, "width": 896}, "resample": 2}"#;
+        Gemma3::new(spec_from_hf_configs(pp, config).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn every_image_is_256_tokens_of_one_grid() {
+        let family = gemma3();
+        for (w, h) in [(1, 1), (640, 480), (30, 4000), (896, 896)] {
+            let g = family.plan(w, h).unwrap();
+            assert_eq!(g.grid_thw(), [1, 64, 64]);
+            assert_eq!(family.num_tokens(&g), 256);
+        }
+        assert_eq!(family.plan(0, 5).unwrap_err().code(), "process.empty_image");
+        assert!(family.geometry_from_grid([1, 64, 64]).is_ok());
+        let err = family.geometry_from_grid([1, 32, 64]).unwrap_err();
+        assert_eq!(err.code(), "process.grid");
+    }
+
+    #[test]
+    fn layout_wraps_the_soft_tokens_in_begin_and_end_of_image() {
+        let family = gemma3();
+        let g = family.plan(10, 10).unwrap();
+        let ids = [2, 7, BOI, 8, BOI];
+        let out = expand(&family.layout(&ids, &[g, g]).unwrap(), &ids, 2).unwrap();
+        assert_eq!(out.offsets, vec![(3, 259), (262, 518)]);
+        assert_eq!(out.ids[..3], [2, 7, BOI]);
+        assert!(out.ids[3..259].iter().all(|&t| t == SOFT));
+        assert_eq!(out.ids[259..262], [EOI, 8, BOI]);
+        assert_eq!(out.ids[518..], [EOI]);
+        let err = family.layout(&[2, BOI], &[g, g]).unwrap_err();
+        assert_eq!(err.code(), "process.placeholder_count");
+        let positions = family.positions(out.ids.len(), &out.offsets, &[g, g]);
+        assert_eq!(positions.unwrap(), Positions::Rope1D { len: 519 });
+    }
+
+    #[test]
+    fn pixels_are_channel_planes_of_the_fixed_size() {
+        let family = gemma3();
+        let image = DecodedImage {
+            width: 3,
+            height: 2,
+            data: vec![255; 18],
+        };
+        let item = family.process_item(&image).unwrap();
+        assert_eq!(item.feature.shape(), [3, 896, 896]);
+        let TensorData::F32(values) = item.feature.data() else {
+            panic!("expected f32 pixels");
+        };
+        assert!(values.iter().all(|&v| v == 1.0));
+    }
+}
