@@ -37,13 +37,8 @@ API_KEY = secrets.token_hex(8)
 def test_tls_auth_and_permissions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     certs = make_certificates(tmp_path)
     passwords = {role: secrets.token_hex(12) for role in ("frontend", "worker")}
-    server_env = {
-        "NATS_TLS_CERT": str(certs.cert),
-        "NATS_TLS_KEY": str(certs.key),
-        **{f"MMSERVE_{role.upper()}_PASSWORD": pw for role, pw in passwords.items()},
-    }
     login = {role: {"NATS_USER": role, "NATS_PASSWORD": pw} for role, pw in passwords.items()}
-    with NatsServer(config=str(SECURE_CONFIG), env=server_env) as server:
+    with NatsServer(config=str(SECURE_CONFIG), env=_server_env(certs, passwords)) as server:
         deployment = Deployment(
             "agg",
             build_tiny_model("qwen2_vl"),
@@ -82,6 +77,15 @@ def test_tls_auth_and_permissions(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             for name, value in login["worker"].items():
                 monkeypatch.setenv(name, value)
             asyncio.run(_worker_kept_to_its_subjects(server.url, deployment.namespace))
+
+
+def _server_env(certs: Certificates, passwords: dict[str, str]) -> dict[str, str]:
+    """What secure.conf and users.conf read from the server's environment."""
+    return {
+        "NATS_TLS_CERT": str(certs.cert),
+        "NATS_TLS_KEY": str(certs.key),
+        **{f"MMSERVE_{role.upper()}_PASSWORD": pw for role, pw in passwords.items()},
+    }
 
 
 async def _refusals(url: str, tls: ssl.SSLContext, worker_password: str) -> None:
@@ -170,12 +174,7 @@ def test_a_secure_cluster_routes_over_tls_and_serves_across_nodes(tmp_path: Path
     user; the frontend on one node reaches the worker on another, discovery replicated."""
     certs = make_certificates(tmp_path)
     passwords = {role: secrets.token_hex(12) for role in ("frontend", "worker")}
-    node_env = {
-        "NATS_TLS_CERT": str(certs.cert),
-        "NATS_TLS_KEY": str(certs.key),
-        "NATS_TLS_CA": str(certs.ca),
-        **{f"MMSERVE_{role.upper()}_PASSWORD": pw for role, pw in passwords.items()},
-    }
+    node_env = {**_server_env(certs, passwords), "NATS_TLS_CA": str(certs.ca)}
     with NatsCluster(3, config=SECURE_CLUSTER_CONFIG, env=node_env) as cluster:
         for node in cluster.nodes:
             assert _route_port_takes_only_the_cas_certificates(
