@@ -10,7 +10,8 @@ It serves the router, the frontend and every deployment pattern at scale without
   so its KV events are the ones a real engine would publish for the same prompts;
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
   prompt gives the same completion on any worker and in any pattern;
-- encode sleeps `encode_us_per_token` per embedding row it computes, then returns
+- encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
+  one vision tower runs them), then returns
   deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
   a real encoder cache (`engines.encoder_cache.EncoderCache`, `encoder_cache_bytes`) holds them,
   so a repeated item costs nothing and its embedding-cache events are a real engine's;
@@ -129,6 +130,7 @@ class MockEngine(Engine):
         self.prefix_cache: PrefixCache[None] = PrefixCache(block_size, max_blocks=cache_blocks)
         self.encoder_cache = EncoderCache(encoder_cache_bytes)
         self._prefill_turn = asyncio.Lock()
+        self._encode_turn = asyncio.Lock()
         self._admitted = 0
         self._closed = False
 
@@ -147,22 +149,25 @@ class MockEngine(Engine):
         self._admitted += 1
 
     async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
-        embeddings = []
-        computed = 0  # rows the simulated vision tower runs for
         for item in items:
-            rows = self.spec.image_token_count(item.grid_thw)
-            if rows <= 0:
+            if self.spec.image_token_count(item.grid_thw) <= 0:
                 raise EngineError(f"image grid {item.grid_thw} has no tokens")
-            cached = self.encoder_cache.get(item.mm_hash, item.grid_thw)
-            if cached is None:
-                generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
-                values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
-                cached = ItemEmbedding(item.mm_hash, item.grid_thw, values)
-                computed += rows
-            embeddings.append(cached)
-        await asyncio.sleep(computed * self.encode_s_per_token)
-        for embedding in embeddings:
-            self.encoder_cache.put(embedding)  # once computed: a cancelled encode stores nothing
+        # Looked up in turn: an item the encode before this one computed is a hit.
+        async with self._encode_turn:
+            embeddings = []
+            computed = 0  # rows the simulated vision tower runs for
+            for item in items:
+                cached = self.encoder_cache.get(item.mm_hash, item.grid_thw)
+                if cached is None:
+                    rows = self.spec.image_token_count(item.grid_thw)
+                    generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
+                    values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
+                    cached = ItemEmbedding(item.mm_hash, item.grid_thw, values)
+                    computed += rows
+                embeddings.append(cached)
+            await asyncio.sleep(computed * self.encode_s_per_token)
+            for embedding in embeddings:
+                self.encoder_cache.put(embedding)  # once computed: a cancelled one stores nothing
         return embeddings
 
     async def cached_embeddings(
