@@ -59,3 +59,14 @@ def test_a_removed_encoder_leaves_the_index_and_its_load() -> None:
     assert router.index.held_tokens([IMAGE]) == {}
     assert router.pending("e2") == (0, 0)
     router.on_finish("r")  # a request of the gone worker ends later: nothing to release
+
+
+def test_requests_in_flight_with_one_new_image_share_its_encoder() -> None:
+    router = EncodeRouter(rng=random.Random(0))
+    first = router.select("a", [IMAGE], WORKERS).worker_id
+    # Before any event says so, the second finds the image on its way into first's cache.
+    second = router.select("b", [IMAGE], WORKERS)
+    assert (second.worker_id, second.held_tokens) == (first, 256)
+    router.on_first_token("a")
+    router.on_first_token("b")
+    assert router.held_tokens([IMAGE], WORKERS) == {}  # only its events can say so now

@@ -32,7 +32,7 @@ import torch
 
 from mmserve import protocol
 from mmserve.frontend.dispatch import Pipeline
-from mmserve.observability import nvtx
+from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     CachesCleared,
     PreprocessedRequest,
@@ -234,6 +234,9 @@ class NatsDispatcher:
     def _route_encode(self, request: PreprocessedRequest, exclude: Sequence[str]) -> str:
         workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
         decision = self.encode_router.select(request.request_id, encode_items(request), workers)
+        routed = metrics.ENCODE_ROUTED_TOKENS
+        routed.labels(decision.worker_id, "held").inc(decision.held_tokens)
+        routed.labels(decision.worker_id, "new").inc(decision.request_tokens - decision.held_tokens)
         log.debug(
             "request %s -> encode %s (%d/%d image tokens cached)",
             request.request_id,

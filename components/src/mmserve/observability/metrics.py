@@ -49,6 +49,13 @@ CACHE_LOOKUPS = Counter(
     "mmserve_cache_lookups", "Cache lookups by cache and result", ["component", "cache", "result"]
 )
 
+ENCODE_ROUTED_TOKENS = Counter(
+    "mmserve_router_encode_tokens",
+    "Image tokens the frontend sent to each encode worker, by whether the router expected its "
+    "encoder cache to hold them",
+    ["worker", "result"],
+)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 

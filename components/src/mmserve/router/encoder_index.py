@@ -45,6 +45,11 @@ class EncoderIndex:
                 held[worker_id] = tokens
         return held
 
+    def held_keys(self, worker_id: str, keys: Iterable[EncoderKey]) -> set[EncoderKey]:
+        """Those of `keys` the worker holds."""
+        entries = self._held.get(worker_id, {})
+        return {key for key in keys if key in entries}
+
     def workers(self) -> list[str]:
         return list(self._held)
 
