@@ -164,3 +164,33 @@ def test_e_p_d_routes_prefill_to_the_instance_holding_the_prefix(
         answer = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
         assert client.served_by(answer, prefills) == holder
         assert cached(answer) > 64
+
+
+def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
+    deploy: Deploy, image_server: str, image_dir: Path
+) -> None:
+    encoders = [(f"encode{i}", "encode", []) for i in range(3)]
+    names = [name for name, _, _ in encoders]
+    deployment = deploy("e_pd", [*encoders, ("worker", "worker", [])])
+    client = Client(deployment)
+
+    # The same bytes by another URL: the encode router sends it to the encoder holding it.
+    first = client.chat(image_request(f"{image_server}/photo.jpg"))
+    holder = client.served_by(first, names)
+    for question in ("And now?", "Once more?"):
+        again = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
+        assert client.served_by(again, names) == holder
+
+    # The holder dies: requests keep succeeding and the router forgets its embeddings.
+    dead = instance_id(deployment, holder)
+    deployment.kill(holder)
+    assert client.chat(image_request(f"{image_server}/photo.jpg"))["choices"]
+    dropped = re.compile(rf"encode {dead} left: (\d+) cached embeddings dropped")
+    deadline = time.monotonic() + 30
+    while not (found := dropped.search(deployment.log("frontend"))):
+        assert time.monotonic() < deadline, "discovery did not drop the killed encoder"
+        time.sleep(0.2)
+    assert int(found.group(1)) == 1
+    living = [name for name in names if name != holder]
+    answer = client.chat(image_request(f"{image_server}/small.png"))
+    assert client.served_by(answer, living) in living
