@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from mmserve.models.tiny import build_tiny_model
 from tests.support.deployment import Deployment
@@ -180,6 +181,16 @@ def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
     for question in ("And now?", "Once more?"):
         again = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
         assert client.served_by(again, names) == holder
+    # The frontend counts the image tokens it sent to each encoder, held there or new.
+    holder_id = instance_id(deployment, holder)
+    routed = {
+        (sample.labels["worker"], sample.labels["result"]): sample.value
+        for family in text_string_to_metric_families(client.http.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == "mmserve_router_encode_tokens_total"
+    }
+    image_tokens = routed[(holder_id, "new")]
+    assert image_tokens > 0 and routed[(holder_id, "held")] == 2 * image_tokens
 
     # The holder dies: requests keep succeeding and the router forgets its embeddings.
     dead = instance_id(deployment, holder)
