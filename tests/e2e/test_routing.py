@@ -14,8 +14,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.encode_router import scrape_encoders
 from mmserve.models.tiny import build_tiny_model
-from tests.support.deployment import Deployment
+from tests.support.deployment import Deployment, free_port
 from tests.support.images import data_url
 
 MOCK = ["--engine", "mock", "--mock-prefill-us-per-token", "50", "--mock-decode-ms-per-token", "1"]
@@ -170,7 +171,8 @@ def test_e_p_d_routes_prefill_to_the_instance_holding_the_prefix(
 def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
     deploy: Deploy, image_server: str, image_dir: Path
 ) -> None:
-    encoders = [(f"encode{i}", "encode", []) for i in range(3)]
+    ports = [free_port() for _ in range(3)]
+    encoders = [(f"encode{i}", "encode", ["--metrics-port", str(p)]) for i, p in enumerate(ports)]
     names = [name for name, _, _ in encoders]
     deployment = deploy("e_pd", [*encoders, ("worker", "worker", [])])
     client = Client(deployment)
@@ -191,6 +193,14 @@ def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
     }
     image_tokens = routed[(holder_id, "new")]
     assert image_tokens > 0 and routed[(holder_id, "held")] == 2 * image_tokens
+    assert scrape_encoders(ports).misses == 1
+
+    # Every cache empties behind the router's back (its events may not have arrived when the
+    # next request is routed): whichever encoder gets the image encodes it again, once.
+    assert client.http.post("/reset_prefix_cache").status_code == 200
+    after_reset = client.chat(image_request(f"{image_server}/photo.jpg"))
+    assert scrape_encoders(ports).misses == 2
+    holder = client.served_by(after_reset, names)
 
     # The holder dies: requests keep succeeding and the router forgets its embeddings.
     dead = instance_id(deployment, holder)
