@@ -184,10 +184,12 @@ WORDS = "image scene colour light shape detail object person street sky water tr
 
 @dataclass(frozen=True)
 class MockCosts:
-    """The mock engine's simulated times per uncached prompt token and per output token."""
+    """The mock engine's simulated times per uncached prompt token, per output token and per
+    image token its vision tower computes (a cached embedding costs nothing)."""
 
     prefill_us_per_token: float = 200.0
     decode_ms_per_token: float = 5.0
+    encode_us_per_token: float = 0.0
 
     def worker_flags(self) -> list[str]:
         return [
@@ -197,6 +199,8 @@ class MockCosts:
             f"{self.prefill_us_per_token:g}",
             "--mock-decode-ms-per-token",
             f"{self.decode_ms_per_token:g}",
+            "--mock-encode-us-per-token",
+            f"{self.encode_us_per_token:g}",
         ]
 
 
@@ -241,6 +245,7 @@ class ChatWorkload:
     salt: int
     seed: int = 0
     text_only: bool = False
+    new_image_rate: float = 0.3  # chance that a later turn shows another image
     _image_urls: dict[int, str] = field(default_factory=dict)
 
     def system_prompt(self, index: int) -> str:
@@ -261,7 +266,7 @@ class ChatWorkload:
         for turn in range(self.turns):
             content: list[dict[str, Any]] = []
             # The draws do not depend on text_only, so both variants have the same sessions.
-            if turn == 0 or rng.random() < 0.3:
+            if turn == 0 or rng.random() < self.new_image_rate:
                 image = rng.randrange(self.images)
                 if not self.text_only:
                     url = self.image(image)

@@ -54,6 +54,22 @@ WIRE_SAMPLES: list[p.WireMessage] = [
     ),
     p.KvEvent(worker_id="w1", event_id=4, data=p.KvRemoved(block_hashes=[U64_MAX, 1])),
     p.KvEvent(worker_id="w1", event_id=5, data=p.KvCleared()),
+    p.EncoderEvent(
+        worker_id="w1",
+        event_id=0,
+        data=p.EncoderStored(
+            entries=[p.EncoderEntry(mm_hash=U64_MAX, grid_thw=(1, 16, 16), num_tokens=64)]
+        ),
+    ),
+    p.EncoderEvent(
+        worker_id="w1",
+        event_id=1,
+        data=p.EncoderEvicted(
+            entries=[p.EncoderEntry(mm_hash=1, grid_thw=(1, 2, 2), num_tokens=1)]
+        ),
+    ),
+    p.EncoderEvent(worker_id="w1", event_id=2, data=p.EncoderCleared()),
+    p.EncoderDumpRequest(worker_id="w1"),
     p.ResetCachesRequest(),
     p.CachesCleared(prefix_blocks=3, encoder_items=1),
     p.InstanceRecord(

@@ -12,9 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from bench.encode_router import scrape_encoders
 from mmserve.models.tiny import build_tiny_model
-from tests.support.deployment import Deployment
+from tests.support.deployment import Deployment, free_port
 from tests.support.images import data_url
 
 MOCK = ["--engine", "mock", "--mock-prefill-us-per-token", "50", "--mock-decode-ms-per-token", "1"]
@@ -164,3 +166,52 @@ def test_e_p_d_routes_prefill_to_the_instance_holding_the_prefix(
         answer = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
         assert client.served_by(answer, prefills) == holder
         assert cached(answer) > 64
+
+
+def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
+    deploy: Deploy, image_server: str, image_dir: Path
+) -> None:
+    ports = [free_port() for _ in range(3)]
+    encoders = [(f"encode{i}", "encode", ["--metrics-port", str(p)]) for i, p in enumerate(ports)]
+    names = [name for name, _, _ in encoders]
+    deployment = deploy("e_pd", [*encoders, ("worker", "worker", [])])
+    client = Client(deployment)
+
+    # The same bytes by another URL: the encode router sends it to the encoder holding it.
+    first = client.chat(image_request(f"{image_server}/photo.jpg"))
+    holder = client.served_by(first, names)
+    for question in ("And now?", "Once more?"):
+        again = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
+        assert client.served_by(again, names) == holder
+    # The frontend counts the image tokens it sent to each encoder, held there or new.
+    holder_id = instance_id(deployment, holder)
+    routed = {
+        (sample.labels["worker"], sample.labels["result"]): sample.value
+        for family in text_string_to_metric_families(client.http.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == "mmserve_router_encode_tokens_total"
+    }
+    image_tokens = routed[(holder_id, "new")]
+    assert image_tokens > 0 and routed[(holder_id, "held")] == 2 * image_tokens
+    assert scrape_encoders(ports).misses == 1
+
+    # Every cache empties behind the router's back (its events may not have arrived when the
+    # next request is routed): whichever encoder gets the image encodes it again, once.
+    assert client.http.post("/reset_prefix_cache").status_code == 200
+    after_reset = client.chat(image_request(f"{image_server}/photo.jpg"))
+    assert scrape_encoders(ports).misses == 2
+    holder = client.served_by(after_reset, names)
+
+    # The holder dies: requests keep succeeding and the router forgets its embeddings.
+    dead = instance_id(deployment, holder)
+    deployment.kill(holder)
+    assert client.chat(image_request(f"{image_server}/photo.jpg"))["choices"]
+    dropped = re.compile(rf"encode {dead} left: (\d+) cached embeddings dropped")
+    deadline = time.monotonic() + 30
+    while not (found := dropped.search(deployment.log("frontend"))):
+        assert time.monotonic() < deadline, "discovery did not drop the killed encoder"
+        time.sleep(0.2)
+    assert int(found.group(1)) == 1
+    living = [name for name in names if name != holder]
+    answer = client.chat(image_request(f"{image_server}/small.png"))
+    assert client.served_by(answer, living) in living

@@ -49,3 +49,13 @@ def test_options_reach_the_router() -> None:
 def test_bad_values_exit_with_a_reason(argv: list[str]) -> None:
     with pytest.raises(SystemExit, match="must be"):
         parse(*argv)
+
+
+def test_the_encode_router_mode_reaches_the_encode_router() -> None:
+    from mmserve.router.encode_scheduler import EncodeRouterMode
+
+    assert parse().build_encode_router().mode is EncodeRouterMode.EMBEDDING_CACHE
+    settings = parse("--encode-router-mode=round-robin", "--router-queue-weight=3")
+    router = settings.build_encode_router()
+    assert router.mode is EncodeRouterMode.ROUND_ROBIN
+    assert router.cost.queue_weight == 3.0

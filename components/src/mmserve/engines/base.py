@@ -24,10 +24,12 @@ from typing import Any
 
 import torch
 
+from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.events import KvEventSink
 from mmserve.protocol import (
     BootstrapInfo,
     CachesCleared,
+    EncoderEntry,
     MRopePositions,
     PlannedMedia,
     RequestPlan,
@@ -257,6 +259,15 @@ class Engine(abc.ABC):
     def encoder_cache_stats(self) -> tuple[int, int]:
         """Encoder cache `(hits, misses)` so far; `(0, 0)` for an engine without one."""
         return 0, 0
+
+    def subscribe_encoder_events(self, sink: EncoderEventSink) -> None:
+        """Call `sink` (from any thread) for every encoder-cache change; an engine without an
+        encoder cache never calls it. The worker publishes them as `protocol.EncoderEvent`s."""
+        del sink  # nothing changes without a cache
+
+    def encoder_cache_snapshot(self) -> list[EncoderEntry]:
+        """Every encoder-cache entry; callable from any thread (for a router's dump)."""
+        return []
 
     async def cached_embeddings(
         self, items: Sequence[tuple[int, tuple[int, int, int]]]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +35,8 @@ from mmserve.engines.base import (
     KvHandle,
     MediaInput,
 )
-from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
+from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
+from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import (
     StopRules,
@@ -45,6 +45,7 @@ from mmserve.engines.sampling import (
     sample_token,
     stream_completion,
 )
+from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
@@ -52,6 +53,7 @@ from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
     CachesCleared,
+    EncoderEntry,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -60,7 +62,6 @@ from mmserve.protocol import (
 Result = TypeVar("Result")
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
-DEFAULT_ENCODER_CACHE_BYTES = 256 << 20
 
 
 @dataclass
@@ -74,52 +75,6 @@ class _KvState:
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-EncoderKey = tuple[str, int, tuple[int, int, int]]
-"""(model spec id, item content hash, grid): equal keys mean equal embeddings."""
-
-
-class _EncoderCache:
-    """LRU of item embeddings keyed by (spec id, content hash, grid), under a byte budget."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[EncoderKey, ItemEmbedding] = OrderedDict()
-        self._num_bytes = 0
-        self.hits = 0
-        self.misses = 0
-
-    @staticmethod
-    def _size(item: ItemEmbedding) -> int:
-        return _tensor_bytes((item.embeddings, *item.deepstack))
-
-    def get(self, key: EncoderKey) -> ItemEmbedding | None:
-        item = self._entries.get(key)
-        if item is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._entries.move_to_end(key)
-        return item
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        """Drop every entry; the hit and miss counts (the metrics' totals) stay."""
-        self._entries.clear()
-        self._num_bytes = 0
-
-    def put(self, key: EncoderKey, item: ItemEmbedding) -> None:
-        size = self._size(item)
-        if size > self.max_bytes or key in self._entries:
-            return
-        self._entries[key] = item
-        self._num_bytes += size
-        while self._num_bytes > self.max_bytes:
-            _, evicted = self._entries.popitem(last=False)
-            self._num_bytes -= self._size(evicted)
 
 
 class HfEngine(Engine):
@@ -158,7 +113,7 @@ class HfEngine(Engine):
             max_blocks=prefix_cache_blocks,
             payload_bytes=lambda block: _tensor_bytes((block,)),
         )
-        self.encoder_cache = _EncoderCache(encoder_cache_bytes)
+        self.encoder_cache = EncoderCache(encoder_cache_bytes)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._admitted = 0
         self._closed = False
@@ -216,7 +171,7 @@ class HfEngine(Engine):
         missing: list[tuple[int, MediaInput]] = []
         for index, item in enumerate(items):
             self._check_media(item)
-            cached = self.encoder_cache.get(self._encoder_key(item))
+            cached = self.encoder_cache.get(item.mm_hash, item.grid_thw)
             results.append(cached)
             if cached is None:
                 missing.append((index, item))
@@ -232,7 +187,7 @@ class HfEngine(Engine):
                     embeddings=output.pooler_output[position].contiguous(),
                     deepstack=tuple(layer[position].contiguous() for layer in deepstack_layers),
                 )
-                self.encoder_cache.put(self._encoder_key(item), embedding)
+                self.encoder_cache.put(embedding)
                 results[index] = embedding
         return [result for result in results if result is not None]
 
@@ -245,14 +200,7 @@ class HfEngine(Engine):
     def _cached_sync(
         self, items: list[tuple[int, tuple[int, int, int]]]
     ) -> list[ItemEmbedding | None]:
-        return [self.encoder_cache.get(self._key(mm_hash, grid)) for mm_hash, grid in items]
-
-    def _encoder_key(self, item: MediaInput) -> EncoderKey:
-        return self._key(item.mm_hash, item.grid_thw)
-
-    def _key(self, mm_hash: int, grid_thw: tuple[int, int, int]) -> EncoderKey:
-        t, h, w = grid_thw  # a list when it came over the wire: keys must be hashable
-        return (self.spec.spec_id, mm_hash, (t, h, w))
+        return [self.encoder_cache.get(mm_hash, grid) for mm_hash, grid in items]
 
     def _check_media(self, item: MediaInput) -> None:
         t, h, w = item.grid_thw
@@ -504,7 +452,13 @@ class HfEngine(Engine):
         return self.prefix_cache.snapshot()
 
     def encoder_cache_stats(self) -> tuple[int, int]:
-        return self.encoder_cache.hits, self.encoder_cache.misses
+        return self.encoder_cache.stats()
+
+    def subscribe_encoder_events(self, sink: EncoderEventSink) -> None:
+        self.encoder_cache.subscribe(sink)
+
+    def encoder_cache_snapshot(self) -> list[EncoderEntry]:
+        return self.encoder_cache.snapshot()
 
     async def clear_caches(self) -> CachesCleared:
         """Empty both caches on the model thread, their one owner, between two model calls."""

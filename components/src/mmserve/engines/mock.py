@@ -10,8 +10,11 @@ It serves the router, the frontend and every deployment pattern at scale without
   so its KV events are the ones a real engine would publish for the same prompts;
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
   prompt gives the same completion on any worker and in any pattern;
-- encode sleeps `encode_us_per_token` per embedding row, then returns deterministic embeddings
-  of the right row count (grid / merge^2) keyed by the item's hash;
+- encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
+  one vision tower runs them), then returns
+  deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
+  a real encoder cache (`engines.encoder_cache.EncoderCache`, `encoder_cache_bytes`) holds them,
+  so a repeated item costs nothing and its embedding-cache events are a real engine's;
 - export/import move a few small tensors, so P/D works over the transfer layer.
 
 Everything runs on the event loop: KV event sinks are called on the loop's thread.
@@ -45,11 +48,14 @@ from mmserve.engines.defaults import (
     DEFAULT_CACHE_BLOCKS,
     DEFAULT_DECODE_MS_PER_TOKEN,
     DEFAULT_ENCODE_US_PER_TOKEN,
+    DEFAULT_ENCODER_CACHE_BYTES,
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
+from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import StopRules, check_sampling, stream_completion
+from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
@@ -57,6 +63,7 @@ from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
     CachesCleared,
+    EncoderEntry,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -104,6 +111,7 @@ class MockEngine(Engine):
         prefill_us_per_token: float = DEFAULT_PREFILL_US_PER_TOKEN,
         decode_ms_per_token: float = DEFAULT_DECODE_MS_PER_TOKEN,
         encode_us_per_token: float = DEFAULT_ENCODE_US_PER_TOKEN,
+        encoder_cache_bytes: int = DEFAULT_ENCODER_CACHE_BYTES,
         max_queue: int = DEFAULT_MAX_QUEUE,
         pad_scheme: PadScheme = PadScheme.DYNAMO,
     ) -> None:
@@ -120,7 +128,9 @@ class MockEngine(Engine):
         self.max_queue = max_queue
         self.pad_scheme = pad_scheme
         self.prefix_cache: PrefixCache[None] = PrefixCache(block_size, max_blocks=cache_blocks)
+        self.encoder_cache = EncoderCache(encoder_cache_bytes)
         self._prefill_turn = asyncio.Lock()
+        self._encode_turn = asyncio.Lock()
         self._admitted = 0
         self._closed = False
 
@@ -139,16 +149,40 @@ class MockEngine(Engine):
         self._admitted += 1
 
     async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
-        embeddings = []
         for item in items:
-            rows = self.spec.image_token_count(item.grid_thw)
-            if rows <= 0:
+            if self.spec.image_token_count(item.grid_thw) <= 0:
                 raise EngineError(f"image grid {item.grid_thw} has no tokens")
-            generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
-            values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
-            embeddings.append(ItemEmbedding(item.mm_hash, item.grid_thw, values))
-        await asyncio.sleep(sum(item.num_tokens for item in embeddings) * self.encode_s_per_token)
+        # Looked up in turn: an item the encode before this one computed is a hit.
+        async with self._encode_turn:
+            embeddings = []
+            computed = 0  # rows the simulated vision tower runs for
+            for item in items:
+                cached = self.encoder_cache.get(item.mm_hash, item.grid_thw)
+                if cached is None:
+                    rows = self.spec.image_token_count(item.grid_thw)
+                    generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
+                    values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
+                    cached = ItemEmbedding(item.mm_hash, item.grid_thw, values)
+                    computed += rows
+                embeddings.append(cached)
+            await asyncio.sleep(computed * self.encode_s_per_token)
+            for embedding in embeddings:
+                self.encoder_cache.put(embedding)  # once computed: a cancelled one stores nothing
         return embeddings
+
+    async def cached_embeddings(
+        self, items: Sequence[tuple[int, tuple[int, int, int]]]
+    ) -> list[ItemEmbedding | None]:
+        return [self.encoder_cache.get(mm_hash, grid) for mm_hash, grid in items]
+
+    def encoder_cache_stats(self) -> tuple[int, int]:
+        return self.encoder_cache.stats()
+
+    def subscribe_encoder_events(self, sink: EncoderEventSink) -> None:
+        self.encoder_cache.subscribe(sink)
+
+    def encoder_cache_snapshot(self) -> list[EncoderEntry]:
+        return self.encoder_cache.snapshot()
 
     async def prefill(
         self,
@@ -252,10 +286,10 @@ class MockEngine(Engine):
         return self.prefix_cache.snapshot()
 
     async def clear_caches(self) -> CachesCleared:
-        """Empty the prefix cache (on the loop, as prefills use it); encode keeps no cache."""
+        """Empty the prefix cache (on the loop, as prefills use it) and the encoder cache."""
         blocks = self.prefix_cache.num_blocks
         self.prefix_cache.clear()
-        return CachesCleared(prefix_blocks=blocks)
+        return CachesCleared(prefix_blocks=blocks, encoder_items=self.encoder_cache.clear())
 
     async def close(self) -> None:
         self._closed = True

@@ -5,10 +5,13 @@ one, else the language hop).
 Within a role the router (`--router-mode`, `mmserve.router`) picks the instance of every hop
 that holds a KV cache: the aggregated worker (agg, E/PD) by the longest cached prefix of the
 prompt, images included, weighed against load; in E/P/D the prefill worker the same way and the
-decode worker by load alone. The chosen ids travel in `PreprocessedRequest.route`, so the encode
-worker and decode address those instances. The router learns the workers' caches from their KV
-events and forgets a worker as soon as discovery drops it. A call to an instance that is gone
-(or overloaded) before it answered is routed again to another one (`router.route`).
+decode worker by load alone. The encode worker is picked by `--encode-router-mode`
+(`router.encode_scheduler`): by the image tokens its encoder cache already holds, weighed
+against the encode work sent to it. The chosen ids travel in `PreprocessedRequest.route`, so
+the encode worker and decode address those instances. The routers learn the workers' caches
+from their KV and embedding-cache events and forget a worker as soon as discovery drops it. A
+call to an instance that is gone (or overloaded) before it answered is routed again to another
+one (`router.route`).
 
 `reset_prefix_cache` calls `<role>.reset_prefix_cache` on every instance discovery knows, one
 call each, so every instance answers for itself.
@@ -29,7 +32,7 @@ import torch
 
 from mmserve import protocol
 from mmserve.frontend.dispatch import Pipeline
-from mmserve.observability import nvtx
+from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     CachesCleared,
     PreprocessedRequest,
@@ -38,6 +41,8 @@ from mmserve.protocol import (
     TokenChunk,
 )
 from mmserve.roles import GENERATE, KV_CACHING_ROLES, RESET_PREFIX_CACHE, Role
+from mmserve.router.encode_scheduler import EncodeRouter, EncodeRouterMode, encode_items
+from mmserve.router.encoder_index import EncoderEventSubscriber
 from mmserve.router.hops import kv_roles, language_hop, missing_language_hop_message, next_hop
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
 from mmserve.router.route import stream_with_retry
@@ -70,7 +75,9 @@ class NatsDispatcher:
         self.routers: dict[Role, Router] = {
             role: settings.build_router() for role in (Role.WORKER, Role.PREFILL, Role.DECODE)
         }
+        self.encode_router = settings.build_encode_router()
         self._subscribers: dict[Role, KvEventSubscriber] = {}
+        self._encoder_subscriber: EncoderEventSubscriber | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -87,6 +94,13 @@ class NatsDispatcher:
                 subscriber = await KvEventSubscriber(runtime, router.indexer, role.value).start()
                 subscriber.catch_up(watchers[role].instance_ids())
                 dispatcher._subscribers[role] = subscriber
+        if dispatcher.encode_router.mode is EncodeRouterMode.EMBEDDING_CACHE:
+            encoders = EncoderEventSubscriber(
+                runtime, dispatcher.encode_router.index, Role.ENCODE.value
+            )
+            dispatcher._encoder_subscriber = await encoders.start()
+            encoders.catch_up(watchers[Role.ENCODE].instance_ids())
+        for role in Role:
             forget = functools.partial(dispatcher._forget, role)
             dispatcher._tasks.append(
                 asyncio.create_task(
@@ -96,7 +110,17 @@ class NatsDispatcher:
         return dispatcher
 
     def _forget(self, role: Role, instance_id: str) -> None:
-        """Discovery dropped an instance: no request goes there, its blocks leave the index."""
+        """Discovery dropped an instance: no request goes there, its blocks (or embeddings)
+        leave the index."""
+        if role is Role.ENCODE:
+            entries = self.encode_router.index.num_entries(instance_id)
+            if self._encoder_subscriber is not None:
+                self._encoder_subscriber.on_instance_removed(instance_id)
+            self.encode_router.remove_worker(instance_id)
+            log.info(
+                "encode %s left: %d cached embeddings dropped from the index", instance_id, entries
+            )
+            return
         router = self.routers[role]
         blocks = router.indexer.num_blocks(instance_id)
         subscriber = self._subscribers.get(role)
@@ -111,6 +135,8 @@ class NatsDispatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for subscriber in self._subscribers.values():
             await subscriber.stop()
+        if self._encoder_subscriber is not None:
+            await self._encoder_subscriber.stop()
 
     def _deployed(self, role: Role) -> bool:
         return bool(self._watchers[role].instances())
@@ -162,10 +188,16 @@ class NatsDispatcher:
         return len(targets)
 
     def route(
-        self, request: PreprocessedRequest, language: Role, exclude: Sequence[str] = ()
+        self,
+        request: PreprocessedRequest,
+        language: Role,
+        exclude: Sequence[str] = (),
+        *,
+        encode: bool = False,
     ) -> dict[str, str]:
-        """Pick the instances of the hops that hold the KV cache; each router books the
-        request until `_release`."""
+        """Pick the instances of the hops that hold the KV cache, and the encode worker when
+        the request goes through one (`encode`); each router books the request until
+        `_release`."""
         roles = kv_roles(language)
         by_prompt = self.routers[Role.WORKER].request_for(
             request.request_id, request.plan, lora_name=request.lora_name
@@ -191,11 +223,36 @@ class NatsDispatcher:
             self._release(request.request_id, route)
             names = " or ".join(role.value for role in roles)
             raise Unavailable(None, f"no {names} worker is available") from None
+        if encode:
+            try:
+                route[Role.ENCODE.value] = self._route_encode(request, exclude)
+            except NoWorkersError:
+                self._release(request.request_id, route)
+                raise Unavailable(None, "no encode worker is available") from None
         return route
+
+    def _route_encode(self, request: PreprocessedRequest, exclude: Sequence[str]) -> str:
+        workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
+        decision = self.encode_router.select(request.request_id, encode_items(request), workers)
+        routed = metrics.ENCODE_ROUTED_TOKENS
+        routed.labels(decision.worker_id, "held").inc(decision.held_tokens)
+        routed.labels(decision.worker_id, "new").inc(decision.request_tokens - decision.held_tokens)
+        log.debug(
+            "request %s -> encode %s (%d/%d image tokens cached)",
+            request.request_id,
+            decision.worker_id,
+            decision.held_tokens,
+            decision.request_tokens,
+        )
+        return decision.worker_id
+
+    def _router(self, component: str) -> Router | EncodeRouter:
+        role = Role(component)
+        return self.encode_router if role is Role.ENCODE else self.routers[role]
 
     def _release(self, request_id: str, route: dict[str, str]) -> None:
         for component in route:
-            self.routers[Role(component)].on_finish(request_id)
+            self._router(component).on_finish(request_id)
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
         needs_encode = any(payload.embeddings is None for payload in request.payloads)
@@ -210,8 +267,7 @@ class NatsDispatcher:
             self._release(request.request_id, route)
             route = {}  # released: a failed routing below must not release it twice
             with nvtx.nvtx_range(nvtx.FE_ROUTE):
-                route = self.route(request, language, gone)
-            # An encode worker is not routed: any instance takes the request.
+                route = self.route(request, language, gone, encode=hop is Role.ENCODE)
             return msgspec.structs.replace(request, route=route), route.get(hop.value)
 
         replies: AsyncGenerator[TokenChunk, None] = stream_with_retry(
@@ -228,7 +284,7 @@ class NatsDispatcher:
                     if not answered:
                         answered = True
                         for component in route:
-                            self.routers[Role(component)].on_first_token(request.request_id)
+                            self._router(component).on_first_token(request.request_id)
                     yield chunk
         finally:
             self._release(request.request_id, route)

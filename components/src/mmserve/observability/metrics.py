@@ -49,6 +49,13 @@ CACHE_LOOKUPS = Counter(
     "mmserve_cache_lookups", "Cache lookups by cache and result", ["component", "cache", "result"]
 )
 
+ENCODE_ROUTED_TOKENS = Counter(
+    "mmserve_router_encode_tokens",
+    "Image tokens the frontend sent to each encode worker, by whether the router expected its "
+    "encoder cache to hold them",
+    ["worker", "result"],
+)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -73,8 +80,9 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
 
 
 class _EncoderCacheCollector(Collector):
-    def __init__(self, component: str, stats: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, component: str, worker: str, stats: Callable[[], tuple[int, int]]) -> None:
         self.component = component
+        self.worker = worker
         self.stats = stats
 
     def collect(self) -> Iterator[CounterMetricFamily]:
@@ -82,13 +90,14 @@ class _EncoderCacheCollector(Collector):
         family = CounterMetricFamily(
             "mmserve_encoder_cache_lookups",
             "Encoder (vision tower) cache lookups by result",
-            labels=["component", "result"],
+            labels=["component", "worker", "result"],
         )
-        family.add_metric([self.component, "hit"], hits)
-        family.add_metric([self.component, "miss"], misses)
+        family.add_metric([self.component, self.worker, "hit"], hits)
+        family.add_metric([self.component, self.worker, "miss"], misses)
         yield family
 
 
-def export_encoder_cache(component: str, stats: Callable[[], tuple[int, int]]) -> None:
-    """Expose an engine's encoder cache counters (read at scrape time)."""
-    REGISTRY.register(_EncoderCacheCollector(component, stats))
+def export_encoder_cache(component: str, worker: str, stats: Callable[[], tuple[int, int]]) -> None:
+    """Expose an engine's encoder cache counters (read at scrape time), labelled with the
+    worker's instance id (the router's name for it)."""
+    REGISTRY.register(_EncoderCacheCollector(component, worker, stats))

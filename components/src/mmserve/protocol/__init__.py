@@ -5,6 +5,7 @@
 - `errors`: the catalogue of error codes with their HTTP status, and `ErrorMessage`;
 - `pipeline`: the request plan, media payloads, prefill's handover, token chunks;
 - `kv`: KV events, and the call that clears a worker's caches;
+- `encoder`: embedding-cache events;
 - `runtime`: discovery records and the frames around every call on NATS;
 - `transfer`: the transfer backends' descriptors and the probe's messages.
 
@@ -12,6 +13,14 @@ Hashes (u64) travel as integers; `mm_hashes` as 16-digit lowercase hex strings (
 contract). Everything is importable from `mmserve.protocol` itself.
 """
 
+from mmserve.protocol.encoder import (
+    EncoderCleared,
+    EncoderDumpRequest,
+    EncoderEntry,
+    EncoderEvent,
+    EncoderEvicted,
+    EncoderStored,
+)
 from mmserve.protocol.errors import (
     CATALOGUE,
     ERROR_BAD_REQUEST,
@@ -136,6 +145,12 @@ __all__ = [
     "ChoiceDelta",
     "ContentPart",
     "EmbeddingsHandle",
+    "EncoderCleared",
+    "EncoderDumpRequest",
+    "EncoderEntry",
+    "EncoderEvent",
+    "EncoderEvicted",
+    "EncoderStored",
     "EndFrame",
     "ErrorCode",
     "ErrorMessage",

@@ -273,12 +273,17 @@ class Router:
         self.load.remove_worker(worker_id)
 
     def _pick_by_cost(self, logits: dict[str, float]) -> str:
-        lowest, highest = min(logits.values()), max(logits.values())
-        if self.cost.temperature == 0 or highest == lowest:
-            return self._rng.choice([w for w, logit in logits.items() if logit == lowest])
-        # Normalise to [0, 1] so the temperature does not depend on the prompt's size.
-        weights = [
-            math.exp(-(logit - lowest) / (highest - lowest) / self.cost.temperature)
-            for logit in logits.values()
-        ]
-        return self._rng.choices(list(logits), weights=weights)[0]
+        return pick_by_cost(logits, self.cost.temperature, self._rng)
+
+
+def pick_by_cost(logits: dict[str, float], temperature: float, rng: random.Random) -> str:
+    """The lowest logit, ties broken at random; with a positive temperature, a draw from a
+    softmax over the logits normalised to [0, 1]."""
+    lowest, highest = min(logits.values()), max(logits.values())
+    if temperature == 0 or highest == lowest:
+        return rng.choice([w for w, logit in logits.items() if logit == lowest])
+    # Normalised so the temperature does not depend on the prompt's size.
+    weights = [
+        math.exp(-(logit - lowest) / (highest - lowest) / temperature) for logit in logits.values()
+    ]
+    return rng.choices(list(logits), weights=weights)[0]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
+from mmserve.router.encode_scheduler import EncodeRouter, EncodeRouterMode
 from mmserve.router.scheduler import KvCostConfig, Router, RouterMode
 
 
@@ -28,6 +29,7 @@ class RouterSettings:
     block_size: int = DEFAULT_BLOCK_SIZE  # must equal the workers' KV block size
     pad_scheme: PadScheme = PadScheme.DYNAMO  # must equal the engines' scheme
     cost: KvCostConfig = field(default_factory=KvCostConfig)
+    encode_mode: EncodeRouterMode = EncodeRouterMode.EMBEDDING_CACHE
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +40,15 @@ class RouterSettings:
             default=RouterMode.KV.value,
             help="how a worker is picked for each request: kv (longest cached prefix, images "
             "included, weighed against load), round-robin or random (default: kv)",
+        )
+        group.add_argument(
+            "--encode-router-mode",
+            choices=[mode.value for mode in EncodeRouterMode],
+            default=EncodeRouterMode.EMBEDDING_CACHE.value,
+            help="how an encode worker is picked for each request with media: embedding-cache "
+            "(the one whose encoder cache holds the most of its image tokens, weighed against "
+            "the encode work already sent to it), round-robin or random (default: "
+            "embedding-cache)",
         )
         group.add_argument(
             "--kv-block-size",
@@ -88,9 +99,15 @@ class RouterSettings:
             block_size=args.kv_block_size,
             pad_scheme=PadScheme(args.pad_scheme),
             cost=cost,
+            encode_mode=EncodeRouterMode(args.encode_router_mode),
         )
 
     def build_router(self) -> Router:
         return Router(
             self.mode, cost=self.cost, block_size=self.block_size, pad_scheme=self.pad_scheme
         )
+
+    def build_encode_router(self) -> EncodeRouter:
+        """The encode hop's router; it shares the KV cost's queue weight and temperature."""
+        cost = KvCostConfig(queue_weight=self.cost.queue_weight, temperature=self.cost.temperature)
+        return EncodeRouter(self.encode_mode, cost=cost)

@@ -2,7 +2,8 @@
 
 `connection` (the `Runtime`: connect, namespace, shutdown, drain), `serving` (handlers,
 keepalives, server-side cancellation), `calling` (`Client`: call and stream, deadlines,
-instance targeting, typed errors), `events` (publish and subscribe), `discovery`, `subjects`,
+instance targeting, typed errors), `events` (publish and subscribe), `cache_events` (numbered
+cache events with dumps, for the routers), `discovery`, `subjects`,
 `errors`, `nats_server`, `lifetime` (children that stop with their owner), `ports` (who holds
 a port).
 

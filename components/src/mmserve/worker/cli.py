@@ -62,7 +62,7 @@ async def _main(args: argparse.Namespace) -> int:
     from mmserve.worker.base import RoleHandler
     from mmserve.worker.decode import DecodeHandler
     from mmserve.worker.encode import EncodeHandler
-    from mmserve.worker.options import start_services
+    from mmserve.worker.options import encodes, start_services
     from mmserve.worker.prefill import PrefillHandler
 
     handlers: dict[Role, type[RoleHandler]] = {
@@ -75,7 +75,7 @@ async def _main(args: argparse.Namespace) -> int:
     services = await start_services(args)
     try:
         stage = None
-        if role is Role.ENCODE or getattr(args, "encode", False):
+        if encodes(args):
             stage = EncodeStage(services.engine, services.transfer, services.model_path, role.value)
         handler = handlers[role](services.runtime, services.engine, services.transfer, stage)
         freeze_startup_heap()

@@ -16,11 +16,12 @@ from mmserve.engines.defaults import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
+from mmserve.kv.encoder_events import EncoderEventPublisher
 from mmserve.kv.events import KvEventPublisher
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
-from mmserve.roles import KV_CACHING_ROLES
+from mmserve.roles import KV_CACHING_ROLES, Role
 from mmserve.router.settings import add_pad_scheme_argument
 from mmserve.runtime import Runtime
 from mmserve.transfer import add_transfer_arguments, create_transfer_agent
@@ -170,10 +171,13 @@ class WorkerServices:
     transfer: TransferAgent
     model_path: Path
     kv_events: KvEventPublisher | None = None
+    encoder_events: EncoderEventPublisher | None = None
 
     async def close(self) -> None:
         if self.kv_events is not None:
             await self.kv_events.stop()
+        if self.encoder_events is not None:
+            await self.encoder_events.stop()
         await self.runtime.shutdown()
         await self.engine.close()
         await self.transfer.close()
@@ -187,9 +191,28 @@ async def start_services(args: argparse.Namespace) -> WorkerServices:
     services = WorkerServices(runtime, engine, transfer, model_path)
     if args.role in KV_CACHING_ROLES:
         services.kv_events = await publish_kv_events(runtime, engine, args.role.value)
-    export_encoder_cache(args.role.value, engine.encoder_cache_stats)
+    if encodes(args):
+        services.encoder_events = await publish_encoder_events(runtime, engine, args.role.value)
+    export_encoder_cache(args.role.value, runtime.instance_id, engine.encoder_cache_stats)
     serve_metrics(args.metrics_port)
     return services
+
+
+def encodes(args: argparse.Namespace) -> bool:
+    """Whether the worker runs the vision tower: the encode role, or `--encode`."""
+    return bool(args.role is Role.ENCODE or getattr(args, "encode", False))
+
+
+async def publish_encoder_events(
+    runtime: Runtime, engine: Engine, component: str
+) -> EncoderEventPublisher:
+    """Publish the engine's encoder-cache changes for the routers of `component`; a router
+    that lost track gets a dump of `encoder_cache_snapshot`."""
+    publisher = await EncoderEventPublisher(
+        runtime, component, engine.encoder_cache_snapshot
+    ).start()
+    engine.subscribe_encoder_events(publisher.publish)  # thread-safe, keeps the events' order
+    return publisher
 
 
 async def publish_kv_events(runtime: Runtime, engine: Engine, component: str) -> KvEventPublisher:

@@ -1,0 +1,185 @@
+"""Encode routing: the image-heavy chat workload over several encode workers, round robin
+against embedding-cache routing (`--encode-router-mode`).
+
+Multi-turn sessions show images from a shared pool (each turn resends the history, images
+included), so an image recurs within a session and across sessions. The deployment is N encode
+workers and one aggregated worker, all on the mock engine, whose vision tower costs
+`--encode-us-per-token` per image token it computes (an embedding its encoder cache holds costs
+nothing; one encode at a time per worker). Per mode: the encoder hit rate (hits / lookups over
+every encode worker's `mmserve_encoder_cache_lookups`), the vision-tower seconds spent (misses x
+256 tokens x the cost per token: every image is 448x448), the encode stage's seconds (the
+encoders' `encode` stage time, waiting for the tower included), and the mean and p99 time to
+first token. The first row is the bound: the hit rate one encoder
+holding every embedding would get (each distinct image missed once).
+
+    .venv/bin/python -m bench.encode_router [--quick] [--encoders 4] [--sessions 48]
+        [--turns 4] [--images 16] [--encode-us-per-token 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.router import ChatWorkload, Measured, MockCosts, run_workload
+from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime.nats_server import nats_url_from_env_or_private
+from tests.support.deployment import Deployment, free_port
+
+MODES = ("round-robin", "embedding-cache")
+IMAGE_TOKENS = 256  # a 448x448 image for Qwen2-VL
+
+
+@dataclass
+class EncoderTotals:
+    """What the encode workers report, summed over them."""
+
+    hits: int = 0
+    misses: int = 0
+    encode_s: float = 0.0
+    lookups: list[int] = field(default_factory=list)  # per encode worker
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / max(self.hits + self.misses, 1)
+
+
+def encode_deployment(
+    model_path: Path,
+    nats_url: str,
+    log_dir: Path,
+    mode: str,
+    encoders: int,
+    costs: MockCosts,
+) -> tuple[Deployment, list[int]]:
+    """`encoders` encode workers (each serving /metrics on a port of its own) and one
+    aggregated worker behind a frontend with `--encode-router-mode mode`; the metrics ports."""
+    ports = [free_port() for _ in range(encoders)]
+    components = [
+        (f"encode{i}", "encode", ["--metrics-port", str(port)]) for i, port in enumerate(ports)
+    ]
+    deployment = Deployment(
+        f"encode-{encoders}-{mode}",
+        model_path,
+        nats_url,
+        log_dir,
+        frontend_flags=["--encode-router-mode", mode],
+        worker_flags=costs.worker_flags(),
+        components=[*components, ("worker", "worker", [])],
+    )
+    return deployment, ports
+
+
+def scrape_encoders(ports: list[int]) -> EncoderTotals:
+    totals = EncoderTotals()
+    for port in ports:
+        before = totals.hits + totals.misses
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name == "mmserve_encoder_cache_lookups_total":
+                    if labels.get("result") == "hit":
+                        totals.hits += int(sample.value)
+                    else:
+                        totals.misses += int(sample.value)
+                elif (
+                    sample.name == "mmserve_stage_seconds_sum"
+                    and labels.get("component") == "encode"
+                    and labels.get("stage") == "encode"
+                ):
+                    totals.encode_s += sample.value
+        totals.lookups.append(totals.hits + totals.misses - before)
+    return totals
+
+
+def measure_encode(
+    deployment: Deployment, ports: list[int], workload: ChatWorkload, concurrency: int
+) -> tuple[Measured, EncoderTotals]:
+    """Starts `deployment` (cold caches), runs `workload`, reads the encoders' counters."""
+    with deployment.running():
+        model = deployment.model_path.name
+        measured = asyncio.run(run_workload(deployment.base_url, model, workload, concurrency))
+        return measured, scrape_encoders(ports)
+
+
+def single_encoder_hit_rate(workload: ChatWorkload) -> float:
+    """The hit rate of one encoder whose cache holds every image: each distinct image misses
+    once, every later lookup (a turn resends the history's images) hits."""
+    lookups = 0
+    seen: set[str] = set()
+    for number in range(workload.sessions):
+        _, turns = workload.session(number)
+        shown: list[str] = []
+        for content in turns:
+            shown += [part["image_url"]["url"] for part in content if part["type"] == "image_url"]
+            lookups += len(shown)
+            seen.update(shown)
+    return 1 - len(seen) / max(lookups, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller run")
+    parser.add_argument("--encoders", type=int, default=4)
+    parser.add_argument("--sessions", type=int, default=48)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--images", type=int, default=16, help="images the sessions draw from")
+    parser.add_argument("--new-image-rate", type=float, default=0.5)
+    parser.add_argument("--concurrency", type=int, default=0, help="default: 2 per encoder")
+    parser.add_argument("--encode-us-per-token", type=float, default=1000.0)
+    args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.turns = min(args.sessions, 16), min(args.turns, 3)
+    concurrency = args.concurrency or 2 * args.encoders
+    costs = MockCosts(
+        prefill_us_per_token=100,
+        decode_ms_per_token=2,
+        encode_us_per_token=args.encode_us_per_token,
+    )
+    model_path = build_tiny_model("qwen2_vl")
+    log_dir = Path(tempfile.mkdtemp(prefix="mmserve-bench-encode-"))
+
+    def workload(salt: int) -> ChatWorkload:
+        return ChatWorkload(
+            args.sessions, args.turns, 4, args.images, salt, new_image_rate=args.new_image_rate
+        )
+
+    print(
+        f"workload: {args.sessions} sessions x {args.turns} turns, {args.images} images "
+        f"(448x448, 256 tokens), a new image per later turn at {args.new_image_rate:.0%}, "
+        f"{concurrency} sessions at once; {args.encoders} encode workers + 1 worker, mock "
+        f"vision tower {costs.encode_us_per_token:g} us/token, prefill "
+        f"{costs.prefill_us_per_token:g} us/token; logs {log_dir}"
+    )
+    print(
+        f"{'mode':>16} {'enc hit rate':>12} {'tower s':>8} {'stage s':>8} {'TTFT mean':>10} "
+        f"{'TTFT p99':>9}  lookups per encoder"
+    )
+    print(f"{'one encoder':>16} {single_encoder_hit_rate(workload(0)):>11.1%}")
+    with nats_url_from_env_or_private() as nats_url:
+        for mode in MODES:
+            # The same sessions in every mode; the frontend's media caches start cold anyway.
+            deployment, ports = encode_deployment(
+                model_path, nats_url, log_dir, mode, args.encoders, costs
+            )
+            measured, totals = measure_encode(deployment, ports, workload(0), concurrency)
+            tower_s = totals.misses * IMAGE_TOKENS * costs.encode_us_per_token / 1e6
+            print(
+                f"{mode:>16} {totals.hit_rate:>11.1%} {tower_s:>8.2f} {totals.encode_s:>8.2f} "
+                f"{measured.ttft_mean_s * 1000:>8.1f}ms {measured.ttft_p99_s * 1000:>7.1f}ms  "
+                f"{totals.lookups}",
+                flush=True,
+            )
+    print(f"machine: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Embedding-cache events: the changes of an encoder's cache of vision-tower outputs, as the
+router indexes them to send each image to the encoder that already holds it."""
+
+from __future__ import annotations
+
+import msgspec
+
+from mmserve.protocol.wire import WireMessage
+
+
+class EncoderEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One cached embedding. `mm_hash` is the item's identity (the content hash folded with the
+    pixel bounds it was processed under, `PlannedMedia.mm_hash`); with `grid_thw` it is the
+    encoder cache's key. `num_tokens` is its row count: the vision-tower work a hit saves."""
+
+    mm_hash: int
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
+
+
+class EncoderStored(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="stored"):
+    entries: list[EncoderEntry]
+
+
+class EncoderEvicted(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="evicted"):
+    entries: list[EncoderEntry]
+
+
+class EncoderCleared(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="cleared"):
+    pass
+
+
+class EncoderEvent(WireMessage, frozen=True):
+    """One change of a worker's encoder cache; `event_id` increases by one per worker."""
+
+    worker_id: str
+    event_id: int
+    data: EncoderStored | EncoderEvicted | EncoderCleared
+
+
+class EncoderDumpRequest(WireMessage, frozen=True):
+    """A router asks `worker_id` to publish its whole encoder cache as events (it lost track)."""
+
+    worker_id: str
