@@ -25,6 +25,10 @@ RESET_PREFIX_CACHE = "reset_prefix_cache"
 """The endpoint every role serves beside `generate`: clear the engine's prefix and encoder
 caches (`protocol.ResetCachesRequest` -> `protocol.CachesCleared`)."""
 
+PULL_EMBEDDINGS = "pull_embeddings"
+"""The endpoint encode workers serve beside `generate`: offer the embeddings their encoder
+cache holds to a peer encoder (`protocol.EmbeddingPullRequest` -> `EmbeddingPullReply`)."""
+
 KV_CACHING_ROLES = (Role.WORKER, Role.PREFILL)
 """Roles whose engines cache the prompts they run, so publish KV events (decode imports a
 prefill's KV without caching it)."""

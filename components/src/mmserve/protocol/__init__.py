@@ -14,11 +14,14 @@ contract). Everything is importable from `mmserve.protocol` itself.
 """
 
 from mmserve.protocol.encoder import (
+    EmbeddingPullReply,
+    EmbeddingPullRequest,
     EncoderCleared,
     EncoderDumpRequest,
     EncoderEntry,
     EncoderEvent,
     EncoderEvicted,
+    EncoderItem,
     EncoderStored,
 )
 from mmserve.protocol.errors import (
@@ -144,12 +147,15 @@ __all__ = [
     "ChatMessage",
     "ChoiceDelta",
     "ContentPart",
+    "EmbeddingPullReply",
+    "EmbeddingPullRequest",
     "EmbeddingsHandle",
     "EncoderCleared",
     "EncoderDumpRequest",
     "EncoderEntry",
     "EncoderEvent",
     "EncoderEvicted",
+    "EncoderItem",
     "EncoderStored",
     "EndFrame",
     "ErrorCode",

@@ -1,10 +1,12 @@
 """Embedding-cache events: the changes of an encoder's cache of vision-tower outputs, as the
-router indexes them to send each image to the encoder that already holds it."""
+router indexes them to send each image to the encoder that already holds it; and the peer pull,
+by which an encoder reads an embedding another encoder's cache holds."""
 
 from __future__ import annotations
 
 import msgspec
 
+from mmserve.protocol.pipeline import EmbeddingsHandle
 from mmserve.protocol.wire import WireMessage
 
 
@@ -42,3 +44,24 @@ class EncoderDumpRequest(WireMessage, frozen=True):
     """A router asks `worker_id` to publish its whole encoder cache as events (it lost track)."""
 
     worker_id: str
+
+
+class EncoderItem(msgspec.Struct, frozen=True, kw_only=True):
+    """An encoder-cache key: the item's identity and grid."""
+
+    mm_hash: int
+    grid_thw: tuple[int, int, int]
+
+
+class EmbeddingPullRequest(WireMessage, frozen=True):
+    """An encoder asks a peer (`encode.pull_embeddings`) for the embeddings its cache holds."""
+
+    request_id: str
+    items: list[EncoderItem]
+
+
+class EmbeddingPullReply(WireMessage, frozen=True):
+    """One entry per requested item: the offered embeddings (leased like every transfer), or
+    None where the cache no longer holds it."""
+
+    embeddings: list[EmbeddingsHandle | None]

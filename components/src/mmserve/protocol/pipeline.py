@@ -129,6 +129,9 @@ class PreprocessedRequest(WireMessage, frozen=True):
     stop: StopConditions = StopConditions()
     lora_name: str | None = None
     route: dict[str, str] = {}  # component -> instance id
+    # Media item index -> an encode instance whose encoder cache holds that item while the
+    # routed encoder does not (`--encode-router-mode peer-pull`): the encoder may pull it.
+    peers: dict[int, str] = {}
 
 
 class BootstrapInfo(WireMessage, frozen=True):
