@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from mmserve import media
+from mmserve.encode.peer_pull import PeerPuller, worth_pulling
 from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
 from mmserve.media.processing import item_identity
 from mmserve.models.family import resolve_model_spec
@@ -26,17 +27,24 @@ from mmserve.transfer import TransferAgent
 
 class EncodeStage:
     def __init__(
-        self, engine: Engine, transfer: TransferAgent, model_path: Path, component: str
+        self,
+        engine: Engine,
+        transfer: TransferAgent,
+        model_path: Path,
+        component: str,
+        puller: PeerPuller | None = None,
     ) -> None:
         self.engine = engine
         self.transfer = transfer
         self.spec = resolve_model_spec(model_path).core
         self.component = component
+        self.puller = puller
 
     async def run(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
         """An embedding for each planned item whose payload carries none yet, by item index:
-        encoded here, or read from the encoder cache for an item named by its media id (left
-        out when the cache no longer holds it)."""
+        pulled from the peer encoder the router named for it (`request.peers`) when that is
+        cheaper, else encoded here; read from the encoder cache for an item named by its media
+        id (left out when the cache no longer holds it)."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
@@ -48,6 +56,9 @@ class EncodeStage:
             for i, payload in enumerate(request.payloads)
             if payload.embeddings is None and not payload.reuse
         ]
+        pulled = await self._pulled(request, todo)
+        todo = [i for i in todo if i not in pulled]
+        reused |= pulled
         if not todo:
             return reused
         planned = [request.plan.media[i] for i in todo]
@@ -66,6 +77,25 @@ class EncodeStage:
                     f"the {item.length} tokens the plan holds"
                 )
         return reused | dict(zip(todo, embeddings, strict=True))
+
+    async def _pulled(
+        self, request: PreprocessedRequest, todo: list[int]
+    ) -> dict[int, ItemEmbedding]:
+        """The items of `todo` pulled from a peer encoder, kept in this encoder's cache as if
+        encoded here (so the routers learn it holds them)."""
+        if self.puller is None or not request.peers:
+            return {}
+        cost = self.engine.vision_cost()
+        holders = {
+            i: holder
+            for i, holder in request.peers.items()
+            if i in todo and worth_pulling(request.plan.media[i].length, cost)
+        }
+        if not holders:
+            return {}
+        pulled = await self.puller.pull(request.request_id, holders, request.plan.media)
+        self.engine.store_embeddings(list(pulled.values()))
+        return pulled
 
     async def _reused(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
         """The embeddings the encoder cache holds for the items named by their media id

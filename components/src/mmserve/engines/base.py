@@ -95,6 +95,15 @@ class ItemEmbedding:
 
 
 @dataclass(frozen=True)
+class VisionCost:
+    """What the vision tower costs per token it computes, and the bytes of one embedding row
+    (deepstack included): what an encoder weighs a peer pull against."""
+
+    seconds_per_token: float
+    row_bytes: int
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     """A prompt ready for prefill: the request plan's part an engine reads.
 
@@ -275,6 +284,16 @@ class Engine(abc.ABC):
         """What the encoder cache holds for each `(mm_hash, grid_thw)`, None where it holds
         nothing (an item named by its media id alone); all None for an engine without one."""
         return [None for _ in items]
+
+    def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
+        """Keep embeddings made elsewhere (pulled from a peer encoder) in the encoder cache, as
+        if encoded here; an engine without one keeps nothing."""
+        del items
+
+    def vision_cost(self) -> VisionCost | None:
+        """The vision tower's cost, where the engine knows it; None otherwise (a peer pull is
+        then always taken: a real tower costs far more than moving its output)."""
+        return None
 
     async def clear_caches(self) -> CachesCleared:
         """Drop every prefix-cache block and encoder-cache entry (`POST /reset_prefix_cache`).

@@ -191,6 +191,10 @@ class HfEngine(Engine):
                 results[index] = embedding
         return [result for result in results if result is not None]
 
+    def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
+        for item in items:
+            self.encoder_cache.put(item)
+
     async def cached_embeddings(
         self, items: Sequence[tuple[int, tuple[int, int, int]]]
     ) -> list[ItemEmbedding | None]:

@@ -43,6 +43,7 @@ from mmserve.engines.base import (
     KvEventSink,
     KvHandle,
     MediaInput,
+    VisionCost,
 )
 from mmserve.engines.defaults import (
     DEFAULT_CACHE_BLOCKS,
@@ -174,6 +175,13 @@ class MockEngine(Engine):
         self, items: Sequence[tuple[int, tuple[int, int, int]]]
     ) -> list[ItemEmbedding | None]:
         return [self.encoder_cache.get(mm_hash, grid) for mm_hash, grid in items]
+
+    def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
+        for item in items:
+            self.encoder_cache.put(item)
+
+    def vision_cost(self) -> VisionCost:
+        return VisionCost(self.encode_s_per_token, EMBEDDING_DIM * 4)  # float32 rows
 
     def encoder_cache_stats(self) -> tuple[int, int]:
         return self.encoder_cache.stats()

@@ -56,6 +56,13 @@ ENCODE_ROUTED_TOKENS = Counter(
     ["worker", "result"],
 )
 
+PEER_PULLS = Counter(
+    "mmserve_encoder_peer_pulls",
+    "Embeddings an encode worker pulled from a peer encoder's cache instead of encoding them, "
+    "by result (failed: encoded here instead)",
+    ["component", "worker", "result"],
+)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 

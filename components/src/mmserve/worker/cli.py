@@ -56,6 +56,7 @@ def _handle(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
+    from mmserve.encode.peer_pull import PeerPuller
     from mmserve.encode.stage import EncodeStage
     from mmserve.runtime.heap import freeze_startup_heap
     from mmserve.worker.aggregated import AggregatedHandler
@@ -76,7 +77,13 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         stage = None
         if encodes(args):
-            stage = EncodeStage(services.engine, services.transfer, services.model_path, role.value)
+            # Only encode workers are routed by their encoder caches, so only they pull.
+            puller = (
+                PeerPuller(services.runtime, services.transfer) if role is Role.ENCODE else None
+            )
+            stage = EncodeStage(
+                services.engine, services.transfer, services.model_path, role.value, puller
+            )
         handler = handlers[role](services.runtime, services.engine, services.transfer, stage)
         freeze_startup_heap()
         await handler.serve()

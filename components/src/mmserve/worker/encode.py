@@ -13,8 +13,14 @@ import msgspec
 from mmserve import protocol
 from mmserve.encode.embeddings import offer_embeddings
 from mmserve.observability import nvtx
-from mmserve.protocol import MediaPayload, PreprocessedRequest, TokenChunk
-from mmserve.roles import GENERATE, Role
+from mmserve.protocol import (
+    EmbeddingPullReply,
+    EmbeddingPullRequest,
+    MediaPayload,
+    PreprocessedRequest,
+    TokenChunk,
+)
+from mmserve.roles import GENERATE, PULL_EMBEDDINGS, Role
 from mmserve.router.hops import language_hop
 from mmserve.router.route import stream_routed
 from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext
@@ -35,6 +41,9 @@ class EncodeHandler(RoleHandler):
             role: self.runtime.client(role.value, GENERATE) for role in LANGUAGE_ROLES
         }
         await self.serve_reset_prefix_cache()
+        await self.runtime.serve(
+            self.component, PULL_EMBEDDINGS, self.pull_embeddings, EmbeddingPullRequest
+        )
         await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
 
     def _next_hop(self) -> Client:
@@ -45,6 +54,23 @@ class EncodeHandler(RoleHandler):
                 "no worker, or decode and prefill worker, is registered to take encoded requests",
             )
         return self._clients[hop]
+
+    async def pull_embeddings(
+        self, request: EmbeddingPullRequest, ctx: RequestContext
+    ) -> EmbeddingPullReply:
+        """Offer a peer encoder the embeddings this encoder cache holds of `request.items`;
+        None for those it no longer holds. The leases end when the peer has read them (or time
+        out)."""
+        cached = await self.engine.cached_embeddings(
+            [(item.mm_hash, item.grid_thw) for item in request.items]
+        )
+        handles, _leases = await offer_embeddings(
+            self.transfer, [item for item in cached if item is not None]
+        )
+        offered = iter(handles)
+        return EmbeddingPullReply(
+            embeddings=[None if item is None else next(offered) for item in cached]
+        )
 
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
