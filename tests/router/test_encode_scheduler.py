@@ -70,3 +70,24 @@ def test_requests_in_flight_with_one_new_image_share_its_encoder() -> None:
     router.on_first_token("a")
     router.on_first_token("b")
     assert router.held_tokens([IMAGE], WORKERS) == {}  # only its events can say so now
+
+
+def test_peer_pull_names_a_peer_for_each_item_the_chosen_encoder_lacks() -> None:
+    router = holding("e2", IMAGE)
+    router.index.apply_event(
+        "e1",
+        EncoderStored(entries=[EncoderEntry(mm_hash=12, grid_thw=(1, 32, 32), num_tokens=256)]),
+    )
+    decision = router.select("r", [IMAGE, OTHER], WORKERS)
+    assert decision.worker_id in ("e1", "e2")  # each holds half
+    holders = router.peer_holders("r", [IMAGE, OTHER], decision.worker_id, WORKERS)
+    missing = OTHER if decision.worker_id == "e2" else IMAGE
+    assert holders == {missing[0]: "e1" if decision.worker_id == "e2" else "e2"}
+    # A peer that left is not named; an item nobody else holds needs no peer.
+    assert router.peer_holders("r", [IMAGE, OTHER], decision.worker_id, [decision.worker_id]) == {}
+
+
+def test_an_item_already_encoding_on_the_chosen_encoder_is_not_pulled() -> None:
+    router = holding("e1", OTHER)
+    router.select("first", [IMAGE], ["e0"])  # e0 will hold IMAGE once encoded
+    assert router.peer_holders("second", [IMAGE, OTHER], "e0", WORKERS) == {OTHER[0]: "e1"}

@@ -94,7 +94,7 @@ class NatsDispatcher:
                 subscriber = await KvEventSubscriber(runtime, router.indexer, role.value).start()
                 subscriber.catch_up(watchers[role].instance_ids())
                 dispatcher._subscribers[role] = subscriber
-        if dispatcher.encode_router.mode is EncodeRouterMode.EMBEDDING_CACHE:
+        if dispatcher.encode_router.mode.follows_caches:
             encoders = EncoderEventSubscriber(
                 runtime, dispatcher.encode_router.index, Role.ENCODE.value
             )
@@ -246,6 +246,24 @@ class NatsDispatcher:
         )
         return decision.worker_id
 
+    def _encode_peers(
+        self, request: PreprocessedRequest, route: dict[str, str], exclude: Sequence[str]
+    ) -> dict[int, str]:
+        """In peer-pull mode, per media item the routed encoder lacks, a peer encoder holding
+        it (`PreprocessedRequest.peers`)."""
+        chosen = route.get(Role.ENCODE.value)
+        if chosen is None or self.encode_router.mode is not EncodeRouterMode.PEER_PULL:
+            return {}
+        indices = [i for i, payload in enumerate(request.payloads) if payload.embeddings is None]
+        items = encode_items(request)
+        workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
+        holders = self.encode_router.peer_holders(request.request_id, items, chosen, workers)
+        return {
+            index: holders[key]
+            for index, (key, _) in zip(indices, items, strict=True)
+            if key in holders
+        }
+
     def _router(self, component: str) -> Router | EncodeRouter:
         role = Role(component)
         return self.encode_router if role is Role.ENCODE else self.routers[role]
@@ -268,7 +286,10 @@ class NatsDispatcher:
             route = {}  # released: a failed routing below must not release it twice
             with nvtx.nvtx_range(nvtx.FE_ROUTE):
                 route = self.route(request, language, gone, encode=hop is Role.ENCODE)
-            return msgspec.structs.replace(request, route=route), route.get(hop.value)
+            routed = msgspec.structs.replace(
+                request, route=route, peers=self._encode_peers(request, route, gone)
+            )
+            return routed, route.get(hop.value)
 
         replies: AsyncGenerator[TokenChunk, None] = stream_with_retry(
             self._clients[hop],

@@ -32,8 +32,13 @@ from mmserve.router.scheduler import KvCostConfig, NoWorkersError, pick_by_cost
 
 class EncodeRouterMode(enum.Enum):
     EMBEDDING_CACHE = "embedding-cache"
+    PEER_PULL = "peer-pull"  # embedding-cache, and the chosen encoder pulls what a peer holds
     ROUND_ROBIN = "round-robin"
     RANDOM = "random"
+
+    @property
+    def follows_caches(self) -> bool:
+        return self in (EncodeRouterMode.EMBEDDING_CACHE, EncodeRouterMode.PEER_PULL)
 
 
 EncodeItems = Sequence[tuple[EncoderKey, int]]
@@ -96,7 +101,7 @@ class EncodeRouter:
         self.on_finish(request_id)  # a retried request replaces its earlier dispatch
         total = sum(tokens for _, tokens in items)
         held = self.held_tokens(items, workers)
-        if self.mode is EncodeRouterMode.EMBEDDING_CACHE:
+        if self.mode.follows_caches:
             worker_id = self._pick(self.logits(total, held, workers), held)
         elif self.mode is EncodeRouterMode.ROUND_ROBIN:
             worker_id = workers[self._next_round_robin % len(workers)]
@@ -132,6 +137,32 @@ class EncodeRouter:
             if tokens:
                 held[worker_id] = tokens
         return held
+
+    def peer_holders(
+        self, request_id: str, items: EncodeItems, worker_id: str, workers: Sequence[str]
+    ) -> dict[EncoderKey, str]:
+        """For each of `items` (request `request_id`'s, routed to `worker_id`) that `worker_id`
+        neither holds nor will hold once its other requests in flight are encoded, another of
+        `workers` whose cache holds it (the least busy one); items no other worker holds are
+        absent."""
+        keys = [key for key, _ in items]
+        own = self.index.held_keys(worker_id, keys)
+        load = self._load.get(worker_id)
+        if load is not None:
+            pending = self._requests.get(request_id)
+            others = load.keys - Counter(pending.keys if pending is not None else [])
+            own |= {key for key in keys if key in others}
+        wanted = [key for key in keys if key not in own]
+        if not wanted:
+            return {}
+        peers = [w for w in workers if w != worker_id]
+        held = {peer: self.index.held_keys(peer, wanted) for peer in peers}
+        holders = {}
+        for key in wanted:
+            holding = [peer for peer in peers if key in held[peer]]
+            if holding:
+                holders[key] = min(holding, key=lambda peer: self.pending(peer)[1])
+        return holders
 
     def logits(self, total: int, held: dict[str, int], workers: Sequence[str]) -> dict[str, float]:
         """The cost of encoding `total` tokens on each worker, `held` of them cached there."""

@@ -47,8 +47,9 @@ class RouterSettings:
             default=EncodeRouterMode.EMBEDDING_CACHE.value,
             help="how an encode worker is picked for each request with media: embedding-cache "
             "(the one whose encoder cache holds the most of its image tokens, weighed against "
-            "the encode work already sent to it), round-robin or random (default: "
-            "embedding-cache)",
+            "the encode work already sent to it), peer-pull (the same, and the chosen encoder "
+            "pulls the embeddings another encoder holds instead of encoding them), round-robin "
+            "or random (default: embedding-cache)",
         )
         group.add_argument(
             "--kv-block-size",
