@@ -1,12 +1,14 @@
 """Encode routing: the image-heavy chat workload over several encode workers, round robin
-against embedding-cache routing (`--encode-router-mode`).
+against embedding-cache routing, without and with peer pull (`--encode-router-mode`).
 
 Multi-turn sessions show images from a shared pool (each turn resends the history, images
 included), so an image recurs within a session and across sessions. The deployment is N encode
 workers and one aggregated worker, all on the mock engine, whose vision tower costs
 `--encode-us-per-token` per image token it computes (an embedding its encoder cache holds costs
 nothing; one encode at a time per worker). Per mode: the encoder hit rate (hits / lookups over
-every encode worker's `mmserve_encoder_cache_lookups`), the vision-tower seconds spent (misses x
+every encode worker's `mmserve_encoder_cache_lookups`; a pulled embedding is its holder's hit),
+the embeddings pulled from a peer (and the pulls that fell back to encoding), their mean time,
+the vision-tower seconds spent (misses x
 256 tokens x the cost per token: every image is 448x448), the encode stage's seconds (the
 encoders' `encode` stage time, waiting for the tower included), and the mean and p99 time to
 first token. The first row is the bound: the hit rate one encoder
@@ -33,7 +35,7 @@ from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import nats_url_from_env_or_private
 from tests.support.deployment import Deployment, free_port
 
-MODES = ("round-robin", "embedding-cache")
+MODES = ("round-robin", "embedding-cache", "peer-pull")
 IMAGE_TOKENS = 256  # a 448x448 image for Qwen2-VL
 
 
@@ -43,7 +45,11 @@ class EncoderTotals:
 
     hits: int = 0
     misses: int = 0
+    pulls: int = 0  # embeddings pulled from a peer encoder
+    failed_pulls: int = 0  # pulls that fell back to encoding
     encode_s: float = 0.0
+    pull_s: float = 0.0  # the successful pulls' time
+    pull_calls: int = 0  # and their number (one per holder and request)
     lookups: list[int] = field(default_factory=list)  # per encode worker
 
     @property
@@ -90,12 +96,24 @@ def scrape_encoders(ports: list[int]) -> EncoderTotals:
                         totals.hits += int(sample.value)
                     else:
                         totals.misses += int(sample.value)
-                elif (
-                    sample.name == "mmserve_stage_seconds_sum"
-                    and labels.get("component") == "encode"
-                    and labels.get("stage") == "encode"
+                elif sample.name == "mmserve_encoder_peer_pulls_total":
+                    if labels.get("result") == "ok":
+                        totals.pulls += int(sample.value)
+                    else:
+                        totals.failed_pulls += int(sample.value)
+                elif labels.get("component") == "encode" and labels.get("stage") in (
+                    "encode",
+                    "peer_pull",
                 ):
-                    totals.encode_s += sample.value
+                    if sample.name == "mmserve_stage_seconds_sum":
+                        if labels["stage"] == "encode":
+                            totals.encode_s += sample.value
+                        else:
+                            totals.pull_s += sample.value
+                    elif sample.name == "mmserve_stage_seconds_count" and (
+                        labels["stage"] == "peer_pull"
+                    ):
+                        totals.pull_calls += int(sample.value)
         totals.lookups.append(totals.hits + totals.misses - before)
     return totals
 
@@ -160,8 +178,8 @@ def main() -> None:
         f"{costs.prefill_us_per_token:g} us/token; logs {log_dir}"
     )
     print(
-        f"{'mode':>16} {'enc hit rate':>12} {'tower s':>8} {'stage s':>8} {'TTFT mean':>10} "
-        f"{'TTFT p99':>9}  lookups per encoder"
+        f"{'mode':>16} {'enc hit rate':>12} {'pulls':>9} {'pull ms':>8} {'tower s':>8} "
+        f"{'stage s':>8} {'TTFT mean':>10} {'TTFT p99':>9}  lookups per encoder"
     )
     print(f"{'one encoder':>16} {single_encoder_hit_rate(workload(0)):>11.1%}")
     with nats_url_from_env_or_private() as nats_url:
@@ -172,8 +190,11 @@ def main() -> None:
             )
             measured, totals = measure_encode(deployment, ports, workload(0), concurrency)
             tower_s = totals.misses * IMAGE_TOKENS * costs.encode_us_per_token / 1e6
+            pulls = f"{totals.pulls}/{totals.failed_pulls}"
+            pull_ms = 1000 * totals.pull_s / max(totals.pull_calls, 1)
             print(
-                f"{mode:>16} {totals.hit_rate:>11.1%} {tower_s:>8.2f} {totals.encode_s:>8.2f} "
+                f"{mode:>16} {totals.hit_rate:>11.1%} {pulls:>9} {pull_ms:>8.2f} {tower_s:>8.2f} "
+                f"{totals.encode_s:>8.2f} "
                 f"{measured.ttft_mean_s * 1000:>8.1f}ms {measured.ttft_p99_s * 1000:>7.1f}ms  "
                 f"{totals.lookups}",
                 flush=True,

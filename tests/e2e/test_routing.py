@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def cached(answer: dict[str, Any]) -> int:
     return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-Deploy = Callable[[str, list[tuple[str, str, list[str]]]], Deployment]
+Deploy = Callable[..., Deployment]
 
 
 @pytest.fixture
@@ -83,13 +84,15 @@ def deploy(nats_url: str, tmp_path: Path) -> Iterator[Deploy]:
     """Starts mock-engine workers behind a kv-routing frontend; stops them after the test."""
     started: list[Deployment] = []
 
-    def start(pattern: str, components: list[tuple[str, str, list[str]]]) -> Deployment:
+    def start(
+        pattern: str, components: list[tuple[str, str, list[str]]], frontend: Sequence[str] = ()
+    ) -> Deployment:
         deployment = Deployment(
             pattern,
             build_tiny_model("qwen2_vl"),
             nats_url,
             tmp_path,
-            frontend_flags=KV,
+            frontend_flags=[*KV, *frontend],
             worker_flags=MOCK,
             components=components,
         )
@@ -215,3 +218,90 @@ def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
     living = [name for name in names if name != holder]
     answer = client.chat(image_request(f"{image_server}/small.png"))
     assert client.served_by(answer, living) in living
+
+
+# A slow vision tower: pulling is cheaper than encoding, and the first image of `split_images`
+# is still encoding when the second is routed.
+SLOW_TOWER = ["--mock-encode-us-per-token", "15000"]
+PEER_PULL = ["--encode-router-mode", "peer-pull"]
+
+
+def both_images(image_server: str) -> list[dict[str, Any]]:
+    parts = [
+        {"type": "image_url", "image_url": {"url": f"{image_server}/{name}"}}
+        for name in ("photo.jpg", "small.png")
+    ]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": "Compare them."}]}]
+
+
+def encode_routed(client: Client) -> dict[str, float]:
+    """Image tokens the frontend routed to each encoder so far."""
+    routed: dict[str, float] = {}
+    for family in text_string_to_metric_families(client.http.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "mmserve_router_encode_tokens_total":
+                worker = sample.labels["worker"]
+                routed[worker] = routed.get(worker, 0) + sample.value
+    return routed
+
+
+def split_images(client: Client, image_server: str, names: list[str]) -> tuple[str, str]:
+    """photo.jpg cached on one encoder and small.png on the other: the second is routed while
+    the first is encoding, so its encoder's pending work sends it elsewhere. Returns the names
+    of (photo's holder, small's holder)."""
+    background = Client(client.deployment)
+    with ThreadPoolExecutor(1) as pool:
+        photo = pool.submit(background.chat, image_request(f"{image_server}/photo.jpg"))
+        deadline = time.monotonic() + 30
+        while not encode_routed(client):
+            assert time.monotonic() < deadline, "the first image was never routed"
+            time.sleep(0.02)
+        small = client.chat(image_request(f"{image_server}/small.png"))
+        holders = client.served_by(photo.result(), names), client.served_by(small, names)
+    assert holders[0] != holders[1]
+    return holders
+
+
+def test_an_encoder_pulls_the_embedding_a_peer_holds_instead_of_encoding_it(
+    deploy: Deploy, image_server: str
+) -> None:
+    ports = {f"encode{i}": free_port() for i in range(2)}
+    encoders = [(n, "encode", ["--metrics-port", str(p), *SLOW_TOWER]) for n, p in ports.items()]
+    deployment = deploy("e_pd_pull", [*encoders, ("worker", "worker", [])], PEER_PULL)
+    client = Client(deployment)
+    photo_holder, _ = split_images(client, image_server, list(ports))
+
+    # Both images: the photo's holder (more tokens held) gets the request and pulls the
+    # small image's embedding from its peer; nothing is encoded again.
+    pulled = client.chat(both_images(image_server))
+    assert client.served_by(pulled, list(ports)) == photo_holder
+    requester = scrape_encoders([ports[photo_holder]])
+    assert (requester.pulls, requester.failed_pulls) == (1, 0)
+    assert scrape_encoders(list(ports.values())).misses == 2
+
+    # The same request with every cache emptied (the router may still expect the small image
+    # on its holder: its pull then finds nothing) is encoded again and gives the same tokens.
+    assert client.http.post("/reset_prefix_cache").status_code == 200
+    encoded = client.chat(both_images(image_server))
+    assert encoded["choices"][0]["message"] == pulled["choices"][0]["message"]
+    totals = scrape_encoders(list(ports.values()))
+    assert totals.pulls == 1 and totals.misses >= 4
+
+
+def test_a_pull_from_an_encoder_that_died_falls_back_to_encoding(
+    deploy: Deploy, image_server: str
+) -> None:
+    ports = {f"encode{i}": free_port() for i in range(2)}
+    encoders = [(n, "encode", ["--metrics-port", str(p), *SLOW_TOWER]) for n, p in ports.items()]
+    deployment = deploy("e_pd_pull_dead", [*encoders, ("worker", "worker", [])], PEER_PULL)
+    client = Client(deployment)
+    photo_holder, small_holder = split_images(client, image_server, list(ports))
+
+    # The small image's holder dies; discovery has not noticed when the request is routed, so
+    # the photo's holder is told to pull from it, fails at once, and encodes the image itself.
+    deployment.kill(small_holder)
+    answer = client.chat(both_images(image_server))
+    assert client.served_by(answer, [photo_holder]) == photo_holder
+    requester = scrape_encoders([ports[photo_holder]])
+    assert (requester.pulls, requester.failed_pulls) == (0, 1)
+    assert requester.misses == 2  # the photo earlier, the small image now
