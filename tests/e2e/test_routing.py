@@ -4,6 +4,7 @@ prefill hop by overlap."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.encode_router import scrape_encoders
 from mmserve.models.tiny import build_tiny_model
+from mmserve.protocol import EmbeddingPullReply, EmbeddingPullRequest, EncoderItem
+from mmserve.roles import PULL_EMBEDDINGS, Role
+from mmserve.runtime import Runtime
 from tests.support.deployment import Deployment, free_port
 from tests.support.images import data_url
 
@@ -269,7 +273,7 @@ def test_an_encoder_pulls_the_embedding_a_peer_holds_instead_of_encoding_it(
     encoders = [(n, "encode", ["--metrics-port", str(p), *SLOW_TOWER]) for n, p in ports.items()]
     deployment = deploy("e_pd_pull", [*encoders, ("worker", "worker", [])], PEER_PULL)
     client = Client(deployment)
-    photo_holder, _ = split_images(client, image_server, list(ports))
+    photo_holder, small_holder = split_images(client, image_server, list(ports))
 
     # Both images: the photo's holder (more tokens held) gets the request and pulls the
     # small image's embedding from its peer; nothing is encoded again.
@@ -286,6 +290,21 @@ def test_an_encoder_pulls_the_embedding_a_peer_holds_instead_of_encoding_it(
     assert encoded["choices"][0]["message"] == pulled["choices"][0]["message"]
     totals = scrape_encoders(list(ports.values()))
     assert totals.pulls == 1 and totals.misses >= 4
+    # What a pull that arrives after an eviction finds: nothing, which the puller encodes.
+    asked = asyncio.run(ask_for_evicted(deployment, instance_id(deployment, small_holder)))
+    assert asked.embeddings == [None]
+
+
+async def ask_for_evicted(deployment: Deployment, holder: str) -> EmbeddingPullReply:
+    async with await Runtime.connect(deployment.nats_url, deployment.namespace) as runtime:
+        client = runtime.client(Role.ENCODE.value, PULL_EMBEDDINGS)
+        request = EmbeddingPullRequest(
+            request_id="evicted", items=[EncoderItem(mm_hash=1, grid_thw=(1, 4, 4))]
+        )
+        reply: EmbeddingPullReply = await client.call(
+            request, EmbeddingPullReply, instance_id=holder, timeout=10
+        )
+        return reply
 
 
 def test_a_pull_from_an_encoder_that_died_falls_back_to_encoding(

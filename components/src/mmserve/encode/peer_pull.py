@@ -34,7 +34,7 @@ from mmserve.transfer import TransferAgent
 
 log = logging.getLogger("mmserve.encode")
 
-PULL_FIXED_S = 0.004  # one pull's round trip and handshake, whatever its size
+PULL_FIXED_S = 0.013  # one pull: request, lookup, offer and fetch, whatever its size
 PULL_BYTES_PER_S = 1.3 * 2**30  # NIXL end-to-end read of 2.8 MiB (docs/transfer.md)
 PULL_TIMEOUT_S = 2.0  # the holder's answer and the fetch; past it the item is encoded here
 
