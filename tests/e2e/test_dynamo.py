@@ -1,0 +1,162 @@
+"""mmserve's worker as a Dynamo backend: Dynamo's frontend (1.6.1) in front of
+`python -m mmserve.dynamo` answers what mmserve's own frontend answers in front of mmserve's
+aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not, and an image
+(about which the model answers right, so a dropped or swapped image cannot pass); a refused
+image is the client's 400 with the core's reason; a client that leaves stops the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from mmserve.models import scenes
+from mmserve.models.trained import build_trained_model
+from tests.support.deployment import Deployment
+from tests.support.dynamo import DynamoDeployment, dynamo_missing
+from tests.support.images import png_data_url
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.skipif(bool(reason := dynamo_missing()), reason=reason or "")
+
+TEXT = [{"role": "user", "content": "What colour is the sky in the picture?"}]
+
+
+@pytest.fixture(scope="module")
+def frontends(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Deployment, DynamoDeployment]]:
+    """mmserve's aggregated deployment and the Dynamo one, on the same model, both ready."""
+    model_path = build_trained_model()
+    log_dir = tmp_path_factory.mktemp("dynamo")
+    ours = Deployment("agg", model_path, nats_url, log_dir)
+    theirs = DynamoDeployment(model_path, nats_url, log_dir)
+    try:
+        ours.start()
+        theirs.start()
+        ours.wait_ready()
+        theirs.wait_ready()
+        yield ours, theirs
+    finally:
+        theirs.stop()
+        ours.stop()
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def _ask(
+    base_url: str, model: str, messages: list[dict], **options: object
+) -> tuple[str, str, int]:
+    """(content, finish reason, completion tokens) of one greedy chat completion."""
+    response = _client(base_url).chat.completions.create(
+        model=model,
+        messages=messages,
+        temperature=0,
+        **options,  # type: ignore[arg-type]
+    )
+    choice = response.choices[0]
+    assert response.usage is not None
+    return choice.message.content or "", str(choice.finish_reason), response.usage.completion_tokens
+
+
+def _stream(base_url: str, model: str, messages: list[dict], **options: object) -> tuple[str, str]:
+    text, finish = "", ""
+    stream = _client(base_url).chat.completions.create(
+        model=model,
+        messages=messages,
+        temperature=0,
+        stream=True,
+        **options,  # type: ignore[arg-type]
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, finish
+
+
+def test_text_gives_the_same_greedy_tokens(frontends: tuple[Deployment, DynamoDeployment]) -> None:
+    ours, theirs = frontends
+    model = ours.model_path.name
+    # ignore_eos keeps both generating to max_tokens: many tokens compared, not one word.
+    for options in ({"max_tokens": 8}, {"max_tokens": 24, "extra_body": {"ignore_eos": True}}):
+        expected = _ask(ours.base_url, model, TEXT, **options)
+        assert _ask(theirs.base_url, model, TEXT, **options) == expected, options
+        assert _stream(theirs.base_url, model, TEXT, **options) == expected[:2], options
+    assert expected[1:] == ("length", 24)
+
+
+def test_an_image_gives_the_same_greedy_tokens(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    ours, theirs = frontends
+    model = ours.model_path.name
+    text = scenes.COLOUR_TEXT.format(shape=scenes.SHAPES[0])
+    questions = [
+        q for q in map(lambda s: scenes.question("colour", s), range(100)) if q.text == text
+    ]
+    first = questions[0]
+    second = next(q for q in questions if q.answer != first.answer)
+    for question in (first, second):
+        parts = [
+            {"type": "image_url", "image_url": {"url": png_data_url(i)}} for i in question.images
+        ]
+        messages = [{"role": "user", "content": [*parts, {"type": "text", "text": question.text}]}]
+        expected = _ask(ours.base_url, model, messages, max_tokens=8)
+        assert expected[0] == question.answer
+        assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
+        assert _stream(theirs.base_url, model, messages, max_tokens=8) == expected[:2]
+
+
+def test_a_refused_image_is_the_clients_400_with_the_reason(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    _, theirs = frontends
+    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": sliver}},
+                {"type": "text", "text": "what?"},
+            ],
+        }
+    ]
+    response = httpx.post(
+        f"{theirs.base_url}/v1/chat/completions",
+        json={"model": theirs.model_path.name, "messages": messages, "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "aspect ratio" in response.json()["message"]
+
+
+def test_a_client_that_leaves_stops_the_engine(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    _, theirs = frontends
+    stream = _client(theirs.base_url).chat.completions.create(
+        model=theirs.model_path.name,
+        messages=TEXT,  # type: ignore[arg-type]
+        max_tokens=20000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = 0
+    for _ in stream:
+        chunks += 1
+        if chunks == 3:
+            break
+    stream.close()
+    # 20000 tokens take minutes on these cores; the engine stops within seconds.
+    wait_until(lambda: " cancelled: " in theirs.log("worker"), timeout=20, what="the cancel")
+    # The worker serves on.
+    assert _ask(theirs.base_url, theirs.model_path.name, TEXT, max_tokens=4)[1] in (
+        "stop",
+        "length",
+    )
