@@ -6,7 +6,9 @@ image is the client's 400 with the core's reason; a client that leaves stops the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -91,7 +93,7 @@ def test_text_gives_the_same_greedy_tokens(frontends: tuple[Deployment, DynamoDe
     assert expected[1:] == ("length", 24)
 
 
-def test_an_image_gives_the_same_greedy_tokens(
+def test_images_give_the_same_greedy_tokens(
     frontends: tuple[Deployment, DynamoDeployment],
 ) -> None:
     ours, theirs = frontends
@@ -111,6 +113,12 @@ def test_an_image_gives_the_same_greedy_tokens(
         assert expected[0] == question.answer
         assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
         assert _stream(theirs.base_url, model, messages, max_tokens=8) == expected[:2]
+    # Three images in one request: each placeholder expanded and encoded in its place.
+    images = [*first.images, *second.images, *first.images]
+    parts = [{"type": "image_url", "image_url": {"url": png_data_url(i)}} for i in images]
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+    expected = _ask(ours.base_url, model, messages, max_tokens=8)
+    assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
 
 
 def test_a_refused_image_is_the_clients_400_with_the_reason(
@@ -160,3 +168,27 @@ def test_a_client_that_leaves_stops_the_engine(
         "stop",
         "length",
     )
+
+
+def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
+    nats_url: str, tmp_path: Path
+) -> None:
+    model_path = build_trained_model()
+    mock = ["--engine", "mock", "--mock-decode-ms-per-token", "20"]
+    with DynamoDeployment(model_path, nats_url, tmp_path, worker_flags=mock).running() as theirs:
+        stream = _client(theirs.base_url).chat.completions.create(
+            model=model_path.name,
+            messages=TEXT,  # type: ignore[arg-type]
+            max_tokens=5000,  # 100 s of decoding
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        received = 0
+        started = time.monotonic()
+        with pytest.raises(openai.APIError):
+            for chunk in stream:
+                received += len(chunk.choices)
+                if received == 3:
+                    theirs.kill("worker")
+        assert received >= 3
+        assert time.monotonic() - started < 30
