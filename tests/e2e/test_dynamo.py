@@ -6,9 +6,9 @@ image is the client's 400 with the core's reason; a client that leaves stops the
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -170,25 +170,84 @@ def test_a_client_that_leaves_stops_the_engine(
     )
 
 
-def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
-    nats_url: str, tmp_path: Path
+@pytest.fixture(scope="module")
+def mock_pair(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DynamoDeployment]:
+    """Dynamo's frontend with its KV router in front of two mmserve workers (mock engine)."""
+    theirs = DynamoDeployment(
+        build_trained_model(),
+        nats_url,
+        tmp_path_factory.mktemp("dynamo-mock"),
+        worker_flags=["--engine", "mock"],
+        workers=2,
+        frontend_flags=["--router-mode", "kv"],
+    )
+    with theirs.running():
+        yield theirs
+
+
+def _instance(deployment: DynamoDeployment, worker: str) -> int:
+    """The worker's Dynamo instance id, as its log line says it."""
+    found = re.search(r" ready: instance ([0-9a-f]+)", deployment.log(worker))
+    assert found is not None
+    return int(found[1], 16)
+
+
+def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
+    mock_pair: DynamoDeployment,
 ) -> None:
-    model_path = build_trained_model()
-    mock = ["--engine", "mock", "--mock-decode-ms-per-token", "20"]
-    with DynamoDeployment(model_path, nats_url, tmp_path, worker_flags=mock).running() as theirs:
-        stream = _client(theirs.base_url).chat.completions.create(
-            model=model_path.name,
-            messages=TEXT,  # type: ignore[arg-type]
-            max_tokens=5000,  # 100 s of decoding
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        received = 0
-        started = time.monotonic()
-        with pytest.raises(openai.APIError):
-            for chunk in stream:
-                received += len(chunk.choices)
-                if received == 3:
-                    theirs.kill("worker")
-        assert received >= 3
-        assert time.monotonic() - started < 30
+    theirs = mock_pair
+    model_path = theirs.model_path
+    prompts = [f"Story {n}: " + " ".join(f"word{n}x{i}" for i in range(60)) for n in range(2)]
+
+    def ask(prompt: str, pin: int | None = None) -> int:
+        """The cached tokens of one request (`pin`: on that worker, else where Dynamo routes)."""
+        body: dict = {
+            "model": model_path.name,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 2,
+        }
+        if pin is not None:
+            body["nvext"] = {"backend_instance_id": pin}
+        response = httpx.post(f"{theirs.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    def served(name: str) -> int:
+        return theirs.log(name).count(" done: ")
+
+    instances = [_instance(theirs, name) for name in theirs.worker_names]
+    # Each prompt cached on its own worker, then each asked again without a pin: the router
+    # reads the workers' KV events and sends it back there (random or round-robin would send
+    # one of the two to the other worker, which holds only the chat template's first block).
+    for prompt, instance in zip(prompts, instances, strict=True):
+        assert ask(prompt, pin=instance) <= 16
+    time.sleep(1)  # the stored events reach the router by NATS (milliseconds; a margin for load)
+    for _ in range(2):
+        for prompt in prompts:
+            assert ask(prompt) >= 16 * 8, prompt
+    assert [served(name) for name in theirs.worker_names] == [3, 3]
+
+
+def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
+    mock_pair: DynamoDeployment,
+) -> None:
+    theirs = mock_pair
+    instance = _instance(theirs, "worker2")
+    stream = _client(theirs.base_url).chat.completions.create(
+        model=theirs.model_path.name,
+        messages=TEXT,  # type: ignore[arg-type]
+        max_tokens=5000,  # 50 s of decoding
+        stream=True,
+        extra_body={"ignore_eos": True, "nvext": {"backend_instance_id": instance}},
+    )
+    received = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            received += len(chunk.choices)
+            if received == 3:
+                theirs.kill("worker2")
+    assert received >= 3
+    assert time.monotonic() - started < 30

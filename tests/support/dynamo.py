@@ -59,6 +59,8 @@ class DynamoDeployment:
     nats_url: str
     log_dir: Path
     worker_flags: list[str] = field(default_factory=list)
+    workers: int = 1
+    frontend_flags: list[str] = field(default_factory=list)
     namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -78,11 +80,11 @@ class DynamoDeployment:
         store = self.log_dir / f"dynamo-discovery-{self.namespace}"
         store.mkdir(exist_ok=True)
         env = {
+            "DYN_LOG": "warn",
             **os.environ,
             "NATS_SERVER": self.nats_url,
             "DYN_FILE_KV": str(store),
             "HF_HUB_OFFLINE": "1",
-            "DYN_LOG": "warn",
         }
         log = open(self.log_dir / f"dynamo-{name}.log", "wb")
         self.processes[name] = subprocess.Popen(
@@ -105,8 +107,13 @@ class DynamoDeployment:
             ],
         )
 
+    @property
+    def worker_names(self) -> list[str]:
+        return ["worker", *(f"worker{n}" for n in range(2, self.workers + 1))]
+
     def start(self) -> DynamoDeployment:
-        self.start_worker()
+        for name in self.worker_names:
+            self.start_worker(name)
         self._spawn(
             "frontend",
             [
@@ -120,6 +127,7 @@ class DynamoDeployment:
                 "--namespace",
                 self.namespace,
                 *self.planes,
+                *self.frontend_flags,
             ],
         )
         return self
@@ -130,6 +138,9 @@ class DynamoDeployment:
             for name, process in self.processes.items():
                 if process.poll() is not None:
                     raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
+            if not all(" ready: instance " in self.log(name) for name in self.worker_names):
+                time.sleep(0.25)
+                continue
             try:
                 models = httpx.get(f"{self.base_url}/v1/models", timeout=5).json()
                 if any(m["id"] == self.model_path.name for m in models.get("data", [])):

@@ -95,11 +95,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+    from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
     from dynamo.runtime import DistributedRuntime
 
     from mmserve.dynamo.handler import DynamoHandler
+    from mmserve.dynamo.kv_events import DynamoKvEvents
     from mmserve.encode.stage import EncodeStage
+    from mmserve.kv.pad import PadScheme
     from mmserve.transfer import create_transfer_agent
     from mmserve.worker.options import load_engine, resolve_model_path
 
@@ -115,12 +117,19 @@ async def _serve(args: argparse.Namespace) -> int:
             args.endpoint or f"{args.namespace}.{Role.WORKER.value}.{GENERATE}"
         )
         name = args.served_model_name or model_path.name
+        kv_events = DynamoKvEvents(
+            KvEventPublisher(endpoint, kv_block_size=args.block_size),
+            args.block_size,
+            PadScheme(args.pad_scheme),
+        )
+        engine.subscribe_kv_events(kv_events.sink)
         handler = DynamoHandler(
             engine,
             EncodeStage(engine, transfer, model_path, Role.WORKER.value),
             MediaPolicy.from_args(args),
             name,
             args.default_max_tokens,
+            kv_events,
         )
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runtime.shutdown)

@@ -15,6 +15,7 @@ from dynamo.llm.exceptions import HttpError, InvalidArgument
 
 from mmserve import media, protocol
 from mmserve.dynamo import requests
+from mmserve.dynamo.kv_events import DynamoKvEvents
 from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import Engine
 from mmserve.media.policy import MediaPolicy
@@ -58,8 +59,10 @@ class DynamoHandler:
         policy: MediaPolicy,
         model_name: str,
         default_max_tokens: int,
+        kv_events: DynamoKvEvents | None = None,
     ) -> None:
         self.engine = engine
+        self.kv_events = kv_events
         self.encoder = encoder
         self.policy = policy
         self.model_name = model_name
@@ -74,6 +77,8 @@ class DynamoHandler:
                 with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
                     encoded = await self.encoder.run(planned) if planned.plan.media else {}
                 embeddings = [encoded[i] for i in range(len(planned.plan.media))]
+                if self.kv_events is not None:
+                    self.kv_events.remember(planned.plan)
                 chunks = self.engine.generate(engine_request(planned), embeddings)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
                 async for chunk in until_stopped(timed, context):
