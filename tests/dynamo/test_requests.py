@@ -101,3 +101,11 @@ def test_the_last_chunk_carries_finish_reason_and_usage() -> None:
             "prompt_tokens_details": {"cached_tokens": 8},
         },
     }
+
+
+def test_dynamos_image_hashes_are_read_one_per_image() -> None:
+    request = {"extra_args": {"mm_hashes": ["f9705e0cf5a21391", "0000000000000001"]}}
+    assert requests.routing_mm_hashes(request, images=2) == [0xF9705E0CF5A21391, 1]
+    assert requests.routing_mm_hashes(request, images=1) is None
+    assert requests.routing_mm_hashes({"extra_args": {"mm_hashes": ["zz"]}}, images=1) is None
+    assert requests.routing_mm_hashes({}, images=0) is None

@@ -78,7 +78,8 @@ class DynamoHandler:
                     encoded = await self.encoder.run(planned) if planned.plan.media else {}
                 embeddings = [encoded[i] for i in range(len(planned.plan.media))]
                 if self.kv_events is not None:
-                    self.kv_events.remember(planned.plan)
+                    routing = requests.routing_mm_hashes(request, len(planned.plan.media))
+                    self.kv_events.remember(planned.plan, routing)
                 chunks = self.engine.generate(engine_request(planned), embeddings)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
                 async for chunk in until_stopped(timed, context):

@@ -16,6 +16,8 @@ import logging
 import threading
 from typing import Any
 
+import msgspec
+
 from mmserve.kv.events import KvEventData
 from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.kv.pad import PadScheme
@@ -44,11 +46,22 @@ class DynamoKvEvents:
         # chained block hash -> (the block's routing tokens, its media as Dynamo's mm info)
         self._blocks: dict[int, tuple[list[int], dict[str, Any] | None]] = {}
 
-    def remember(self, plan: RequestPlan) -> None:
-        """Record the tokens of the plan's complete blocks, as the engine's cache keys them."""
-        view = routing_view(plan.token_ids, plan.media, scheme=self._scheme)
+    def remember(self, plan: RequestPlan, routing_hashes: list[int] | None = None) -> None:
+        """Record the tokens of the plan's complete blocks under the keys the engine's cache
+        gives them. With `routing_hashes` (Dynamo's hash of each image) the tokens are the
+        view Dynamo's router hashes: each image's run in the pad value of Dynamo's hash, and no
+        media folded into the block hash (its frontend sends none for the router)."""
         size = self._block_size
+        view = routing_view(plan.token_ids, plan.media, scheme=self._scheme)
         seq = compute_seq_hashes(view.block_hashes(size))
+        spans = view.media_spans
+        if routing_hashes is not None:
+            media = [
+                msgspec.structs.replace(item, mm_hash=mm_hash)
+                for item, mm_hash in zip(plan.media, routing_hashes, strict=True)
+            ]
+            view = routing_view(plan.token_ids, media, scheme=self._scheme)
+            spans = ()
         ids = view.ids.tolist()
         with self._lock:
             for index, block_hash in enumerate(seq):
@@ -57,7 +70,7 @@ class DynamoKvEvents:
                 start, end = index * size, (index + 1) * size
                 objects = [
                     {"mm_hash": mm_hash, "offsets": [[max(s, start) - start, min(e, end) - start]]}
-                    for mm_hash, s, e in view.media_spans
+                    for mm_hash, s, e in spans
                     if s < end and e > start
                 ]
                 info = {"mm_objects": objects} if objects else None

@@ -92,6 +92,19 @@ def image_sources(request: Mapping[str, Any]) -> list[str]:
     return sources
 
 
+def routing_mm_hashes(request: Mapping[str, Any], images: int) -> list[int] | None:
+    """Dynamo's own hash of each image (`extra_args.mm_hashes`, 16 hex digits, prompt order):
+    its router's view of the prompt puts each image's run in a pad value derived from it. None
+    when the frontend sent none, or not one per image."""
+    hashes = (request.get("extra_args") or {}).get("mm_hashes")
+    if not isinstance(hashes, list) or len(hashes) != images:
+        return None
+    try:
+        return [int(value, 16) for value in hashes]
+    except (TypeError, ValueError):
+        return None
+
+
 def output(chunk: TokenChunk) -> dict[str, Any]:
     """One Dynamo output dict: the new token ids, and on the last one the finish reason and
     the usage."""
