@@ -1,8 +1,11 @@
 """mmserve's worker as a Dynamo backend: Dynamo's frontend (1.6.1) in front of
 `python -m mmserve.dynamo` answers what mmserve's own frontend answers in front of mmserve's
-aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not, and an image
-(about which the model answers right, so a dropped or swapped image cannot pass); a refused
-image is the client's 400 with the core's reason; a client that leaves stops the engine."""
+aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not, one image
+(about which the model answers right, so a dropped or swapped image cannot pass) and three; a
+refused image is the client's 400 with the core's reason; a client that leaves stops the
+engine. Behind Dynamo's KV router, two workers (mock engine): a repeated prompt, with or
+without an image, goes back to the worker holding it; a worker killed mid-stream fails the
+client's stream."""
 
 from __future__ import annotations
 
