@@ -70,6 +70,29 @@ if ! "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE" >/dev/null 2>&1; the
   "${sglang_pip[@]}" "${SGLANG_CPU_DEPS[@]}"
   "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE"
 fi
+# NVIDIA Dynamo's frontend (`python -m dynamo.frontend`) for the tests of mmserve's worker as a
+# Dynamo backend (tests/e2e/test_dynamo.py). `ai-dynamo` goes in without its dependencies (it
+# requires `aisimulate`, which PyPI does not serve here; the frontend does not import it), then
+# its other requirements; layered over $VENV like the SGLang one, whose `ai-dynamo-runtime` (the
+# worker's side) it shares. A few seconds from a warm pip cache.
+DYNAMO_VERSION=1.6.1
+DYNAMO_DEPS=("ai-dynamo-runtime==$DYNAMO_VERSION" "aiohttp>=3.14.3,<4" "certifi>=2026.10.19"
+  "kubernetes>=32.0.1,<33" "msgspec>=0.19" "prometheus-client>=0.23.1,<1" "pyzmq>=26"
+  "redis>=6.2,<9" "tqdm>=4" "zstandard>=0.23,<1")
+DYNAMO_VENV="$VENV/dynamo"
+DYNAMO_PROBE="import importlib.metadata as m, dynamo.frontend.main
+assert m.version('ai-dynamo') == m.version('ai-dynamo-runtime') == '$DYNAMO_VERSION'"
+if ! "$DYNAMO_VENV/bin/python" -W ignore -c "$DYNAMO_PROBE" >/dev/null 2>&1; then
+  [ -x "$DYNAMO_VENV/bin/python" ] || "$VENV/bin/python" -m venv --without-pip "$DYNAMO_VENV"
+  site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+  echo "import site; site.addsitedir('$(site_of "$VENV/bin/python")')" \
+    >"$(site_of "$DYNAMO_VENV/bin/python")/mmserve_base_env.pth"
+  dynamo_pip=("$VENV/bin/python" -m pip --python "$DYNAMO_VENV/bin/python" install -q
+    --no-warn-conflicts -c constraints.txt)
+  "${dynamo_pip[@]}" --no-deps "ai-dynamo==$DYNAMO_VERSION"
+  "${dynamo_pip[@]}" "${DYNAMO_DEPS[@]}"
+  "$DYNAMO_VENV/bin/python" -W ignore -c "$DYNAMO_PROBE"
+fi
 # aiperf, NVIDIA's benchmark client, for tests/e2e/test_aiperf.py. In an environment of its own,
 # not layered: it pins Pillow ~=12.3 where the main one pins 13.0.0, and it runs as a separate
 # program. About 1 minute from nothing on 2 cores.

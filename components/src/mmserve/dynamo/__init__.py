@@ -1,0 +1,11 @@
+"""mmserve's aggregated worker as a backend of NVIDIA Dynamo (`python -m mmserve.dynamo`).
+
+Dynamo's frontend (HTTP, chat template, tokenizer, router) sends its preprocessed requests -
+token ids with one image placeholder per image, and the images' URLs - through
+`ai-dynamo-runtime`'s request plane; this worker plans them with mmserve's Rust driver, runs the
+encode stage and the engine, and streams Dynamo's output dicts back.
+
+- `requests`: Dynamo's request and response dicts to and from mmserve's types;
+- `handler`: the endpoint's generator (planning, encode, engine, cancellation, errors);
+- `cli`: the process: arguments, the runtime, the model card.
+"""

@@ -1,0 +1,5 @@
+import sys
+
+from mmserve.dynamo.cli import main
+
+sys.exit(main())

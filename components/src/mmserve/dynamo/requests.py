@@ -1,0 +1,122 @@
+"""Dynamo's preprocessed request (a dict, as its frontend sends it to a `ModelInput.Tokens`
+backend) to mmserve's types, and mmserve's token chunks to Dynamo's output dicts.
+
+What the frontend sends (Dynamo 1.6.1): `token_ids` (the chat template's prompt with one image
+placeholder per image), `stop_conditions` {max_tokens, stop, stop_token_ids,
+stop_token_ids_hidden (the EOS ids), min_tokens, ignore_eos}, `sampling_options` {temperature,
+top_p, top_k, seed, ...}, and for images `multi_modal_data` {"image_url": [{"Url": url}]} in
+prompt order. Stop strings stay with Dynamo: its own detokenizer matches them on the tokens this
+worker streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mmserve.protocol import SamplingParams, StopConditions, TokenChunk
+
+IMAGE_URL = "image_url"
+# Dynamo's media keys this worker does not take: refused by name rather than dropped.
+OTHER_MEDIA = ("video_url", "audio_url")
+
+
+class RequestRefused(ValueError):
+    """A request this worker cannot serve as sent (a 400 for the client)."""
+
+
+def sampling(request: Mapping[str, Any]) -> SamplingParams:
+    options = request.get("sampling_options") or {}
+    # Options Dynamo forwards that mmserve's engines do not implement, at a non-neutral value.
+    neutral = {
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "min_p": 0.0,
+    }
+    unsupported = [
+        name for name, value in neutral.items() if options.get(name) not in (None, value)
+    ]
+    if (options.get("n") or 1) != 1 or (options.get("best_of") or 1) != 1:
+        unsupported.append("n")
+    if options.get("guided_decoding"):
+        unsupported.append("guided_decoding")
+    if unsupported:
+        raise RequestRefused(f"mmserve's engines do not implement: {', '.join(unsupported)}")
+    temperature = options.get("temperature")
+    return SamplingParams(
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=float(options.get("top_p") or 1.0),
+        top_k=int(options.get("top_k") or 0),
+        seed=options.get("seed"),
+    )
+
+
+def stop_conditions(request: Mapping[str, Any], default_max_tokens: int) -> StopConditions:
+    conditions = request.get("stop_conditions") or {}
+    max_tokens = conditions.get("max_tokens")
+    return StopConditions(
+        max_tokens=default_max_tokens if max_tokens is None else int(max_tokens),
+        stop_token_ids=list(conditions.get("stop_token_ids") or []),
+        ignore_eos=bool(conditions.get("ignore_eos")),
+        min_tokens=int(conditions.get("min_tokens") or 0),
+    )
+
+
+def token_ids(request: Mapping[str, Any]) -> list[int]:
+    ids = request.get("token_ids")
+    if not isinstance(ids, list) or not ids:
+        raise RequestRefused(
+            "the request has no token_ids: serve this worker behind a frontend "
+            "that tokenizes (ModelInput.Tokens)"
+        )
+    return [int(token) for token in ids]
+
+
+def image_sources(request: Mapping[str, Any]) -> list[str]:
+    """The images' URLs in prompt order (`data:` URLs, http(s), as the client sent them)."""
+    data = request.get("multi_modal_data") or {}
+    for key in OTHER_MEDIA:
+        if data.get(key):
+            raise RequestRefused(f"this worker takes images only; the request has {key}")
+    sources = []
+    for item in data.get(IMAGE_URL) or []:
+        if isinstance(item, str):
+            sources.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("Url"), str):
+            sources.append(item["Url"])
+        else:
+            # {"Decoded": ...} comes from a frontend that decodes media (register_model's
+            # media_decoder), which this worker never asks for.
+            raise RequestRefused(f"unsupported image_url item: {str(item)[:200]}")
+    return sources
+
+
+def routing_mm_hashes(request: Mapping[str, Any], images: int) -> list[int] | None:
+    """Dynamo's own hash of each image (`extra_args.mm_hashes`, 16 hex digits, prompt order):
+    its router's view of the prompt puts each image's run in a pad value derived from it. None
+    when the frontend sent none, or not one per image."""
+    hashes = (request.get("extra_args") or {}).get("mm_hashes")
+    if not isinstance(hashes, list) or len(hashes) != images:
+        return None
+    try:
+        return [int(value, 16) for value in hashes]
+    except (TypeError, ValueError):
+        return None
+
+
+def output(chunk: TokenChunk) -> dict[str, Any]:
+    """One Dynamo output dict: the new token ids, and on the last one the finish reason and
+    the usage."""
+    out: dict[str, Any] = {"token_ids": list(chunk.token_ids)}
+    if chunk.finish_reason is not None:
+        out["finish_reason"] = chunk.finish_reason
+    if chunk.usage is not None:
+        usage = chunk.usage
+        out["completion_usage"] = {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        }
+    return out

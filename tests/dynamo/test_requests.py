@@ -1,0 +1,111 @@
+"""Dynamo's preprocessed requests (as its 1.6.1 frontend sends them, recorded from one) to
+mmserve's types, and mmserve's token chunks to Dynamo's output dicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmserve.dynamo import requests
+from mmserve.protocol import TokenChunk, Usage
+
+# A request Dynamo 1.6.1's frontend sent for a chat with one image (the data URL shortened).
+RECORDED = {
+    "model": "tiny",
+    "token_ids": [151644, 872, 198, 151652, 151655, 151653, 151645, 198, 151644, 77091, 198],
+    "multi_modal_data": {"image_url": [{"Url": "data:image/png;base64,iVBORw0KGgo="}]},
+    "stop_conditions": {
+        "max_tokens": 3,
+        "stop": None,
+        "stop_token_ids": None,
+        "stop_token_ids_hidden": [151645, 151643],
+        "min_tokens": None,
+        "ignore_eos": None,
+    },
+    "sampling_options": {
+        "n": None,
+        "best_of": None,
+        "presence_penalty": None,
+        "frequency_penalty": None,
+        "repetition_penalty": None,
+        "temperature": 0.0,
+        "top_p": None,
+        "top_k": None,
+        "min_p": None,
+        "seed": None,
+        "guided_decoding": None,
+    },
+    "eos_token_ids": [151645, 151643],
+}
+
+
+def test_a_recorded_request_translates() -> None:
+    assert requests.token_ids(RECORDED) == RECORDED["token_ids"]
+    assert requests.image_sources(RECORDED) == ["data:image/png;base64,iVBORw0KGgo="]
+    sampling = requests.sampling(RECORDED)
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.0, 1.0, 0)
+    stop = requests.stop_conditions(RECORDED, default_max_tokens=99)
+    assert (stop.max_tokens, stop.stop_token_ids, stop.ignore_eos, stop.min_tokens) == (
+        3,
+        [],
+        False,
+        0,
+    )
+    # Stop strings stay with Dynamo's detokenizer.
+    assert stop.stop == []
+
+
+def test_defaults_where_dynamo_sends_none() -> None:
+    bare = {"token_ids": [1, 2]}
+    assert requests.sampling(bare).temperature == 1.0
+    assert requests.stop_conditions(bare, default_max_tokens=77).max_tokens == 77
+    assert requests.image_sources(bare) == []
+
+
+@pytest.mark.parametrize(
+    ("request_", "refusal"),
+    [
+        ({"token_ids": []}, "no token_ids"),
+        ({"token_ids": [1], "multi_modal_data": {"video_url": [{"Url": "x"}]}}, "video_url"),
+        ({"token_ids": [1], "multi_modal_data": {"image_url": [{"Decoded": {}}]}}, "Decoded"),
+        ({"token_ids": [1], "sampling_options": {"presence_penalty": 0.5}}, "presence_penalty"),
+        ({"token_ids": [1], "sampling_options": {"n": 2}}, "implement: n$"),
+    ],
+)
+def test_what_the_worker_cannot_serve_is_refused_by_name(request_: dict, refusal: str) -> None:
+    with pytest.raises(requests.RequestRefused, match=refusal):
+        requests.token_ids(request_)
+        requests.image_sources(request_)
+        requests.sampling(request_)
+
+
+def test_neutral_values_of_unimplemented_options_pass() -> None:
+    options = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "n": 1}
+    assert requests.sampling({"sampling_options": options}).temperature == 1.0
+
+
+def test_the_last_chunk_carries_finish_reason_and_usage() -> None:
+    assert requests.output(TokenChunk(request_id="r", token_ids=[5])) == {"token_ids": [5]}
+    last = TokenChunk(
+        request_id="r",
+        token_ids=[6],
+        finish_reason="length",
+        usage=Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=8),
+    )
+    assert requests.output(last) == {
+        "token_ids": [6],
+        "finish_reason": "length",
+        "completion_usage": {
+            "prompt_tokens": 10,
+            "completion_tokens": 2,
+            "total_tokens": 12,
+            "prompt_tokens_details": {"cached_tokens": 8},
+        },
+    }
+
+
+def test_dynamos_image_hashes_are_read_one_per_image() -> None:
+    request = {"extra_args": {"mm_hashes": ["f9705e0cf5a21391", "0000000000000001"]}}
+    assert requests.routing_mm_hashes(request, images=2) == [0xF9705E0CF5A21391, 1]
+    assert requests.routing_mm_hashes(request, images=1) is None
+    assert requests.routing_mm_hashes({"extra_args": {"mm_hashes": ["zz"]}}, images=1) is None
+    assert requests.routing_mm_hashes({}, images=0) is None

@@ -1,0 +1,174 @@
+"""A Dynamo deployment for end-to-end tests: Dynamo's own frontend (`python -m dynamo.frontend`,
+from the environment `.ci/setup.sh` makes in `$VENV/dynamo`) in front of mmserve's worker as a
+Dynamo backend (`python -m mmserve.dynamo`), on a real NATS (request and event planes) with
+Dynamo's file discovery in a directory of the deployment's own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.support.deployment import STARTUP_TIMEOUT_S, free_port
+
+DYNAMO_VERSION = "1.6.1"
+
+
+def dynamo_python() -> Path:
+    """The interpreter of the Dynamo environment beside this one (`$VENV/dynamo`)."""
+    return Path(sys.prefix) / "dynamo" / "bin" / "python"
+
+
+def dynamo_missing() -> str | None:
+    """Why the Dynamo environment cannot run the frontend here, or None when it can."""
+    python = dynamo_python()
+    if not python.exists():
+        return f"no Dynamo environment at {python.parent.parent} (made by .ci/setup.sh)"
+    probe = subprocess.run(
+        [
+            str(python),
+            "-W",
+            "ignore",
+            "-c",
+            "import importlib.metadata as m, dynamo.frontend.main;print(m.version('ai-dynamo'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != DYNAMO_VERSION:
+        return f"the Dynamo environment has no ai-dynamo {DYNAMO_VERSION}: {probe.stderr[-300:]}"
+    return None
+
+
+@dataclass
+class DynamoDeployment:
+    """Dynamo's frontend and one mmserve worker; `running()` starts both and waits until the
+    frontend lists the worker's model."""
+
+    model_path: Path
+    nats_url: str
+    log_dir: Path
+    worker_flags: list[str] = field(default_factory=list)
+    workers: int = 1
+    frontend_flags: list[str] = field(default_factory=list)
+    namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
+    http_port: int = field(default_factory=free_port)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def planes(self) -> list[str]:
+        return ["--discovery-backend", "file", "--request-plane", "nats", "--event-plane", "nats"]
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"dynamo-{name}.log").read_text(errors="replace")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        store = self.log_dir / f"dynamo-discovery-{self.namespace}"
+        store.mkdir(exist_ok=True)
+        env = {
+            "DYN_LOG": "warn",
+            **os.environ,
+            "NATS_SERVER": self.nats_url,
+            "DYN_FILE_KV": str(store),
+            "HF_HUB_OFFLINE": "1",
+        }
+        log = open(self.log_dir / f"dynamo-{name}.log", "wb")
+        self.processes[name] = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def start_worker(self, name: str = "worker") -> None:
+        self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "mmserve.dynamo",
+                "--model-path",
+                str(self.model_path),
+                "--namespace",
+                self.namespace,
+                *self.planes,
+                *self.worker_flags,
+            ],
+        )
+
+    @property
+    def worker_names(self) -> list[str]:
+        return ["worker", *(f"worker{n}" for n in range(2, self.workers + 1))]
+
+    def start(self) -> DynamoDeployment:
+        for name in self.worker_names:
+            self.start_worker(name)
+        self._spawn(
+            "frontend",
+            [
+                str(dynamo_python()),
+                "-m",
+                "dynamo.frontend",
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.http_port),
+                "--namespace",
+                self.namespace,
+                *self.planes,
+                *self.frontend_flags,
+            ],
+        )
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
+            if not all(" ready: instance " in self.log(name) for name in self.worker_names):
+                time.sleep(0.25)
+                continue
+            try:
+                models = httpx.get(f"{self.base_url}/v1/models", timeout=5).json()
+                if any(m["id"] == self.model_path.name for m in models.get("data", [])):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"Dynamo's frontend lists no model after {STARTUP_TIMEOUT_S}s")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[DynamoDeployment]:
+        try:
+            self.start().wait_ready()
+            yield self
+        finally:
+            self.stop()
+
+    def kill(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGKILL)
+        self.processes[name].wait()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
