@@ -18,7 +18,7 @@ from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import data_url
 from tests.support.waiting import wait_until
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3"]
 PATTERNS = ["agg", "ep_d", "e_pd", "e_p_d"]
 MAX_TOKENS = 10
 

@@ -91,6 +91,8 @@ async def test_repeated_image_skips_the_vision_tower(engine: HfEngine):
 
 async def test_encoder_cache_key_separates_grids_under_one_hash(engine: HfEngine):
     # The same content hash preprocessed to another grid (other pixel bounds) is another entry.
+    if engine.spec.family.vision_input == "image":
+        pytest.skip("every image of this family has the one grid of the tower's fixed size")
     wide, tall = preprocess(engine.spec.path, [make_image(112, 56, 12), make_image(56, 112, 12)])
     tall = type(tall)(wide.mm_hash, tall.pixel_values, tall.grid_thw)
     assert wide.grid_thw != tall.grid_thw
@@ -125,7 +127,7 @@ async def test_prefix_cache_reuses_blocks_with_identical_output(tiny_model: Path
     # A different image with the same token count must not hit the image blocks.
     other_items = preprocess(tiny_model, [make_image(84, 56, seed=4)])
     changed = await run(engine, ids_a, other_items)
-    image_start = ids_a.index(151655)
+    image_start = ids_a.index(engine.spec.image_token_id)
     assert changed[-1].usage.cached_tokens <= image_start // 16 * 16
 
 
@@ -289,9 +291,10 @@ async def test_mismatched_embeddings_are_rejected(engine: HfEngine):
     longer = replace(request, media=(msgspec.structs.replace(item, length=item.length + 1),))
     with pytest.raises(EngineError, match="rows"):
         await engine.prefill(longer, embeddings)
-    short = replace(request, positions=replace_rows(request.positions))
-    with pytest.raises(EngineError, match="positions"):
-        await engine.prefill(short, embeddings)
+    if request.positions is not None:  # None: 1-D positions, nothing to mismatch
+        short = replace(request, positions=replace_rows(request.positions))
+        with pytest.raises(EngineError, match="positions"):
+            await engine.prefill(short, embeddings)
 
 
 async def test_positions_and_pixels_change_the_logits(engine: HfEngine):
@@ -342,8 +345,12 @@ async def test_ignore_eos_and_min_tokens_move_where_generation_stops(
     """With the third greedy token as the checkpoint's EOS: the completion stops on it, runs
     on to max_tokens with ignore_eos, and with min_tokens it is masked until then (greedy takes
     the next best token) and may end the completion only after."""
-    ids = expand_prompt(engine.tokenizer, ["Count to ten."], [])
-    free = tokens_of(await run(engine, ids, request_id="free"))
+    # The first prompt whose third greedy token is unlike the first two (random weights).
+    for prompt in ("Count to ten.", "Name a colour.", "Say hello."):
+        ids = expand_prompt(engine.tokenizer, [prompt], [])
+        free = tokens_of(await run(engine, ids, request_id="free"))
+        if free[2] not in free[:2]:
+            break
     assert free[2] not in free[:2], "the test needs a third token unlike the first two"
     eos = free[2]
     monkeypatch.setattr(engine, "spec", replace(engine.spec, eos_token_ids=(eos,)))

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from mmserve import _mm
 from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
@@ -77,7 +78,14 @@ async def test_encode_rows_are_the_plans_token_count_for_every_family(tiny_model
     engine = await engine_for(tiny_model)
     rng = np.random.default_rng(3)
     images = [png_bytes(rng, w, h) for w, h in [(64, 64), (300, 120), (90, 400)]]
-    ids = [1, *[151652, IMAGE_TOKEN_ID, 151653] * len(images)]
+    # The family's own placeholders, as its chat template writes them.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}] * len(images)}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     plan = _mm.process(engine.spec.core, ids, images, count_only=True)
     inputs = [
         MediaInput(item.hash, torch.zeros(1, 1), tuple(int(v) for v in item.image_grid_thw[0]))
@@ -85,7 +93,8 @@ async def test_encode_rows_are_the_plans_token_count_for_every_family(tiny_model
     ]
     encoded = await engine.encode(inputs)
     assert [e.num_tokens for e in encoded] == [item.num_tokens for item in plan.items]
-    assert sum(e.num_tokens for e in encoded) == list(plan.input_ids).count(IMAGE_TOKEN_ID)
+    image_token = engine.spec.image_token_id
+    assert sum(e.num_tokens for e in encoded) == list(plan.input_ids).count(image_token)
 
 
 async def test_cached_prefix_skips_prefill_time_and_counts_in_usage(model_path: Path) -> None:

@@ -88,9 +88,7 @@ def test_a_gemma3_checkpoint_resolves_from_its_config_files(tmp_path: Path) -> N
         "do_pan_and_scan": None,
     }
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(preprocessor))
-    with pytest.raises(UnsupportedModel, match="no engine serves it yet"):
-        resolve_model_spec(tmp_path)
-    model = resolve_model_spec(tmp_path, unserved=True)
+    model = resolve_model_spec(tmp_path)
     assert model.family.name == "gemma3" and model.video_token_id is None
     assert (model.image_token_id, model.vision_start_token_id, model.vision_end_token_id) == (
         262144,

@@ -62,7 +62,10 @@ def test_chat_template_emits_one_vision_block_per_image(qwen2_vl: Path):
     assert ids.count(151655) == 2
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+QWEN_FAMILIES = tuple(family for family in TINY_FAMILIES if family != "gemma3")
+
+
+@pytest.mark.parametrize("family", QWEN_FAMILIES)
 def test_family_facts_come_from_the_config_files(family: str):
     spec = resolve_model_spec(build_tiny_model(family))
     assert spec.family.name == family
@@ -120,3 +123,51 @@ def test_cli_build_is_deterministic_and_idempotent(
     (built / MARKER_FILE).unlink()
     assert build_tiny_model("qwen2_vl", out=tmp_path) == built
     assert (built / MARKER_FILE).is_file()
+
+
+GEMMA3_SPECIAL_IDS = {
+    "<pad>": 0,
+    "<eos>": 1,
+    "<bos>": 2,
+    "<unk>": 3,
+    "<start_of_turn>": 105,
+    "<end_of_turn>": 106,
+    "<start_of_image>": 255999,
+    "<end_of_image>": 256000,
+    "<image_soft_token>": 262144,
+}
+
+
+def test_gemma3_tokenizer_template_and_facts_are_gemmas():
+    path = build_tiny_model("gemma3")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    for token, token_id in GEMMA3_SPECIAL_IDS.items():
+        assert tokenizer.convert_tokens_to_ids(token) == token_id
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (2, 1, 0)
+    assert (tokenizer.boi_token, tokenizer.eoi_token, tokenizer.image_token) == (
+        "<start_of_image>",
+        "<end_of_image>",
+        "<image_soft_token>",
+    )
+    assert tokenizer("\n\n", add_special_tokens=False)["input_ids"] == [108]
+    assert tokenizer.decode(tokenizer("héllo wörld")["input_ids"]) == "<bos>héllo wörld"
+    content = [{"type": "image"}, {"type": "text", "text": " Describe it. "}]
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert text == (
+        "<bos><start_of_turn>user\nBe brief.\n\n<start_of_image>Describe it.<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    spec = resolve_model_spec(path)
+    assert spec.family.name == "gemma3" and spec.video_token_id is None
+    assert (spec.image_token_id, spec.vision_start_token_id, spec.vision_end_token_id) == (
+        262144,
+        255999,
+        256000,
+    )
+    assert spec.eos_token_ids == (1, 106)
+    assert spec.vocab_size == 262208 > max(GEMMA3_SPECIAL_IDS.values())
+    assert spec.core.plan(300, 40) == ((1, 32, 32), 256)

@@ -85,3 +85,45 @@ def test_text_only_prompt_is_unchanged() -> None:
     assert view.ids.tolist() == list(range(40))
     assert view.media_spans == ()
     assert view.block_mm_infos(16) == [(), (), ()]
+
+
+def test_a_gemma3_plan_pads_only_its_soft_tokens_and_hashes_as_dynamo() -> None:
+    """Gemma 3's plan keeps `<start_of_image>`/`<end_of_image>` as text around each run of 256
+    soft tokens: only the run is padded, with values above Gemma's 262,208-row vocabulary, and
+    the block hashes over that view are Dynamo's."""
+    import json
+
+    from mmserve import _mm
+
+    boi, eoi, soft = 255_999, 256_000, 262_144
+    config = {
+        "model_type": "gemma3",
+        "mm_tokens_per_image": 256,
+        "boi_token_index": boi,
+        "eoi_token_index": eoi,
+        "image_token_index": soft,
+        "vision_config": {"image_size": 448, "patch_size": 14},
+    }
+    preprocessor = {"size": {"height": 448, "width": 448}, "resample": 2}
+    spec = _mm.spec_from_hf_configs(json.dumps(preprocessor), json.dumps(config))
+    ids = [2, 105, 7, 108, boi, 108, 9, 108, boi, 108, 106]
+    hashes = (A, B)
+    plan = _mm.process(spec, ids, [(h, (1, 32, 32)) for h in hashes], count_only=True)
+    expanded = list(plan.input_ids)
+    media = [
+        item(mm_hash, start, end - start)
+        for mm_hash, (start, end) in zip(hashes, plan.offsets, strict=True)
+    ]
+    view = routing_view(expanded, media).ids.tolist()
+    for (start, end), mm_hash in zip(plan.offsets, hashes, strict=True):
+        assert (expanded[start - 1], expanded[end]) == (boi, eoi) and end - start == 256
+        assert view[start:end] == [pad_value(mm_hash)] * 256
+        assert pad_value(mm_hash) >= 262_208
+    text = [i for i in range(len(view)) if not any(s <= i < e for s, e in plan.offsets)]
+    assert [view[i] for i in text] == [expanded[i] for i in text]
+    infos = [
+        {"mm_objects": [{"mm_hash": h, "offsets": []} for h in block]} if block else None
+        for block in routing_view(expanded, media).block_mm_infos(16)
+    ]
+    expected = compute_block_hash_for_seq(view, 16, infos)
+    assert routing_view(expanded, media).block_hashes(16) == expected

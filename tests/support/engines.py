@@ -14,6 +14,15 @@ from PIL import Image
 from mmserve.engines.base import MediaInput
 
 IMAGE_TOKEN_ID = 151655
+GEMMA3_IMAGE_TOKEN_ID = 262144
+
+
+def _model_type(model_path: Path | str) -> str:
+    return str(json.loads((Path(model_path) / "config.json").read_text())["model_type"])
+
+
+def image_token_id(model_path: Path | str) -> int:
+    return GEMMA3_IMAGE_TOKEN_ID if _model_type(model_path) == "gemma3" else IMAGE_TOKEN_ID
 
 
 def make_image(width: int, height: int, seed: int) -> Image.Image:
@@ -28,6 +37,8 @@ def preprocess(model_path: Path, images: Sequence[Image.Image]) -> list[MediaInp
     )
 
     config = json.loads((model_path / "preprocessor_config.json").read_text())
+    if _model_type(model_path) == "gemma3":
+        return _preprocess_gemma3(model_path, config, images)
     processor = Qwen2VLImageProcessorPil(
         **{k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
     )
@@ -40,15 +51,41 @@ def preprocess(model_path: Path, images: Sequence[Image.Image]) -> list[MediaInp
     return items
 
 
+def _preprocess_gemma3(
+    model_path: Path, config: dict, images: Sequence[Image.Image]
+) -> list[MediaInput]:
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    processor = Gemma3ImageProcessorPil(
+        **{k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
+    )
+    patch = json.loads((model_path / "config.json").read_text())["vision_config"]["patch_size"]
+    items = []
+    for image in images:
+        pixels = processor(images=[image], return_tensors="pt")["pixel_values"][0]
+        grid = (1, pixels.shape[1] // patch, pixels.shape[2] // patch)
+        items.append(MediaInput(xxhash.xxh3_64_intdigest(image.tobytes()), pixels, grid))
+    return items
+
+
 def expand_prompt(
     tokenizer, text_parts: Sequence[str], items: Sequence[MediaInput], merge: int = 2
 ) -> list[int]:
-    """A chat prompt with one image part per item, placeholders expanded to the token count."""
+    """A chat prompt with one image part per item, placeholders expanded to the token count
+    (Gemma 3: the ids of transformers' Gemma3Processor)."""
     content: list[dict] = [{"type": "image"} for _ in items]
     content += [{"type": "text", "text": part} for part in text_parts]
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
     )
+    if _model_type(tokenizer.name_or_path) == "gemma3":
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(tokenizer.name_or_path)
+        # The ids do not depend on the pixels: every image is 256 soft tokens.
+        images = [make_image(8, 8, seed=0) for _ in items] or None
+        # As the processor's own apply_chat_template: the template already wrote `<bos>`.
+        return processor(text=text, images=images, add_special_tokens=False)["input_ids"][0]
     ids = tokenizer(text)["input_ids"]
     counts = iter([int(np.prod(item.grid_thw)) // merge**2 for item in items])
     expanded: list[int] = []
@@ -61,7 +98,12 @@ def reference_generate(model, ids: list[int], items: Sequence[MediaInput], max_n
     """transformers' own greedy `generate` with pixel_values: (new tokens, first-step logits)."""
     input_ids = torch.tensor([ids])
     kwargs = {}
-    if items:
+    if items and model.config.model_type == "gemma3":
+        kwargs = {
+            "pixel_values": torch.stack([item.pixel_values for item in items]),
+            "token_type_ids": (input_ids == GEMMA3_IMAGE_TOKEN_ID).long(),
+        }
+    elif items:
         kwargs = {
             "pixel_values": torch.cat([item.pixel_values for item in items]),
             "image_grid_thw": torch.tensor([item.grid_thw for item in items]),
@@ -80,14 +122,19 @@ def reference_generate(model, ids: list[int], items: Sequence[MediaInput], max_n
     return out.sequences[0, len(ids) :].tolist(), out.logits[0][0]
 
 
-def placements(ids: Sequence[int], items: Sequence[MediaInput], merge: int = 2) -> list:
+def placements(
+    ids: Sequence[int],
+    items: Sequence[MediaInput],
+    merge: int = 2,
+    image_token: int = IMAGE_TOKEN_ID,
+) -> list:
     """Each item's run of placeholder tokens in expanded `ids`, as a request plan names it."""
     from mmserve.protocol import PlannedMedia
 
     starts = [
         i
         for i, token in enumerate(ids)
-        if token == IMAGE_TOKEN_ID and (i == 0 or ids[i - 1] != IMAGE_TOKEN_ID)
+        if token == image_token and (i == 0 or ids[i - 1] != image_token)
     ]
     assert len(starts) == len(items), f"{len(starts)} placeholder runs for {len(items)} items"
     return [
@@ -115,9 +162,10 @@ def planned_request(
     from mmserve.engines.base import GREEDY, EngineRequest
     from mmserve.protocol import MRopePositions, StopConditions
 
-    media = placements(ids, items)
-    positions = None
-    if model is not None and items:
+    gemma3 = model is not None and model.config.model_type == "gemma3"
+    media = placements(ids, items, image_token=GEMMA3_IMAGE_TOKEN_ID if gemma3 else IMAGE_TOKEN_ID)
+    positions = None  # Gemma 3's are 1-D
+    if model is not None and items and not gemma3:
         input_ids = torch.tensor([list(ids)])
         rows, delta = model.model.get_rope_index(
             input_ids,

@@ -1,9 +1,11 @@
-"""The `hf` engine: transformers' Qwen-VL model code, on CPU or GPU, from any local checkpoint.
+"""The `hf` engine: transformers' model code (Qwen-VL, Gemma 3), on CPU or GPU, from any local
+checkpoint.
 
-The engine drives the model's parts itself rather than `generate`: the vision tower
-(`model.model.visual` via `get_image_features`), the embedding table, the language model with an
-explicit position grid (the request plan's M-RoPE positions, which tests prove equal to the
-model's own `get_rope_index`) and a `DynamicCache`, and the LM head. That is what lets a
+The engine drives the model's parts itself rather than `generate`: the vision tower (via
+`get_image_features`), the embedding table, the language model with explicit positions (the
+request plan's M-RoPE positions, which tests prove equal to the model's own `get_rope_index`;
+Gemma 3: 1-D, through the model's own forward so that its bidirectional image mask is the
+model's) and a `DynamicCache`, and the LM head. That is what lets a
 prefill start from precomputed embeddings and from cached prefix blocks, and a decode continue
 from a cache made in another process, while giving the tokens of `generate(pixel_values=...)`.
 
@@ -78,7 +80,7 @@ def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
 
 
 class HfEngine(Engine):
-    """A transformers Qwen-VL model behind the engine interface."""
+    """A transformers vision-language model behind the engine interface."""
 
     def __init__(
         self,
@@ -176,9 +178,7 @@ class HfEngine(Engine):
             if cached is None:
                 missing.append((index, item))
         if missing:
-            pixel_values = torch.cat([item.pixel_values for _, item in missing]).to(self.device)
-            grid = torch.tensor([item.grid_thw for _, item in missing], device=self.device)
-            output = self._inner.get_image_features(pixel_values, grid, return_dict=True)
+            output = self._vision_tower([item for _, item in missing])
             deepstack_layers = getattr(output, "deepstack_features", None) or []
             for position, (index, item) in enumerate(missing):
                 embedding = ItemEmbedding(
@@ -194,6 +194,17 @@ class HfEngine(Engine):
     def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
         for item in items:
             self.encoder_cache.put(item)
+
+    def _vision_tower(self, items: list[MediaInput]) -> Any:
+        """The tower's output for `items`: `pooler_output[i]` holds item i's rows."""
+        if self.spec.family.vision_input == "image":
+            pixel_values = torch.stack([item.pixel_values for item in items])
+            return self._inner.get_image_features(
+                pixel_values.to(self.device, self.dtype), return_dict=True
+            )
+        pixel_values = torch.cat([item.pixel_values for item in items]).to(self.device)
+        grid = torch.tensor([item.grid_thw for item in items], device=self.device)
+        return self._inner.get_image_features(pixel_values, grid, return_dict=True)
 
     async def cached_embeddings(
         self, items: Sequence[tuple[int, tuple[int, int, int]]]
@@ -211,7 +222,14 @@ class HfEngine(Engine):
         merge = self.spec.spatial_merge_size
         if min(t, h, w) <= 0 or h % merge or w % merge:
             raise EngineError(f"image grid {item.grid_thw} does not fit merge size {merge}")
-        if item.pixel_values.ndim != 2 or item.pixel_values.shape[0] != t * h * w:
+        if self.spec.family.vision_input == "image":
+            patch = self.spec.patch_size
+            if tuple(item.pixel_values.shape) != (3, h * patch, w * patch):
+                raise EngineError(
+                    f"pixel_values of shape {tuple(item.pixel_values.shape)} do not match grid "
+                    f"{item.grid_thw} (one image of 3 x {h * patch} x {w * patch})"
+                )
+        elif item.pixel_values.ndim != 2 or item.pixel_values.shape[0] != t * h * w:
             raise EngineError(
                 f"pixel_values of shape {tuple(item.pixel_values.shape)} do not match grid "
                 f"{item.grid_thw} ({t * h * w} patches)"
@@ -246,8 +264,6 @@ class HfEngine(Engine):
     def _prefill_sync(
         self, request: EngineRequest, embeddings: list[ItemEmbedding | None]
     ) -> KvHandle:
-        from transformers import DynamicCache
-
         if not request.token_ids:
             raise EngineError("the prompt is empty")
         ids = torch.tensor(request.token_ids, dtype=torch.long, device=self.device)
@@ -264,7 +280,7 @@ class HfEngine(Engine):
         blocks = self.prefix_cache.match(keys.seq_hashes, (len(ids) - 1) // block_size)
         cached = len(blocks) * block_size
 
-        cache = DynamicCache(config=self._text_config)
+        cache = self._new_cache()
         if blocks:
             past = torch.cat(blocks, dim=3)  # [layers, 2, kv_heads, cached, head_dim]
             for layer in range(past.shape[0]):
@@ -281,13 +297,10 @@ class HfEngine(Engine):
             rows = torch.cat([item.embeddings for item in live])[skipped:]
             inputs_embeds[0, suffix_mask] = rows.to(self.device, inputs_embeds.dtype)
         extra = self._deepstack_inputs(live, skipped, suffix_mask)
-        output = self._inner.language_model(
-            inputs_embeds=inputs_embeds,
-            position_ids=positions[:, :, cached:],
-            cache=cache,
-            use_cache=True,
-            **extra,
-        )
+        if self.spec.family.text_forward == "own_forward":
+            # From the start of the prompt: the model reads the image spans by position.
+            extra["token_type_ids"] = request.media_mask().to(self.device, torch.long)[None]
+        output = self._text_model(inputs_embeds, positions[:, :, cached:], cache, extra)
         logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
 
         full_blocks = len(ids) // block_size
@@ -323,6 +336,35 @@ class HfEngine(Engine):
             for layer in range(num_layers)
         ]
         return {"visual_pos_masks": suffix_mask[None], "deepstack_visual_embeds": features}
+
+    def _new_cache(self) -> Any:
+        """An empty cache whose every layer keeps the whole sequence. transformers' own caches
+        keep only a window in sliding-window layers; the attention mask applies the window
+        either way, and whole layers are what a prefix block or a KV export must hold."""
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def _text_model(
+        self, inputs_embeds: torch.Tensor, positions: torch.Tensor, cache: Any, extra: dict
+    ) -> Any:
+        """The language model over `inputs_embeds` at `positions` (`[3, 1, len]`), extending
+        `cache`."""
+        if self.spec.family.text_forward == "own_forward":
+            return self._inner(
+                inputs_embeds=inputs_embeds,
+                position_ids=positions[0],
+                cache=cache,
+                use_cache=True,
+                **extra,
+            )
+        return self._inner.language_model(
+            inputs_embeds=inputs_embeds,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            **extra,
+        )
 
     def _block_kv(self, cache: Any, index: int) -> torch.Tensor:
         """Block `index` of a cache as one tensor `[layers, 2, kv_heads, block, head_dim]`."""
@@ -369,12 +411,8 @@ class HfEngine(Engine):
         position = state.cache.get_seq_length() + state.rope_delta
         positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
         ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
-        output = self._inner.language_model(
-            inputs_embeds=self._inner.get_input_embeddings()(ids),
-            position_ids=positions,
-            cache=state.cache,
-            use_cache=True,
-        )
+        inputs_embeds = self._inner.get_input_embeddings()(ids)
+        output = self._text_model(inputs_embeds, positions, state.cache, {})
         logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
         return sample_token(logits, sampling, state.generator, banned)
 
@@ -414,8 +452,6 @@ class HfEngine(Engine):
         return await self._call(self._import_sync, request_id, tensors)
 
     def _import_sync(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
-        from transformers import DynamicCache
-
         keys, values = tensors["keys"], tensors["values"]
         prompt = tensors["prompt_token_ids"].tolist()
         config = self._text_config
@@ -427,7 +463,7 @@ class HfEngine(Engine):
             raise EngineError(
                 f"imported KV of shape {tuple(keys.shape)} does not fit this model {expected}"
             )
-        cache = DynamicCache(config=config)
+        cache = self._new_cache()
         for layer in range(keys.shape[0]):
             cache.update(
                 keys[layer][None].to(self.device, self.dtype),

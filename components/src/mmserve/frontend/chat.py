@@ -134,6 +134,12 @@ class ChatPreprocessor:
             if options.token_cache_bytes > 0
             else None
         )
+        # (placeholder, what the family's processor writes in its place), if it pads it.
+        self._image_text: tuple[str, str] | None = None
+        padding = model.spec.family.image_text_padding
+        if padding:
+            placeholder = model.tokenizer.convert_ids_to_tokens(model.spec.vision_start_token_id)
+            self._image_text = (placeholder, f"{padding}{placeholder}{padding}")
 
     async def preprocess(
         self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""
@@ -268,6 +274,8 @@ class ChatPreprocessor:
             raise ApiError(
                 "chat_template", f"the model's chat template rejected the messages: {err}"
             ) from err
+        if self._image_text is not None:
+            text = text.replace(*self._image_text)
         if self._token_cache is None:
             return self._encode(text)
         return self._token_cache.tokens(text, self._encode)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from mmserve import _mm
 
@@ -33,6 +34,17 @@ class FamilyInfo:
     # The workers and engines run it end to end; a family with only its preprocessing and
     # request plan in place is refused at start-up rather than half served.
     served: bool = True
+    # What the vision tower takes per item: "patches" (Qwen-VL: `[patches, channels]` rows and
+    # the grid) or "image" (SigLIP: one `[3, height, width]` image of the tower's fixed size).
+    vision_input: Literal["patches", "image"] = "patches"
+    # How the hf engine runs the language model. "mrope": the text model directly, with the
+    # plan's M-RoPE grid. "own_forward": the model's own forward, which builds the mask from
+    # token_type_ids (Gemma 3's bidirectional attention within each image), 1-D positions.
+    text_forward: Literal["mrope", "own_forward"] = "mrope"
+    # Text the family's processor writes on both sides of each image placeholder before
+    # tokenizing (Gemma3Processor: "\n\n"); the frontend writes it into the rendered prompt
+    # so the ids are the processor's.
+    image_text_padding: str = ""
 
 
 FAMILIES: dict[str, FamilyInfo] = {
@@ -41,7 +53,13 @@ FAMILIES: dict[str, FamilyInfo] = {
     "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
     "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
     "gemma3": FamilyInfo(
-        "gemma3", "Gemma3ForConditionalGeneration", False, has_video=False, served=False
+        "gemma3",
+        "Gemma3ForConditionalGeneration",
+        has_deepstack=False,
+        has_video=False,
+        vision_input="image",
+        text_forward="own_forward",
+        image_text_padding="\n\n",
     ),
 }
 

@@ -2,10 +2,12 @@
 
 Each checkpoint is a normal HF dir (config.json, generation_config.json,
 preprocessor_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) with the
-real Qwen tokenizer and special-token ids, tiny hidden sizes (CPU steps take milliseconds) and
-weights drawn with a scale large enough that image pixels and token positions visibly move the
-logits. Building is deterministic for a seed and idempotent. `--trained` builds the default
-model instead, the tiny Qwen2-VL trained on synthetic scenes (`models/trained.py`).
+real Qwen tokenizer and special-token ids (Gemma 3: Gemma's special tokens at their real ids
+over a synthetic vocabulary, `models/gemma_tokenizer.py`), tiny hidden sizes (CPU steps take
+milliseconds) and weights drawn with a scale large enough that image pixels and token positions
+visibly move the logits. Building is deterministic for a seed and idempotent. `--trained`
+builds the default model instead, the tiny Qwen2-VL trained on synthetic scenes
+(`models/trained.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3")
 # Families with Qwen3-VL's vision tower, preprocessing and interleaved M-RoPE.
 _QWEN3_VISION = ("qwen3_vl", "qwen3_vl_moe")
 DEFAULT_FAMILY = "qwen2_vl"
@@ -30,7 +32,12 @@ MARKER_FILE = "mmserve_tiny.json"
 INIT_SCALE = 0.25
 
 VOCAB_SIZE = 151936  # Qwen2-VL's padded vocabulary: covers every special-token id
+GEMMA3_VOCAB_SIZE = 262208  # Gemma 3's padded vocabulary, past the image soft token 262144
 TEXT_HIDDEN = 64
+# Gemma 3's SigLIP input side: 32 x 32 patches of 14, average-pooled 2 x 2 to its 256 tokens.
+GEMMA3_IMAGE_SIZE = 448
+# Shorter than a prompt with an image, so the tests reach past the sliding layers' window.
+GEMMA3_SLIDING_WINDOW = 128
 CHECKPOINT_FILES = (
     "config.json",
     "generation_config.json",
@@ -87,6 +94,41 @@ def _text_config(family: str) -> dict[str, Any]:
     return config
 
 
+def _gemma3_text_config() -> dict[str, Any]:
+    from mmserve.models import gemma_tokenizer as ids
+
+    return {
+        "vocab_size": GEMMA3_VOCAB_SIZE,
+        "hidden_size": TEXT_HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": GEMMA3_SLIDING_WINDOW,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": INIT_SCALE,
+        "bos_token_id": ids.BOS,
+        "eos_token_id": ids.EOS,
+        "pad_token_id": ids.PAD,
+    }
+
+
+def _gemma3_vision_config() -> dict[str, Any]:
+    return {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": GEMMA3_IMAGE_SIZE,
+        "patch_size": 14,
+        "vision_use_head": False,
+    }
+
+
 def _vision_config(family: str) -> dict[str, Any]:
     common = {"depth": 2, "num_heads": 2, "initializer_range": INIT_SCALE}
     if family == "qwen2_vl":
@@ -111,6 +153,22 @@ def _vision_config(family: str) -> dict[str, Any]:
 
 
 def preprocessor_config(family: str) -> dict[str, Any]:
+    if family == "gemma3":
+        return {
+            "image_processor_type": "Gemma3ImageProcessor",
+            "processor_class": "Gemma3Processor",
+            "do_resize": True,
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "do_convert_rgb": None,
+            "do_pan_and_scan": None,
+            "image_mean": [0.5] * 3,
+            "image_std": [0.5] * 3,
+            "image_seq_length": 256,
+            "resample": 2,
+            "size": {"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE},
+        }
     if family in _QWEN3_VISION:
         patch, mean, std, min_pixels, max_pixels = 16, [0.5] * 3, [0.5] * 3, 65536, 16777216
         processor_class = "Qwen3VLProcessor"
@@ -142,23 +200,51 @@ def _build_model(family: str, seed: int) -> Any:
 
     from mmserve.models.family import FAMILIES
 
-    config_class = {
-        "qwen2_vl": transformers.Qwen2VLConfig,
-        "qwen2_5_vl": transformers.Qwen2_5_VLConfig,
-        "qwen3_vl": transformers.Qwen3VLConfig,
-        "qwen3_vl_moe": transformers.Qwen3VLMoeConfig,
-    }[family]
-    config = config_class(
-        text_config=_text_config(family),
-        vision_config=_vision_config(family),
-        tie_word_embeddings=True,
-        # Not a named parameter of these configs, yet kept in config.json and used to
-        # initialise the weights.
-        initializer_range=INIT_SCALE,  # type: ignore[call-arg]
-    )
+    config: transformers.PreTrainedConfig
+    if family == "gemma3":
+        from mmserve.models import gemma_tokenizer as ids
+
+        config = transformers.Gemma3Config(
+            text_config=_gemma3_text_config(),
+            vision_config=_gemma3_vision_config(),
+            mm_tokens_per_image=256,
+            boi_token_index=ids.START_OF_IMAGE,
+            eoi_token_index=ids.END_OF_IMAGE,
+            image_token_index=ids.IMAGE_SOFT_TOKEN,
+            initializer_range=INIT_SCALE,
+            tie_word_embeddings=True,
+        )
+    else:
+        config_class = {
+            "qwen2_vl": transformers.Qwen2VLConfig,
+            "qwen2_5_vl": transformers.Qwen2_5_VLConfig,
+            "qwen3_vl": transformers.Qwen3VLConfig,
+            "qwen3_vl_moe": transformers.Qwen3VLMoeConfig,
+        }[family]
+        config = config_class(
+            text_config=_text_config(family),
+            vision_config=_vision_config(family),
+            tie_word_embeddings=True,
+            # Not a named parameter of these configs, yet kept in config.json and used to
+            # initialise the weights.
+            initializer_range=INIT_SCALE,  # type: ignore[call-arg]
+        )
     model_class = getattr(transformers, FAMILIES[family].model_class)
     torch.manual_seed(seed)
-    return model_class(config).eval()
+    model = model_class(config)
+    if family == "gemma3":
+        with torch.no_grad():
+            # Gemma 3 initialises its image projection to zeros, which would leave images unseen.
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, INIT_SCALE)
+            # Its input embeddings are scaled by sqrt(hidden) and tied to the LM head: at the
+            # usual init the last token's own embedding outweighs the context and greedy
+            # decoding repeats it. Undo the scale at the input, make it up at the output (the
+            # final norm is (1 + weight)), so that context moves the logits.
+            model.model.language_model.embed_tokens.weight.mul_(TEXT_HIDDEN**-0.5)
+            model.model.language_model.norm.weight.fill_(3.0)
+            # SigLIP's patch embedding init leaves the pixels' effect on the logits faint.
+            model.model.vision_tower.embeddings.patch_embedding.weight.normal_(0, 0.1)
+    return model.eval()
 
 
 def has_marker(path: Path, info: dict[str, Any]) -> bool:
@@ -177,10 +263,15 @@ def is_valid_checkpoint(path: Path, seed: int) -> bool:
 
 
 def write_checkpoint(
-    target: Path, info: dict[str, Any], model: Any, preprocessor: dict[str, Any]
+    target: Path,
+    info: dict[str, Any],
+    model: Any,
+    preprocessor: dict[str, Any],
+    family: str = DEFAULT_FAMILY,
 ) -> Path:
-    """Save `model` with the Qwen2-VL tokenizer, generation and preprocessor configs and a
-    marker saying `info` as `target`, unless it is already there."""
+    """Save `model` with the family's tokenizer (Qwen2-VL's for every Qwen family),
+    generation and preprocessor configs and a marker saying `info` as `target`, unless it is
+    already there."""
     if has_marker(target, info):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -188,14 +279,23 @@ def write_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     staging.chmod(0o755)
     try:
+        from mmserve.models import gemma_tokenizer
         from mmserve.models.tokenizer import write_qwen2_vl_tokenizer
 
         model.save_pretrained(staging)
-        model.generation_config.eos_token_id = [151645, 151643]
-        model.generation_config.pad_token_id = 151643
+        if family == "gemma3":
+            # As the Gemma 3 instruction-tuned checkpoints: a turn ends generation too.
+            eos, pad = [gemma_tokenizer.EOS, gemma_tokenizer.END_OF_TURN], gemma_tokenizer.PAD
+        else:
+            eos, pad = [151645, 151643], 151643
+        model.generation_config.eos_token_id = eos
+        model.generation_config.pad_token_id = pad
         model.generation_config.save_pretrained(staging)
         (staging / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
-        write_qwen2_vl_tokenizer(staging)
+        if family == "gemma3":
+            gemma_tokenizer.write_gemma3_tokenizer(staging)
+        else:
+            write_qwen2_vl_tokenizer(staging)
         (staging / MARKER_FILE).write_text(json.dumps(info) + "\n")
         if target.exists():
             shutil.rmtree(target)
@@ -223,6 +323,7 @@ def build_tiny_model(
         {"builder_version": BUILDER_VERSION, "seed": seed},
         _build_model(family, seed),
         preprocessor_config(family),
+        family,
     )
 
 
@@ -251,9 +352,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "make-tiny-model",
         help="build tiny checkpoints (offline): random weights, or the trained default",
         description=(
-            "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE checkpoints with random "
-            "weights and the "
-            "real Qwen tokenizer; prints each checkpoint dir. Skips ones already built."
+            "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE / Gemma 3 checkpoints "
+            "with random weights and the real Qwen tokenizer (Gemma 3: Gemma's special-token "
+            "ids); prints each checkpoint dir. Skips ones already built."
         ),
     )
     parser.add_argument("--family", choices=(*TINY_FAMILIES, "all"), default=DEFAULT_FAMILY)
