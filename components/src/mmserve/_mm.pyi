@@ -1,6 +1,6 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
-from typing import Final, final
+from typing import Final, TypedDict, final
 
 import numpy
 
@@ -66,6 +66,68 @@ def normalize_patchify(
     """Rescale + normalize + patchify a resized uint8 RGB image into HF's pixel_values rows
     [grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]; convention "pil" (numpy
     arithmetic) or "torchvision" (torch's fused float32 arithmetic)."""
+
+class _VideoInfo(TypedDict):
+    width: int
+    height: int
+    total_frames: int
+    fps: float
+    duration_s: float
+    codec: str
+    container: str
+    pixel_format: str
+
+def sample_frame_indices(
+    total_frames: int,
+    video_fps: float,
+    *,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    min_frames: int = 4,
+    max_frames: int = 768,
+    temporal_patch_size: int = 2,
+) -> list[int]:
+    """The frame indices transformers' Qwen2-VL video processor samples (`sample_frames`)."""
+
+def preprocess_video(
+    frames: numpy.ndarray[tuple[int, int, int, int], numpy.dtype[numpy.uint8]],
+    *,
+    min_pixels: int,
+    max_pixels: int,
+    mean: tuple[float, float, float] | list[float],
+    std: tuple[float, float, float] | list[float],
+    rescale: float = ...,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    cap_pixels_per_frame: bool = False,
+    max_video_tokens: int = 128000,
+) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]], tuple[int, int, int]]:
+    """Sampled RGB frames [n, h, w, 3] to (pixel_values_videos, (t, h, w)) as the Qwen2-VL
+    video processor (torchvision backend) computes them."""
+
+def probe_video(
+    data: bytes,
+    *,
+    max_duration_s: float | None = None,
+    max_frames: int | None = None,
+    max_pixels: int | None = None,
+    timeout_s: float | None = None,
+) -> _VideoInfo:
+    """A video's frame count, rate, size and codec from its container's headers, without
+    decoding a frame (built with the `video` feature)."""
+
+def decode_video(
+    data: bytes,
+    indices: list[int],
+    *,
+    max_duration_s: float | None = None,
+    max_frames: int | None = None,
+    max_pixels: int | None = None,
+    timeout_s: float | None = None,
+) -> tuple[_VideoInfo, numpy.ndarray[tuple[int, int, int, int], numpy.dtype[numpy.uint8]]]:
+    """(info, frames): the frames at `indices` (ascending, repeats allowed) as [n, h, w, 3]
+    uint8 RGB (built with the `video` feature)."""
 
 # qwen
 @final
