@@ -106,6 +106,14 @@ def preprocess_video(
     """Sampled RGB frames [n, h, w, 3] to (pixel_values_videos, (t, h, w)) as the Qwen2-VL
     video processor (torchvision backend) computes them."""
 
+def mrope_positions(
+    length: int,
+    blocks: list[tuple[int, int, tuple[int, int, int], float]],
+    merge_size: int,
+) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]], int]:
+    """(positions [3, length], delta): M-RoPE for a prompt whose vision items (images and videos
+    in prompt order) are (start, end, (t, h, w), time_interval)."""
+
 def probe_video(
     data: bytes,
     *,
