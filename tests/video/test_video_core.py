@@ -160,3 +160,46 @@ def test_refusals_have_stable_codes(tmp_path: Path) -> None:
         tmp_path / "deep.webm", codec="libvpx-vp9", pix_fmt="yuv420p10le", seconds=0.3
     )
     assert media_code(lambda: _mm.decode_video(vp9_deep, [0])) == "video.unsupported_pixel_format"
+
+
+@pytest.mark.parametrize("fps, size", [(2.0, "200x120"), (3.0, "64x300")])
+def test_bytes_to_model_inputs_equal_transformers_sampling_and_processing(
+    tmp_path: Path, fps: float, size: str
+) -> None:
+    data = make_video(tmp_path / "v.mp4", size=size, rate="24", seconds=2.0)
+    plan, ours = _mm.process_video(data, _mm.VideoOptions(fps=fps))
+    info = plan["info"]
+    _, every = _mm.decode_video(data, list(range(info["total_frames"])))
+    # transformers samples the decoded frames itself, from the same metadata.
+    processor = Qwen2VLVideoProcessor(cap_pixels_per_frame=False)
+    expected = processor(
+        videos=[torch.from_numpy(every)],
+        do_sample_frames=True,
+        fps=fps,
+        video_metadata=[VideoMetadata(total_num_frames=info["total_frames"], fps=info["fps"])],
+        input_data_format="channels_last",
+        return_tensors="pt",
+    )
+    assert [list(plan["grid_thw"])] == expected["video_grid_thw"].tolist()
+    assert np.array_equal(ours, expected["pixel_values_videos"].numpy())
+    assert plan["tokens"] == len(ours) // 4
+    # The count-only plan agrees, without decoding.
+    assert _mm.plan_video(data, _mm.VideoOptions(fps=fps)) == plan
+
+
+def test_identity_covers_the_bytes_and_the_sampling(tmp_path: Path) -> None:
+    data = make_video(tmp_path / "v.webm", codec="libvpx-vp9", seconds=1.0)
+    other = make_video(tmp_path / "w.webm", codec="libvpx-vp9", seconds=1.1)
+    hashes = {
+        _mm.plan_video(video, options)["mm_hash"]
+        for video in (data, other)
+        for options in (
+            _mm.VideoOptions(fps=2.0),
+            _mm.VideoOptions(fps=4.0),
+            _mm.VideoOptions(num_frames=4),
+            _mm.VideoOptions(fps=2.0, max_pixels=128 * 28 * 28),
+        )
+    }
+    assert len(hashes) == 8
+    again = _mm.plan_video(data, _mm.VideoOptions(fps=2.0))["mm_hash"]
+    assert again in hashes

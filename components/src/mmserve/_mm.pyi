@@ -114,6 +114,50 @@ def mrope_positions(
     """(positions [3, length], delta): M-RoPE for a prompt whose vision items (images and videos
     in prompt order) are (start, end, (t, h, w), time_interval)."""
 
+@final
+class VideoOptions:
+    """The options that decide a video's model inputs, as Qwen2VLVideoProcessor reads them
+    (its class defaults where not given); the max_* limits are checked from the headers."""
+
+    def __new__(
+        cls,
+        *,
+        fps: float | None = None,
+        num_frames: int | None = None,
+        min_frames: int = 4,
+        max_frames: int = 768,
+        min_pixels: int = ...,
+        max_pixels: int = ...,
+        cap_pixels_per_frame: bool = False,
+        max_video_tokens: int = 128000,
+        mean: tuple[float, float, float] | list[float] = ...,
+        std: tuple[float, float, float] | list[float] = ...,
+        rescale: float = ...,
+        patch_size: int = 14,
+        merge_size: int = 2,
+        temporal_patch_size: int = 2,
+        max_duration_s: float | None = None,
+        max_frames_decoded: int | None = None,
+        max_pixels_per_frame: int | None = None,
+    ) -> VideoOptions: ...
+
+class _VideoPlan(TypedDict):
+    info: _VideoInfo
+    indices: list[int]
+    grid_thw: tuple[int, int, int]
+    resized_size: tuple[int, int]
+    tokens: int
+    mm_hash: int
+
+def plan_video(data: bytes, options: VideoOptions, *, timeout_s: float | None = None) -> _VideoPlan:
+    """The count-only plan of a video (info, sampled indices, grid, tokens, mm_hash) from its
+    headers; no frame is decoded."""
+
+def process_video(
+    data: bytes, options: VideoOptions, *, timeout_s: float | None = None
+) -> tuple[_VideoPlan, numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]]]:
+    """(plan, pixel_values_videos) of a video; decoding stops after the last sampled frame."""
+
 def probe_video(
     data: bytes,
     *,

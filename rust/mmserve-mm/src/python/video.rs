@@ -157,6 +157,7 @@ mod ffmpeg {
 
     use super::*;
     use crate::video::demux::{self, VideoInfo, VideoLimits};
+    use crate::video::process::{self, VideoPlan};
 
     fn limits(
         max_duration_s: Option<f64>,
@@ -194,6 +195,72 @@ mod ffmpeg {
         d.set_item("container", &info.container)?;
         d.set_item("pixel_format", &info.pixel_format)?;
         Ok(d)
+    }
+
+    fn options(
+        options: &PyVideoOptions,
+        timeout_s: Option<f64>,
+    ) -> PyResult<crate::video::process::VideoOptions> {
+        Ok(crate::video::process::VideoOptions {
+            sampling: options.sampling,
+            resize: options.resize,
+            geometry: options.geometry,
+            limits: limits(
+                options.max_duration_s,
+                options.max_frames_decoded,
+                options.max_pixels_per_frame,
+                timeout_s,
+            )?,
+        })
+    }
+
+    fn plan_dict<'py>(py: Python<'py>, plan: &VideoPlan) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("info", info_dict(py, &plan.info)?)?;
+        d.set_item("indices", plan.indices.clone())?;
+        let [t, h, w] = plan.grid_thw;
+        d.set_item("grid_thw", (t, h, w))?;
+        d.set_item("resized_size", (plan.resized_width, plan.resized_height))?;
+        d.set_item("tokens", plan.tokens)?;
+        d.set_item("mm_hash", plan.mm_hash)?;
+        Ok(d)
+    }
+
+    /// The count-only plan of a video: info, sampled indices, grid, token count and identity
+    /// (mm_hash), from its headers; no frame is decoded.
+    #[pyfunction]
+    #[pyo3(signature = (data, options, *, timeout_s = None))]
+    pub fn plan_video<'py>(
+        py: Python<'py>,
+        data: &[u8],
+        options: &PyVideoOptions,
+        timeout_s: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let options = self::options(options, timeout_s)?;
+        let plan = py
+            .detach(|| process::plan_video(data, &options))
+            .map_err(to_py)?;
+        plan_dict(py, &plan)
+    }
+
+    /// `(plan, pixel_values_videos)`: the plan and the model inputs of a video.
+    #[pyfunction]
+    #[pyo3(signature = (data, options, *, timeout_s = None))]
+    pub fn process_video<'py>(
+        py: Python<'py>,
+        data: &[u8],
+        options: &PyVideoOptions,
+        timeout_s: Option<f64>,
+    ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyArray2<f32>>)> {
+        let lut = options.lut.clone();
+        let options = self::options(options, timeout_s)?;
+        let (plan, processed) = py
+            .detach(|| process::process_video(data, &options, &lut))
+            .map_err(to_py)?;
+        let rows = processed.pixel_values.len() / processed.cols.max(1);
+        let array = Array2::from_shape_vec((rows, processed.cols), processed.pixel_values)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((plan_dict(py, &plan)?, array.into_pyarray(py)))
     }
 
     /// A video's frame count, rate, size and codec from its headers, without decoding.
@@ -246,7 +313,85 @@ mod ffmpeg {
     }
 }
 
+/// The options that decide a video's model inputs, as `Qwen2VLVideoProcessor` reads them
+/// (its class defaults where not given).
+#[pyclass(name = "VideoOptions", frozen, module = "mmserve._mm")]
+#[derive(Debug, Clone)]
+pub struct PyVideoOptions {
+    sampling: Sampling,
+    resize: VideoResize,
+    geometry: PatchGeometry,
+    lut: NormalizeLut,
+    max_duration_s: Option<f64>,
+    max_frames_decoded: Option<u64>,
+    max_pixels_per_frame: Option<u64>,
+}
+
+#[pymethods]
+impl PyVideoOptions {
+    #[new]
+    #[pyo3(signature = (*, fps = None, num_frames = None, min_frames = 4, max_frames = 768,
+        min_pixels = VideoResize::QWEN2_VL.min_pixels, max_pixels = VideoResize::QWEN2_VL.max_pixels,
+        cap_pixels_per_frame = false, max_video_tokens = 128_000,
+        mean = [0.48145466, 0.4578275, 0.40821073], std = [0.26862954, 0.26130258, 0.27577711],
+        rescale = 1.0 / 255.0, patch_size = 14, merge_size = 2, temporal_patch_size = 2,
+        max_duration_s = None, max_frames_decoded = None, max_pixels_per_frame = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        fps: Option<f64>,
+        num_frames: Option<u64>,
+        min_frames: u64,
+        max_frames: u64,
+        min_pixels: u64,
+        max_pixels: u64,
+        cap_pixels_per_frame: bool,
+        max_video_tokens: u64,
+        mean: [f64; 3],
+        std: [f64; 3],
+        rescale: f64,
+        patch_size: u32,
+        merge_size: u32,
+        temporal_patch_size: u32,
+        max_duration_s: Option<f64>,
+        max_frames_decoded: Option<u64>,
+        max_pixels_per_frame: Option<u64>,
+    ) -> PyResult<Self> {
+        let lut = NormalizeLut::new(mean, std, rescale, Convention::Torchvision)
+            .map_err(|e| to_py(VideoError::from(e)))?;
+        Ok(PyVideoOptions {
+            sampling: Sampling {
+                fps,
+                num_frames,
+                min_frames,
+                max_frames,
+                temporal_patch_size: u64::from(temporal_patch_size),
+            },
+            resize: VideoResize {
+                min_pixels,
+                max_pixels,
+                cap_pixels_per_frame,
+                max_video_tokens,
+                ..VideoResize::QWEN2_VL
+            },
+            geometry: PatchGeometry {
+                patch: patch_size,
+                merge: merge_size,
+                temporal: temporal_patch_size,
+            },
+            lut,
+            max_duration_s,
+            max_frames_decoded,
+            max_pixels_per_frame,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("VideoOptions({:?}, {:?})", self.sampling, self.resize)
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyVideoOptions>()?;
     m.add_function(wrap_pyfunction!(sample_frame_indices, m)?)?;
     m.add_function(wrap_pyfunction!(preprocess_video, m)?)?;
     m.add_function(wrap_pyfunction!(mrope_positions, m)?)?;
@@ -254,6 +399,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     {
         m.add_function(wrap_pyfunction!(ffmpeg::probe_video, m)?)?;
         m.add_function(wrap_pyfunction!(ffmpeg::decode_video, m)?)?;
+        m.add_function(wrap_pyfunction!(ffmpeg::plan_video, m)?)?;
+        m.add_function(wrap_pyfunction!(ffmpeg::process_video, m)?)?;
     }
     Ok(())
 }

@@ -3,9 +3,12 @@
 
 pub mod error;
 pub mod frames;
+pub mod identity;
 pub mod sampling;
 
 #[cfg(feature = "video")]
 pub mod demux;
+#[cfg(feature = "video")]
+pub mod process;
 
 pub use error::VideoError;
