@@ -28,10 +28,15 @@ def make_video(
     seconds: float = 1.0,
     codec: str = "libx264",
     pix_fmt: str = "yuv420p",
+    extra: tuple[str, ...] = (),
 ) -> bytes:
+    if codec == "libx265":
+        extra = ("-x265-params", "log-level=none", *extra)
+    if codec == "libaom-av1":
+        extra = ("-cpu-used", "8", *extra)
     source = f"testsrc2=size={size}:rate={rate}"
     command = [FFMPEG or "ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", source]
-    command += ["-t", str(seconds), "-c:v", codec, "-pix_fmt", pix_fmt, str(path)]
+    command += ["-t", str(seconds), "-c:v", codec, "-pix_fmt", pix_fmt, *extra, str(path)]
     subprocess.run(command, check=True)
     return path.read_bytes()
 
@@ -54,18 +59,24 @@ def media_code(call) -> str:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize(
-    "name, codec, size, rate, seconds",
+    "name, codec, size, rate, seconds, pix_fmt",
     [
-        ("h264.mp4", "libx264", "96x64", "10", 1.5),
-        ("vp9.webm", "libvpx-vp9", "64x48", "25", 0.6),
-        ("vp8.webm", "libvpx", "50x34", "30", 0.5),
-        ("mpeg4.mkv", "mpeg4", "80x60", "24", 0.5),
+        ("h264.mp4", "libx264", "96x64", "10", 1.5, "yuv420p"),
+        ("h264_444.mp4", "libx264", "64x48", "10", 0.5, "yuv444p"),
+        ("h264_422.mov", "libx264", "66x38", "10", 0.5, "yuv422p"),
+        ("hevc.mp4", "libx265", "64x48", "10", 0.5, "yuv420p"),
+        ("av1.mkv", "libaom-av1", "64x48", "10", 0.5, "yuv420p"),
+        ("vp9.webm", "libvpx-vp9", "64x48", "25", 0.6, "yuv420p"),
+        ("vp8.webm", "libvpx", "50x34", "30", 0.5, "yuv420p"),
+        ("mpeg4.mkv", "mpeg4", "80x60", "24", 0.5, "yuv420p"),
     ],
 )
 def test_frames_equal_ffmpeg_and_headers_count_them(
-    tmp_path: Path, name: str, codec: str, size: str, rate: str, seconds: float
+    tmp_path: Path, name: str, codec: str, size: str, rate: str, seconds: float, pix_fmt: str
 ) -> None:
-    data = make_video(tmp_path / name, size=size, rate=rate, seconds=seconds, codec=codec)
+    data = make_video(
+        tmp_path / name, size=size, rate=rate, seconds=seconds, codec=codec, pix_fmt=pix_fmt
+    )
     width, height = map(int, size.split("x"))
     info = _mm.probe_video(data)
     reference = ffmpeg_rgb(tmp_path / name, width, height)
@@ -141,6 +152,13 @@ def test_model_inputs_equal_transformers(
 def test_refusals_have_stable_codes(tmp_path: Path) -> None:
     good = make_video(tmp_path / "good.mp4", seconds=2.0)
     assert media_code(lambda: _mm.probe_video(b"\x00" * 4096)) == "video.unknown_container"
+    command = [FFMPEG or "ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc2=size=16x16"]
+    command += ["-frames:v", "1", "-f", "image2pipe", "-c:v", "png", "-"]
+    png = subprocess.run(command, check=True, capture_output=True).stdout
+    with pytest.raises(_mm.MediaError, match="png"):
+        _mm.probe_video(png)
+    streams = make_video(tmp_path / "streams.mkv", seconds=0.3, extra=tuple(["-map", "0"] * 20))
+    assert media_code(lambda: _mm.probe_video(streams)) == "video.too_many_streams"
     avi = make_video(tmp_path / "v.avi", codec="mpeg4", seconds=0.3)
     assert media_code(lambda: _mm.probe_video(avi)) == "video.unsupported_container"
     mjpeg = make_video(tmp_path / "v.mkv", codec="mjpeg", pix_fmt="yuvj420p", seconds=0.3)

@@ -263,7 +263,7 @@ impl<'a> Demuxer<'a> {
             }
             (*ctx).pb = avio;
             (*ctx).flags |= ffi::AVFMT_FLAG_CUSTOM_IO as c_int;
-            (*ctx).max_streams = c_int::try_from(limits.max_streams + 1).unwrap_or(c_int::MAX);
+            (*ctx).max_streams = c_int::try_from(limits.max_streams).unwrap_or(c_int::MAX);
             (*ctx).interrupt_callback = ffi::AVIOInterruptCB {
                 callback: Some(interrupted),
                 opaque: ptr::addr_of!(*deadline) as *mut c_void,
@@ -273,6 +273,12 @@ impl<'a> Demuxer<'a> {
             if ret < 0 {
                 // avformat_open_input freed the context; the IO context is still ours.
                 free_avio(&mut avio);
+                // A demuxer that meets one stream past `max_streams` fails with ENOMEM.
+                if ret == ffi::AVERROR(ffi::ENOMEM) {
+                    return Err(VideoError::TooManyStreams {
+                        limit: limits.max_streams,
+                    });
+                }
                 return Err(ff_error(ff::Error::from(ret)));
             }
             let container = CStr::from_ptr((*format).name)
@@ -298,10 +304,9 @@ impl<'a> Demuxer<'a> {
 
     /// The video stream's index and its header values, with every cap checked.
     fn info(&mut self, limits: &VideoLimits) -> Result<VideoInfo, VideoError> {
-        let streams = self.input.nb_streams() as usize;
-        if streams > limits.max_streams {
+        // Streams added after the headers (matroska may) are caught here.
+        if self.input.nb_streams() as usize > limits.max_streams {
             return Err(VideoError::TooManyStreams {
-                streams,
                 limit: limits.max_streams,
             });
         }

@@ -34,8 +34,8 @@ pub enum VideoError {
     TooManyFrames { frames: u64, limit: u64 },
     #[error("the video's frames are {width}x{height}, over the limit of {limit} pixels")]
     TooManyPixels { width: u32, height: u32, limit: u64 },
-    #[error("the video has {streams} streams, over the limit of {limit}")]
-    TooManyStreams { streams: usize, limit: usize },
+    #[error("the file has more than {limit} streams")]
+    TooManyStreams { limit: usize },
     #[error("frame {index} is {width}x{height}, the video's first frame is not")]
     FrameSizeChanged { index: u64, width: u32, height: u32 },
     #[error("decoding the video took longer than its deadline")]
