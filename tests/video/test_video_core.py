@@ -221,3 +221,43 @@ def test_identity_covers_the_bytes_and_the_sampling(tmp_path: Path) -> None:
     assert len(hashes) == 8
     again = _mm.plan_video(data, _mm.VideoOptions(fps=2.0))["mm_hash"]
     assert again in hashes
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"do_sample_frames": True, "fps": 3.0},
+        {"do_sample_frames": True, "num_frames": 6, "max_pixels": 64 * 28 * 28},
+        {
+            "do_sample_frames": True,
+            "fps": 6.0,
+            "cap_pixels_per_frame": True,
+            "max_video_tokens": 300,
+        },
+        {"do_sample_frames": False},  # Qwen2-VL's default: every frame
+    ],
+)
+def test_options_from_the_processor_config_equal_the_processor(
+    tmp_path: Path, settings: dict
+) -> None:
+    data = make_video(tmp_path / "v.mp4", size="160x90", rate="12", seconds=1.0)
+    processor = Qwen2VLVideoProcessor(**{"cap_pixels_per_frame": False, **settings})
+    options = _mm.VideoOptions.from_hf_config(processor.to_json_string())
+    plan, ours = _mm.process_video(data, options)
+    info = plan["info"]
+    _, every = _mm.decode_video(data, list(range(info["total_frames"])))
+    expected = processor(
+        videos=[torch.from_numpy(every)],
+        video_metadata=[VideoMetadata(total_num_frames=info["total_frames"], fps=info["fps"])],
+        input_data_format="channels_last",
+        return_tensors="pt",
+    )
+    assert [list(plan["grid_thw"])] == expected["video_grid_thw"].tolist()
+    assert np.array_equal(ours, expected["pixel_values_videos"].numpy())
+
+
+def test_refuses_processor_configs_it_cannot_follow() -> None:
+    for config in ['{"do_normalize": false}', '{"resample": 2}', "[]"]:
+        with pytest.raises(_mm.MediaError) as err:
+            _mm.VideoOptions.from_hf_config(config)
+        assert err.value.args[0] in {"spec.invalid", "spec.json"}

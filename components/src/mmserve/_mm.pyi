@@ -140,6 +140,16 @@ class VideoOptions:
         max_frames_decoded: int | None = None,
         max_pixels_per_frame: int | None = None,
     ) -> VideoOptions: ...
+    @staticmethod
+    def from_hf_config(
+        json: str,
+        *,
+        max_duration_s: float | None = None,
+        max_frames_decoded: int | None = None,
+        max_pixels_per_frame: int | None = None,
+    ) -> VideoOptions:
+        """The options a checkpoint's video_preprocessor_config.json (or, without one, its
+        preprocessor_config.json) gives, as transformers' video processor reads them."""
 
 class _VideoPlan(TypedDict):
     info: _VideoInfo

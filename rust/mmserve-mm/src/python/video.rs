@@ -12,6 +12,7 @@ use crate::family::qwen_vl::{mrope_blocks, VisionBlock};
 use crate::image::resize::{Backend, Filter};
 use crate::image::transforms::{Convention, NormalizeLut, PatchGeometry};
 use crate::pipeline::{DecodedImage, Positions};
+use crate::video::config::{video_config_from_hf, CLIP_MEAN, CLIP_STD};
 use crate::video::frames::{preprocess_frames, VideoResize};
 use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
 use crate::video::VideoError;
@@ -333,7 +334,7 @@ impl PyVideoOptions {
     #[pyo3(signature = (*, fps = None, num_frames = None, min_frames = 4, max_frames = 768,
         min_pixels = VideoResize::QWEN2_VL.min_pixels, max_pixels = VideoResize::QWEN2_VL.max_pixels,
         cap_pixels_per_frame = false, max_video_tokens = 128_000,
-        mean = [0.48145466, 0.4578275, 0.40821073], std = [0.26862954, 0.26130258, 0.27577711],
+        mean = CLIP_MEAN, std = CLIP_STD,
         rescale = 1.0 / 255.0, patch_size = 14, merge_size = 2, temporal_patch_size = 2,
         max_duration_s = None, max_frames_decoded = None, max_pixels_per_frame = None))]
     #[allow(clippy::too_many_arguments)]
@@ -378,6 +379,36 @@ impl PyVideoOptions {
                 merge: merge_size,
                 temporal: temporal_patch_size,
             },
+            lut,
+            max_duration_s,
+            max_frames_decoded,
+            max_pixels_per_frame,
+        })
+    }
+
+    /// The options a checkpoint's `video_preprocessor_config.json` (or, without one, its
+    /// `preprocessor_config.json`) gives, as transformers' video processor reads them.
+    #[staticmethod]
+    #[pyo3(signature = (json, *, max_duration_s = None, max_frames_decoded = None,
+        max_pixels_per_frame = None))]
+    fn from_hf_config(
+        json: &str,
+        max_duration_s: Option<f64>,
+        max_frames_decoded: Option<u64>,
+        max_pixels_per_frame: Option<u64>,
+    ) -> PyResult<Self> {
+        let config = video_config_from_hf(json).map_err(to_py)?;
+        let lut = NormalizeLut::new(
+            config.mean,
+            config.std,
+            config.rescale,
+            Convention::Torchvision,
+        )
+        .map_err(|e| to_py(VideoError::from(e)))?;
+        Ok(PyVideoOptions {
+            sampling: config.sampling,
+            resize: config.resize,
+            geometry: config.geometry,
             lut,
             max_duration_s,
             max_frames_decoded,

@@ -1,6 +1,7 @@
 //! Video: frame sampling, per-frame preprocessing into temporal patches and, with the
 //! `video` feature, demuxing and decoding with FFmpeg's libraries.
 
+pub mod config;
 pub mod error;
 pub mod frames;
 pub mod identity;
