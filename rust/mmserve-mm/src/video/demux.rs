@@ -93,6 +93,22 @@ pub fn decode_frames(
     indices: &[u64],
     limits: &VideoLimits,
 ) -> Result<(VideoInfo, Vec<DecodedImage>), VideoError> {
+    let mut frames = Vec::with_capacity(indices.len());
+    let info = decode_frames_with(data, indices, limits, |frame| {
+        frames.push(frame.clone());
+        Ok(())
+    })?;
+    Ok((info, frames))
+}
+
+/// [`decode_frames`] handing each frame to `on_frame` (once per occurrence in `indices`) as
+/// it is decoded, so no more than one full-size frame need be held at a time.
+pub fn decode_frames_with(
+    data: &[u8],
+    indices: &[u64],
+    limits: &VideoLimits,
+    on_frame: impl FnMut(&DecodedImage) -> Result<(), VideoError>,
+) -> Result<VideoInfo, VideoError> {
     let mut demuxer = Demuxer::open(data, limits)?;
     let info = demuxer.info(limits)?;
     if demuxer.consumed {
@@ -104,8 +120,8 @@ pub fn decode_frames(
             "frame indices are not ascending".into(),
         ));
     }
-    let frames = demuxer.decode(&info, indices, limits)?;
-    Ok((info, frames))
+    demuxer.decode(&info, indices, limits, on_frame)?;
+    Ok(info)
 }
 
 /// The byte source FFmpeg reads through its custom IO callbacks.
@@ -435,9 +451,10 @@ impl<'a> Demuxer<'a> {
         info: &VideoInfo,
         indices: &[u64],
         limits: &VideoLimits,
-    ) -> Result<Vec<DecodedImage>, VideoError> {
+        mut on_frame: impl FnMut(&DecodedImage) -> Result<(), VideoError>,
+    ) -> Result<(), VideoError> {
         let Some(&last) = indices.last() else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let stream = self
             .input
@@ -454,7 +471,6 @@ impl<'a> Demuxer<'a> {
             ..Default::default()
         });
         let mut decoder = context.decoder().video().map_err(ff_error)?;
-        let mut out = Vec::with_capacity(indices.len());
         let mut wanted = indices.iter().peekable();
         let mut frame_index = 0u64;
         let mut frame = ff::frame::Video::empty();
@@ -492,7 +508,7 @@ impl<'a> Demuxer<'a> {
                     let rgb = to_rgb(&frame, &mut scaler)?;
                     while wanted.peek() == Some(&&frame_index) {
                         wanted.next();
-                        out.push(rgb.clone());
+                        on_frame(&rgb)?;
                     }
                 }
                 frame_index += 1;
@@ -507,7 +523,7 @@ impl<'a> Demuxer<'a> {
                 info.total_frames
             )));
         }
-        Ok(out)
+        Ok(())
     }
 }
 

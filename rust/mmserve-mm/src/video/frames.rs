@@ -90,29 +90,57 @@ pub fn preprocess_frames(
             crate::video::sampling::SamplingError::NoFrames,
         ));
     };
-    for (index, frame) in frames.iter().enumerate() {
-        if (frame.width, frame.height) != (first.width, first.height) {
-            return Err(VideoError::FrameSizeChanged {
-                index: index as u64,
-                width: frame.width,
-                height: frame.height,
-            });
-        }
-    }
     let (height, width) = resize.target(frames.len(), first.width, first.height, geometry)?;
     let resized: Vec<DecodedImage> = frames
         .iter()
-        .map(|frame| {
-            // torchvision returns a frame already at the target size untouched.
-            if (frame.width, frame.height) == (width, height) {
-                Ok(frame.clone())
-            } else {
-                resize_view(frame.into(), width, height, resize.filter, resize.backend)
+        .enumerate()
+        .map(|(index, frame)| {
+            if (frame.width, frame.height) != (first.width, first.height) {
+                return Err(VideoError::FrameSizeChanged {
+                    index: index as u64,
+                    width: frame.width,
+                    height: frame.height,
+                });
             }
+            resize_frame(frame, width, height, resize)
         })
         .collect::<Result<_, _>>()?;
+    patchify_resized(&resized, lut, geometry)
+}
+
+/// One frame at the target size (as is when it already has it, as torchvision does).
+pub fn resize_frame(
+    frame: &DecodedImage,
+    width: u32,
+    height: u32,
+    resize: &VideoResize,
+) -> Result<DecodedImage, VideoError> {
+    if (frame.width, frame.height) == (width, height) {
+        return Ok(frame.clone());
+    }
+    Ok(resize_view(
+        frame.into(),
+        width,
+        height,
+        resize.filter,
+        resize.backend,
+    )?)
+}
+
+/// Normalises and patchifies frames already resized to one size.
+pub fn patchify_resized(
+    resized: &[DecodedImage],
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+) -> Result<ProcessedVideo, VideoError> {
+    let Some(first) = resized.first() else {
+        return Err(VideoError::Sampling(
+            crate::video::sampling::SamplingError::NoFrames,
+        ));
+    };
+    let (width, height) = (first.width, first.height);
     let temporal = geometry.temporal as usize;
-    let groups = resized.len().div_ceil(temporal);
+    let groups = resized.len().div_ceil(temporal.max(1));
     let grid = geometry.grid(width, height)?;
     let mut pixel_values = vec![0.0f32; groups * grid.len()];
     for (g, out) in pixel_values.chunks_exact_mut(grid.len()).enumerate() {

@@ -3,9 +3,9 @@
 
 use crate::common::hash::content_hash;
 use crate::image::transforms::{NormalizeLut, PatchGeometry};
-use crate::video::demux::{decode_frames, probe_video, VideoInfo, VideoLimits};
+use crate::video::demux::{decode_frames_with, probe_video, VideoInfo, VideoLimits};
 use crate::video::error::VideoError;
-use crate::video::frames::{preprocess_frames, ProcessedVideo, VideoResize};
+use crate::video::frames::{patchify_resized, resize_frame, ProcessedVideo, VideoResize};
 use crate::video::identity::video_identity;
 use crate::video::sampling::{sample_indices, Sampling};
 
@@ -66,15 +66,21 @@ pub fn plan_video(data: &[u8], options: &VideoOptions) -> Result<VideoPlan, Vide
     plan_from_info(data, info, options)
 }
 
-/// The plan and the model inputs; decoding stops after the last sampled frame.
+/// The plan and the model inputs; decoding stops after the last sampled frame, and each frame
+/// is resized as soon as it is decoded (only resized frames are kept).
 pub fn process_video(
     data: &[u8],
     options: &VideoOptions,
     lut: &NormalizeLut,
 ) -> Result<(VideoPlan, ProcessedVideo), VideoError> {
     let plan = plan_video(data, options)?;
-    let (_, frames) = decode_frames(data, &plan.indices, &options.limits)?;
-    let processed = preprocess_frames(&frames, &options.resize, lut, options.geometry)?;
+    let (width, height) = (plan.resized_width, plan.resized_height);
+    let mut resized = Vec::with_capacity(plan.indices.len());
+    decode_frames_with(data, &plan.indices, &options.limits, |frame| {
+        resized.push(resize_frame(frame, width, height, &options.resize)?);
+        Ok(())
+    })?;
+    let processed = patchify_resized(&resized, lut, options.geometry)?;
     if processed.grid_thw != plan.grid_thw {
         return Err(VideoError::Corrupt(format!(
             "decoded frames give grid {:?}, the headers {:?}",
