@@ -171,6 +171,11 @@ def test_refusals_have_stable_codes(tmp_path: Path) -> None:
     assert media_code(lambda: _mm.probe_video(good, max_pixels=1000)) == "video.too_many_pixels"
     assert media_code(lambda: _mm.probe_video(good, max_duration_s=1.0)) == "video.too_long"
     assert media_code(lambda: _mm.decode_video(good, [0], timeout_s=1e-9)) == "video.deadline"
+    # The cap holds at the plan's own count and refuses one token less.
+    tokens = _mm.plan_video(good, _mm.VideoOptions(fps=2.0))["tokens"]
+    capped = _mm.VideoOptions(fps=2.0, max_tokens=tokens - 1)
+    assert media_code(lambda: _mm.plan_video(good, capped)) == "video.too_many_tokens"
+    assert _mm.plan_video(good, _mm.VideoOptions(fps=2.0, max_tokens=tokens))["tokens"] == tokens
     assert media_code(lambda: _mm.decode_video(good, [0, 99])) == "video.corrupt"
     deep = make_video(tmp_path / "deep.mp4", pix_fmt="yuv420p10le", seconds=0.3)
     assert media_code(lambda: _mm.decode_video(deep, [0])) == "video.unsupported_pixel_format"

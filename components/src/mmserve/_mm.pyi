@@ -139,6 +139,7 @@ class VideoOptions:
         max_duration_s: float | None = None,
         max_frames_decoded: int | None = None,
         max_pixels_per_frame: int | None = None,
+        max_tokens: int | None = None,
     ) -> VideoOptions: ...
     @staticmethod
     def from_hf_config(
@@ -147,6 +148,7 @@ class VideoOptions:
         max_duration_s: float | None = None,
         max_frames_decoded: int | None = None,
         max_pixels_per_frame: int | None = None,
+        max_tokens: int | None = None,
     ) -> VideoOptions:
         """The options a checkpoint's video_preprocessor_config.json (or, without one, its
         preprocessor_config.json) gives, as transformers' video processor reads them."""

@@ -133,6 +133,8 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("video.too_long", 413, "the video lasts longer than allowed"),
     ErrorCode("video.too_many_frames", 413, "the video has more frames than allowed"),
     ErrorCode("video.too_many_pixels", 413, "the video's frames have more pixels than allowed"),
+    ErrorCode("video.too_many_tokens", 413, "the video would take more prompt tokens than "
+              "allowed"),
     ErrorCode("video.too_many_streams", 400, "the file has more streams than allowed"),
     ErrorCode("video.frame_size_changed", 400, "the video's frame size changes mid-stream"),
     ErrorCode("video.deadline", 400, "decoding the video took longer than allowed"),

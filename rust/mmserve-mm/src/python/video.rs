@@ -212,6 +212,7 @@ mod ffmpeg {
                 options.max_pixels_per_frame,
                 timeout_s,
             )?,
+            max_tokens: options.max_tokens,
         })
     }
 
@@ -326,6 +327,7 @@ pub struct PyVideoOptions {
     max_duration_s: Option<f64>,
     max_frames_decoded: Option<u64>,
     max_pixels_per_frame: Option<u64>,
+    max_tokens: Option<usize>,
 }
 
 #[pymethods]
@@ -336,7 +338,8 @@ impl PyVideoOptions {
         cap_pixels_per_frame = false, max_video_tokens = 128_000,
         mean = CLIP_MEAN, std = CLIP_STD,
         rescale = 1.0 / 255.0, patch_size = 14, merge_size = 2, temporal_patch_size = 2,
-        max_duration_s = None, max_frames_decoded = None, max_pixels_per_frame = None))]
+        max_duration_s = None, max_frames_decoded = None, max_pixels_per_frame = None,
+        max_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         fps: Option<f64>,
@@ -356,6 +359,7 @@ impl PyVideoOptions {
         max_duration_s: Option<f64>,
         max_frames_decoded: Option<u64>,
         max_pixels_per_frame: Option<u64>,
+        max_tokens: Option<usize>,
     ) -> PyResult<Self> {
         let lut = NormalizeLut::new(mean, std, rescale, Convention::Torchvision)
             .map_err(|e| to_py(VideoError::from(e)))?;
@@ -383,6 +387,7 @@ impl PyVideoOptions {
             max_duration_s,
             max_frames_decoded,
             max_pixels_per_frame,
+            max_tokens,
         })
     }
 
@@ -390,12 +395,13 @@ impl PyVideoOptions {
     /// `preprocessor_config.json`) gives, as transformers' video processor reads them.
     #[staticmethod]
     #[pyo3(signature = (json, *, max_duration_s = None, max_frames_decoded = None,
-        max_pixels_per_frame = None))]
+        max_pixels_per_frame = None, max_tokens = None))]
     fn from_hf_config(
         json: &str,
         max_duration_s: Option<f64>,
         max_frames_decoded: Option<u64>,
         max_pixels_per_frame: Option<u64>,
+        max_tokens: Option<usize>,
     ) -> PyResult<Self> {
         let config = video_config_from_hf(json).map_err(to_py)?;
         let lut = NormalizeLut::new(
@@ -413,6 +419,7 @@ impl PyVideoOptions {
             max_duration_s,
             max_frames_decoded,
             max_pixels_per_frame,
+            max_tokens,
         })
     }
 

@@ -34,6 +34,8 @@ pub enum VideoError {
     TooManyFrames { frames: u64, limit: u64 },
     #[error("the video's frames are {width}x{height}, over the limit of {limit} pixels")]
     TooManyPixels { width: u32, height: u32, limit: u64 },
+    #[error("the video would take {tokens} prompt tokens, over the limit of {limit}")]
+    TooManyTokens { tokens: usize, limit: usize },
     #[error("the file has more than {limit} streams")]
     TooManyStreams { limit: usize },
     #[error("frame {index} is {width}x{height}, the video's first frame is not")]
@@ -63,6 +65,7 @@ impl VideoError {
             VideoError::TooManyFrames { .. } => "video.too_many_frames",
             VideoError::TooManyPixels { .. } => "video.too_many_pixels",
             VideoError::TooManyStreams { .. } => "video.too_many_streams",
+            VideoError::TooManyTokens { .. } => "video.too_many_tokens",
             VideoError::FrameSizeChanged { .. } => "video.frame_size_changed",
             VideoError::Deadline => "video.deadline",
             VideoError::Resize(e) => e.code(),

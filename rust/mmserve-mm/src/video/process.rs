@@ -16,6 +16,8 @@ pub struct VideoOptions {
     pub resize: VideoResize,
     pub geometry: PatchGeometry,
     pub limits: VideoLimits,
+    /// Most prompt tokens one video may take; `None`: no limit beyond the frame caps.
+    pub max_tokens: Option<usize>,
 }
 
 /// A video as the request plan holds it.
@@ -48,6 +50,9 @@ fn plan_from_info(
     let grid_thw = [grid_t, height / g.patch.max(1), width / g.patch.max(1)];
     let merge = g.merge.max(1) as usize;
     let tokens = grid_thw.iter().map(|&v| v as usize).product::<usize>() / (merge * merge);
+    if let Some(limit) = options.max_tokens.filter(|&limit| tokens > limit) {
+        return Err(VideoError::TooManyTokens { tokens, limit });
+    }
     let mm_hash = video_identity(content_hash(data), &options.sampling, &options.resize);
     Ok(VideoPlan {
         info,
