@@ -428,10 +428,12 @@ impl<'a> Demuxer<'a> {
     /// The number of packets of stream `index`, read without decoding; stops past the cap.
     fn count_packets(&mut self, index: usize, limits: &VideoLimits) -> Result<u64, VideoError> {
         self.consumed = true;
-        let mut packet = ff::Packet::empty();
         let mut count = 0u64;
         loop {
             Self::check_deadline(limits)?;
+            // A fresh packet per read: av_read_frame may overwrite one that still holds a
+            // buffer, which would leak it.
+            let mut packet = ff::Packet::empty();
             match packet.read(&mut self.input) {
                 Ok(()) => {}
                 Err(ff::Error::Eof) => return Ok(count),
@@ -475,11 +477,11 @@ impl<'a> Demuxer<'a> {
         let mut frame_index = 0u64;
         let mut frame = ff::frame::Video::empty();
         let mut scaler: Option<ff::software::scaling::Context> = None;
-        let mut packet = ff::Packet::empty();
         let mut flushed = false;
         while frame_index <= last {
             Self::check_deadline(limits)?;
             if !flushed {
+                let mut packet = ff::Packet::empty();
                 match packet.read(&mut self.input) {
                     Ok(()) => {
                         if packet.stream() != index {
