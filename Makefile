@@ -42,4 +42,4 @@ lint:
 	$(VENV)/bin/mypy
 	$(VENV)/bin/typos
 	$(VENV)/bin/shellcheck launch/*.sh .ci/run .ci/setup.sh
-	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel -- -D warnings
+	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel,video -- -D warnings

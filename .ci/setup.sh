@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-APT_PACKAGES=(pkg-config libturbojpeg0-dev curl iproute2 openssl)
+# FFmpeg's libraries for the video feature (bindgen needs libclang), and the ffmpeg program
+# the video tests make their videos with.
+APT_PACKAGES=(pkg-config libturbojpeg0-dev curl iproute2 openssl
+  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev clang libclang-dev ffmpeg)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes the media core with cargo fuzz (libFuzzer, nightly toolchain, AddressSanitizer, debug
 # assertions and overflow checks on): the image decoders, inline sources (data: URLs, base64)
-# and the request driver, each for a fixed time. Seeds are small images of every format made
-# with Pillow; corpora and crash artifacts stay under rust/mmserve-mm/fuzz/ (ignored by git).
+# the request driver and the video demuxer + decoder, each for a fixed time. Seeds are small
+# images of every format made with Pillow and short videos of every codec made with the ffmpeg
+# program; corpora and crash artifacts stay under rust/mmserve-mm/fuzz/ (ignored by git).
 #
 #   bench/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     default: 60 s, all targets
 #
@@ -14,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 budget=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode inline_source driver)
+[ ${#targets[@]} -gt 0 ] || targets=(decode inline_source driver video)
 crate="$root/rust/mmserve-mm"
 fuzz="$crate/fuzz"
 
@@ -72,6 +73,16 @@ write("inline_source", "payload", b"\x01" + png_b64)
 write("inline_source", "bare", b"\x02" + base64.urlsafe_b64encode(images["gif"]))
 write("inline_source", "raw", b"\x03 aGVs\r\nbG8=")
 PY
+
+# Video seeds: a few frames of each codec and container the core takes.
+mkdir -p "$fuzz/corpus/video"
+for seed in "h264 mp4 libx264" "hevc mp4 libx265" "vp9 webm libvpx-vp9" "vp8 webm libvpx" \
+  "av1 mkv libaom-av1" "mpeg4 mkv mpeg4"; do
+  read -r name ext codec <<<"$seed"
+  out="$fuzz/corpus/video/$name.$ext"
+  [ -e "$out" ] || ffmpeg -v error -f lavfi -i testsrc2=size=32x24:rate=10 -t 0.4 \
+    -c:v "$codec" -pix_fmt yuv420p "$out" || exit 1
+done
 
 cd "$crate" || exit 1
 cargo +nightly fuzz build || exit 1

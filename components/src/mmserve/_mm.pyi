@@ -1,6 +1,6 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
-from typing import Final, final
+from typing import Final, TypedDict, final
 
 import numpy
 
@@ -66,6 +66,132 @@ def normalize_patchify(
     """Rescale + normalize + patchify a resized uint8 RGB image into HF's pixel_values rows
     [grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]; convention "pil" (numpy
     arithmetic) or "torchvision" (torch's fused float32 arithmetic)."""
+
+class _VideoInfo(TypedDict):
+    width: int
+    height: int
+    total_frames: int
+    fps: float
+    duration_s: float
+    codec: str
+    container: str
+    pixel_format: str
+
+def sample_frame_indices(
+    total_frames: int,
+    video_fps: float,
+    *,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    min_frames: int = 4,
+    max_frames: int = 768,
+    temporal_patch_size: int = 2,
+) -> list[int]:
+    """The frame indices transformers' Qwen2-VL video processor samples (`sample_frames`)."""
+
+def preprocess_video(
+    frames: numpy.ndarray[tuple[int, int, int, int], numpy.dtype[numpy.uint8]],
+    *,
+    min_pixels: int,
+    max_pixels: int,
+    mean: tuple[float, float, float] | list[float],
+    std: tuple[float, float, float] | list[float],
+    rescale: float = ...,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    cap_pixels_per_frame: bool = False,
+    max_video_tokens: int = 128000,
+) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]], tuple[int, int, int]]:
+    """Sampled RGB frames [n, h, w, 3] to (pixel_values_videos, (t, h, w)) as the Qwen2-VL
+    video processor (torchvision backend) computes them."""
+
+def mrope_positions(
+    length: int,
+    blocks: list[tuple[int, int, tuple[int, int, int], float]],
+    merge_size: int,
+) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]], int]:
+    """(positions [3, length], delta): M-RoPE for a prompt whose vision items (images and videos
+    in prompt order) are (start, end, (t, h, w), time_interval)."""
+
+@final
+class VideoOptions:
+    """The options that decide a video's model inputs, as Qwen2VLVideoProcessor reads them
+    (its class defaults where not given); the max_* limits are checked from the headers."""
+
+    def __new__(
+        cls,
+        *,
+        fps: float | None = None,
+        num_frames: int | None = None,
+        min_frames: int = 4,
+        max_frames: int = 768,
+        min_pixels: int = ...,
+        max_pixels: int = ...,
+        cap_pixels_per_frame: bool = False,
+        max_video_tokens: int = 128000,
+        mean: tuple[float, float, float] | list[float] = ...,
+        std: tuple[float, float, float] | list[float] = ...,
+        rescale: float = ...,
+        patch_size: int = 14,
+        merge_size: int = 2,
+        temporal_patch_size: int = 2,
+        max_duration_s: float | None = None,
+        max_frames_decoded: int | None = None,
+        max_pixels_per_frame: int | None = None,
+        max_tokens: int | None = None,
+    ) -> VideoOptions: ...
+    @staticmethod
+    def from_hf_config(
+        json: str,
+        *,
+        max_duration_s: float | None = None,
+        max_frames_decoded: int | None = None,
+        max_pixels_per_frame: int | None = None,
+        max_tokens: int | None = None,
+    ) -> VideoOptions:
+        """The options a checkpoint's video_preprocessor_config.json (or, without one, its
+        preprocessor_config.json) gives, as transformers' video processor reads them."""
+
+class _VideoPlan(TypedDict):
+    info: _VideoInfo
+    indices: list[int]
+    grid_thw: tuple[int, int, int]
+    resized_size: tuple[int, int]
+    tokens: int
+    mm_hash: int
+
+def plan_video(data: bytes, options: VideoOptions, *, timeout_s: float | None = None) -> _VideoPlan:
+    """The count-only plan of a video (info, sampled indices, grid, tokens, mm_hash) from its
+    headers; no frame is decoded."""
+
+def process_video(
+    data: bytes, options: VideoOptions, *, timeout_s: float | None = None
+) -> tuple[_VideoPlan, numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]]]:
+    """(plan, pixel_values_videos) of a video; decoding stops after the last sampled frame."""
+
+def probe_video(
+    data: bytes,
+    *,
+    max_duration_s: float | None = None,
+    max_frames: int | None = None,
+    max_pixels: int | None = None,
+    timeout_s: float | None = None,
+) -> _VideoInfo:
+    """A video's frame count, rate, size and codec from its container's headers, without
+    decoding a frame (built with the `video` feature)."""
+
+def decode_video(
+    data: bytes,
+    indices: list[int],
+    *,
+    max_duration_s: float | None = None,
+    max_frames: int | None = None,
+    max_pixels: int | None = None,
+    timeout_s: float | None = None,
+) -> tuple[_VideoInfo, numpy.ndarray[tuple[int, int, int, int], numpy.dtype[numpy.uint8]]]:
+    """(info, frames): the frames at `indices` (ascending, repeats allowed) as [n, h, w, 3]
+    uint8 RGB (built with the `video` feature)."""
 
 # qwen
 @final

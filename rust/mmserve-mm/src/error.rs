@@ -8,6 +8,7 @@ use crate::family::registry::SpecError;
 use crate::image::{decode::DecodeError, resize::ResizeError};
 use crate::pipeline::ProcessError;
 use crate::source::fetch::FetchError;
+use crate::video::VideoError;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -24,6 +25,8 @@ pub enum Error {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Request(#[from] RequestError),
+    #[error(transparent)]
+    Video(#[from] VideoError),
     /// A failure of one media item of a request; keeps the item's own code.
     #[error("image {index}: {source}")]
     Item { index: usize, source: Box<Error> },
@@ -39,6 +42,7 @@ impl Error {
             Error::Process(e) => e.code(),
             Error::Spec(e) => e.code(),
             Error::Request(e) => e.code(),
+            Error::Video(e) => e.code(),
             Error::Item { source, .. } => source.code(),
         }
     }

@@ -4,10 +4,12 @@
 //! The modules read as the pipeline: [`source`] (the media sources: fetch, base64) ->
 //! [`image`] (decode, resize, transforms) -> [`family`] (the registry and each family's code,
 //! over the trait and carriers in [`pipeline`]) -> [`driver`] (one request, end to end). [`kv`]
-//! is the KV-aware routing index; [`common`] holds what they all share (hash, par).
+//! is the KV-aware routing index; [`video`] samples, decodes and patchifies videos; [`common`]
+//! holds what they all share (hash, par).
 //!
 //! Default features build a plain single-threaded rlib. `parallel` fans work out
-//! through [`common::par`]; `python` adds the `mmserve._mm` extension module.
+//! through [`common::par`]; `python` adds the `mmserve._mm` extension module; `video` links
+//! FFmpeg's libraries for demuxing and decoding.
 
 pub mod common;
 pub mod driver;
@@ -17,6 +19,7 @@ pub mod image;
 pub mod kv;
 pub mod pipeline;
 pub mod source;
+pub mod video;
 
 #[cfg(feature = "python")]
 mod python;

@@ -115,6 +115,30 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("decode.empty_image", 400, "the image has no pixels"),
     ErrorCode("decode.too_many_pixels", 413, "the image has more pixels than the decoder allows"),
     ErrorCode("decode.out_of_memory", 413, "the image needs more memory than can be allocated"),
+    # The Rust core: demuxing, decoding and sampling a video.
+    ErrorCode("video.unknown_container", 400, "the item is not a video in a known container"),
+    ErrorCode("video.unsupported_container", 400, "the video's container is not mp4, mov, "
+              "webm or mkv"),
+    ErrorCode("video.no_video_stream", 400, "the file has no video stream"),
+    ErrorCode("video.unsupported_codec", 400, "the video's codec is not H.264, HEVC, VP8, VP9, "
+              "AV1 or MPEG-4"),
+    ErrorCode("video.unsupported_pixel_format", 400, "the video is not 8-bit YUV (10-bit and "
+              "other formats are refused)"),
+    ErrorCode("video.corrupt", 400, "the video data is corrupt or truncated"),
+    ErrorCode("video.no_frame_rate", 400, "the video's frame rate is unknown"),
+    ErrorCode("video.no_frames", 400, "the video has no frames"),
+    ErrorCode("video.too_few_frames", 400, "the video has fewer frames than the sampling asks "
+              "for"),
+    ErrorCode("video.bad_sampling", 400, "the video sampling options are invalid"),
+    ErrorCode("video.too_long", 413, "the video lasts longer than allowed"),
+    ErrorCode("video.too_many_frames", 413, "the video has more frames than allowed"),
+    ErrorCode("video.too_many_pixels", 413, "the video's frames have more pixels than allowed"),
+    ErrorCode("video.too_many_tokens", 413, "the video would take more prompt tokens than "
+              "allowed"),
+    ErrorCode("video.too_many_streams", 400, "the file has more streams than allowed"),
+    ErrorCode("video.frame_size_changed", 400, "the video's frame size changes mid-stream"),
+    ErrorCode("video.deadline", 400, "decoding the video took longer than allowed"),
+    ErrorCode("transform.frame_count", 500, "a temporal patch got the wrong number of frames"),
     # The Rust core: preprocessing and the prompt's layout.
     ErrorCode("process.aspect_ratio", 400, "the image is more than 200 times wider than tall, "
               "or taller than wide"),

@@ -153,7 +153,7 @@ impl SpecError {
     }
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> SpecError {
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> SpecError {
     SpecError::Invalid {
         field,
         reason: reason.into(),
@@ -265,7 +265,7 @@ mod hf_defaults {
     pub const RESAMPLE_BICUBIC: i64 = 3;
 }
 
-fn parse_object(
+pub(crate) fn parse_object(
     json: &str,
     what: &'static str,
 ) -> Result<serde_json::Map<String, Value>, SpecError> {
@@ -276,16 +276,16 @@ fn parse_object(
     }
 }
 
-fn as_u64(v: &Value, field: &'static str) -> Result<u64, SpecError> {
+pub(crate) fn as_u64(v: &Value, field: &'static str) -> Result<u64, SpecError> {
     v.as_u64()
         .ok_or_else(|| invalid(field, format!("expected a non-negative integer, got {v}")))
 }
 
-fn as_u32(v: &Value, field: &'static str) -> Result<u32, SpecError> {
+pub(crate) fn as_u32(v: &Value, field: &'static str) -> Result<u32, SpecError> {
     u32::try_from(as_u64(v, field)?).map_err(|_| invalid(field, format!("{v} is too large")))
 }
 
-fn as_triple(v: &Value, field: &'static str) -> Result<[f64; 3], SpecError> {
+pub(crate) fn as_triple(v: &Value, field: &'static str) -> Result<[f64; 3], SpecError> {
     let bad = || invalid(field, format!("expected a number or 3 numbers, got {v}"));
     if let Some(x) = v.as_f64() {
         return Ok([x; 3]);

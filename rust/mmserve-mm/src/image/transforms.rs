@@ -10,7 +10,8 @@
 //!   `(f32(x) - mean') / std'` in float32.
 //!
 //! The patch order is HF's: rows are `(gh / m, gw / m, m, m)` over the patch grid, each row
-//! is `(C, temporal, p, p)`, with the single frame repeated over the temporal patch.
+//! is `(C, temporal, p, p)`, with a still image repeated over the temporal patch and a video's
+//! consecutive frames filling it.
 
 use std::mem::MaybeUninit;
 
@@ -49,6 +50,8 @@ pub enum TransformError {
     },
     #[error("output buffer holds {actual} values, the patches need {expected}")]
     OutputSize { expected: usize, actual: usize },
+    #[error("a temporal patch takes {expected} frames, got {actual}")]
+    FrameCount { expected: usize, actual: usize },
 }
 
 impl TransformError {
@@ -60,6 +63,7 @@ impl TransformError {
             TransformError::NotDivisible { .. } => "transform.not_divisible",
             TransformError::ImageBufferSize { .. } => "transform.image_buffer_size",
             TransformError::OutputSize { .. } => "transform.output_size",
+            TransformError::FrameCount { .. } => "transform.frame_count",
         }
     }
 }
@@ -204,6 +208,49 @@ pub fn patchify_into(
     write_patches(image.into(), lut, geometry, out, |v| v, copy_row)
 }
 
+/// Writes the patches of one temporal group of video frames (`geometry.temporal` frames of
+/// one size, in order) into `out` (length `grid.len()`).
+pub fn patchify_frames_into(
+    frames: &[ImageView<'_>],
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+    out: &mut [f32],
+) -> Result<PatchGrid, TransformError> {
+    let Some(first) = frames.first() else {
+        return Err(TransformError::FrameCount {
+            expected: geometry.temporal as usize,
+            actual: 0,
+        });
+    };
+    if frames.len() != geometry.temporal as usize {
+        return Err(TransformError::FrameCount {
+            expected: geometry.temporal as usize,
+            actual: frames.len(),
+        });
+    }
+    for frame in frames {
+        if (frame.width, frame.height) != (first.width, first.height) {
+            return Err(TransformError::ImageBufferSize {
+                width: first.width,
+                height: first.height,
+                expected: first.width as usize * first.height as usize * CHANNELS,
+                actual: frame.data.len(),
+            });
+        }
+    }
+    let planes: Vec<&[u8]> = frames.iter().map(|f| f.data).collect();
+    write_group(
+        first.width,
+        first.height,
+        &planes,
+        lut,
+        geometry,
+        out,
+        |v| v,
+        copy_row,
+    )
+}
+
 /// Allocates and fills the `[rows, cols]` f32 patch matrix.
 pub fn patchify(
     image: &DecodedImage,
@@ -279,14 +326,39 @@ fn write_patches<T: Copy>(
     convert: impl Fn(f32) -> T,
     emit: impl Fn(&[T], &mut [T]),
 ) -> Result<PatchGrid, TransformError> {
-    let grid = geometry.grid(image.width, image.height)?;
-    let expected_bytes = image.width as usize * image.height as usize * CHANNELS;
-    if image.data.len() != expected_bytes {
+    // The one frame over the whole temporal patch.
+    let planes = vec![image.data; geometry.temporal.max(1) as usize];
+    write_group(
+        image.width,
+        image.height,
+        &planes,
+        lut,
+        geometry,
+        out,
+        convert,
+        emit,
+    )
+}
+
+#[allow(clippy::too_many_arguments)] // the private core of the two public entry points
+fn write_group<T: Copy>(
+    width: u32,
+    height: u32,
+    planes: &[&[u8]],
+    lut: &NormalizeLut,
+    geometry: PatchGeometry,
+    out: &mut [T],
+    convert: impl Fn(f32) -> T,
+    emit: impl Fn(&[T], &mut [T]),
+) -> Result<PatchGrid, TransformError> {
+    let grid = geometry.grid(width, height)?;
+    let expected_bytes = width as usize * height as usize * CHANNELS;
+    if let Some(bad) = planes.iter().find(|p| p.len() != expected_bytes) {
         return Err(TransformError::ImageBufferSize {
-            width: image.width,
-            height: image.height,
+            width,
+            height,
             expected: expected_bytes,
-            actual: image.data.len(),
+            actual: bad.len(),
         });
     }
     if out.len() != grid.len() {
@@ -303,8 +375,8 @@ fn write_patches<T: Copy>(
         .collect();
 
     let rows = PatchRows {
-        data: image.data,
-        row_bytes: image.width as usize * CHANNELS,
+        planes,
+        row_bytes: width as usize * CHANNELS,
         merge: geometry.merge as usize,
         temporal: geometry.temporal as usize,
         blocks_w: grid.grid_w as usize / geometry.merge as usize,
@@ -321,7 +393,8 @@ fn write_patches<T: Copy>(
 
 /// What [`write_patches`] needs to fill the patch rows of one image.
 struct PatchRows<'a> {
-    data: &'a [u8],
+    /// One frame per temporal slot; a still image is the same slice in each.
+    planes: &'a [&'a [u8]],
     row_bytes: usize,
     merge: usize,
     temporal: usize,
@@ -349,21 +422,24 @@ impl PatchRows<'_> {
             let (block, within) = (index / (m * m), index % (m * m));
             let patch_y = (block / self.blocks_w) * m + within / m;
             let patch_x = (block % self.blocks_w) * m + within % m;
-            for py in 0..p {
-                let y = patch_y * p + py;
-                let src = &self.data[y * self.row_bytes + patch_x * p * CHANNELS..][..p * CHANNELS];
-                for (c, lut) in table.iter().enumerate() {
-                    let dst = &mut row[c * channel_stride + py * p..][..p];
-                    for (d, rgb) in dst.iter_mut().zip(src.chunks_exact(CHANNELS)) {
-                        *d = lut[usize::from(rgb[c])];
+            for (t, data) in self.planes.iter().enumerate().take(self.temporal) {
+                if t > 0 && std::ptr::eq(*data, self.planes[0]) {
+                    // A repeated frame: copy the values instead of looking them up again.
+                    for c in 0..CHANNELS {
+                        let base = c * channel_stride;
+                        row.copy_within(base..base + plane, base + t * plane);
                     }
+                    continue;
                 }
-            }
-            // The single frame repeated over the temporal patch.
-            for c in 0..CHANNELS {
-                let base = c * channel_stride;
-                for t in 1..self.temporal {
-                    row.copy_within(base..base + plane, base + t * plane);
+                for py in 0..p {
+                    let y = patch_y * p + py;
+                    let src = &data[y * self.row_bytes + patch_x * p * CHANNELS..][..p * CHANNELS];
+                    for (c, lut) in table.iter().enumerate() {
+                        let dst = &mut row[c * channel_stride + t * plane + py * p..][..p];
+                        for (d, rgb) in dst.iter_mut().zip(src.chunks_exact(CHANNELS)) {
+                            *d = lut[usize::from(rgb[c])];
+                        }
+                    }
                 }
             }
             emit(&row, destination);

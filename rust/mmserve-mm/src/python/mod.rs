@@ -9,6 +9,7 @@ mod media;
 mod qwen;
 mod resize;
 mod spec;
+mod video;
 
 #[pymodule]
 fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -19,5 +20,6 @@ fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     spec::register(m)?;
     qwen::register(m)?;
     kv::register(m)?;
+    video::register(m)?;
     Ok(())
 }

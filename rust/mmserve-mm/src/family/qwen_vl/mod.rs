@@ -5,7 +5,7 @@ mod geometry;
 mod positions;
 
 pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
-pub use positions::mrope;
+pub use positions::{mrope, mrope_blocks, VisionBlock};
 
 use crate::family::registry::{Spec, SpecError};
 use crate::image::resize::{resize, Backend, ResizeError};

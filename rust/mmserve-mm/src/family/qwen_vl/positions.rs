@@ -1,11 +1,22 @@
-//! M-RoPE position ids for prompts with images (the image-only fast path of transformers'
-//! `get_rope_index` for Qwen2-VL, Qwen2.5-VL and Qwen3-VL).
+//! M-RoPE position ids for prompts with images and videos (transformers' `get_rope_index` for
+//! Qwen2-VL, Qwen2.5-VL and Qwen3-VL).
 
 use crate::pipeline::{Positions, ProcessError};
 
-/// Text tokens advance the three rows together; an image of LLM grid `(t, h, w)` (patch grid
-/// divided by `merge`) fills a `t x h x w` block starting at the next position, and the text
-/// after it resumes at `start + max(t, h, w)`.
+/// One vision item of the prompt: its token run, its patch grid and how far apart its
+/// temporal patches sit (`time_interval`: 1 for images and Qwen2-VL video; Qwen2.5-VL's
+/// `tokens_per_second * second_per_grid_t` for its video).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VisionBlock {
+    pub start: usize,
+    pub end: usize,
+    pub grid_thw: [u32; 3],
+    pub time_interval: f64,
+}
+
+/// Text tokens advance the three rows together; an image of LLM grid `(1, h, w)` (patch grid
+/// divided by `merge` spatially) fills an `h x w` block starting at the next position, and the
+/// text after it resumes at `start + max(h, w)`.
 pub fn mrope(
     len: usize,
     offsets: &[(usize, usize)],
@@ -18,6 +29,30 @@ pub fn mrope(
             offsets.len(),
             grids.len()
         )));
+    }
+    let blocks: Vec<VisionBlock> = offsets
+        .iter()
+        .zip(grids)
+        .map(|(&(start, end), &grid_thw)| VisionBlock {
+            start,
+            end,
+            grid_thw,
+            time_interval: 1.0,
+        })
+        .collect();
+    mrope_blocks(len, &blocks, merge)
+}
+
+/// [`mrope`] over images and videos: temporal patch `ti` of a block at `base` sits at
+/// `base + trunc(ti * time_interval)` (float32 arithmetic, as torch computes it), and the text
+/// after a block resumes at `base + max(h, w)` (the temporal extent does not count).
+pub fn mrope_blocks(
+    len: usize,
+    blocks: &[VisionBlock],
+    merge: u32,
+) -> Result<Positions, ProcessError> {
+    if merge == 0 {
+        return Err(ProcessError::Offsets("merge size 0".into()));
     }
     let mut positions = vec![0i64; 3 * len];
     let (rows_t, rest) = positions.split_at_mut(len);
@@ -32,28 +67,37 @@ pub fn mrope(
             rows_w[i] = p;
         }
     };
-    let mut blocks = Vec::with_capacity(grids.len());
-    for (item, (&(start, end), grid)) in offsets.iter().zip(grids).enumerate() {
+    let mut placed = Vec::with_capacity(blocks.len());
+    for (item, block) in blocks.iter().enumerate() {
+        let (start, end, grid) = (block.start, block.end, block.grid_thw);
         let [t, h, w] = [grid[0], grid[1] / merge, grid[2] / merge].map(|v| v as usize);
-        if start < cursor || end < start || end > len || end - start != t * h * w {
+        let fits = t.checked_mul(h).and_then(|th| th.checked_mul(w)) == end.checked_sub(start);
+        if start < cursor || end < start || end > len || !fits {
             return Err(ProcessError::Offsets(format!(
                 "item {item} at {start}..{end} does not fit a {t}x{h}x{w} block after token {cursor} \
                  in a prompt of {len} tokens"
             )));
         }
+        if !(block.time_interval.is_finite() && block.time_interval >= 0.0) {
+            return Err(ProcessError::Offsets(format!(
+                "item {item} has time interval {}",
+                block.time_interval
+            )));
+        }
         text_run(cursor, start, next_position);
         next_position += (start - cursor) as i64;
-        blocks.push((start, [t, h, w], next_position));
-        next_position += t.max(h).max(w) as i64;
+        placed.push((start, [t, h, w], next_position, block.time_interval as f32));
+        next_position += h.max(w) as i64;
         cursor = end;
     }
     text_run(cursor, len, next_position);
-    for (start, [t, h, w], base) in blocks {
+    for (start, [t, h, w], base, interval) in placed {
         let mut i = start;
         for ti in 0..t {
+            let temporal = base + (ti as f32 * interval) as i64;
             for hi in 0..h {
                 for wi in 0..w {
-                    rows_t[i] = base + ti as i64;
+                    rows_t[i] = temporal;
                     rows_h[i] = base + hi as i64;
                     rows_w[i] = base + wi as i64;
                     i += 1;
@@ -96,6 +140,29 @@ mod tests {
         assert_eq!(&p[9..18], &[0, 1, 2, 2, 2, 3, 3, 3, 5]);
         assert_eq!(&p[18..27], &[0, 1, 2, 3, 4, 2, 3, 4, 5]);
         assert_eq!(d, 5 + 1 - 9);
+    }
+
+    #[test]
+    fn a_video_block_resumes_after_its_spatial_extent() {
+        // 1 text token, a 3x2x2 patch grid (3x1x1 LLM grid = 3 tokens), 1 text token: the
+        // temporal rows climb, and the text resumes at 1 + max(1, 1), not 1 + 3.
+        let block = VisionBlock {
+            start: 1,
+            end: 4,
+            grid_thw: [3, 2, 2],
+            time_interval: 1.0,
+        };
+        let (p, d) = rows(&mrope_blocks(5, &[block], 2).unwrap());
+        assert_eq!(&p[0..5], &[0, 1, 2, 3, 2]);
+        assert_eq!(&p[5..10], &[0, 1, 1, 1, 2]);
+        assert_eq!(&p[10..15], &[0, 1, 1, 1, 2]);
+        assert_eq!(d, 3 + 1 - 5);
+        let spaced = VisionBlock {
+            time_interval: 2.5,
+            ..block
+        };
+        let (p, _) = rows(&mrope_blocks(5, &[spaced], 2).unwrap());
+        assert_eq!(&p[0..5], &[0, 1, 3, 6, 2]);
     }
 
     #[test]

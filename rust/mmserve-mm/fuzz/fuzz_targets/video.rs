@@ -1,0 +1,31 @@
+//! Any bytes through `probe_video` and then `decode_frames` of the first frames: an error
+//! value, or frames of the probed size, each buffer matching it.
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use libfuzzer_sys::fuzz_target;
+use mmserve_mm::video::demux::{decode_frames, probe_video, VideoLimits};
+
+fuzz_target!(|data: &[u8]| {
+    // Small caps and a deadline, so a header claiming a long or large video costs nothing.
+    let limits = VideoLimits {
+        max_duration_s: 60.0,
+        max_frames: 600,
+        max_pixels: 1 << 20,
+        max_streams: 4,
+        deadline: Instant::now().checked_add(Duration::from_secs(2)),
+    };
+    let Ok(info) = probe_video(data, &limits) else {
+        return;
+    };
+    let indices: Vec<u64> = (0..info.total_frames.min(4)).collect();
+    if let Ok((decoded, frames)) = decode_frames(data, &indices, &limits) {
+        assert_eq!(decoded, info);
+        assert_eq!(frames.len(), indices.len());
+        for frame in frames {
+            assert_eq!((frame.width, frame.height), (info.width, info.height));
+            assert_eq!(frame.data.len(), info.width as usize * info.height as usize * 3);
+        }
+    }
+});

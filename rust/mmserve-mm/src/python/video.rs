@@ -1,0 +1,444 @@
+//! Bindings of the video side: sampling, (with the `video` feature) probe and decode, frames
+//! to `pixel_values_videos`, and M-RoPE over images and videos. The work runs with the GIL
+//! released.
+
+use numpy::ndarray::{Array2, Array4};
+use numpy::{IntoPyArray, PyArray2, PyArray4, PyReadonlyArray4, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use super::error::to_py;
+use crate::family::qwen_vl::{mrope_blocks, VisionBlock};
+use crate::image::resize::{Backend, Filter};
+use crate::image::transforms::{Convention, NormalizeLut, PatchGeometry};
+use crate::pipeline::{DecodedImage, Positions};
+use crate::video::config::{video_config_from_hf, CLIP_MEAN, CLIP_STD};
+use crate::video::frames::{preprocess_frames, VideoResize};
+use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
+use crate::video::VideoError;
+
+/// The frame indices transformers' Qwen2-VL video processor samples from a video of
+/// `total_frames` frames at `video_fps`, by `fps` or by `num_frames` (neither: all frames).
+#[pyfunction]
+#[pyo3(signature = (total_frames, video_fps, *, fps = None, num_frames = None,
+    min_frames = 4, max_frames = 768, temporal_patch_size = 2))]
+#[allow(clippy::too_many_arguments)]
+fn sample_frame_indices(
+    total_frames: u64,
+    video_fps: f64,
+    fps: Option<f64>,
+    num_frames: Option<u64>,
+    min_frames: u64,
+    max_frames: u64,
+    temporal_patch_size: u64,
+) -> PyResult<Vec<u64>> {
+    let meta = VideoMeta {
+        total_frames,
+        fps: video_fps,
+    };
+    let sampling = Sampling {
+        fps,
+        num_frames,
+        min_frames,
+        max_frames,
+        temporal_patch_size,
+    };
+    sample_indices(meta, sampling).map_err(|e| to_py(VideoError::from(e)))
+}
+
+/// `pixel_values_videos` and `(t, h, w)`.
+type Processed<'py> = (Bound<'py, PyArray2<f32>>, (u32, u32, u32));
+
+/// Sampled RGB frames (`[n, h, w, 3]` uint8) to `(pixel_values_videos, (t, h, w))` as the
+/// Qwen2-VL video processor (torchvision backend) computes them.
+#[pyfunction]
+#[pyo3(signature = (frames, *, min_pixels, max_pixels, mean, std, rescale = 1.0 / 255.0,
+    patch_size = 14, merge_size = 2, temporal_patch_size = 2, cap_pixels_per_frame = false,
+    max_video_tokens = 128_000))]
+#[allow(clippy::too_many_arguments)]
+fn preprocess_video<'py>(
+    py: Python<'py>,
+    frames: PyReadonlyArray4<'py, u8>,
+    min_pixels: u64,
+    max_pixels: u64,
+    mean: [f64; 3],
+    std: [f64; 3],
+    rescale: f64,
+    patch_size: u32,
+    merge_size: u32,
+    temporal_patch_size: u32,
+    cap_pixels_per_frame: bool,
+    max_video_tokens: u64,
+) -> PyResult<Processed<'py>> {
+    let shape = frames.shape().to_vec();
+    if shape[3] != 3 {
+        return Err(PyValueError::new_err(format!(
+            "frames must have shape [n, height, width, 3] (RGB), got {shape:?}"
+        )));
+    }
+    let side = |n: usize| {
+        u32::try_from(n).map_err(|_| PyValueError::new_err(format!("frame side {n} is too large")))
+    };
+    let (height, width) = (side(shape[1])?, side(shape[2])?);
+    let plane = shape[1] * shape[2] * 3;
+    let all: Vec<u8> = match frames.as_slice() {
+        Ok(data) => data.to_vec(),
+        Err(_) => frames.as_array().iter().copied().collect(),
+    };
+    let decoded: Vec<DecodedImage> = all
+        .chunks_exact(plane.max(1))
+        .map(|data| DecodedImage {
+            width,
+            height,
+            data: data.to_vec(),
+        })
+        .collect();
+    let resize = VideoResize {
+        min_pixels,
+        max_pixels,
+        cap_pixels_per_frame,
+        max_video_tokens,
+        filter: Filter::Bicubic,
+        backend: Backend::TorchU8,
+    };
+    let geometry = PatchGeometry {
+        patch: patch_size,
+        merge: merge_size,
+        temporal: temporal_patch_size,
+    };
+    let lut = NormalizeLut::new(mean, std, rescale, Convention::Torchvision)
+        .map_err(|e| to_py(VideoError::from(e)))?;
+    let out = py
+        .detach(|| preprocess_frames(&decoded, &resize, &lut, geometry))
+        .map_err(to_py)?;
+    let rows = out.pixel_values.len() / out.cols.max(1);
+    let [t, h, w] = out.grid_thw;
+    let array = Array2::from_shape_vec((rows, out.cols), out.pixel_values)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((array.into_pyarray(py), (t, h, w)))
+}
+
+/// `(start, end, (t, h, w), time_interval)` of one vision item.
+type Block = (usize, usize, (u32, u32, u32), f64);
+
+/// `(positions [3, length] int64, delta)`: M-RoPE for a prompt whose vision items (images and
+/// videos, in prompt order) are `(start, end, (t, h, w), time_interval)`.
+#[pyfunction]
+fn mrope_positions<'py>(
+    py: Python<'py>,
+    length: usize,
+    blocks: Vec<Block>,
+    merge_size: u32,
+) -> PyResult<(Bound<'py, PyArray2<i64>>, i64)> {
+    let blocks: Vec<VisionBlock> = blocks
+        .into_iter()
+        .map(|(start, end, (t, h, w), time_interval)| VisionBlock {
+            start,
+            end,
+            grid_thw: [t, h, w],
+            time_interval,
+        })
+        .collect();
+    let positions = py
+        .detach(|| mrope_blocks(length, &blocks, merge_size))
+        .map_err(to_py)?;
+    let Positions::MRope { positions, delta } = positions else {
+        return Err(PyValueError::new_err("M-RoPE gave 1-D positions"));
+    };
+    let array = Array2::from_shape_vec((3, length), positions)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((array.into_pyarray(py), delta))
+}
+
+#[cfg(feature = "video")]
+mod ffmpeg {
+    use std::time::{Duration, Instant};
+
+    use pyo3::types::PyDict;
+
+    use super::*;
+    use crate::video::demux::{self, VideoInfo, VideoLimits};
+    use crate::video::process::{self, VideoPlan};
+
+    fn limits(
+        max_duration_s: Option<f64>,
+        max_frames: Option<u64>,
+        max_pixels: Option<u64>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<VideoLimits> {
+        let defaults = VideoLimits::default();
+        let deadline = match timeout_s {
+            Some(s) => Some(
+                Duration::try_from_secs_f64(s)
+                    .ok()
+                    .and_then(|d| Instant::now().checked_add(d))
+                    .ok_or_else(|| PyValueError::new_err(format!("bad timeout_s {s}")))?,
+            ),
+            None => None,
+        };
+        Ok(VideoLimits {
+            max_duration_s: max_duration_s.unwrap_or(defaults.max_duration_s),
+            max_frames: max_frames.unwrap_or(defaults.max_frames),
+            max_pixels: max_pixels.unwrap_or(defaults.max_pixels),
+            deadline,
+            ..defaults
+        })
+    }
+
+    fn info_dict<'py>(py: Python<'py>, info: &VideoInfo) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("width", info.width)?;
+        d.set_item("height", info.height)?;
+        d.set_item("total_frames", info.total_frames)?;
+        d.set_item("fps", info.fps)?;
+        d.set_item("duration_s", info.duration_s)?;
+        d.set_item("codec", &info.codec)?;
+        d.set_item("container", &info.container)?;
+        d.set_item("pixel_format", &info.pixel_format)?;
+        Ok(d)
+    }
+
+    fn options(
+        options: &PyVideoOptions,
+        timeout_s: Option<f64>,
+    ) -> PyResult<crate::video::process::VideoOptions> {
+        Ok(crate::video::process::VideoOptions {
+            sampling: options.sampling,
+            resize: options.resize,
+            geometry: options.geometry,
+            limits: limits(
+                options.max_duration_s,
+                options.max_frames_decoded,
+                options.max_pixels_per_frame,
+                timeout_s,
+            )?,
+            max_tokens: options.max_tokens,
+        })
+    }
+
+    fn plan_dict<'py>(py: Python<'py>, plan: &VideoPlan) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("info", info_dict(py, &plan.info)?)?;
+        d.set_item("indices", plan.indices.clone())?;
+        let [t, h, w] = plan.grid_thw;
+        d.set_item("grid_thw", (t, h, w))?;
+        d.set_item("resized_size", (plan.resized_width, plan.resized_height))?;
+        d.set_item("tokens", plan.tokens)?;
+        d.set_item("mm_hash", plan.mm_hash)?;
+        Ok(d)
+    }
+
+    /// The count-only plan of a video: info, sampled indices, grid, token count and identity
+    /// (mm_hash), from its headers; no frame is decoded.
+    #[pyfunction]
+    #[pyo3(signature = (data, options, *, timeout_s = None))]
+    pub fn plan_video<'py>(
+        py: Python<'py>,
+        data: &[u8],
+        options: &PyVideoOptions,
+        timeout_s: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let options = self::options(options, timeout_s)?;
+        let plan = py
+            .detach(|| process::plan_video(data, &options))
+            .map_err(to_py)?;
+        plan_dict(py, &plan)
+    }
+
+    /// `(plan, pixel_values_videos)`: the plan and the model inputs of a video.
+    #[pyfunction]
+    #[pyo3(signature = (data, options, *, timeout_s = None))]
+    pub fn process_video<'py>(
+        py: Python<'py>,
+        data: &[u8],
+        options: &PyVideoOptions,
+        timeout_s: Option<f64>,
+    ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyArray2<f32>>)> {
+        let lut = options.lut.clone();
+        let options = self::options(options, timeout_s)?;
+        let (plan, processed) = py
+            .detach(|| process::process_video(data, &options, &lut))
+            .map_err(to_py)?;
+        let rows = processed.pixel_values.len() / processed.cols.max(1);
+        let array = Array2::from_shape_vec((rows, processed.cols), processed.pixel_values)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((plan_dict(py, &plan)?, array.into_pyarray(py)))
+    }
+
+    /// A video's frame count, rate, size and codec from its headers, without decoding.
+    #[pyfunction]
+    #[pyo3(signature = (data, *, max_duration_s = None, max_frames = None, max_pixels = None,
+        timeout_s = None))]
+    pub fn probe_video<'py>(
+        py: Python<'py>,
+        data: &[u8],
+        max_duration_s: Option<f64>,
+        max_frames: Option<u64>,
+        max_pixels: Option<u64>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let limits = limits(max_duration_s, max_frames, max_pixels, timeout_s)?;
+        let info = py
+            .detach(|| demux::probe_video(data, &limits))
+            .map_err(to_py)?;
+        info_dict(py, &info)
+    }
+
+    /// `(info, frames)`: the frames at `indices` (ascending) as `[n, h, w, 3]` uint8 RGB.
+    #[pyfunction]
+    #[pyo3(signature = (data, indices, *, max_duration_s = None, max_frames = None,
+        max_pixels = None, timeout_s = None))]
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_video<'py>(
+        py: Python<'py>,
+        data: &[u8],
+        indices: Vec<u64>,
+        max_duration_s: Option<f64>,
+        max_frames: Option<u64>,
+        max_pixels: Option<u64>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyArray4<u8>>)> {
+        let limits = limits(max_duration_s, max_frames, max_pixels, timeout_s)?;
+        let (info, frames) = py
+            .detach(|| demux::decode_frames(data, &indices, &limits))
+            .map_err(to_py)?;
+        let shape = (
+            frames.len(),
+            info.height as usize,
+            info.width as usize,
+            3usize,
+        );
+        let data: Vec<u8> = frames.into_iter().flat_map(|f| f.data).collect();
+        let array = Array4::from_shape_vec(shape, data)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((info_dict(py, &info)?, array.into_pyarray(py)))
+    }
+}
+
+/// The options that decide a video's model inputs, as `Qwen2VLVideoProcessor` reads them
+/// (its class defaults where not given).
+#[pyclass(name = "VideoOptions", frozen, module = "mmserve._mm")]
+#[derive(Debug, Clone)]
+pub struct PyVideoOptions {
+    sampling: Sampling,
+    resize: VideoResize,
+    geometry: PatchGeometry,
+    lut: NormalizeLut,
+    max_duration_s: Option<f64>,
+    max_frames_decoded: Option<u64>,
+    max_pixels_per_frame: Option<u64>,
+    max_tokens: Option<usize>,
+}
+
+#[pymethods]
+impl PyVideoOptions {
+    #[new]
+    #[pyo3(signature = (*, fps = None, num_frames = None, min_frames = 4, max_frames = 768,
+        min_pixels = VideoResize::QWEN2_VL.min_pixels, max_pixels = VideoResize::QWEN2_VL.max_pixels,
+        cap_pixels_per_frame = false, max_video_tokens = 128_000,
+        mean = CLIP_MEAN, std = CLIP_STD,
+        rescale = 1.0 / 255.0, patch_size = 14, merge_size = 2, temporal_patch_size = 2,
+        max_duration_s = None, max_frames_decoded = None, max_pixels_per_frame = None,
+        max_tokens = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        fps: Option<f64>,
+        num_frames: Option<u64>,
+        min_frames: u64,
+        max_frames: u64,
+        min_pixels: u64,
+        max_pixels: u64,
+        cap_pixels_per_frame: bool,
+        max_video_tokens: u64,
+        mean: [f64; 3],
+        std: [f64; 3],
+        rescale: f64,
+        patch_size: u32,
+        merge_size: u32,
+        temporal_patch_size: u32,
+        max_duration_s: Option<f64>,
+        max_frames_decoded: Option<u64>,
+        max_pixels_per_frame: Option<u64>,
+        max_tokens: Option<usize>,
+    ) -> PyResult<Self> {
+        let lut = NormalizeLut::new(mean, std, rescale, Convention::Torchvision)
+            .map_err(|e| to_py(VideoError::from(e)))?;
+        Ok(PyVideoOptions {
+            sampling: Sampling {
+                fps,
+                num_frames,
+                min_frames,
+                max_frames,
+                temporal_patch_size: u64::from(temporal_patch_size),
+            },
+            resize: VideoResize {
+                min_pixels,
+                max_pixels,
+                cap_pixels_per_frame,
+                max_video_tokens,
+                ..VideoResize::QWEN2_VL
+            },
+            geometry: PatchGeometry {
+                patch: patch_size,
+                merge: merge_size,
+                temporal: temporal_patch_size,
+            },
+            lut,
+            max_duration_s,
+            max_frames_decoded,
+            max_pixels_per_frame,
+            max_tokens,
+        })
+    }
+
+    /// The options a checkpoint's `video_preprocessor_config.json` (or, without one, its
+    /// `preprocessor_config.json`) gives, as transformers' video processor reads them.
+    #[staticmethod]
+    #[pyo3(signature = (json, *, max_duration_s = None, max_frames_decoded = None,
+        max_pixels_per_frame = None, max_tokens = None))]
+    fn from_hf_config(
+        json: &str,
+        max_duration_s: Option<f64>,
+        max_frames_decoded: Option<u64>,
+        max_pixels_per_frame: Option<u64>,
+        max_tokens: Option<usize>,
+    ) -> PyResult<Self> {
+        let config = video_config_from_hf(json).map_err(to_py)?;
+        let lut = NormalizeLut::new(
+            config.mean,
+            config.std,
+            config.rescale,
+            Convention::Torchvision,
+        )
+        .map_err(|e| to_py(VideoError::from(e)))?;
+        Ok(PyVideoOptions {
+            sampling: config.sampling,
+            resize: config.resize,
+            geometry: config.geometry,
+            lut,
+            max_duration_s,
+            max_frames_decoded,
+            max_pixels_per_frame,
+            max_tokens,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("VideoOptions({:?}, {:?})", self.sampling, self.resize)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyVideoOptions>()?;
+    m.add_function(wrap_pyfunction!(sample_frame_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(preprocess_video, m)?)?;
+    m.add_function(wrap_pyfunction!(mrope_positions, m)?)?;
+    #[cfg(feature = "video")]
+    {
+        m.add_function(wrap_pyfunction!(ffmpeg::probe_video, m)?)?;
+        m.add_function(wrap_pyfunction!(ffmpeg::decode_video, m)?)?;
+        m.add_function(wrap_pyfunction!(ffmpeg::plan_video, m)?)?;
+        m.add_function(wrap_pyfunction!(ffmpeg::process_video, m)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,643 @@
+//! Demux and decode with FFmpeg's libraries (libavformat, libavcodec, libswscale), from
+//! bytes in memory.
+//!
+//! Only the mov/mp4 and matroska/webm demuxers ever see the data (the container is named by
+//! probing the first bytes first, then opened with that demuxer alone), and only H.264,
+//! HEVC, VP8, VP9, AV1 and MPEG-4 streams in 8-bit YUV are decoded (the pixel format is
+//! checked from the headers where the container names it, else on the first decoded
+//! frame, before any conversion). Frame count, rate and
+//! size come from the headers (a stream without a frame count has its packets counted,
+//! which reads but does not decode them), and every cap is checked before the first frame
+//! is decoded. Decoders run single-threaded; a deadline reaches FFmpeg through its
+//! interrupt callback.
+//!
+//! Frames are converted to RGB24 by swscale with bilinear flags and the frame's own matrix
+//! and range (BT.601 when unspecified), as torchcodec's CPU path does.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::mem::ManuallyDrop;
+use std::ptr;
+use std::sync::Once;
+use std::time::Instant;
+
+use ff::ffi;
+use ffmpeg_next as ff;
+
+use crate::pipeline::DecodedImage;
+use crate::video::error::VideoError;
+use crate::video::sampling::VideoMeta;
+
+/// Bytes handed to FFmpeg per read.
+const IO_BUFFER: usize = 64 * 1024;
+/// Bytes the container is named from.
+const PROBE_BYTES: usize = 1 << 20;
+/// Demuxers that may open the data (libavformat's names).
+const CONTAINERS: [&str; 2] = ["mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"];
+
+/// Limits checked from the headers before anything is decoded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VideoLimits {
+    pub max_duration_s: f64,
+    pub max_frames: u64,
+    pub max_pixels: u64,
+    pub max_streams: usize,
+    /// Opening, counting and decoding stop with [`VideoError::Deadline`] after this.
+    pub deadline: Option<Instant>,
+}
+
+impl Default for VideoLimits {
+    fn default() -> Self {
+        VideoLimits {
+            max_duration_s: 3600.0,
+            max_frames: 216_000,
+            max_pixels: 8192 * 8192,
+            max_streams: 16,
+            deadline: None,
+        }
+    }
+}
+
+/// What the headers say about the video stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoInfo {
+    pub width: u32,
+    pub height: u32,
+    pub total_frames: u64,
+    pub fps: f64,
+    pub duration_s: f64,
+    /// libavcodec's codec name, e.g. `h264`.
+    pub codec: String,
+    /// libavformat's demuxer name, e.g. `matroska,webm`.
+    pub container: String,
+    pub pixel_format: String,
+}
+
+impl VideoInfo {
+    pub fn meta(&self) -> VideoMeta {
+        VideoMeta {
+            total_frames: self.total_frames,
+            fps: self.fps,
+        }
+    }
+}
+
+/// Reads the headers (and, without a frame count in them, the packets) of `data`.
+pub fn probe_video(data: &[u8], limits: &VideoLimits) -> Result<VideoInfo, VideoError> {
+    let mut demuxer = Demuxer::open(data, limits)?;
+    demuxer.info(limits)
+}
+
+/// Decodes the frames at `indices` (ascending, repeats allowed) as RGB8 images.
+pub fn decode_frames(
+    data: &[u8],
+    indices: &[u64],
+    limits: &VideoLimits,
+) -> Result<(VideoInfo, Vec<DecodedImage>), VideoError> {
+    let mut frames = Vec::with_capacity(indices.len());
+    let info = decode_frames_with(data, indices, limits, |frame| {
+        frames.push(frame.clone());
+        Ok(())
+    })?;
+    Ok((info, frames))
+}
+
+/// [`decode_frames`] handing each frame to `on_frame` (once per occurrence in `indices`) as
+/// it is decoded, so no more than one full-size frame need be held at a time.
+pub fn decode_frames_with(
+    data: &[u8],
+    indices: &[u64],
+    limits: &VideoLimits,
+    on_frame: impl FnMut(&DecodedImage) -> Result<(), VideoError>,
+) -> Result<VideoInfo, VideoError> {
+    let mut demuxer = Demuxer::open(data, limits)?;
+    let info = demuxer.info(limits)?;
+    if demuxer.consumed {
+        // Counting read the packets; start again from the top.
+        demuxer = Demuxer::open(data, limits)?;
+    }
+    if indices.windows(2).any(|w| w[0] > w[1]) {
+        return Err(VideoError::Corrupt(
+            "frame indices are not ascending".into(),
+        ));
+    }
+    demuxer.decode(&info, indices, limits, on_frame)?;
+    Ok(info)
+}
+
+/// The byte source FFmpeg reads through its custom IO callbacks.
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+unsafe extern "C" fn read_packet(opaque: *mut c_void, buf: *mut u8, size: c_int) -> c_int {
+    // SAFETY: `opaque` is the boxed `Reader` that outlives the IO context (see `Demuxer`).
+    let reader = unsafe { &mut *(opaque as *mut Reader<'_>) };
+    let left = reader.data.len().saturating_sub(reader.pos);
+    let n = left.min(usize::try_from(size).unwrap_or(0));
+    if n == 0 {
+        return ffi::AVERROR_EOF;
+    }
+    // SAFETY: FFmpeg hands a buffer of `size` bytes; `n <= size` and `n <= left`.
+    unsafe { ptr::copy_nonoverlapping(reader.data.as_ptr().add(reader.pos), buf, n) };
+    reader.pos += n;
+    n as c_int
+}
+
+unsafe extern "C" fn seek(opaque: *mut c_void, offset: i64, whence: c_int) -> i64 {
+    // SAFETY: as in `read_packet`.
+    let reader = unsafe { &mut *(opaque as *mut Reader<'_>) };
+    let len = reader.data.len() as i64;
+    if whence & ffi::AVSEEK_SIZE as c_int != 0 {
+        return len;
+    }
+    let base = match whence & !(ffi::AVSEEK_FORCE as c_int) {
+        0 => 0,
+        1 => reader.pos as i64,
+        2 => len,
+        _ => return i64::from(ffi::AVERROR(ffi::EINVAL)),
+    };
+    match base.checked_add(offset) {
+        Some(target) if (0..=len).contains(&target) => {
+            reader.pos = target as usize;
+            target
+        }
+        _ => i64::from(ffi::AVERROR(ffi::EINVAL)),
+    }
+}
+
+unsafe extern "C" fn interrupted(opaque: *mut c_void) -> c_int {
+    // SAFETY: `opaque` is the boxed deadline that outlives the format context.
+    let deadline = unsafe { &*(opaque as *const Option<Instant>) };
+    c_int::from(deadline.is_some_and(|d| Instant::now() >= d))
+}
+
+/// An open input over borrowed bytes. Field order is drop order: the format context
+/// first, then the IO context, then what their callbacks point into.
+struct Demuxer<'a> {
+    input: ManuallyDrop<ff::format::context::Input>,
+    avio: *mut ffi::AVIOContext,
+    _reader: Box<Reader<'a>>,
+    _deadline: Box<Option<Instant>>,
+    container: String,
+    /// Whether the packets were read already (to count them).
+    consumed: bool,
+}
+
+impl Drop for Demuxer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the input is dropped exactly once here; with custom IO it leaves `avio`
+        // alone, which is then freed with the buffer FFmpeg may have replaced.
+        unsafe {
+            ManuallyDrop::drop(&mut self.input);
+            free_avio(&mut self.avio);
+        }
+    }
+}
+
+/// Frees an IO context made by `avio_alloc_context` and its current buffer.
+unsafe fn free_avio(avio: &mut *mut ffi::AVIOContext) {
+    if avio.is_null() {
+        return;
+    }
+    // SAFETY: `avio` is a live IO context whose buffer FFmpeg allocated with av_malloc.
+    unsafe {
+        ffi::av_freep(ptr::addr_of_mut!((**avio).buffer) as *mut c_void);
+        ffi::avio_context_free(avio);
+    }
+}
+
+fn quiet_logs() {
+    static QUIET: Once = Once::new();
+    // FFmpeg would print every complaint about a hostile file to stderr.
+    QUIET.call_once(|| ff::util::log::set_level(ff::util::log::Level::Quiet));
+}
+
+/// Names the container from the first bytes without opening a demuxer.
+fn probe_container(data: &[u8]) -> Result<*const ffi::AVInputFormat, VideoError> {
+    let head = &data[..data.len().min(PROBE_BYTES)];
+    let mut padded = Vec::with_capacity(head.len() + ffi::AVPROBE_PADDING_SIZE as usize);
+    padded.extend_from_slice(head);
+    padded.resize(head.len() + ffi::AVPROBE_PADDING_SIZE as usize, 0);
+    let probe = ffi::AVProbeData {
+        filename: c"".as_ptr(),
+        buf: padded.as_mut_ptr(),
+        buf_size: head.len() as c_int,
+        mime_type: ptr::null(),
+    };
+    // SAFETY: `probe` points at `head.len()` bytes plus the zero padding FFmpeg requires.
+    let format = unsafe { ffi::av_probe_input_format(&probe, 1) };
+    if format.is_null() {
+        return Err(VideoError::UnknownContainer);
+    }
+    // SAFETY: a non-null AVInputFormat has a static NUL-terminated name.
+    let name = unsafe { CStr::from_ptr((*format).name) }.to_string_lossy();
+    if !CONTAINERS.contains(&name.as_ref()) {
+        return Err(VideoError::UnsupportedContainer(name.into_owned()));
+    }
+    Ok(format)
+}
+
+fn ff_error(e: ff::Error) -> VideoError {
+    match e {
+        ff::Error::Exit => VideoError::Deadline,
+        other => VideoError::Corrupt(other.to_string()),
+    }
+}
+
+impl<'a> Demuxer<'a> {
+    fn open(data: &'a [u8], limits: &VideoLimits) -> Result<Demuxer<'a>, VideoError> {
+        quiet_logs();
+        let format = probe_container(data)?;
+        let mut reader = Box::new(Reader { data, pos: 0 });
+        let deadline = Box::new(limits.deadline);
+        let oom = || VideoError::Corrupt("out of memory".into());
+        // SAFETY: every pointer below is checked before use; on each failure path what was
+        // allocated so far is freed, and on success `Demuxer` owns it all.
+        unsafe {
+            let buffer = ffi::av_malloc(IO_BUFFER) as *mut u8;
+            if buffer.is_null() {
+                return Err(oom());
+            }
+            let mut avio = ffi::avio_alloc_context(
+                buffer,
+                IO_BUFFER as c_int,
+                0,
+                ptr::addr_of_mut!(*reader) as *mut c_void,
+                Some(read_packet),
+                None,
+                Some(seek),
+            );
+            if avio.is_null() {
+                ffi::av_free(buffer as *mut c_void);
+                return Err(oom());
+            }
+            let mut ctx = ffi::avformat_alloc_context();
+            if ctx.is_null() {
+                free_avio(&mut avio);
+                return Err(oom());
+            }
+            (*ctx).pb = avio;
+            (*ctx).flags |= ffi::AVFMT_FLAG_CUSTOM_IO as c_int;
+            (*ctx).max_streams = c_int::try_from(limits.max_streams).unwrap_or(c_int::MAX);
+            (*ctx).interrupt_callback = ffi::AVIOInterruptCB {
+                callback: Some(interrupted),
+                opaque: ptr::addr_of!(*deadline) as *mut c_void,
+            };
+            // The probed demuxer alone, so no other one reads the data.
+            let ret = ffi::avformat_open_input(&mut ctx, ptr::null(), format, ptr::null_mut());
+            if ret < 0 {
+                // avformat_open_input freed the context; the IO context is still ours.
+                free_avio(&mut avio);
+                // A demuxer that meets one stream past `max_streams` fails with ENOMEM.
+                if ret == ffi::AVERROR(ffi::ENOMEM) {
+                    return Err(VideoError::TooManyStreams {
+                        limit: limits.max_streams,
+                    });
+                }
+                return Err(ff_error(ff::Error::from(ret)));
+            }
+            let container = CStr::from_ptr((*format).name)
+                .to_string_lossy()
+                .into_owned();
+            Ok(Demuxer {
+                input: ManuallyDrop::new(ff::format::context::Input::wrap(ctx)),
+                avio,
+                _reader: reader,
+                _deadline: deadline,
+                container,
+                consumed: false,
+            })
+        }
+    }
+
+    fn check_deadline(limits: &VideoLimits) -> Result<(), VideoError> {
+        match limits.deadline {
+            Some(d) if Instant::now() >= d => Err(VideoError::Deadline),
+            _ => Ok(()),
+        }
+    }
+
+    /// The video stream's index and its header values, with every cap checked.
+    fn info(&mut self, limits: &VideoLimits) -> Result<VideoInfo, VideoError> {
+        // Streams added after the headers (matroska may) are caught here.
+        if self.input.nb_streams() as usize > limits.max_streams {
+            return Err(VideoError::TooManyStreams {
+                limit: limits.max_streams,
+            });
+        }
+        let stream = self
+            .input
+            .streams()
+            .best(ff::media::Type::Video)
+            .ok_or(VideoError::NoVideoStream)?;
+        let index = stream.index();
+        let parameters = stream.parameters();
+        let codec = parameters.id();
+        use ff::codec::Id;
+        if !matches!(
+            codec,
+            Id::H264 | Id::HEVC | Id::VP8 | Id::VP9 | Id::AV1 | Id::MPEG4
+        ) {
+            return Err(VideoError::UnsupportedCodec(codec.name().to_owned()));
+        }
+        // SAFETY: the parameters pointer is valid while the stream is.
+        let (width, height, format) = unsafe {
+            let p = parameters.as_ptr();
+            ((*p).width, (*p).height, (*p).format)
+        };
+        let (width, height) = match (u32::try_from(width), u32::try_from(height)) {
+            (Ok(w), Ok(h)) if w > 0 && h > 0 => (w, h),
+            _ => {
+                return Err(VideoError::Corrupt(
+                    "the video stream has no frame size".into(),
+                ))
+            }
+        };
+        if u64::from(width) * u64::from(height) > limits.max_pixels {
+            return Err(VideoError::TooManyPixels {
+                width,
+                height,
+                limit: limits.max_pixels,
+            });
+        }
+        // mp4 leaves the format to the bitstream (no decoder ran yet): then it is checked
+        // on the first decoded frame instead.
+        let pixel_format = if format == ffi::AVPixelFormat::AV_PIX_FMT_NONE as c_int {
+            "unknown".to_owned()
+        } else {
+            let name = pixel_format_name(format);
+            check_pixel_format(format, &name)?;
+            name
+        };
+        let rate = [stream.avg_frame_rate(), stream.rate()]
+            .into_iter()
+            .find(|r| r.numerator() > 0 && r.denominator() > 0)
+            .map(f64::from);
+        let time_base = f64::from(stream.time_base());
+        let stream_duration = stream.duration();
+        let header_frames = u64::try_from(stream.frames()).unwrap_or(0);
+        let total_frames = if header_frames > 0 {
+            header_frames
+        } else {
+            self.count_packets(index, limits)?
+        };
+        if total_frames > limits.max_frames {
+            return Err(VideoError::TooManyFrames {
+                frames: total_frames,
+                limit: limits.max_frames,
+            });
+        }
+        let duration_s = if stream_duration > 0 && time_base > 0.0 {
+            stream_duration as f64 * time_base
+        } else {
+            let container = self.input.duration();
+            if container > 0 {
+                container as f64 / f64::from(ffi::AV_TIME_BASE)
+            } else {
+                rate.map_or(0.0, |r| total_frames as f64 / r)
+            }
+        };
+        let fps = match rate {
+            Some(r) => r,
+            None if duration_s > 0.0 => total_frames as f64 / duration_s,
+            None => return Err(VideoError::NoFrameRate),
+        };
+        if !(fps.is_finite() && fps > 0.0) {
+            return Err(VideoError::NoFrameRate);
+        }
+        let duration_s = duration_s.max(total_frames as f64 / fps);
+        if duration_s > limits.max_duration_s {
+            return Err(VideoError::TooLong {
+                seconds: duration_s,
+                limit: limits.max_duration_s,
+            });
+        }
+        Ok(VideoInfo {
+            width,
+            height,
+            total_frames,
+            fps,
+            duration_s,
+            codec: codec.name().to_owned(),
+            container: self.container.clone(),
+            pixel_format,
+        })
+    }
+
+    /// The number of packets of stream `index`, read without decoding; stops past the cap.
+    fn count_packets(&mut self, index: usize, limits: &VideoLimits) -> Result<u64, VideoError> {
+        self.consumed = true;
+        let mut count = 0u64;
+        loop {
+            Self::check_deadline(limits)?;
+            // A fresh packet per read: av_read_frame may overwrite one that still holds a
+            // buffer, which would leak it.
+            let mut packet = ff::Packet::empty();
+            match packet.read(&mut self.input) {
+                Ok(()) => {}
+                Err(ff::Error::Eof) => return Ok(count),
+                Err(e) => return Err(ff_error(e)),
+            }
+            if packet.stream() == index {
+                count += 1;
+                if count > limits.max_frames {
+                    return Ok(count);
+                }
+            }
+        }
+    }
+
+    fn decode(
+        &mut self,
+        info: &VideoInfo,
+        indices: &[u64],
+        limits: &VideoLimits,
+        mut on_frame: impl FnMut(&DecodedImage) -> Result<(), VideoError>,
+    ) -> Result<(), VideoError> {
+        let Some(&last) = indices.last() else {
+            return Ok(());
+        };
+        let stream = self
+            .input
+            .streams()
+            .best(ff::media::Type::Video)
+            .ok_or(VideoError::NoVideoStream)?;
+        let index = stream.index();
+        let mut context =
+            ff::codec::context::Context::from_parameters(stream.parameters()).map_err(ff_error)?;
+        // FFmpeg's own frame and slice threads stay off: fan-out belongs to common::par.
+        context.set_threading(ff::codec::threading::Config {
+            kind: ff::codec::threading::Type::None,
+            count: 1,
+            ..Default::default()
+        });
+        let mut decoder = context.decoder().video().map_err(ff_error)?;
+        let mut wanted = indices.iter().peekable();
+        let mut frame_index = 0u64;
+        let mut frame = ff::frame::Video::empty();
+        let mut scaler: Option<ff::software::scaling::Context> = None;
+        let mut flushed = false;
+        while frame_index <= last {
+            Self::check_deadline(limits)?;
+            if !flushed {
+                let mut packet = ff::Packet::empty();
+                match packet.read(&mut self.input) {
+                    Ok(()) => {
+                        if packet.stream() != index {
+                            continue;
+                        }
+                        decoder.send_packet(&packet).map_err(ff_error)?;
+                    }
+                    Err(ff::Error::Eof) => {
+                        decoder.send_eof().map_err(ff_error)?;
+                        flushed = true;
+                    }
+                    Err(e) => return Err(ff_error(e)),
+                }
+            }
+            let mut got_any = false;
+            while frame_index <= last && decoder.receive_frame(&mut frame).is_ok() {
+                got_any = true;
+                if (frame.width(), frame.height()) != (info.width, info.height) {
+                    return Err(VideoError::FrameSizeChanged {
+                        index: frame_index,
+                        width: frame.width(),
+                        height: frame.height(),
+                    });
+                }
+                if wanted.peek() == Some(&&frame_index) {
+                    let rgb = to_rgb(&frame, &mut scaler)?;
+                    while wanted.peek() == Some(&&frame_index) {
+                        wanted.next();
+                        on_frame(&rgb)?;
+                    }
+                }
+                frame_index += 1;
+            }
+            if flushed && !got_any {
+                break;
+            }
+        }
+        if wanted.peek().is_some() {
+            return Err(VideoError::Corrupt(format!(
+                "the video ends after {frame_index} frames, its header claims {}",
+                info.total_frames
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn pixel_format_name(format: c_int) -> String {
+    // Walks libavutil's descriptor table: a header's raw value is never cast to the enum.
+    let mut desc: *const ffi::AVPixFmtDescriptor = ptr::null();
+    loop {
+        // SAFETY: av_pix_fmt_desc_next takes null or a previous result; descriptors and
+        // their names are static.
+        unsafe {
+            desc = ffi::av_pix_fmt_desc_next(desc);
+            if desc.is_null() {
+                return format!("pixel format {format}");
+            }
+            if ffi::av_pix_fmt_desc_get_id(desc) as c_int == format {
+                return CStr::from_ptr((*desc).name).to_string_lossy().into_owned();
+            }
+        }
+    }
+}
+
+/// 8-bit YUV only: deeper samples would be rounded to 8 bits, which no reference pins down.
+fn check_pixel_format(format: c_int, name: &str) -> Result<(), VideoError> {
+    use ffi::AVPixelFormat::*;
+    let allowed = [
+        AV_PIX_FMT_YUV420P,
+        AV_PIX_FMT_YUVJ420P,
+        AV_PIX_FMT_YUV422P,
+        AV_PIX_FMT_YUVJ422P,
+        AV_PIX_FMT_YUV444P,
+        AV_PIX_FMT_YUVJ444P,
+        AV_PIX_FMT_NV12,
+    ];
+    if allowed.iter().any(|&f| f as c_int == format) {
+        Ok(())
+    } else {
+        Err(VideoError::UnsupportedPixelFormat(name.to_owned()))
+    }
+}
+
+/// One decoded frame as packed RGB8, through a scaler kept for the stream.
+fn to_rgb(
+    frame: &ff::frame::Video,
+    scaler: &mut Option<ff::software::scaling::Context>,
+) -> Result<DecodedImage, VideoError> {
+    let format = frame.format();
+    let raw = ffi::AVPixelFormat::from(format) as c_int;
+    check_pixel_format(raw, &pixel_format_name(raw))?;
+    let (width, height) = (frame.width(), frame.height());
+    let stale = scaler.as_ref().is_none_or(|s| {
+        let input = s.input();
+        (input.format, input.width, input.height) != (format, width, height)
+    });
+    if stale {
+        let mut context = ff::software::scaling::Context::get(
+            format,
+            width,
+            height,
+            ff::format::Pixel::RGB24,
+            width,
+            height,
+            ff::software::scaling::Flags::BILINEAR,
+        )
+        .map_err(ff_error)?;
+        set_colorspace(&mut context, frame);
+        *scaler = Some(context);
+    }
+    let Some(context) = scaler.as_mut() else {
+        return Err(VideoError::Corrupt("no scaler".into()));
+    };
+    let mut rgb = ff::frame::Video::empty();
+    context.run(frame, &mut rgb).map_err(ff_error)?;
+    let row = width as usize * 3;
+    let stride = rgb.stride(0);
+    let plane = rgb.data(0);
+    let mut data = Vec::with_capacity(row * height as usize);
+    for y in 0..height as usize {
+        let Some(line) = plane.get(y * stride..y * stride + row) else {
+            return Err(VideoError::Corrupt("short RGB plane".into()));
+        };
+        data.extend_from_slice(line);
+    }
+    Ok(DecodedImage {
+        width,
+        height,
+        data,
+    })
+}
+
+/// The frame's YUV matrix and range for the conversion (BT.601 when unspecified).
+fn set_colorspace(context: &mut ff::software::scaling::Context, frame: &ff::frame::Video) {
+    use ff::format::Pixel;
+    let full = frame.color_range() == ff::util::color::Range::JPEG
+        || matches!(
+            frame.format(),
+            Pixel::YUVJ420P | Pixel::YUVJ422P | Pixel::YUVJ444P
+        );
+    // SAFETY: the scaler is live; sws_getCoefficients takes any colorspace value and
+    // returns a static table.
+    unsafe {
+        let space = (*frame.as_ptr()).colorspace as c_int;
+        let src = ffi::sws_getCoefficients(space);
+        let dst = ffi::sws_getCoefficients(ffi::SWS_CS_DEFAULT as c_int);
+        ffi::sws_setColorspaceDetails(
+            context.as_mut_ptr(),
+            src,
+            c_int::from(full),
+            dst,
+            0,
+            0,
+            1 << 16,
+            1 << 16,
+        );
+    }
+}
