@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.deployment import STARTUP_TIMEOUT_S, free_port
+from tests.support.deployment import STARTUP_TIMEOUT_S, free_port, stop_processes
 
 DYNAMO_VERSION = "1.6.1"
 
@@ -163,12 +163,4 @@ class DynamoDeployment:
         self.processes[name].wait()
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_processes(self.processes.values())

@@ -13,6 +13,21 @@ pub struct DecodedImage {
     pub data: Vec<u8>,
 }
 
+impl DecodedImage {
+    /// Whether `data` holds exactly `width` x `height` RGB pixels.
+    pub fn check_rgb(&self) -> Result<(), ProcessError> {
+        let expected = self.width as usize * self.height as usize * 3;
+        if self.data.len() != expected {
+            return Err(ProcessError::PixelBuffer {
+                width: self.width,
+                height: self.height,
+                len: self.data.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A token id as the tokenizer emits it.
 pub type TokenId = u32;
 

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from mmserve.observability.logging import configure_logging
-    from mmserve.runtime import run
+    from mmserve.runtime import run_component
 
     args = build_parser().parse_args(argv)
     args.role = Role.WORKER
@@ -85,13 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     configure_logging()
-    try:
-        return run(_serve(args))
-    except SystemExit:
-        raise
-    except Exception as exc:  # a component that cannot start says why in one line
-        print(f"mmserve.dynamo: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    return run_component("mmserve.dynamo", _serve(args))
 
 
 async def _serve(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ _EXPORTS = {
     "ServedEndpoint": "serving",
     "Runtime": "connection",
     "run": "connection",
+    "run_component": "connection",
 }
 
 __all__ = sorted(_EXPORTS)

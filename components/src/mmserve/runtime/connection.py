@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import signal
+import sys
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -318,3 +319,15 @@ async def flush_in_order(nc: NatsClient) -> None:
 def run(main: Coroutine[Any, Any, R]) -> R:
     """Run a component's main coroutine on uvloop, the event loop every component uses."""
     return uvloop.run(main)
+
+
+def run_component(name: str, main: Coroutine[Any, Any, int]) -> int:
+    """`run(main)` for a component's command: one that cannot start says why in one line on
+    stderr (exit status 1) instead of a traceback."""
+    try:
+        return run(main)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        print(f"{name}: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

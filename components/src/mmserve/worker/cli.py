@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 from mmserve.roles import Role
 from mmserve.worker.options import add_worker_arguments
@@ -43,16 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _handle(args: argparse.Namespace) -> int:
     from mmserve.observability.logging import configure_logging
-    from mmserve.runtime import run
+    from mmserve.runtime import run_component
 
     configure_logging()
-    try:
-        return run(_main(args))
-    except SystemExit:
-        raise
-    except Exception as exc:  # a component that cannot start says why in one line
-        print(f"mmserve {args.role}: cannot start: {exc}", file=sys.stderr)
-        return 1
+    return run_component(f"mmserve {args.role}", _main(args))
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -5,8 +5,8 @@
 //! pan-and-scan, which the registry refuses).
 
 use crate::family::registry::{Spec, SpecError};
-use crate::image::resize::{resize, Backend};
-use crate::image::transforms::{Convention, NormalizeLut};
+use crate::image::resize::resize;
+use crate::image::transforms::NormalizeLut;
 use crate::pipeline::{
     Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
     ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
@@ -25,20 +25,7 @@ impl Gemma3 {
     pub fn new(spec: Spec) -> Result<Self, SpecError> {
         spec.validate()?;
         let size = spec.image_size.ok_or(SpecError::Missing("image_size"))?;
-        let convention = match spec.backend {
-            Backend::Pil => Convention::PilNumpy,
-            Backend::TorchU8 => Convention::Torchvision,
-        };
-        let lut = NormalizeLut::new(
-            spec.image_mean,
-            spec.image_std,
-            spec.rescale_factor,
-            convention,
-        )
-        .map_err(|e| SpecError::Invalid {
-            field: "image_std",
-            reason: e.to_string(),
-        })?;
+        let lut = spec.normalize_lut()?;
         Ok(Self { spec, lut, size })
     }
 
@@ -74,9 +61,7 @@ impl Family for Gemma3 {
     }
 
     fn num_tokens(&self, geometry: &Geometry) -> usize {
-        let [t, h, w] = geometry.grid_thw().map(|v| v as usize);
-        let merge = self.spec.merge_size as usize;
-        t * h * w / (merge * merge)
+        self.spec.merged_tokens(geometry.grid_thw())
     }
 
     fn geometry_from_grid(&self, grid_thw: [u32; 3]) -> Result<Geometry, ProcessError> {
@@ -94,15 +79,7 @@ impl Family for Gemma3 {
     }
 
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
-        let expected = image.width as usize * image.height as usize * 3;
-        if image.data.len() != expected {
-            return Err(ProcessError::PixelBuffer {
-                width: image.width,
-                height: image.height,
-                len: image.data.len(),
-            }
-            .into());
-        }
+        image.check_rgb()?;
         let geometry = self.plan(image.width, image.height)?;
         let [height, width] = self.size;
         let resized;

@@ -17,6 +17,7 @@ use thiserror::Error;
 use crate::family::gemma3::Gemma3;
 use crate::family::qwen_vl::QwenVl;
 use crate::image::resize::{Backend, Filter};
+use crate::image::transforms::{Convention, NormalizeLut};
 use crate::pipeline::Family;
 
 /// The model families this crate preprocesses for.
@@ -176,6 +177,31 @@ impl Spec {
     /// Side length every resized image is a multiple of.
     pub fn factor(&self) -> u32 {
         self.patch_size * self.merge_size
+    }
+
+    /// The rescale-and-normalise table of this spec, in its backend's arithmetic.
+    pub fn normalize_lut(&self) -> Result<NormalizeLut, SpecError> {
+        let convention = match self.backend {
+            Backend::Pil => Convention::PilNumpy,
+            Backend::TorchU8 => Convention::Torchvision,
+        };
+        NormalizeLut::new(
+            self.image_mean,
+            self.image_std,
+            self.rescale_factor,
+            convention,
+        )
+        .map_err(|e| SpecError::Invalid {
+            field: "image_std",
+            reason: e.to_string(),
+        })
+    }
+
+    /// Tokens an item with this patch grid takes in the prompt, after the spatial merge.
+    pub fn merged_tokens(&self, grid_thw: [u32; 3]) -> usize {
+        let [t, h, w] = grid_thw.map(|v| v as usize);
+        let merge = self.merge_size as usize;
+        t * h * w / (merge * merge)
     }
 
     pub fn validate(&self) -> Result<(), SpecError> {

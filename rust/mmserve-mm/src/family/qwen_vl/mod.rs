@@ -8,8 +8,8 @@ pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
 pub use positions::{mrope, mrope_blocks, VisionBlock};
 
 use crate::family::registry::{Spec, SpecError};
-use crate::image::resize::{resize, Backend, ResizeError};
-use crate::image::transforms::{patchify, Convention, NormalizeLut, PatchGeometry};
+use crate::image::resize::{resize, ResizeError};
+use crate::image::transforms::{patchify, NormalizeLut, PatchGeometry};
 use crate::pipeline::{
     Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
     ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
@@ -25,20 +25,7 @@ pub struct QwenVl {
 impl QwenVl {
     pub fn new(spec: Spec) -> Result<Self, SpecError> {
         spec.validate()?;
-        let convention = match spec.backend {
-            Backend::Pil => Convention::PilNumpy,
-            Backend::TorchU8 => Convention::Torchvision,
-        };
-        let lut = NormalizeLut::new(
-            spec.image_mean,
-            spec.image_std,
-            spec.rescale_factor,
-            convention,
-        )
-        .map_err(|e| SpecError::Invalid {
-            field: "image_std",
-            reason: e.to_string(),
-        })?;
+        let lut = spec.normalize_lut()?;
         Ok(Self { spec, lut })
     }
 
@@ -110,9 +97,7 @@ impl Family for QwenVl {
     }
 
     fn num_tokens(&self, geometry: &Geometry) -> usize {
-        let [t, h, w] = geometry.grid_thw().map(|v| v as usize);
-        let merge = self.spec.merge_size as usize;
-        t * h * w / (merge * merge)
+        self.spec.merged_tokens(geometry.grid_thw())
     }
 
     fn geometry_from_grid(&self, grid_thw: [u32; 3]) -> Result<Geometry, ProcessError> {
@@ -148,15 +133,7 @@ impl Family for QwenVl {
     }
 
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
-        let expected = image.width as usize * image.height as usize * 3;
-        if image.data.len() != expected {
-            return Err(ProcessError::PixelBuffer {
-                width: image.width,
-                height: image.height,
-                len: image.data.len(),
-            }
-            .into());
-        }
+        image.check_rgb()?;
         let geometry = self.plan(image.width, image.height)?;
         let Geometry::Image {
             resized_width,
