@@ -25,7 +25,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(frames.len(), indices.len());
         for frame in frames {
             assert_eq!((frame.width, frame.height), (info.width, info.height));
-            assert_eq!(frame.data.len(), info.width as usize * info.height as usize * 3);
+            assert_eq!(
+                frame.data.len(),
+                info.width as usize * info.height as usize * 3
+            );
         }
     }
 });
