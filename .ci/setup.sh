@@ -62,17 +62,24 @@ SGLANG_VENV="$VENV/sglang"
 SGLANG_PROBE="import sglang, sglang.srt.managers.io_struct, sglang.srt.disaggregation.encoder.server
 import sglang.srt.multimodal.processors.base_processor
 assert sglang.__version__ == '$SGLANG_VERSION'"
-if ! "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE" >/dev/null 2>&1; then
-  [ -x "$SGLANG_VENV/bin/python" ] || "$VENV/bin/python" -m venv --without-pip "$SGLANG_VENV"
+# layered_env DIR PROBE PACKAGE DEPS...: an environment at DIR that sees $VENV's packages, with
+# PACKAGE installed without its declared dependencies and DEPS beside it; nothing is done while
+# PROBE (Python) already succeeds there.
+layered_env() {
+  local dir=$1 probe=$2 package=$3
+  shift 3
+  "$dir/bin/python" -W ignore -c "$probe" >/dev/null 2>&1 && return 0
+  [ -x "$dir/bin/python" ] || "$VENV/bin/python" -m venv --without-pip "$dir"
   site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
   echo "import site; site.addsitedir('$(site_of "$VENV/bin/python")')" \
-    >"$(site_of "$SGLANG_VENV/bin/python")/mmserve_base_env.pth"
-  sglang_pip=("$VENV/bin/python" -m pip --python "$SGLANG_VENV/bin/python" install -q
+    >"$(site_of "$dir/bin/python")/mmserve_base_env.pth"
+  local pip=("$VENV/bin/python" -m pip --python "$dir/bin/python" install -q
     --no-warn-conflicts -c constraints.txt)
-  "${sglang_pip[@]}" --no-deps "sglang==$SGLANG_VERSION"
-  "${sglang_pip[@]}" "${SGLANG_CPU_DEPS[@]}"
-  "$SGLANG_VENV/bin/python" -W ignore -c "$SGLANG_PROBE"
-fi
+  "${pip[@]}" --no-deps "$package"
+  "${pip[@]}" "$@"
+  "$dir/bin/python" -W ignore -c "$probe"
+}
+layered_env "$SGLANG_VENV" "$SGLANG_PROBE" "sglang==$SGLANG_VERSION" "${SGLANG_CPU_DEPS[@]}"
 # NVIDIA Dynamo's frontend (`python -m dynamo.frontend`) for the tests of mmserve's worker as a
 # Dynamo backend (tests/e2e/test_dynamo.py). `ai-dynamo` goes in without its dependencies (it
 # requires `aisimulate`, which PyPI does not serve here; the frontend does not import it), then
@@ -85,17 +92,7 @@ DYNAMO_DEPS=("ai-dynamo-runtime==$DYNAMO_VERSION" "aiohttp>=3.14.3,<4" "certifi>
 DYNAMO_VENV="$VENV/dynamo"
 DYNAMO_PROBE="import importlib.metadata as m, dynamo.frontend.main
 assert m.version('ai-dynamo') == m.version('ai-dynamo-runtime') == '$DYNAMO_VERSION'"
-if ! "$DYNAMO_VENV/bin/python" -W ignore -c "$DYNAMO_PROBE" >/dev/null 2>&1; then
-  [ -x "$DYNAMO_VENV/bin/python" ] || "$VENV/bin/python" -m venv --without-pip "$DYNAMO_VENV"
-  site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
-  echo "import site; site.addsitedir('$(site_of "$VENV/bin/python")')" \
-    >"$(site_of "$DYNAMO_VENV/bin/python")/mmserve_base_env.pth"
-  dynamo_pip=("$VENV/bin/python" -m pip --python "$DYNAMO_VENV/bin/python" install -q
-    --no-warn-conflicts -c constraints.txt)
-  "${dynamo_pip[@]}" --no-deps "ai-dynamo==$DYNAMO_VERSION"
-  "${dynamo_pip[@]}" "${DYNAMO_DEPS[@]}"
-  "$DYNAMO_VENV/bin/python" -W ignore -c "$DYNAMO_PROBE"
-fi
+layered_env "$DYNAMO_VENV" "$DYNAMO_PROBE" "ai-dynamo==$DYNAMO_VERSION" "${DYNAMO_DEPS[@]}"
 # aiperf, NVIDIA's benchmark client, for tests/e2e/test_aiperf.py. In an environment of its own,
 # not layered: it pins Pillow ~=12.3 where the main one pins 13.0.0, and it runs as a separate
 # program. About 1 minute from nothing on 2 cores.
