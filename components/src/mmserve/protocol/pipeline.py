@@ -53,21 +53,39 @@ class EmbeddingsHandle(msgspec.Struct, frozen=True, kw_only=True):
     aux: dict[str, TensorHandle] = {}
 
 
+class VideoSampling(msgspec.Struct, frozen=True, kw_only=True):
+    """How a video item is sampled and sized, resolved once by the frontend from the operator's
+    defaults and bounds and the request's `mm_processor_kwargs` / `media_io_kwargs`; every hop
+    that decodes the video reads these values, so all of them see the same frames. Names and
+    meanings are those of transformers' Qwen2-VL video processor (`sample_frames`,
+    `smart_resize` with the video pixel budget)."""
+
+    fps: float | None = None  # frames sampled per second of video; exclusive with num_frames
+    num_frames: int | None = None
+    min_frames: int = 4
+    max_frames: int = 768
+    min_pixels: int
+    max_pixels: int
+
+
 class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     """One media item of a request plan: what it is, its identity, and the run of tokens it
     fills in the plan's token ids (vLLM's `MultiModalFeatureSpec` with its `PlaceholderRange`).
     """
 
-    modality: Literal["image"] = "image"
+    modality: Literal["image", "video"] = "image"
     # The item's identity: blake3 of the raw encoded bytes truncated to u64 (folded with
-    # `pixel_bounds` when set, `media.processing.item_identity`), or for precomputed
-    # embeddings blake3 of the tensors.
+    # `pixel_bounds` when set, `media.processing.item_identity`; for a video folded with every
+    # `video` option, the Rust `video_identity`), or for precomputed embeddings blake3 of the
+    # tensors.
     mm_hash: int
     offset: int  # index of the item's first token in `RequestPlan.token_ids`
     length: int  # tokens the item fills: one per row of its embedding
     grid_thw: tuple[int, int, int]
     # (min_pixels, max_pixels) the image is resized under; None: the model's own.
     pixel_bounds: tuple[int, int] | None = None
+    # A video's sampling and sizing (set exactly when `modality` is "video").
+    video: VideoSampling | None = None
 
     @property
     def end(self) -> int:
