@@ -266,3 +266,57 @@ def test_refuses_processor_configs_it_cannot_follow() -> None:
         with pytest.raises(_mm.MediaError) as err:
             _mm.VideoOptions.from_hf_config(config)
         assert err.value.args[0] in {"spec.invalid", "spec.json"}
+
+
+@pytest.mark.parametrize(
+    "name, codec, rate, extra",
+    [
+        ("closed_gop_bframes.mp4", "libx264", "25", ("-g", "5", "-bf", "2")),
+        ("closed_gop_bframes.mkv", "libx264", "25", ("-g", "7", "-bf", "3")),
+        ("open_gop.mkv", "libx264", "25", ("-x264-params", "keyint=6:min-keyint=6:open-gop=1")),
+        ("hevc_cra.mp4", "libx265", "24", ("-x265-params", "keyint=6:min-keyint=6:bframes=3")),
+        ("vp9.webm", "libvpx-vp9", "30", ("-g", "5", "-deadline", "realtime")),
+        (
+            "vp8.webm",
+            "libvpx",
+            "30",
+            (
+                "-g",
+                "4",
+            ),
+        ),
+        (
+            "av1.mp4",
+            "libaom-av1",
+            "20",
+            (
+                "-g",
+                "5",
+            ),
+        ),
+        ("mpeg4.mkv", "mpeg4", "24", ("-g", "5", "-bf", "2")),
+        ("no_keyframes_after_the_first.mp4", "libx264", "25", ("-g", "1000", "-bf", "2")),
+    ],
+)
+def test_sampled_decoding_seeks_and_skips_to_the_same_frames(
+    tmp_path: Path, name: str, codec: str, rate: str, extra: tuple[str, ...]
+) -> None:
+    """Decoding only what sampled frames need (seeking to clean keyframes, dropping unsampled
+    non-reference frames) gives exactly the frames of decoding all of them."""
+    data = make_video(
+        tmp_path / name, size="64x48", rate=rate, seconds=2.0, codec=codec, extra=extra
+    )
+    reference = ffmpeg_rgb(tmp_path / name, 64, 48)
+    total = _mm.probe_video(data)["total_frames"]
+    assert total == len(reference)
+    rng = np.random.default_rng(len(name))
+    picks = [
+        [total - 1],
+        [0, total - 1],
+        list(range(1, total, 7)),
+        list(range(3, total, 2)),
+        sorted(rng.choice(total, size=6, replace=False).tolist() + [total // 2] * 2),
+    ]
+    for indices in picks:
+        _, frames = _mm.decode_video(data, indices)
+        assert np.array_equal(frames, reference[indices]), indices

@@ -11,6 +11,13 @@
 //! is decoded. Decoders run single-threaded; a deadline reaches FFmpeg through its
 //! interrupt callback.
 //!
+//! Decoding does only what the sampled frames need: one pass over the packets (no
+//! decoding) gives the stream's [`Timeline`]; decoding seeks to the last clean start before
+//! each sampled frame when that skips packets, and asks the decoder to drop non-reference
+//! frames that are not sampled. Frames are told apart by presentation timestamp. Where the
+//! timestamps cannot tell them apart, or the decoder shows a frame the timeline did not
+//! expect, it decodes every frame from the top instead, counting them in output order.
+//!
 //! Frames are converted to RGB24 by swscale with bilinear flags and the frame's own matrix
 //! and range (BT.601 when unspecified), as torchcodec's CPU path does.
 
@@ -26,6 +33,7 @@ use ffmpeg_next as ff;
 use crate::pipeline::DecodedImage;
 use crate::video::error::VideoError;
 use crate::video::sampling::VideoMeta;
+use crate::video::timeline::{PacketTime, Timeline};
 
 /// Bytes handed to FFmpeg per read.
 const IO_BUFFER: usize = 64 * 1024;
@@ -109,19 +117,43 @@ pub fn decode_frames_with(
     limits: &VideoLimits,
     on_frame: impl FnMut(&DecodedImage) -> Result<(), VideoError>,
 ) -> Result<VideoInfo, VideoError> {
-    let mut demuxer = Demuxer::open(data, limits)?;
-    let info = demuxer.info(limits)?;
-    if demuxer.consumed {
-        // Counting read the packets; start again from the top.
-        demuxer = Demuxer::open(data, limits)?;
-    }
+    let mut on_frame = on_frame;
     if indices.windows(2).any(|w| w[0] > w[1]) {
         return Err(VideoError::Corrupt(
             "frame indices are not ascending".into(),
         ));
     }
-    demuxer.decode(&info, indices, limits, on_frame)?;
+    let mut demuxer = Demuxer::open(data, limits)?;
+    let info = demuxer.info(limits)?;
+    if indices.is_empty() {
+        return Ok(info);
+    }
+    let scan = match demuxer.scanned.take() {
+        Some(scan) => scan,
+        None => demuxer.scan_packets(limits)?,
+    };
+    // The scan read the packets; start again from the top.
+    demuxer = Demuxer::open(data, limits)?;
+    let mut done = 0;
+    if let Some(timeline) = scan.packets.as_deref().and_then(Timeline::new) {
+        done = demuxer.decode_sampled(&info, indices, &timeline, limits, &mut on_frame)?;
+        if done < indices.len() {
+            demuxer = Demuxer::open(data, limits)?;
+        }
+    }
+    if done < indices.len() {
+        demuxer.decode_all(&info, &indices[done..], limits, &mut on_frame)?;
+    }
     Ok(info)
+}
+
+/// What one pass over the video stream's packets found.
+struct Scan {
+    /// Packets of the stream (past `max_frames`, the pass stops).
+    count: u64,
+    /// Their timing in decode order, leaving out those the container marks as discarded
+    /// (the decoder drops their frames); `None` when one has no presentation timestamp.
+    packets: Option<Vec<PacketTime>>,
 }
 
 /// The byte source FFmpeg reads through its custom IO callbacks.
@@ -180,8 +212,8 @@ struct Demuxer<'a> {
     _reader: Box<Reader<'a>>,
     _deadline: Box<Option<Instant>>,
     container: String,
-    /// Whether the packets were read already (to count them).
-    consumed: bool,
+    /// The packet pass, when reading the headers needed it (to count the frames).
+    scanned: Option<Scan>,
 }
 
 impl Drop for Demuxer<'_> {
@@ -306,7 +338,7 @@ impl<'a> Demuxer<'a> {
                 _reader: reader,
                 _deadline: deadline,
                 container,
-                consumed: false,
+                scanned: None,
             })
         }
     }
@@ -331,7 +363,6 @@ impl<'a> Demuxer<'a> {
             .streams()
             .best(ff::media::Type::Video)
             .ok_or(VideoError::NoVideoStream)?;
-        let index = stream.index();
         let parameters = stream.parameters();
         let codec = parameters.id();
         use ff::codec::Id;
@@ -380,7 +411,10 @@ impl<'a> Demuxer<'a> {
         let total_frames = if header_frames > 0 {
             header_frames
         } else {
-            self.count_packets(index, limits)?
+            let scan = self.scan_packets(limits)?;
+            let count = scan.count;
+            self.scanned = Some(scan);
+            count
         };
         if total_frames > limits.max_frames {
             return Err(VideoError::TooManyFrames {
@@ -425,45 +459,13 @@ impl<'a> Demuxer<'a> {
         })
     }
 
-    /// The number of packets of stream `index`, read without decoding; stops past the cap.
-    fn count_packets(&mut self, index: usize, limits: &VideoLimits) -> Result<u64, VideoError> {
-        self.consumed = true;
-        let mut count = 0u64;
-        loop {
-            Self::check_deadline(limits)?;
-            // A fresh packet per read: av_read_frame may overwrite one that still holds a
-            // buffer, which would leak it.
-            let mut packet = ff::Packet::empty();
-            match packet.read(&mut self.input) {
-                Ok(()) => {}
-                Err(ff::Error::Eof) => return Ok(count),
-                Err(e) => return Err(ff_error(e)),
-            }
-            if packet.stream() == index {
-                count += 1;
-                if count > limits.max_frames {
-                    return Ok(count);
-                }
-            }
-        }
-    }
-
-    fn decode(
-        &mut self,
-        info: &VideoInfo,
-        indices: &[u64],
-        limits: &VideoLimits,
-        mut on_frame: impl FnMut(&DecodedImage) -> Result<(), VideoError>,
-    ) -> Result<(), VideoError> {
-        let Some(&last) = indices.last() else {
-            return Ok(());
-        };
+    /// The video stream: its index and a decoder for it, FFmpeg's own threads off.
+    fn video_decoder(&self) -> Result<(usize, ff::decoder::Video), VideoError> {
         let stream = self
             .input
             .streams()
             .best(ff::media::Type::Video)
             .ok_or(VideoError::NoVideoStream)?;
-        let index = stream.index();
         let mut context =
             ff::codec::context::Context::from_parameters(stream.parameters()).map_err(ff_error)?;
         // FFmpeg's own frame and slice threads stay off: fan-out belongs to common::par.
@@ -472,7 +474,182 @@ impl<'a> Demuxer<'a> {
             count: 1,
             ..Default::default()
         });
-        let mut decoder = context.decoder().video().map_err(ff_error)?;
+        let decoder = context.decoder().video().map_err(ff_error)?;
+        Ok((stream.index(), decoder))
+    }
+
+    /// One pass over the video stream's packets, read without decoding; stops past the cap.
+    fn scan_packets(&mut self, limits: &VideoLimits) -> Result<Scan, VideoError> {
+        let index = self
+            .input
+            .streams()
+            .best(ff::media::Type::Video)
+            .ok_or(VideoError::NoVideoStream)?
+            .index();
+        let mut count = 0u64;
+        let mut packets = Some(Vec::new());
+        loop {
+            Self::check_deadline(limits)?;
+            // A fresh packet per read: av_read_frame may overwrite one that still holds a
+            // buffer, which would leak it.
+            let mut packet = ff::Packet::empty();
+            match packet.read(&mut self.input) {
+                Ok(()) => {}
+                Err(ff::Error::Eof) => return Ok(Scan { count, packets }),
+                Err(e) => return Err(ff_error(e)),
+            }
+            if packet.stream() != index {
+                continue;
+            }
+            count += 1;
+            if count > limits.max_frames {
+                return Ok(Scan { count, packets });
+            }
+            if is_discarded(&packet) {
+                continue;
+            }
+            match (packet.pts(), packets.as_mut()) {
+                (Some(pts), Some(list)) => list.push(PacketTime {
+                    pts,
+                    dts: packet.dts(),
+                    key: packet.is_key(),
+                }),
+                _ => packets = None,
+            }
+        }
+    }
+
+    /// Decodes the frames at `indices` by the timeline: seeking past packets no sampled
+    /// frame needs and dropping unsampled non-reference frames. Returns how many entries of
+    /// `indices` were handed to `on_frame`; fewer than all means the decoder did not show
+    /// the frames the timeline expected, and the rest must be decoded from the top.
+    fn decode_sampled(
+        &mut self,
+        info: &VideoInfo,
+        indices: &[u64],
+        timeline: &Timeline,
+        limits: &VideoLimits,
+        on_frame: &mut impl FnMut(&DecodedImage) -> Result<(), VideoError>,
+    ) -> Result<usize, VideoError> {
+        let (index, mut decoder) = self.video_decoder()?;
+        let mut done = 0;
+        // Decode-order position of the next packet; `None` right after a seek, until the
+        // first packet says where it landed.
+        let mut position = Some(0usize);
+        // The start last sought to: seeks only go forward, so one that lands early (on an
+        // earlier keyframe of the container's index) is not repeated.
+        let mut landing_limit = 0usize;
+        let mut frame = ff::frame::Video::empty();
+        let mut scaler: Option<ff::software::scaling::Context> = None;
+        let mut flushed = false;
+        while done < indices.len() {
+            Self::check_deadline(limits)?;
+            let target = usize::try_from(indices[done]).unwrap_or(usize::MAX);
+            if target >= timeline.frames() {
+                return Err(ends_early(timeline.frames() as u64, info));
+            }
+            if let (Some(start), Some(at)) = (timeline.start_for(target), position) {
+                if start.packet > at && start.packet > landing_limit {
+                    decoder.flush();
+                    if !self.seek(index, start.seek_ts) {
+                        return Ok(done);
+                    }
+                    position = None;
+                    landing_limit = start.packet;
+                }
+            }
+            if !flushed {
+                let mut packet = ff::Packet::empty();
+                match packet.read(&mut self.input) {
+                    Ok(()) => {
+                        if packet.stream() != index {
+                            continue;
+                        }
+                        if !is_discarded(&packet) {
+                            let Some(at) = packet.pts().and_then(|pts| timeline.packet_of(pts))
+                            else {
+                                return Ok(done);
+                            };
+                            let expected = match position {
+                                Some(expected) => at == expected,
+                                // A seek must land on a clean start no later than asked.
+                                None => at <= landing_limit && timeline.is_start(at),
+                            };
+                            if !expected {
+                                return Ok(done);
+                            }
+                            position = Some(at + 1);
+                        }
+                        let sampled = packet
+                            .pts()
+                            .and_then(|pts| timeline.frame_of(pts))
+                            .is_some_and(|f| indices[done..].binary_search(&(f as u64)).is_ok());
+                        decoder.skip_frame(if sampled {
+                            ff::Discard::Default
+                        } else {
+                            ff::Discard::NonReference
+                        });
+                        decoder.send_packet(&packet).map_err(ff_error)?;
+                    }
+                    Err(ff::Error::Eof) => {
+                        decoder.send_eof().map_err(ff_error)?;
+                        flushed = true;
+                    }
+                    Err(e) => return Err(ff_error(e)),
+                }
+            }
+            let mut got_any = false;
+            while done < indices.len() && decoder.receive_frame(&mut frame).is_ok() {
+                got_any = true;
+                let Some(shown) = frame.pts().and_then(|pts| timeline.frame_of(pts)) else {
+                    return Ok(done);
+                };
+                let shown = shown as u64;
+                if shown > indices[done] {
+                    // A sampled frame was never shown.
+                    return Ok(done);
+                }
+                if shown == indices[done] {
+                    check_frame_size(&frame, shown, info)?;
+                    let rgb = to_rgb(&frame, &mut scaler)?;
+                    while indices.get(done) == Some(&shown) {
+                        done += 1;
+                        on_frame(&rgb)?;
+                    }
+                }
+            }
+            if flushed && !got_any {
+                return Ok(done);
+            }
+        }
+        Ok(done)
+    }
+
+    /// Seeks stream `index` to the keyframe at or before `ts`; false if the demuxer cannot.
+    fn seek(&mut self, index: usize, ts: i64) -> bool {
+        let Ok(stream) = c_int::try_from(index) else {
+            return false;
+        };
+        // SAFETY: the format context is live; avformat_seek_file takes any timestamps.
+        let ret = unsafe {
+            ffi::avformat_seek_file(self.input.as_mut_ptr(), stream, i64::MIN, ts, ts, 0)
+        };
+        ret >= 0
+    }
+
+    /// Decodes every frame from the top up to the last of `indices`, counting frames in the
+    /// order the decoder shows them.
+    fn decode_all(
+        &mut self,
+        info: &VideoInfo,
+        indices: &[u64],
+        limits: &VideoLimits,
+        on_frame: &mut impl FnMut(&DecodedImage) -> Result<(), VideoError>,
+    ) -> Result<(), VideoError> {
+        let Some(&last) = indices.last() else {
+            return Ok(());
+        };
+        let (index, mut decoder) = self.video_decoder()?;
         let mut wanted = indices.iter().peekable();
         let mut frame_index = 0u64;
         let mut frame = ff::frame::Video::empty();
@@ -499,13 +676,7 @@ impl<'a> Demuxer<'a> {
             let mut got_any = false;
             while frame_index <= last && decoder.receive_frame(&mut frame).is_ok() {
                 got_any = true;
-                if (frame.width(), frame.height()) != (info.width, info.height) {
-                    return Err(VideoError::FrameSizeChanged {
-                        index: frame_index,
-                        width: frame.width(),
-                        height: frame.height(),
-                    });
-                }
+                check_frame_size(&frame, frame_index, info)?;
                 if wanted.peek() == Some(&&frame_index) {
                     let rgb = to_rgb(&frame, &mut scaler)?;
                     while wanted.peek() == Some(&&frame_index) {
@@ -520,13 +691,38 @@ impl<'a> Demuxer<'a> {
             }
         }
         if wanted.peek().is_some() {
-            return Err(VideoError::Corrupt(format!(
-                "the video ends after {frame_index} frames, its header claims {}",
-                info.total_frames
-            )));
+            return Err(ends_early(frame_index, info));
         }
         Ok(())
     }
+}
+
+fn ends_early(frames: u64, info: &VideoInfo) -> VideoError {
+    VideoError::Corrupt(format!(
+        "the video ends after {frames} frames, its header claims {}",
+        info.total_frames
+    ))
+}
+
+fn check_frame_size(
+    frame: &ff::frame::Video,
+    index: u64,
+    info: &VideoInfo,
+) -> Result<(), VideoError> {
+    if (frame.width(), frame.height()) == (info.width, info.height) {
+        return Ok(());
+    }
+    Err(VideoError::FrameSizeChanged {
+        index,
+        width: frame.width(),
+        height: frame.height(),
+    })
+}
+
+/// Whether the container marks the packet's frame as one to drop (an mp4 edit list does).
+fn is_discarded(packet: &ff::Packet) -> bool {
+    // SAFETY: the packet is live.
+    unsafe { (*ff::packet::Ref::as_ptr(packet)).flags & ffi::AV_PKT_FLAG_DISCARD as c_int != 0 }
 }
 
 fn pixel_format_name(format: c_int) -> String {

@@ -6,6 +6,7 @@ pub mod error;
 pub mod frames;
 pub mod identity;
 pub mod sampling;
+pub mod timeline;
 
 #[cfg(feature = "video")]
 pub mod demux;
