@@ -175,12 +175,12 @@ def reference(engine: HfEngine, items: list[Item]) -> tuple[dict[str, torch.Tens
 
 
 async def encode(
-    engine: HfEngine, plan: RequestPlan, payloads: list[MediaPayload]
+    engine: HfEngine, plan: RequestPlan, payloads: list[MediaPayload], seconds: float = 120
 ) -> list[ItemEmbedding]:
     stage = EncodeStage(engine, InlineTransferAgent(), engine.spec.path, "worker")
     request = PreprocessedRequest(
         request_id="video",
-        deadline=time.time() + 120,
+        deadline=time.time() + seconds,
         model="tiny",
         plan=plan,
         payloads=payloads,
@@ -270,6 +270,26 @@ async def test_a_plan_that_disagrees_with_the_decoded_video_is_our_fault(
     bad = msgspec.structs.replace(plan, media=[wrong])
     with pytest.raises(EngineError, match="decodes to grid"):
         await encode(engine, bad, [MediaPayload(data=video)])
+
+
+async def test_a_video_that_fails_to_decode_is_refused_with_its_code(
+    engine: HfEngine, video: bytes
+) -> None:
+    """The frontend plans from the headers; a body that breaks off, or the request's deadline
+    passing, is found here and named with the core's code (a 4xx at the edge)."""
+    item = Item(video, SAMPLING)
+    ids = [1, *[VIDEO_TOKEN_ID] * video_plan(engine.spec, item)["tokens"], 3]
+    plan = request_plan(engine, ids, [item])
+    with pytest.raises(_mm.MediaError) as error:
+        await encode(engine, plan, [MediaPayload(data=video)], seconds=-1)
+    assert error.value.args[0] == "video.deadline"
+    # Its headers (the moov atom, at the end) stay whole: only decoding finds the damage.
+    broken = bytearray(video)
+    start = video.index(b"mdat") + 64
+    broken[start : start + 2048] = bytes(2048)
+    with pytest.raises(_mm.MediaError) as error:
+        await encode(engine, plan, [MediaPayload(data=bytes(broken))])
+    assert error.value.args[0] == "video.corrupt"
 
 
 async def test_an_image_only_family_refuses_a_video(video: bytes) -> None:
