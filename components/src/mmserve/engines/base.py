@@ -57,6 +57,9 @@ class MediaGone(EngineError):
     media again (HTTP 400 `media_id.gone`)."""
 
 
+MediaModality = Literal["image", "video"]
+"""What a media item is (`PlannedMedia.modality`)."""
+
 Embeddings = Sequence["ItemEmbedding | None"]
 """One per planned item, in plan order; None for an item named by its media id alone whose
 embedding no encoder cache held (the prefix cache may still hold its tokens)."""
@@ -76,7 +79,7 @@ class MediaInput:
     mm_hash: int
     pixel_values: torch.Tensor
     grid_thw: tuple[int, int, int]
-    modality: Literal["image", "video"] = "image"  # as `PlannedMedia.modality`
+    modality: MediaModality = "image"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,6 +38,7 @@ from mmserve.engines.base import (
     KvEventSink,
     KvHandle,
     MediaInput,
+    MediaModality,
 )
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
@@ -216,7 +217,7 @@ class HfEngine(Engine):
                 )
         return [towered[i] for i in range(len(items))]
 
-    def _tower_call(self, modality: Literal["image", "video"], items: list[MediaInput]) -> Any:
+    def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
         """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's
         rows."""
         if self.spec.family.vision_input == "image":
