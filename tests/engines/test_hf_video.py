@@ -35,6 +35,7 @@ from mmserve.protocol import (
     PreprocessedRequest,
     RequestPlan,
     StopConditions,
+    TokenChunk,
 )
 from mmserve.protocol.pipeline import VideoSampling
 from mmserve.transfer.inline import InlineTransferAgent
@@ -189,12 +190,16 @@ async def encode(
     return [encoded[i] for i in range(len(plan.media))]
 
 
-async def generate(engine: HfEngine, plan: RequestPlan, items: list[Item]) -> list[int]:
+async def generate(engine: HfEngine, plan: RequestPlan, items: list[Item]) -> list[TokenChunk]:
     embeddings = await encode(engine, plan, [MediaPayload(data=item.data) for item in items])
     request = EngineRequest.from_plan(
         "video", plan, stop=StopConditions(max_tokens=NEW_TOKENS, ignore_eos=True)
     )
-    return [t async for chunk in engine.generate(request, embeddings) for t in chunk.token_ids]
+    return [chunk async for chunk in engine.generate(request, embeddings)]
+
+
+def tokens_of(chunks: list[TokenChunk]) -> list[int]:
+    return [token for chunk in chunks for token in chunk.token_ids]
 
 
 @pytest.mark.parametrize("num_images", [0, 2])
@@ -231,7 +236,7 @@ async def test_greedy_tokens_equal_transformers_with_a_video(
     assert plan.positions.rows == rows.reshape(-1).tolist()
     assert plan.positions.delta == int(delta.flatten()[0])
 
-    assert await generate(engine, plan, items) == expected
+    assert tokens_of(await generate(engine, plan, items)) == expected
 
 
 async def test_the_same_video_hits_the_encoder_cache_and_another_fps_misses(
@@ -258,6 +263,29 @@ async def test_the_same_video_hits_the_encoder_cache_and_another_fps_misses(
     (other,) = await encode(engine, faster_plan, [MediaPayload(data=video)])
     assert engine.encoder_cache.stats() == (hits + 1, misses + 1)
     assert other.grid_thw[0] > first[0].grid_thw[0]  # more frames, more temporal patches
+
+
+async def test_a_repeated_video_prompt_reuses_its_prefix_blocks_and_another_fps_does_not(
+    engine: HfEngine, video: bytes
+) -> None:
+    engine.prefix_cache.clear()
+    items = [Item(video, SAMPLING)]
+    inputs, expected = reference(engine, items)
+    plan = request_plan(engine, inputs["input_ids"][0].tolist(), items)
+    first, again = await generate(engine, plan, items), await generate(engine, plan, items)
+    assert tokens_of(first) == tokens_of(again) == expected
+    assert first[-1].usage is not None and again[-1].usage is not None
+    block = engine.prefix_cache.block_size
+    assert first[-1].usage.cached_tokens == 0
+    assert again[-1].usage.cached_tokens == (len(plan.token_ids) - 1) // block * block
+    # The same bytes sampled at another rate: blocks over the video are another video's.
+    faster = [Item(video, msgspec.structs.replace(SAMPLING, fps=4.0))]
+    inputs, _ = reference(engine, faster)
+    other = await generate(
+        engine, request_plan(engine, inputs["input_ids"][0].tolist(), faster), faster
+    )
+    assert other[-1].usage is not None
+    assert other[-1].usage.cached_tokens == plan.media[0].offset // block * block
 
 
 async def test_a_plan_that_disagrees_with_the_decoded_video_is_our_fault(
