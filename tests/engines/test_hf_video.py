@@ -288,6 +288,33 @@ async def test_a_repeated_video_prompt_reuses_its_prefix_blocks_and_another_fps_
     assert other[-1].usage.cached_tokens == plan.media[0].offset // block * block
 
 
+async def test_frontend_decoded_pixels_of_a_video_give_its_embeddings(
+    engine: HfEngine, video: bytes
+) -> None:
+    """`--frontend-decoding`: the video's `pixel_values_videos` travel instead of its bytes and
+    go through the tower's video path all the same."""
+    item = Item(video, SAMPLING)
+    ids = [1, *[VIDEO_TOKEN_ID] * video_plan(engine.spec, item)["tokens"], 3]
+    plan = request_plan(engine, ids, [item])
+    (from_bytes,) = await encode(engine, plan, [MediaPayload(data=video)])
+    engine.encoder_cache.clear()
+    _, pixel_values_videos = _mm.process_video(
+        video, video_options(video_processor_config(engine.spec), SAMPLING)
+    )
+    transfer = InlineTransferAgent()
+    handle, _lease = await transfer.offer(torch.from_numpy(pixel_values_videos))
+    stage = EncodeStage(engine, transfer, engine.spec.path, "worker")
+    request = PreprocessedRequest(
+        request_id="pixels",
+        deadline=time.time() + 120,
+        model="tiny",
+        plan=plan,
+        payloads=[MediaPayload(pixel_values=handle)],
+    )
+    from_pixels = (await stage.run(request))[0]
+    assert torch.equal(from_pixels.embeddings, from_bytes.embeddings)
+
+
 async def test_a_plan_that_disagrees_with_the_decoded_video_is_our_fault(
     engine: HfEngine, video: bytes
 ) -> None:
