@@ -359,3 +359,88 @@ async def test_an_image_only_family_refuses_a_video(video: bytes) -> None:
     with pytest.raises(EngineError, match="takes none"):
         await encode(gemma, plan, [MediaPayload(data=video)])
     await gemma.close()
+
+
+async def test_qwen3_vl_video_rows_as_one_item_per_temporal_group(video: bytes) -> None:
+    """Qwen3-VL writes each temporal group of a video as its own run of `<|video_pad|>`
+    tokens, with the group's timestamp text between runs. Planned as one item per group (grid
+    `(1, h, w)`, its rows of `pixel_values_videos`), beside an image, the engine gives
+    transformers' tokens (deepstack rows of images and videos in prompt order, as the model
+    joins them), and the Rust M-RoPE over those items equals the model's `get_rope_index`.
+    The pixels are transformers' (the core follows Qwen2-VL's video processor only)."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    engine = HfEngine(build_tiny_model("qwen3_vl"))
+    processor = AutoProcessor.from_pretrained(engine.spec.path)
+    processor.video_processor = Qwen3VLVideoProcessor(
+        size={"shortest_edge": 4096, "longest_edge": 64 * 32 * 32}, cap_pixels_per_frame=False
+    )
+    indices = [0, 4, 8, 12]
+    info, frames = _mm.decode_video(video, indices)
+    image = make_image(64, 96, seed=1)
+    inputs = processor(
+        text=[PROMPT.format(media=IMAGE_PART + VIDEO_PART)],
+        images=[image],
+        videos=[torch.from_numpy(frames)],
+        video_metadata=[
+            VideoMetadata(
+                total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
+            )
+        ],
+        do_sample_frames=False,
+        input_data_format="channels_last",
+        return_tensors="pt",
+    )
+    mm_token_type_ids = inputs.pop("mm_token_type_ids")
+    ids = inputs["input_ids"][0].tolist()
+    out = engine.model.generate(
+        **inputs,
+        mm_token_type_ids=mm_token_type_ids,
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+    )
+    expected = out[0, len(ids) :].tolist()
+
+    t, h, w = inputs["video_grid_thw"][0].tolist()
+    groups = inputs["pixel_values_videos"].split(h * w)
+    items = [MediaInput(1, inputs["pixel_values"], tuple(inputs["image_grid_thw"][0].tolist()))]
+    items += [MediaInput(2 + g, groups[g], (1, h, w), modality="video") for g in range(t)]
+    starts = [
+        i
+        for i, token in enumerate(ids)
+        if token in (IMAGE_TOKEN_ID, VIDEO_TOKEN_ID) and ids[i - 1] != token
+    ]
+    media = [
+        PlannedMedia(
+            modality=item.modality,
+            mm_hash=item.mm_hash,
+            offset=start,
+            length=int(np.prod(item.grid_thw)) // 4,
+            grid_thw=item.grid_thw,
+        )
+        for start, item in zip(starts, items, strict=True)
+    ]
+    blocks = [(m.offset, m.end, m.grid_thw, 1.0) for m in media]
+    rows, delta = _mm.mrope_positions(len(ids), blocks, engine.spec.spatial_merge_size)
+    reference_rows, reference_delta = engine.model.model.get_rope_index(
+        inputs["input_ids"],
+        mm_token_type_ids,
+        image_grid_thw=inputs["image_grid_thw"],
+        video_grid_thw=inputs["video_grid_thw"],
+    )
+    assert np.array_equal(rows, reference_rows[:, 0].numpy())
+    assert delta == int(reference_delta.flatten()[0])
+    plan = RequestPlan(
+        token_ids=ids,
+        media=media,
+        positions=MRopePositions(rows=rows.reshape(-1).tolist(), delta=delta),
+    )
+    request = EngineRequest.from_plan(
+        "qwen3-video", plan, stop=StopConditions(max_tokens=NEW_TOKENS, ignore_eos=True)
+    )
+    embeddings = await engine.encode(items)
+    assert all(len(e.deepstack) == engine.spec.deepstack_layers for e in embeddings)
+    tokens = [t async for chunk in engine.generate(request, embeddings) for t in chunk.token_ids]
+    assert tokens == expected
+    await engine.close()
