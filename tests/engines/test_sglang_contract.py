@@ -17,12 +17,15 @@ import inspect
 import os
 import subprocess
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from mmserve import _mm
 from mmserve.cli import build_parser
 from mmserve.engines.base import (
     GREEDY,
@@ -34,7 +37,7 @@ from mmserve.engines.base import (
 )
 from mmserve.engines.sglang.args import GENERATE_FIELDS, sglang_argv
 from mmserve.engines.sglang.checks import PAD_PROBE_HASH
-from mmserve.engines.sglang.convert import generate_kwargs, image_item, sampling_params
+from mmserve.engines.sglang.convert import generate_kwargs, media_item, sampling_params
 from mmserve.engines.sglang.engine import SglangEngine
 from mmserve.engines.sglang.kv_events import SglangKvEventBridge
 from mmserve.kv.hashing import compute_seq_hashes
@@ -45,6 +48,7 @@ from mmserve.protocol import (
     KvCleared,
     KvRemoved,
     KvStored,
+    MRopePositions,
     PlannedMedia,
     SamplingParams,
     StopConditions,
@@ -80,6 +84,39 @@ def _request() -> EngineRequest:
             PlannedMedia(mm_hash=MM_B, offset=7, length=2, grid_thw=(1, 2, 4)),
         ),
     )
+
+
+VIDEO_TOKEN = 151656
+IMAGE_TOKEN = VIDEO_TOKEN - 1
+VISION_START, VISION_END = 151652, 151653
+
+
+def _video_request(num_images: int = 1) -> tuple[EngineRequest, list[ItemEmbedding]]:
+    """A planned prompt with `num_images` images of grid (1, 4, 4) and, after the first, a
+    video of grid (2, 4, 6) (4 and 12 rows), Qwen2.5-VL's positions (the video's temporal
+    patches 0.8 s apart at 2 tokens per second), and embeddings for its items in order."""
+    ids: list[int] = [1, 2]
+    media, embeddings, blocks = [], [], []
+    kinds = ["image"] * min(num_images, 1) + ["video"] + ["image"] * max(num_images - 1, 0)
+    for index, kind in enumerate(kinds):
+        grid = (1, 4, 4) if kind == "image" else (2, 4, 6)
+        length = grid[0] * grid[1] * grid[2] // 4
+        ids.append(VISION_START)
+        mm_hash = MM_A + index if kind == "image" else MM_B
+        planned = PlannedMedia(
+            modality=kind, mm_hash=mm_hash, offset=len(ids), length=length, grid_thw=grid
+        )
+        media.append(planned)
+        embeddings.append(ItemEmbedding(mm_hash, grid, torch.randn(length, 8)))
+        blocks.append((planned.offset, planned.end, grid, 1.0 if kind == "image" else 1.6))
+        ids += [IMAGE_TOKEN if kind == "image" else VIDEO_TOKEN] * length
+        ids += [VISION_END, 3 + index]
+    rows, delta = _mm.mrope_positions(len(ids), blocks, 2)
+    positions = MRopePositions(rows=rows.reshape(-1).tolist(), delta=delta)
+    request = EngineRequest(
+        "req-v", tuple(ids), GREEDY, StopConditions(), media=tuple(media), positions=positions
+    )
+    return request, embeddings
 
 
 def _stored_event(tokens: list[int], hashes: list[int], parent: int | None) -> dict[str, object]:
@@ -165,7 +202,7 @@ def test_request_the_adapter_builds() -> None:
     kwargs = generate_kwargs(
         _request(), _embeddings(), BootstrapInfo(host="10.0.0.1", port=8998, room=42)
     )
-    assert set(kwargs) == set(GENERATE_FIELDS)
+    assert set(kwargs) == set(GENERATE_FIELDS) - {"video_data"}
     assert kwargs["mm_hashes"] == ["fedcba9876543210", "0000000012345678"]
     assert [int(h, 16) for h in kwargs["mm_hashes"]] == [MM_A, MM_B]
     (item,) = kwargs["image_data"]
@@ -173,11 +210,41 @@ def test_request_the_adapter_builds() -> None:
     assert item["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 4]]
     assert kwargs["sampling_params"]["max_new_tokens"] == 8
     assert kwargs["sampling_params"]["stop"] == ["\n"]
-    assert "image_data" not in generate_kwargs(_request(), [], None)
+    assert "image_data" not in generate_kwargs(replace(_request(), media=()), [], None)
     bundled = generate_kwargs(_request(), _embeddings(), None, splits_images=False)
     assert "mm_hashes" not in bundled and "image_data" in bundled
-    single = generate_kwargs(_request(), _embeddings()[:1], None, splits_images=False)
+    one = replace(_request(), media=_request().media[:1])
+    single = generate_kwargs(one, _embeddings()[:1], None, splits_images=False)
     assert single["mm_hashes"] == ["fedcba9876543210"]
+
+
+def test_a_video_goes_in_video_data_with_the_plans_positions() -> None:
+    request, embeddings = _video_request()
+    kwargs = generate_kwargs(request, embeddings, None, splits_images=False)
+    (image,), (video,) = kwargs["image_data"], kwargs["video_data"]
+    assert (image["modality"], video["modality"]) == ("IMAGE", "VIDEO")
+    assert video["video_grid_thw"].tolist() == [[2, 4, 6]]
+    assert torch.equal(video["precomputed_embeddings"], embeddings[1].embeddings)
+    # The positions ride on the first item, the one SGLang reads them from.
+    assert request.positions is not None
+    assert image["mrope_positions"].reshape(-1).tolist() == request.positions.rows
+    assert image["mrope_position_delta"].tolist() == [request.positions.delta]
+    assert "mrope_positions" not in video
+    # SGLang's order: the images' item, then the video's.
+    assert kwargs["mm_hashes"] == [mm_hash_hex(MM_A), mm_hash_hex(MM_B)]
+    alone, _ = _video_request(num_images=0)
+    (only,) = generate_kwargs(alone, embeddings[1:], None)["video_data"]
+    assert "image_data" not in generate_kwargs(alone, embeddings[1:], None)
+    assert only["mrope_positions"].shape == (3, len(alone.token_ids))
+    # Two images stay one bundled item where SGLang does not split them: no per-item hashes.
+    two, two_embeddings = _video_request(num_images=2)
+    assert "mm_hashes" not in generate_kwargs(two, two_embeddings, None, splits_images=False)
+    split = generate_kwargs(two, two_embeddings, None, splits_images=True)
+    assert split["mm_hashes"] == [mm_hash_hex(h) for h in (MM_A, MM_A + 2, MM_B)]
+    # Images alone keep SGLang's own positions, as before.
+    assert (
+        "mrope_positions" not in generate_kwargs(_request(), _embeddings(), None)["image_data"][0]
+    )
 
 
 def test_stop_rules_the_adapter_maps() -> None:
@@ -313,6 +380,27 @@ async def test_prefill_hands_decode_its_bootstrap_room() -> None:
     assert prefill_fake.shut_down
 
 
+async def test_decode_joins_with_the_same_video_items_and_positions() -> None:
+    """P/D with a video: decode's request carries the prefill request's video item and plan
+    positions, rebuilt from the exported tensors."""
+    prefill_fake, decode_fake = FakeSglangEngine([1]), FakeSglangEngine([8])
+    prefill, decode = _engine("prefill", prefill_fake), _engine("decode", decode_fake)
+    request, embeddings = _video_request()
+    bootstrap = prefill.bootstrap_info()
+    kv = await prefill.prefill(request, embeddings, bootstrap)
+    imported = await decode.import_kv("req-v", await prefill.export_kv(kv), bootstrap)
+    chunks = [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=1))]
+    assert [c.token_ids for c in chunks] == [[8]]
+    await asyncio.sleep(0)
+    sent, joined = prefill_fake.calls[0], decode_fake.calls[0]
+    assert sent["mm_hashes"] == joined["mm_hashes"]
+    for field in ("image_data", "video_data"):
+        for name, value in sent[field][0].items():
+            other = joined[field][0][name]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+    assert set(sent[field][0]) == set(joined[field][0])
+
+
 async def test_clear_caches_flushes_sglang_and_refuses_while_busy() -> None:
     fake = FakeSglangEngine([1])
     engine = _engine("null", fake)
@@ -430,7 +518,7 @@ else:
         """`collect_mm_items_from_processor_output` (SGLang's reader of processor_output
         dicts) makes one IMAGE item holding our embeddings and grids. The item names its
         modality, so the processor's attribute-to-modality table is not consulted."""
-        item = image_item(_embeddings())
+        item = media_item("image", _embeddings())
         fmt = BaseMultimodalProcessor._get_preprocessed_input_format(item)
         assert fmt is MultimodalInputFormat.PROCESSOR_OUTPUT
         BaseMultimodalProcessor.validate_mm_data(image_data=[item])
@@ -550,3 +638,72 @@ else:
         stored, removed = SglangKvEventBridge(4, PadScheme.DYNAMO).translate_payload(payload)
         assert isinstance(stored, KvStored) and len(stored.blocks) == 2
         assert removed == KvRemoved(block_hashes=[stored.blocks[1].block_hash])
+
+    @pytest.fixture(scope="module")
+    def qwen_vl_processor() -> Any:
+        """SGLang's own Qwen-VL multimodal processor over a tiny Qwen2.5-VL checkpoint, as
+        its tokenizer manager makes it (on the CPU)."""
+        from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor
+        from sglang.srt.runtime_context import publish
+        from sglang.srt.server_args import ServerArgs
+        from transformers import AutoConfig, AutoProcessor
+
+        from mmserve.models.tiny import build_tiny_model
+
+        path = build_tiny_model("qwen2_5_vl")
+        server_args = ServerArgs(model_path=str(path), device="cpu")
+        publish(server_args, role="tokenizer")
+        return QwenVLImageProcessor(
+            AutoConfig.from_pretrained(path),
+            server_args,
+            AutoProcessor.from_pretrained(path),
+            transport_mode=None,
+        )
+
+    async def _sglang_items(processor: Any, kwargs: dict[str, Any]) -> Any:
+        """What SGLang's processor makes of one generate call's arguments."""
+        obj = GenerateReqInput(**kwargs)
+        obj.normalize_batch_and_arguments()
+        return await processor.process_mm_data_async(
+            image_data=obj.image_data, input_text=obj.input_ids, request_obj=obj
+        )
+
+    @pytest.mark.parametrize("num_images", [0, 1, 2])
+    async def test_sglang_reads_video_items_and_the_plans_positions(
+        qwen_vl_processor: Any, num_images: int
+    ) -> None:
+        """SGLang's Qwen-VL processor turns the call into one item per bundle with the plan's
+        runs and rows, and takes the plan's positions (Qwen2.5-VL's video spacing included);
+        `mm_hashes` are sent exactly when they match its items one to one."""
+        request, embeddings = _video_request(num_images)
+        kwargs = generate_kwargs(request, embeddings, None, splits_images=sglang_splits_images())
+        out = await _sglang_items(qwen_vl_processor, kwargs)
+        assert out.input_ids == list(request.token_ids)
+        images = [m for m in request.media if m.modality == "image"]
+        (video,) = [m for m in request.media if m.modality == "video"]
+        expected = ([(Modality.IMAGE, images)] if images else []) + [(Modality.VIDEO, [video])]
+        assert [(item.modality, item.offsets) for item in out.mm_items] == [
+            (modality, [(m.offset, m.end - 1) for m in media]) for modality, media in expected
+        ]
+        rows = {id(m): e.embeddings for m, e in zip(request.media, embeddings, strict=True)}
+        for item, (_, media) in zip(out.mm_items, expected, strict=True):
+            assert torch.equal(item.precomputed_embeddings, torch.cat([rows[id(m)] for m in media]))
+        assert request.positions is not None
+        assert out.mrope_positions.reshape(-1).tolist() == request.positions.rows
+        assert out.mrope_position_delta.flatten().tolist() == [request.positions.delta]
+        one_to_one = len(out.mm_items) == len(request.media)
+        assert ("mm_hashes" in kwargs) == one_to_one
+
+    def test_encoder_item_of_a_video() -> None:
+        from sglang.srt.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+        from sglang.srt.models.qwen2_vl import Qwen2VLForConditionalGeneration
+
+        pixels = torch.randn(48, 1176)
+        mm_item = encoder_item(MediaInput(MM_B, pixels, (2, 4, 6), modality="video"))
+        assert mm_item.modality is Modality.VIDEO and mm_item.feature is pixels
+        assert mm_item.video_grid_thw.tolist() == [[2, 4, 6]]
+        for model in (Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration):
+            assert list(inspect.signature(model.get_video_feature).parameters) == [
+                "self",
+                "items",
+            ]

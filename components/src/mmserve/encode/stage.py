@@ -1,6 +1,7 @@
 """The encode stage: each planned media item's pixels (preprocessed here in the Rust core from
 the bytes the frontend fetched, or sent by the frontend with `--frontend-decoding`), then the
-vision tower.
+vision tower. A video is decoded at the frames its planned sampling picks
+(`models.video.video_options`) into `pixel_values_videos`.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
 what it decoded agrees with it. Items whose payload already carries embeddings (precomputed
@@ -11,15 +12,18 @@ started with `--encode`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from pathlib import Path
 
 import torch
 
-from mmserve import media
+from mmserve import _mm, media
 from mmserve.encode.peer_pull import PeerPuller, worth_pulling
 from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
 from mmserve.media.processing import item_identity
 from mmserve.models.family import resolve_model_spec
+from mmserve.models.video import UnsupportedVideo, video_options, video_processor_config
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import MediaPayload, PlannedMedia, PreprocessedRequest
 from mmserve.transfer import TransferAgent
@@ -36,7 +40,14 @@ class EncodeStage:
     ) -> None:
         self.engine = engine
         self.transfer = transfer
-        self.spec = resolve_model_spec(model_path).core
+        model = resolve_model_spec(model_path)
+        self.spec = model.core
+        # The checkpoint's video processor config, or why it takes no video.
+        self.video_config: str | UnsupportedVideo
+        try:
+            self.video_config = video_processor_config(model)
+        except UnsupportedVideo as error:
+            self.video_config = error
         self.component = component
         self.puller = puller
 
@@ -67,7 +78,7 @@ class EncodeStage:
             with metrics.timed_stage(self.component, "transfer"):
                 inputs = await self._inputs_from_pixels(planned, payloads)
         else:
-            inputs = await self._preprocess(todo, planned, payloads)
+            inputs = await self._preprocess(todo, planned, payloads, request.deadline)
         with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE), metrics.timed_stage(self.component, "encode"):
             embeddings = await self.engine.encode(inputs)
         for index, item, embedding in zip(todo, planned, embeddings, strict=True):
@@ -109,36 +120,74 @@ class EncodeStage:
         return {i: e for i, e in zip(indices, cached, strict=True) if e is not None}
 
     async def _preprocess(
-        self, indices: list[int], planned: list[PlannedMedia], payloads: list[MediaPayload]
+        self,
+        indices: list[int],
+        planned: list[PlannedMedia],
+        payloads: list[MediaPayload],
+        deadline: float,
     ) -> list[MediaInput]:
         """Pixels for the `planned` items (at `indices` in the request) from their bytes."""
         with metrics.timed_stage(self.component, "transfer"):
             data = await asyncio.gather(*(self._encoded_bytes(p) for p in payloads))
         with metrics.timed_stage(self.component, "preprocess"):
-            # One batch per pixel bounds (a request's images share them).
-            processed: dict[int, media.ItemPixels] = {}
-            for bounds in {item.pixel_bounds for item in planned}:
-                group = [i for i, item in enumerate(planned) if item.pixel_bounds == bounds]
-                done = await media.preprocess_items(self.spec, [data[i] for i in group], bounds)
-                processed |= dict(zip(group, done, strict=True))
+            images = [i for i, item in enumerate(planned) if item.modality == "image"]
+            videos = [i for i, item in enumerate(planned) if item.modality == "video"]
+            image_pixels, video_pixels = await asyncio.gather(
+                self._images([planned[i] for i in images], [data[i] for i in images]),
+                asyncio.gather(*(self._video(planned[i], data[i], deadline) for i in videos)),
+            )
+        processed = dict(zip(images, image_pixels, strict=True))
+        processed |= dict(zip(videos, video_pixels, strict=True))
         inputs = []
         for position, (index, item) in enumerate(zip(indices, planned, strict=True)):
             pixels = processed[position]
-            identity = item_identity(pixels.mm_hash, item.pixel_bounds)
-            if (identity, pixels.grid_thw) != (item.mm_hash, item.grid_thw):
-                # The frontend sized the item from its headers; the decoded image disagrees.
+            if (pixels.mm_hash, pixels.grid_thw) != (item.mm_hash, item.grid_thw):
+                # The frontend sized the item from its headers; the decoded item disagrees.
                 raise EngineError(
-                    f"media item {index} decodes to grid {pixels.grid_thw} (hash "
-                    f"{identity:016x}); the plan says {item.grid_thw} ({item.mm_hash_hex})"
+                    f"media item {index} ({item.modality}) decodes to grid {pixels.grid_thw} "
+                    f"(hash {pixels.mm_hash:016x}); the plan says {item.grid_thw} "
+                    f"({item.mm_hash_hex})"
                 )
             inputs.append(
                 MediaInput(
                     mm_hash=item.mm_hash,
                     pixel_values=torch.from_numpy(pixels.pixel_values),
                     grid_thw=item.grid_thw,
+                    modality=item.modality,
                 )
             )
         return inputs
+
+    async def _images(
+        self, planned: list[PlannedMedia], data: list[bytes]
+    ) -> list[media.ItemPixels]:
+        """Pixels of the `planned` images, each with its identity as `mm_hash`: one batch per
+        pixel bounds (a request's images share them)."""
+        processed: dict[int, media.ItemPixels] = {}
+        for bounds in {item.pixel_bounds for item in planned}:
+            group = [i for i, item in enumerate(planned) if item.pixel_bounds == bounds]
+            done = await media.preprocess_items(self.spec, [data[i] for i in group], bounds)
+            for i, pixels in zip(group, done, strict=True):
+                identity = item_identity(pixels.mm_hash, bounds)
+                processed[i] = dataclasses.replace(pixels, mm_hash=identity)
+        return [processed[i] for i in range(len(planned))]
+
+    async def _video(self, item: PlannedMedia, data: bytes, deadline: float) -> media.ItemPixels:
+        """`pixel_values_videos` of one video, sampled and sized as planned, with its identity
+        as `mm_hash`; decoded in a worker thread (the core releases the GIL), cut off at the
+        request's deadline."""
+        if isinstance(self.video_config, UnsupportedVideo):
+            raise EngineError(f"a video reached an encoder that takes none: {self.video_config}")
+        if item.video is None:
+            raise EngineError("a video item of the plan carries no sampling")
+        options = video_options(self.video_config, item.video)
+        plan, pixel_values = await asyncio.to_thread(
+            _mm.process_video, data, options, timeout_s=max(deadline - time.time(), 0.0)
+        )
+        t, h, w = plan["grid_thw"]
+        return media.ItemPixels(
+            mm_hash=int(plan["mm_hash"]), pixel_values=pixel_values, grid_thw=(t, h, w)
+        )
 
     async def _encoded_bytes(self, payload: MediaPayload) -> bytes:
         if payload.data is not None:
@@ -154,7 +203,12 @@ class EncodeStage:
         async def load(item: PlannedMedia, payload: MediaPayload) -> MediaInput:
             assert payload.pixel_values is not None
             pixels = await self.transfer.fetch(payload.pixel_values)
-            return MediaInput(mm_hash=item.mm_hash, pixel_values=pixels, grid_thw=item.grid_thw)
+            return MediaInput(
+                mm_hash=item.mm_hash,
+                pixel_values=pixels,
+                grid_thw=item.grid_thw,
+                modality=item.modality,
+            )
 
         return list(
             await asyncio.gather(*(load(i, p) for i, p in zip(planned, payloads, strict=True)))

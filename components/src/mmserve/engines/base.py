@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -57,6 +57,9 @@ class MediaGone(EngineError):
     media again (HTTP 400 `media_id.gone`)."""
 
 
+MediaModality = Literal["image", "video"]
+"""What a media item is (`PlannedMedia.modality`)."""
+
 Embeddings = Sequence["ItemEmbedding | None"]
 """One per planned item, in plan order; None for an item named by its media id alone whose
 embedding no encoder cache held (the prefix cache may still hold its tokens)."""
@@ -64,16 +67,19 @@ embedding no encoder cache held (the prefix cache may still hold its tokens)."""
 
 @dataclass(frozen=True)
 class MediaInput:
-    """One preprocessed image for the vision tower.
+    """One preprocessed image or video for the vision tower.
 
     `mm_hash` is the item's identity (`PlannedMedia.mm_hash`: blake3 of the raw bytes, folded
-    with the pixel bounds it was processed under): the encoder cache key.
-    `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`.
+    with the pixel bounds it was processed under, or for a video with its sampling): the
+    encoder cache key, with the grid.
+    `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`
+    (a video's `pixel_values_videos`).
     """
 
     mm_hash: int
     pixel_values: torch.Tensor
     grid_thw: tuple[int, int, int]
+    modality: MediaModality = "image"
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 checkpoint.
 
 The engine drives the model's parts itself rather than `generate`: the vision tower (via
-`get_image_features`), the embedding table, the language model with explicit positions (the
-request plan's M-RoPE positions, which tests prove equal to the model's own `get_rope_index`;
-Gemma 3: 1-D, through the model's own forward so that its bidirectional image mask is the
-model's) and a `DynamicCache`, and the LM head. That is what lets a
-prefill start from precomputed embeddings and from cached prefix blocks, and a decode continue
-from a cache made in another process, while giving the tokens of `generate(pixel_values=...)`.
+`get_image_features`, and `get_video_features` for a video's `pixel_values_videos`), the
+embedding table, the language model with explicit positions (the request plan's M-RoPE
+positions, which tests prove equal to the model's own `get_rope_index`; Gemma 3: 1-D, through
+the model's own forward so that its bidirectional image mask is the model's) and a
+`DynamicCache`, and the LM head. That is what lets a prefill start from precomputed embeddings
+and from cached prefix blocks, and a decode continue from a cache made in another process,
+while giving the tokens of `generate(pixel_values=...)` (and of `pixel_values_videos`: a
+video's run of `<|video_pad|>` tokens takes its rows as an image's run does).
 
 Every model call runs on one dedicated thread per engine, so the asyncio loop never blocks and
 the model, the prefix cache and the encoder cache have a single owner. Decode streams submit one
@@ -36,6 +38,7 @@ from mmserve.engines.base import (
     KvEventSink,
     KvHandle,
     MediaInput,
+    MediaModality,
 )
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
@@ -178,14 +181,13 @@ class HfEngine(Engine):
             if cached is None:
                 missing.append((index, item))
         if missing:
-            output = self._vision_tower([item for _, item in missing])
-            deepstack_layers = getattr(output, "deepstack_features", None) or []
-            for position, (index, item) in enumerate(missing):
+            towered = self._vision_tower([item for _, item in missing])
+            for (index, item), (rows, deepstack) in zip(missing, towered, strict=True):
                 embedding = ItemEmbedding(
                     mm_hash=item.mm_hash,
                     grid_thw=item.grid_thw,
-                    embeddings=output.pooler_output[position].contiguous(),
-                    deepstack=tuple(layer[position].contiguous() for layer in deepstack_layers),
+                    embeddings=rows.contiguous(),
+                    deepstack=tuple(layer.contiguous() for layer in deepstack),
                 )
                 self.encoder_cache.put(embedding)
                 results[index] = embedding
@@ -195,8 +197,29 @@ class HfEngine(Engine):
         for item in items:
             self.encoder_cache.put(item)
 
-    def _vision_tower(self, items: list[MediaInput]) -> Any:
-        """The tower's output for `items`: `pooler_output[i]` holds item i's rows."""
+    def _vision_tower(
+        self, items: list[MediaInput]
+    ) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        """Each item's rows and deepstack features (empty but for Qwen3-VL), in order. Images
+        and videos go through the tower in separate calls, as the model's own forward sends
+        them (`get_image_features`, `get_video_features`)."""
+        towered: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+        for modality in ("image", "video"):
+            group = [i for i, item in enumerate(items) if item.modality == modality]
+            if not group:
+                continue
+            output = self._tower_call(modality, [items[i] for i in group])
+            deepstack_layers = getattr(output, "deepstack_features", None) or []
+            for position, index in enumerate(group):
+                towered[index] = (
+                    output.pooler_output[position],
+                    tuple(layer[position] for layer in deepstack_layers),
+                )
+        return [towered[i] for i in range(len(items))]
+
+    def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
+        """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's
+        rows."""
         if self.spec.family.vision_input == "image":
             pixel_values = torch.stack([item.pixel_values for item in items])
             return self._inner.get_image_features(
@@ -204,6 +227,8 @@ class HfEngine(Engine):
             )
         pixel_values = torch.cat([item.pixel_values for item in items]).to(self.device)
         grid = torch.tensor([item.grid_thw for item in items], device=self.device)
+        if modality == "video":
+            return self._inner.get_video_features(pixel_values, grid, return_dict=True)
         return self._inner.get_image_features(pixel_values, grid, return_dict=True)
 
     async def cached_embeddings(
@@ -218,10 +243,14 @@ class HfEngine(Engine):
         return [self.encoder_cache.get(mm_hash, grid) for mm_hash, grid in items]
 
     def _check_media(self, item: MediaInput) -> None:
+        if item.modality == "video":
+            self._check_takes_video()
         t, h, w = item.grid_thw
         merge = self.spec.spatial_merge_size
         if min(t, h, w) <= 0 or h % merge or w % merge:
-            raise EngineError(f"image grid {item.grid_thw} does not fit merge size {merge}")
+            raise EngineError(
+                f"{item.modality} grid {item.grid_thw} does not fit merge size {merge}"
+            )
         if self.spec.family.vision_input == "image":
             patch = self.spec.patch_size
             if tuple(item.pixel_values.shape) != (3, h * patch, w * patch):
@@ -234,6 +263,10 @@ class HfEngine(Engine):
                 f"pixel_values of shape {tuple(item.pixel_values.shape)} do not match grid "
                 f"{item.grid_thw} ({t * h * w} patches)"
             )
+
+    def _check_takes_video(self) -> None:
+        if not self.spec.family.has_video:
+            raise EngineError(f"{self.spec.family.name} models take no video")
 
     # -- prefill --------------------------------------------------------------------------------
 
@@ -270,6 +303,8 @@ class HfEngine(Engine):
         if int(ids.max()) >= self.spec.vocab_size or int(ids.min()) < 0:
             raise EngineError(f"token ids must lie in [0, {self.spec.vocab_size})")
         for item, embedding in zip(request.media, embeddings, strict=True):
+            if item.modality == "video":
+                self._check_takes_video()
             if embedding is not None and item.grid_thw != embedding.grid_thw:
                 raise EngineError(f"embedding of grid {embedding.grid_thw} for item {item}")
         positions, rope_delta = self._positions(request)

@@ -29,7 +29,7 @@ _EXPORTS = {
     "encoder_item": "convert",
     "finish_reason": "convert",
     "generate_kwargs": "convert",
-    "image_item": "convert",
+    "media_item": "convert",
     "sampling_params": "convert",
     "SglangEngine": "engine",
     "SglangKvEventBridge": "kv_events",

@@ -12,6 +12,7 @@ GENERATE_FIELDS = (
     "input_ids",
     "sampling_params",
     "image_data",
+    "video_data",
     "mm_hashes",
     "stream",
     "rid",

@@ -18,7 +18,7 @@ import torch
 
 from mmserve.engines.base import ItemEmbedding
 from mmserve.engines.sglang.args import GENERATE_FIELDS
-from mmserve.engines.sglang.convert import image_item
+from mmserve.engines.sglang.convert import media_item
 from mmserve.kv.pad import PadScheme, pad_values
 
 PAD_PROBE_HASH = 0x0123_4567_89AB_CDEF
@@ -54,7 +54,7 @@ def sglang_splits_images() -> bool:
     rows = [ItemEmbedding(n, (1, 4, 4), torch.zeros(4, 1)) for n in (1, 2)]
     tables = types.SimpleNamespace(ATTR_NAME_TO_MODALITY={}, FEATURE_NAMES=[])
     (item,) = BaseMultimodalProcessor.collect_mm_items_from_processor_output(
-        tables, image_item(rows)
+        tables, media_item("image", rows)
     )
     item.offsets = [(0, 4), (4, 8)]
     return len(get_new_expanded_mm_items([item])) == 2

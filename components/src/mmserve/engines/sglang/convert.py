@@ -1,10 +1,11 @@
 """mmserve's requests and items as SGLang takes them, and SGLang's finish reasons back.
 
 A generate call carries the expanded `input_ids`, the embeddings as one `processor_output`
-image item (`precomputed_embeddings`, `image_grid_thw`, `modality`; SGLang takes exactly one
-such dict per request) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so
-SGLang's pad values, radix cache and KV events use the router's item identities. The encoder
-takes the Rust core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its model.
+item per modality (`precomputed_embeddings`, `image_grid_thw` or `video_grid_thw`,
+`modality`; SGLang takes exactly one such dict per modality, in `image_data` and
+`video_data`) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so SGLang's pad
+values, radix cache and KV events use the router's item identities. The encoder takes the Rust
+core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its model.
 """
 
 from __future__ import annotations
@@ -14,35 +15,54 @@ from typing import Any
 
 import torch
 
-from mmserve.engines.base import EngineRequest, ItemEmbedding, MediaInput
+from mmserve.engines.base import (
+    EngineRequest,
+    ItemEmbedding,
+    MediaInput,
+    MediaModality,
+)
 from mmserve.protocol import (
     BootstrapInfo,
     FinishReason,
+    MRopePositions,
     SamplingParams,
     StopConditions,
     mm_hash_hex,
 )
 
 
-def image_item(embeddings: Sequence[ItemEmbedding]) -> dict[str, Any]:
-    """The request's images as one SGLang `processor_output` item."""
-    return {
+def media_item(
+    modality: MediaModality,
+    embeddings: Sequence[ItemEmbedding],
+    positions: MRopePositions | None = None,
+) -> dict[str, Any]:
+    """The request's items of one modality as one SGLang `processor_output` item; with
+    `positions`, the plan's M-RoPE positions, which SGLang's Qwen-VL processor takes from the
+    request's first item instead of computing its own (`mrope_positions`,
+    `mrope_position_delta`)."""
+    item: dict[str, Any] = {
         "format": "processor_output",
-        "modality": "IMAGE",
-        "precomputed_embeddings": torch.cat([item.embeddings for item in embeddings]),
-        "image_grid_thw": torch.tensor([item.grid_thw for item in embeddings], dtype=torch.long),
+        "modality": modality.upper(),
+        "precomputed_embeddings": torch.cat([e.embeddings for e in embeddings]),
+        f"{modality}_grid_thw": torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long),
     }
+    if positions is not None:
+        rows = torch.tensor(positions.rows, dtype=torch.long)
+        item["mrope_positions"] = rows.view(3, -1)
+        item["mrope_position_delta"] = torch.tensor([positions.delta], dtype=torch.long)
+    return item
 
 
 def encoder_item(item: MediaInput, device: torch.device | str = "cpu") -> Any:
     """The Rust core's pixels as the `MultimodalDataItem` SGLang's encoder hands its model
-    (`MMEncoder._build_model_mm_items`: `from_dict` of modality and feature, then the grid)."""
+    (`MMEncoder._build_model_mm_items`: `from_dict` of modality and feature, then the grid;
+    the model's `get_image_feature` or `get_video_feature` reads it)."""
     from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
 
     mm_item = MultimodalDataItem.from_dict(
-        {"modality": Modality.IMAGE, "feature": item.pixel_values.to(device)}
+        {"modality": Modality.from_str(item.modality), "feature": item.pixel_values.to(device)}
     )
-    mm_item.set("image_grid_thw", torch.tensor([item.grid_thw], dtype=torch.long))
+    mm_item.set(f"{item.modality}_grid_thw", torch.tensor([item.grid_thw], dtype=torch.long))
     return mm_item
 
 
@@ -72,20 +92,33 @@ def generate_kwargs(
     *,
     splits_images: bool = True,
 ) -> dict[str, Any]:
-    """The keyword arguments of one `async_generate` call (keys: `args.GENERATE_FIELDS`).
+    """The keyword arguments of one `async_generate` call (keys: `args.GENERATE_FIELDS`);
+    `embeddings` follow `request.media`.
 
-    `mm_hashes` go with one image, or with several where SGLang splits the item per image
-    (`checks.sglang_splits_images`); otherwise SGLang would drop them with a warning anyway."""
+    SGLang lists a request's items images first, then videos, and splits neither bundle into
+    one item per image or video (0.5.23: precomputed rows do not match its patch counts; a
+    video's run is not split per temporal patch), so `mm_hashes` go only where each bundle
+    holds one item, or images are split (`checks.sglang_splits_images`) and the request has at
+    most one video; otherwise SGLang would drop them with a warning anyway. With a video, the
+    plan's positions go with the first item: SGLang 0.5.23 reads Qwen2.5-VL's
+    `second_per_grid_ts` from that item alone, so it cannot compute them itself."""
     kwargs: dict[str, Any] = {
         "input_ids": list(request.token_ids),
         "sampling_params": sampling_params(request.sampling, request.stop),
         "stream": True,
         "rid": request.request_id,
     }
-    if embeddings:
-        kwargs["image_data"] = [image_item(embeddings)]
-        if len(embeddings) == 1 or splits_images:
-            kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in embeddings]
+    bundles: dict[MediaModality, list[ItemEmbedding]] = {"image": [], "video": []}
+    for item, embedding in zip(request.media, embeddings, strict=True):
+        bundles[item.modality].append(embedding)
+    positions = request.positions if bundles["video"] else None
+    for modality, bundle in bundles.items():
+        if bundle:
+            kwargs[f"{modality}_data"] = [media_item(modality, bundle, positions)]
+            positions = None
+    images, videos = bundles["image"], bundles["video"]
+    if embeddings and (len(images) <= 1 or splits_images) and len(videos) <= 1:
+        kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in (*images, *videos)]
     if bootstrap is not None:
         kwargs["bootstrap_host"] = bootstrap.host
         kwargs["bootstrap_port"] = bootstrap.port

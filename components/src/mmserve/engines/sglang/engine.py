@@ -3,18 +3,19 @@
 - Encode: SGLang's `MMEncoder` (`sglang.srt.disaggregation.encoder.server`) loads the vision
   model through SGLang (weights, TP, kernels). Its `encode(mm_items, modality, req_id, ...)`
   fetches and preprocesses raw media itself, so it cannot take the Rust core's pixels; the
-  engine calls the loaded model's `get_image_feature` with the items `_encode` builds
-  (`convert.encoder_item`: a `MultimodalDataItem` of `feature` = pixel_values and
-  `image_grid_thw`). An encode worker (`--encoder-only`) holds only the encoder; a worker that
-  encodes beside its language model makes one on its first image.
+  engine calls the loaded model's `get_image_feature` (a video's: `get_video_feature`) with
+  the items `_encode` builds (`convert.encoder_item`: a `MultimodalDataItem` of `feature` =
+  pixel_values and `image_grid_thw`, or `pixel_values_videos` and `video_grid_thw`). An
+  encode worker (`--encoder-only`) holds only the encoder; a worker that encodes beside its
+  language model makes one on its first item.
 - Prefill / decode / aggregated: `sglang.Engine.async_generate` with the arguments
-  `convert.generate_kwargs` builds (the expanded `input_ids`, one image item of embeddings,
-  `mm_hashes`).
+  `convert.generate_kwargs` builds (the expanded `input_ids`, one item of embeddings per
+  modality, `mm_hashes`).
 - P/D: SGLang moves the KV itself. The prefill engine's `bootstrap_info` picks a bootstrap room
   (host: `--host`, or this machine's address when that is a loopback or wildcard one), which
   prefill answers decode in a `protocol.BootstrapInfo` before it runs the request in the
-  background; `export_kv` hands decode the prompt and the embeddings for the decode-side
-  request, and decode's `async_generate` joins the same room
+  background; `export_kv` hands decode the prompt, its items, positions and embeddings for
+  the decode-side request, and decode's `async_generate` joins the same room
   (`--disaggregation-mode prefill|decode`, `--disaggregation-transfer-backend nixl`). The first
   token arrives in decode's stream; the handle's `first_token` is -1 on both sides.
 - KV events: SGLang's ZMQ publisher (`--kv-events-config`; on loopback by default), bridged
@@ -63,6 +64,8 @@ from mmserve.kv.pad import PadScheme
 from mmserve.protocol import (
     BootstrapInfo,
     CachesCleared,
+    MRopePositions,
+    PlannedMedia,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -194,7 +197,7 @@ class SglangEngine(Engine):
         with torch.inference_mode():
             for item in items:
                 mm_item = encoder_item(item, self._encoder.device)
-                rows = target.get_image_feature([mm_item])
+                rows = getattr(target, f"get_{item.modality}_feature")([mm_item])
                 rows = rows.reshape(-1, rows.shape[-1]).to("cpu")
                 out.append(ItemEmbedding(item.mm_hash, item.grid_thw, rows))
         return out
@@ -232,13 +235,25 @@ class SglangEngine(Engine):
             task = asyncio.create_task(_drain(stream))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        state: dict[str, Any] = {"bootstrap": bootstrap, "embeddings": tuple(embeddings)}
+        state: dict[str, Any] = {
+            "bootstrap": bootstrap,
+            "embeddings": tuple(embeddings),
+            "media": request.media,
+            "positions": request.positions,
+        }
         return KvHandle(request.request_id, request.token_ids, -1, 0, state)
 
     def decode(
         self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
     ) -> AsyncIterator[TokenChunk]:
-        request = EngineRequest(kv.request_id, kv.prompt_token_ids, sampling, stop)
+        request = EngineRequest(
+            kv.request_id,
+            kv.prompt_token_ids,
+            sampling,
+            stop,
+            media=kv.state["media"],
+            positions=kv.state["positions"],
+        )
         return self._stream(request, kv.state["embeddings"], kv.state["bootstrap"])
 
     async def generate(
@@ -291,11 +306,14 @@ class SglangEngine(Engine):
     async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
         if self.mode != "prefill" or kv.state["bootstrap"] is None:
             raise EngineError("only a prefill-mode sglang engine hands its KV cache over")
-        # The KV itself moves through the bootstrap room; decode's request needs the prompt and
-        # the embeddings beside it.
+        # The KV itself moves through the bootstrap room; decode's request needs the prompt,
+        # where its items lie and the embeddings beside it.
         embeddings: tuple[ItemEmbedding, ...] = kv.state["embeddings"]
+        media: tuple[PlannedMedia, ...] = kv.state["media"]
         tensors = {
             "prompt_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.long),
+            "offsets": torch.tensor([item.offset for item in media], dtype=torch.long),
+            "videos": torch.tensor([item.modality == "video" for item in media], dtype=torch.bool),
             "mm_hashes": torch.tensor([_as_i64(e.mm_hash) for e in embeddings], dtype=torch.long),
             "grids": torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long).reshape(
                 -1, 3
@@ -304,6 +322,10 @@ class SglangEngine(Engine):
         }
         if embeddings:
             tensors["embeddings"] = torch.cat([e.embeddings for e in embeddings]).contiguous()
+        positions: MRopePositions | None = kv.state["positions"]
+        if positions is not None:
+            tensors["positions"] = torch.tensor(positions.rows, dtype=torch.long)
+            tensors["rope_delta"] = torch.tensor([positions.delta], dtype=torch.long)
         return tensors
 
     async def import_kv(
@@ -315,18 +337,40 @@ class SglangEngine(Engine):
         if self.mode != "decode" or bootstrap is None:
             raise EngineError("only a decode-mode sglang engine joins a prefill's bootstrap room")
         prompt = tuple(int(t) for t in tensors["prompt_ids"].tolist())
-        embeddings = []
-        offset = 0
-        for mm_hash, grid, count in zip(
+        embeddings, media = [], []
+        row = 0
+        for mm_hash, grid, count, offset, video in zip(
             tensors["mm_hashes"].tolist(),
             tensors["grids"].tolist(),
             tensors["token_counts"].tolist(),
+            tensors["offsets"].tolist(),
+            tensors["videos"].tolist(),
             strict=True,
         ):
-            rows = tensors["embeddings"][offset : offset + count]
-            embeddings.append(ItemEmbedding(mm_hash & _U64, (grid[0], grid[1], grid[2]), rows))
-            offset += count
-        state = {"bootstrap": bootstrap, "embeddings": tuple(embeddings)}
+            grid_thw = (grid[0], grid[1], grid[2])
+            rows = tensors["embeddings"][row : row + count]
+            embeddings.append(ItemEmbedding(mm_hash & _U64, grid_thw, rows))
+            media.append(
+                PlannedMedia(
+                    modality="video" if video else "image",
+                    mm_hash=mm_hash & _U64,
+                    offset=offset,
+                    length=count,
+                    grid_thw=grid_thw,
+                )
+            )
+            row += count
+        positions = None
+        if "positions" in tensors:
+            positions = MRopePositions(
+                rows=tensors["positions"].tolist(), delta=int(tensors["rope_delta"][0])
+            )
+        state = {
+            "bootstrap": bootstrap,
+            "embeddings": tuple(embeddings),
+            "media": tuple(media),
+            "positions": positions,
+        }
         return KvHandle(request_id, prompt, -1, 0, state)
 
     def release(self, kv: KvHandle) -> None:

@@ -1,0 +1,103 @@
+"""A request with a video through every deployment pattern's handlers, in one process over a
+real nats-server: hf engines on the tiny Qwen2.5-VL (one per handler, so no cache is shared)
+and the inline transfer backend. Each pattern gives the aggregated greedy tokens, and those
+equal transformers' own `generate` with `pixel_values_videos` (`tests/engines/test_hf_video.py`
+builds the reference and the plan)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from mmserve.engines.hf import HfEngine
+from mmserve.models.tiny import build_tiny_model
+from mmserve.protocol import MediaPayload, PreprocessedRequest, SamplingParams, StopConditions
+from mmserve.roles import Role
+from tests.engines.test_hf_video import (
+    NEW_TOKENS,
+    SAMPLING,
+    Item,
+    png,
+    reference,
+    request_plan,
+)
+from tests.support.engines import make_image
+from tests.video.test_video_core import FFMPEG, make_video
+from tests.worker.test_handlers import InProcess, completion
+
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)"),
+]
+
+# Each pattern: its handlers (role, encodes) in start order, and the role a request enters at.
+PATTERNS: dict[str, tuple[list[tuple[Role, bool]], Role]] = {
+    "agg": ([(Role.WORKER, True)], Role.WORKER),
+    "E/PD": ([(Role.WORKER, False), (Role.ENCODE, True)], Role.ENCODE),
+    "EP/D": ([(Role.PREFILL, True), (Role.DECODE, False)], Role.DECODE),
+    "E/P/D": ([(Role.PREFILL, False), (Role.DECODE, False), (Role.ENCODE, True)], Role.ENCODE),
+}
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return build_tiny_model("qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def planner(model_path: Path) -> HfEngine:
+    """The engine the reference and the plans are made with (it serves nothing)."""
+    return HfEngine(model_path)
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return make_video(tmp_path_factory.mktemp("video") / "v.mp4", size="100x60", seconds=1.6)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def deployments(nats_url: str, model_path: Path) -> AsyncIterator[dict[str, InProcess]]:
+    started: dict[str, InProcess] = {}
+    engines: list[HfEngine] = []
+    try:
+        for name, (handlers, _) in PATTERNS.items():
+            deployment = started[name] = InProcess(nats_url, model_path)
+            for role, encodes in handlers:
+                engines.append(await HfEngine.load(model_path))
+                await deployment.start(role, engines[-1], encode=encodes)
+        yield started
+    finally:
+        for deployment in started.values():
+            await deployment.close()
+        for engine in engines:
+            await engine.close()
+
+
+@pytest.mark.parametrize("num_images", [0, 2])
+async def test_every_pattern_gives_transformers_tokens_for_a_video(
+    deployments: dict[str, InProcess], planner: HfEngine, video: bytes, num_images: int
+) -> None:
+    images = [Item(png(make_image(56 + 28 * i, 84 - 28 * i, seed=i))) for i in range(num_images)]
+    items = [*images[:1], Item(video, SAMPLING), *images[1:]]
+    inputs, expected = reference(planner, items)
+    plan = request_plan(planner, inputs["input_ids"][0].tolist(), items)
+    for name, (_, entry) in PATTERNS.items():
+        request = PreprocessedRequest(
+            request_id=uuid.uuid4().hex,
+            deadline=time.time() + 120,
+            model="tiny",
+            plan=plan,
+            payloads=[MediaPayload(data=item.data) for item in items],
+            sampling=SamplingParams(temperature=0.0),
+            stop=StopConditions(max_tokens=NEW_TOKENS, ignore_eos=True),
+        )
+        chunks = await deployments[name].stream(entry, request)
+        assert completion(chunks) == expected, name
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.prompt_tokens == len(plan.token_ids)
