@@ -237,7 +237,13 @@ def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
     # one of the two to the other worker, which holds only the chat template's first block).
     for prompt, instance in zip(prompts, instances, strict=True):
         assert ask(prompt, pin=instance) <= 16
-    time.sleep(1)  # the stored events reach the router by NATS (milliseconds; a margin for load)
+    # The routing below reads the router's index: wait until it applied every event the two
+    # prefills published (at least one each).
+    wait_until(
+        lambda: theirs.kv_events_applied() >= theirs.kv_events_published() >= 2,
+        timeout=30,
+        what="the router applying the workers' KV events",
+    )
     for _ in range(2):
         for prompt in prompts:
             assert ask(prompt) >= 16 * 4, prompt

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.deployment import STARTUP_TIMEOUT_S, free_port, stop_processes
 
@@ -64,6 +65,7 @@ class DynamoDeployment:
     namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -92,6 +94,7 @@ class DynamoDeployment:
         )
 
     def start_worker(self, name: str = "worker") -> None:
+        metrics_port = self.metrics_ports.setdefault(name, free_port())
         self._spawn(
             name,
             [
@@ -103,6 +106,8 @@ class DynamoDeployment:
                 "--namespace",
                 self.namespace,
                 *self.planes,
+                "--metrics-port",
+                str(metrics_port),
                 *self.worker_flags,
             ],
         )
@@ -150,6 +155,18 @@ class DynamoDeployment:
             time.sleep(0.25)
         raise TimeoutError(f"Dynamo's frontend lists no model after {STARTUP_TIMEOUT_S}s")
 
+    def kv_events_published(self) -> float:
+        """The KV events every running worker handed Dynamo's publisher so far."""
+        return sum(
+            _counter(f"http://127.0.0.1:{port}/metrics", "mmserve_dynamo_kv_events_published")
+            for name, port in self.metrics_ports.items()
+            if self.processes[name].poll() is None
+        )
+
+    def kv_events_applied(self) -> float:
+        """The KV events the frontend's router applied to its index (any outcome)."""
+        return _counter(f"{self.base_url}/metrics", "dynamo_component_kv_cache_events_applied")
+
     @contextlib.contextmanager
     def running(self) -> Iterator[DynamoDeployment]:
         try:
@@ -164,3 +181,15 @@ class DynamoDeployment:
 
     def stop(self) -> None:
         stop_processes(self.processes.values())
+
+
+def _counter(url: str, name: str) -> float:
+    """A counter's total over all its labels, scraped from `url`."""
+    text = httpx.get(url, timeout=5).text
+    return sum(
+        point.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for point in family.samples
+        if point.name == f"{name}_total"
+    )

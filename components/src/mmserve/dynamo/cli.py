@@ -96,6 +96,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from mmserve.dynamo.kv_events import DynamoKvEvents
     from mmserve.encode.stage import EncodeStage
     from mmserve.kv.pad import PadScheme
+    from mmserve.observability.metrics import serve_metrics
     from mmserve.transfer import create_transfer_agent
     from mmserve.worker.options import load_engine, resolve_model_path
 
@@ -117,6 +118,7 @@ async def _serve(args: argparse.Namespace) -> int:
             PadScheme(args.pad_scheme),
         )
         engine.subscribe_kv_events(kv_events.sink)
+        serve_metrics(args.metrics_port)
         handler = DynamoHandler(
             engine,
             EncodeStage(engine, transfer, model_path, Role.WORKER.value),
