@@ -62,6 +62,7 @@ class DynamoDeployment:
     worker_flags: list[str] = field(default_factory=list)
     workers: int = 1
     frontend_flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
     namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -87,6 +88,7 @@ class DynamoDeployment:
             "NATS_SERVER": self.nats_url,
             "DYN_FILE_KV": str(store),
             "HF_HUB_OFFLINE": "1",
+            **self.env,
         }
         log = open(self.log_dir / f"dynamo-{name}.log", "wb")
         self.processes[name] = subprocess.Popen(
