@@ -132,11 +132,9 @@ def test_text_gives_the_same_greedy_tokens(frontends: tuple[Deployment, DynamoDe
     assert expected[1:] == ("length", 24)
 
 
-def test_images_give_the_same_greedy_tokens(
-    frontends: tuple[Deployment, DynamoDeployment],
-) -> None:
-    ours, theirs = frontends
-    model = ours.model_path.name
+def _assert_same_answers_with_images(ours: str, theirs: str, model: str) -> None:
+    """`theirs` answers as `ours` does, streamed and not: one image (two questions about the
+    same shape with different right answers, each answered right) and three in one request."""
     text = scenes.COLOUR_TEXT.format(shape=scenes.SHAPES[0])
     questions = [
         q for q in map(lambda s: scenes.question("colour", s), range(100)) if q.text == text
@@ -145,15 +143,22 @@ def test_images_give_the_same_greedy_tokens(
     second = next(q for q in questions if q.answer != first.answer)
     for question in (first, second):
         messages = _image_messages([png_data_url(i) for i in question.images], question.text)
-        expected = _ask(ours.base_url, model, messages, max_tokens=8)
+        expected = _ask(ours, model, messages, max_tokens=8)
         assert expected[0] == question.answer
-        assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
-        assert _stream(theirs.base_url, model, messages, max_tokens=8) == expected[:2]
+        assert _ask(theirs, model, messages, max_tokens=8) == expected
+        assert _stream(theirs, model, messages, max_tokens=8) == expected[:2]
     # Three images in one request: each placeholder expanded and encoded in its place.
     images = [*first.images, *second.images, *first.images]
     messages = _image_messages([png_data_url(i) for i in images], text)
-    expected = _ask(ours.base_url, model, messages, max_tokens=8)
-    assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
+    expected = _ask(ours, model, messages, max_tokens=8)
+    assert _ask(theirs, model, messages, max_tokens=8) == expected
+
+
+def test_images_give_the_same_greedy_tokens(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    ours, theirs = frontends
+    _assert_same_answers_with_images(ours.base_url, theirs.base_url, ours.model_path.name)
 
 
 def test_an_image_by_http_url_is_fetched_by_dynamos_frontend_and_again_by_the_worker(
@@ -249,6 +254,69 @@ def test_a_client_that_leaves_stops_the_engine(
         "stop",
         "length",
     )
+
+
+@pytest.fixture(scope="module")
+def encode_apart(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DynamoDeployment]:
+    """E/PD: Dynamo's frontend in front of an mmserve worker started with `--route-to-encoder`
+    and an mmserve encode worker, on the trained tiny Qwen2-VL, embeddings by shared memory.
+    Only the encode worker may fetch from 127.0.0.1."""
+    theirs = DynamoDeployment(
+        build_trained_model(),
+        nats_url,
+        tmp_path_factory.mktemp("dynamo-epd"),
+        worker_flags=["--route-to-encoder", "--transfer", "shm"],
+        encoders=1,
+        encoder_flags=[
+            "--disaggregation-mode",
+            "encode",
+            "--transfer",
+            "shm",
+            *LOOPBACK_MEDIA_FLAGS,
+        ],
+        env=LOOPBACK_MEDIA_ENV,
+    )
+    with theirs.running():
+        yield theirs
+
+
+def test_an_encode_worker_apart_gives_the_same_greedy_tokens(
+    frontends: tuple[Deployment, DynamoDeployment], encode_apart: DynamoDeployment, tmp_path: Path
+) -> None:
+    ours, _ = frontends
+    theirs = encode_apart
+    model = ours.model_path.name
+    assert _ask(theirs.base_url, model, TEXT, max_tokens=8) == _ask(
+        ours.base_url, model, TEXT, max_tokens=8
+    )
+    assert " done: " not in theirs.log("encode1")  # text goes to the worker alone
+    _assert_same_answers_with_images(ours.base_url, theirs.base_url, model)
+    encoded = theirs.log("encode1").count(" done: ")
+    assert encoded == 2 * 2 + 1  # each image request once, streamed or not
+    # By http URL: Dynamo's frontend fetches it, then the encode worker; the worker, whose
+    # policy would refuse 127.0.0.1, never does.
+    question = scenes.question("colour", 3)
+    question.images[0].save(tmp_path / "scene.png")
+    base_url, server = serve_directory(tmp_path)
+    try:
+        messages = _image_messages([f"{base_url}/scene.png"], question.text)
+        assert _ask(theirs.base_url, model, messages, max_tokens=8)[0] == question.answer
+        assert server.gets["/scene.png"] == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert theirs.log("encode1").count(" done: ") == encoded + 1
+    # The encode worker's refusal is the client's 400 with its reason.
+    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
+    response = httpx.post(
+        f"{theirs.base_url}/v1/chat/completions",
+        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "aspect ratio" in response.json()["message"]
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])

@@ -53,14 +53,18 @@ def dynamo_missing() -> str | None:
 
 @dataclass
 class DynamoDeployment:
-    """Dynamo's frontend and one mmserve worker; `running()` starts both and waits until the
-    frontend lists the worker's model."""
+    """Dynamo's frontend, mmserve workers and encode workers; `running()` starts them and waits
+    until the frontend lists the workers' model."""
 
     model_path: Path
     nats_url: str
     log_dir: Path
     worker_flags: list[str] = field(default_factory=list)
     workers: int = 1
+    # Encode workers (`--disaggregation-mode encode`, with `encoder_flags`) for workers started
+    # with `--route-to-encoder`.
+    encoders: int = 0
+    encoder_flags: list[str] = field(default_factory=list)
     frontend_flags: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
     namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
@@ -96,6 +100,7 @@ class DynamoDeployment:
         )
 
     def start_worker(self, name: str = "worker") -> None:
+        flags = self.encoder_flags if name in self.encoder_names else self.worker_flags
         metrics_port = self.metrics_ports.setdefault(name, free_port())
         self._spawn(
             name,
@@ -110,7 +115,7 @@ class DynamoDeployment:
                 *self.planes,
                 "--metrics-port",
                 str(metrics_port),
-                *self.worker_flags,
+                *flags,
             ],
         )
 
@@ -118,8 +123,12 @@ class DynamoDeployment:
     def worker_names(self) -> list[str]:
         return ["worker", *(f"worker{n}" for n in range(2, self.workers + 1))]
 
+    @property
+    def encoder_names(self) -> list[str]:
+        return [f"encode{n}" for n in range(1, self.encoders + 1)]
+
     def start(self) -> DynamoDeployment:
-        for name in self.worker_names:
+        for name in [*self.encoder_names, *self.worker_names]:
             self.start_worker(name)
         self._spawn(
             "frontend",
@@ -145,7 +154,8 @@ class DynamoDeployment:
             for name, process in self.processes.items():
                 if process.poll() is not None:
                     raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
-            if not all(" ready: instance " in self.log(name) for name in self.worker_names):
+            names = [*self.encoder_names, *self.worker_names]
+            if not all(" ready: instance " in self.log(name) for name in names):
                 time.sleep(0.25)
                 continue
             try:
