@@ -5,9 +5,10 @@ aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not,
 `data:` URL and by http URL (fetched by Dynamo's frontend and again by the worker); a refused
 image is the client's 400 with the core's reason; a client that leaves stops the engine. The
 same on tiny Qwen2.5-VL and Qwen3-VL checkpoints (random weights: every image changes the
-answer). Behind Dynamo's KV router, two workers (mock engine): a repeated prompt, with or without
-an image, goes back to the worker holding it; a worker killed mid-stream fails the client's
-stream."""
+answer), and with the images planned and encoded by an encode worker apart (E/PD), which alone
+fetches them and whose refusal is the client's 400. Behind Dynamo's KV router, two workers
+(mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with or without an image, goes back to
+the worker holding it; a worker killed mid-stream fails the client's stream."""
 
 from __future__ import annotations
 
