@@ -172,9 +172,7 @@ async def _serve(args: argparse.Namespace) -> int:
                 encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
                 images = RemoteImages(await encoder.client(), transfer, local)
                 needs = [[WorkerType.Encode]]
-            generate = DynamoHandler(
-                engine, images, name, args.default_max_tokens, kv_events
-            ).generate
+            generate = DynamoHandler(engine, images, args.default_max_tokens, kv_events).generate
             model_type = ModelType.Chat | ModelType.Completions
             card = {
                 "worker_type": WorkerType.Aggregated,

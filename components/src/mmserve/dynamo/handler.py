@@ -54,12 +54,15 @@ class StopSignal(Protocol):
 
 
 class Images(Protocol):
-    """Plans a request's images (fetch under the media policy, hash, size, expand each
-    placeholder, positions) and encodes them: the plan and one embedding per planned item."""
+    """A request's images in two steps: `plan` (fetch under the media policy, hash, size,
+    expand each placeholder, positions: the request with one payload per planned item), then
+    `encode` (one embedding per planned item)."""
 
-    async def plan_and_encode(
+    async def plan(
         self, request: Mapping[str, Any], context: StopSignal
-    ) -> tuple[RequestPlan, list[ItemEmbedding]]: ...
+    ) -> PreprocessedRequest: ...
+
+    async def encode(self, planned: PreprocessedRequest) -> list[ItemEmbedding]: ...
 
 
 class LocalImages:
@@ -71,9 +74,7 @@ class LocalImages:
         self.policy = policy
         self.model_name = model_name
 
-    async def plan_and_encode(
-        self, request: Mapping[str, Any], context: StopSignal
-    ) -> tuple[RequestPlan, list[ItemEmbedding]]:
+    async def plan(self, request: Mapping[str, Any], context: StopSignal) -> PreprocessedRequest:
         sources: list[str | bytes | media.Precomputed] = list(requests.image_sources(request))
         if len(sources) > self.policy.max_items:
             raise requests.RequestRefused(
@@ -87,17 +88,17 @@ class LocalImages:
             count_only=True,
             keep_bytes=True,
         )
-        if not planned.plan.media:
-            return planned.plan, []
-        staged = PreprocessedRequest(
+        return PreprocessedRequest(
             request_id=context.id(),
             deadline=time.time() + REQUEST_DEADLINE_S,
             model=self.model_name,
             plan=planned.plan,
             payloads=[MediaPayload(data=None if d is None else bytes(d)) for d in planned.data],
         )
-        encoded = await self.encoder.run(staged)
-        return planned.plan, [encoded[i] for i in range(len(planned.plan.media))]
+
+    async def encode(self, planned: PreprocessedRequest) -> list[ItemEmbedding]:
+        encoded = await self.encoder.run(planned) if planned.plan.media else {}
+        return [encoded[i] for i in range(len(planned.plan.media))]
 
 
 class EncodedImages(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,11 +119,10 @@ class RemoteImages:
         self.transfer = transfer
         self.local = local
 
-    async def plan_and_encode(
-        self, request: Mapping[str, Any], context: StopSignal
-    ) -> tuple[RequestPlan, list[ItemEmbedding]]:
+    async def plan(self, request: Mapping[str, Any], context: StopSignal) -> PreprocessedRequest:
+        """The encode worker's plan, each item's payload the handle of its embeddings."""
         if not requests.image_sources(request):
-            return await self.local.plan_and_encode(request, context)
+            return await self.local.plan(request, context)
         # What the encode worker reads of Dynamo's request; it fetches the images itself. The
         # request's context goes along: its id, and Dynamo's stop when the client leaves.
         forwarded = {key: request.get(key) for key in ("token_ids", "multi_modal_data")}
@@ -131,9 +131,18 @@ class RemoteImages:
         if len(replies) != 1:
             raise RuntimeError(f"the encode worker sent {len(replies)} replies, not one")
         encoded = msgspec.convert(replies[0], EncodedImages)
-        payloads = [MediaPayload(embeddings=handle) for handle in encoded.embeddings]
-        embeddings = await load_embeddings(self.transfer, encoded.plan.media, payloads)
-        return encoded.plan, embeddings
+        return PreprocessedRequest(
+            request_id=context.id(),
+            deadline=time.time() + REQUEST_DEADLINE_S,
+            model=self.local.model_name,
+            plan=encoded.plan,
+            payloads=[MediaPayload(embeddings=handle) for handle in encoded.embeddings],
+        )
+
+    async def encode(self, planned: PreprocessedRequest) -> list[ItemEmbedding]:
+        if not planned.plan.media:
+            return []
+        return await load_embeddings(self.transfer, planned.plan.media, planned.payloads)
 
 
 class DynamoHandler:
@@ -145,34 +154,29 @@ class DynamoHandler:
         self,
         engine: Engine,
         images: Images,
-        model_name: str,
         default_max_tokens: int,
         kv_events: DynamoKvEvents | None = None,
     ) -> None:
         self.engine = engine
         self.kv_events = kv_events
         self.images = images
-        self.model_name = model_name
         self.default_max_tokens = default_max_tokens
 
     async def generate(
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncIterator[dict[str, Any]]:
         try:
-            with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
-                plan, embeddings = await self.images.plan_and_encode(request, context)
-            planned = PreprocessedRequest(
-                request_id=context.id(),
-                deadline=time.time() + REQUEST_DEADLINE_S,
-                model=self.model_name,
-                plan=plan,
+            planned = msgspec.structs.replace(
+                await self.images.plan(request, context),
                 sampling=requests.sampling(request),
                 stop=requests.stop_conditions(request, self.default_max_tokens),
             )
             with tracked(self.component, planned), nvtx.nvtx_range(nvtx.PD_GENERATE):
+                with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
+                    embeddings = await self.images.encode(planned)
                 if self.kv_events is not None:
-                    routing = requests.routing_mm_hashes(request, len(plan.media))
-                    self.kv_events.remember(plan, routing)
+                    routing = requests.routing_mm_hashes(request, len(planned.plan.media))
+                    self.kv_events.remember(planned.plan, routing)
                 chunks = self.engine.generate(engine_request(planned), embeddings)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
                 async for chunk in until_stopped(timed, context):
@@ -199,13 +203,12 @@ class DynamoEncodeHandler:
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncIterator[dict[str, Any]]:
         try:
-            with nvtx.nvtx_range(nvtx.ENC_GENERATE):
-                plan, embeddings = await self.images.plan_and_encode(request, context)
+            planned = await self.images.plan(request, context)
+            with tracked(self.component, planned), nvtx.nvtx_range(nvtx.ENC_GENERATE):
+                embeddings = await self.images.encode(planned)
                 handles, _leases = await offer_embeddings(self.transfer, embeddings)
-            log.info("%s request %s done: %d media", self.component, context.id(), len(handles))
-            yield msgspec.to_builtins(EncodedImages(plan=plan, embeddings=handles))
+            yield msgspec.to_builtins(EncodedImages(plan=planned.plan, embeddings=handles))
         except Exception as exc:
-            log.info("%s request %s failed: %s", self.component, context.id(), exc)
             raise dynamo_error(exc) from exc
 
 
