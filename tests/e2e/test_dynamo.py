@@ -6,7 +6,8 @@ aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not,
 image is the client's 400 with the core's reason; a client that leaves stops the engine. The
 same on tiny Qwen2.5-VL and Qwen3-VL checkpoints (random weights: every image changes the
 answer), and with the images planned and encoded by an encode worker apart (E/PD), which alone
-fetches them and whose refusal is the client's 400. Behind Dynamo's KV router, two workers
+fetches them and whose refusal is the client's 400; until the encode worker is there, the
+frontend holds the model. Behind Dynamo's KV router, two workers
 (mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with or without an image, goes back to
 the worker holding it; a worker killed mid-stream fails the client's stream."""
 
@@ -26,7 +27,7 @@ from PIL import Image
 from mmserve.models import scenes
 from mmserve.models.tiny import build_tiny_model
 from mmserve.models.trained import build_trained_model
-from tests.support.deployment import Deployment, serve_directory
+from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment, serve_directory
 from tests.support.dynamo import DynamoDeployment, dynamo_missing
 from tests.support.images import png_data_url
 from tests.support.waiting import wait_until
@@ -318,6 +319,40 @@ def test_an_encode_worker_apart_gives_the_same_greedy_tokens(
     )
     assert response.status_code == 400, response.text
     assert "aspect ratio" in response.json()["message"]
+
+
+def test_dynamos_frontend_serves_a_worker_routing_to_an_encoder_once_one_is_there(
+    nats_url: str, tmp_path: Path
+) -> None:
+    mock = ["--engine", "mock", "--transfer", "shm"]
+    theirs = DynamoDeployment(
+        build_trained_model(),
+        nats_url,
+        tmp_path,
+        worker_flags=[*mock, "--route-to-encoder"],
+        encoders=1,
+        encoder_flags=[*mock, "--disaggregation-mode", "encode"],
+    )
+    body = {"model": theirs.model_path.name, "messages": TEXT, "max_tokens": 2}
+    try:
+        theirs.start_worker("worker")
+        theirs.start_frontend()
+
+        def refused_as_not_ready() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                response = httpx.post(f"{theirs.base_url}/v1/chat/completions", json=body)
+                return response.status_code == 503 and "not ready" in response.text
+            return False
+
+        # The worker's card needs an encode worker: the frontend knows the model but holds it.
+        wait_until(refused_as_not_ready, timeout=STARTUP_TIMEOUT_S, what="the held model")
+        assert httpx.get(f"{theirs.base_url}/v1/models").json()["data"] == []
+        theirs.start_worker("encode1")
+        theirs.wait_ready()
+        response = httpx.post(f"{theirs.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    finally:
+        theirs.stop()
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])

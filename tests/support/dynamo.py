@@ -130,6 +130,10 @@ class DynamoDeployment:
     def start(self) -> DynamoDeployment:
         for name in [*self.encoder_names, *self.worker_names]:
             self.start_worker(name)
+        self.start_frontend()
+        return self
+
+    def start_frontend(self) -> None:
         self._spawn(
             "frontend",
             [
@@ -146,7 +150,6 @@ class DynamoDeployment:
                 *self.frontend_flags,
             ],
         )
-        return self
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
