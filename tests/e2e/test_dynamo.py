@@ -1,17 +1,23 @@
 """mmserve's worker as a Dynamo backend: Dynamo's frontend (1.6.1) in front of
 `python -m mmserve.dynamo` answers what mmserve's own frontend answers in front of mmserve's
 aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not, one image
-(about which the model answers right, so a dropped or swapped image cannot pass) and three; a
-refused image is the client's 400 with the core's reason; a client that leaves stops the
-engine. Behind Dynamo's KV router, two workers (mock engine): a repeated prompt, with or
-without an image, goes back to the worker holding it; a worker killed mid-stream fails the
-client's stream."""
+(about which the model answers right, so a dropped or swapped image cannot pass) and three, by
+`data:` URL and by http URL (fetched by Dynamo's frontend and again by the worker); a refused
+image is the client's 400 with the core's reason; a client that leaves stops the engine. The
+same on tiny Qwen2.5-VL and Qwen3-VL checkpoints (random weights: every image changes the
+answer), and with the images planned and encoded by an encode worker apart (E/PD), which alone
+fetches them and whose refusal is the client's 400; until the encode worker is there, the
+frontend holds the model. Behind Dynamo's KV router, two workers
+(mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with or without an image, goes back to
+the worker holding it; a worker killed mid-stream fails the client's stream."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -19,8 +25,9 @@ import pytest
 from PIL import Image
 
 from mmserve.models import scenes
+from mmserve.models.tiny import build_tiny_model
 from mmserve.models.trained import build_trained_model
-from tests.support.deployment import Deployment
+from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment, serve_directory
 from tests.support.dynamo import DynamoDeployment, dynamo_missing
 from tests.support.images import png_data_url
 from tests.support.waiting import wait_until
@@ -30,15 +37,22 @@ pytestmark = pytest.mark.skipif(bool(reason := dynamo_missing()), reason=reason 
 TEXT = [{"role": "user", "content": "What colour is the sky in the picture?"}]
 
 
-@pytest.fixture(scope="module")
-def frontends(
-    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+# Images by http URL come from a server on 127.0.0.1: Dynamo's frontend fetches such a URL only
+# with DYN_MM_ALLOW_INTERNAL=1 (it refuses literal IPs, explicit ports and loopback names), the
+# worker only from a host its media policy lists.
+LOOPBACK_MEDIA_ENV = {"DYN_MM_ALLOW_INTERNAL": "1"}
+LOOPBACK_MEDIA_FLAGS = ["--allowed-media-domains", "127.0.0.1"]
+
+
+@contextlib.contextmanager
+def _side_by_side(
+    model_path: Path, nats_url: str, log_dir: Path
 ) -> Iterator[tuple[Deployment, DynamoDeployment]]:
     """mmserve's aggregated deployment and the Dynamo one, on the same model, both ready."""
-    model_path = build_trained_model()
-    log_dir = tmp_path_factory.mktemp("dynamo")
     ours = Deployment("agg", model_path, nats_url, log_dir)
-    theirs = DynamoDeployment(model_path, nats_url, log_dir)
+    theirs = DynamoDeployment(
+        model_path, nats_url, log_dir, worker_flags=LOOPBACK_MEDIA_FLAGS, env=LOOPBACK_MEDIA_ENV
+    )
     try:
         ours.start()
         theirs.start()
@@ -48,6 +62,25 @@ def frontends(
     finally:
         theirs.stop()
         ours.stop()
+
+
+@pytest.fixture(scope="module")
+def frontends(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Deployment, DynamoDeployment]]:
+    """Both frontends on the trained tiny Qwen2-VL."""
+    with _side_by_side(build_trained_model(), nats_url, tmp_path_factory.mktemp("dynamo")) as both:
+        yield both
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def family_frontends(
+    request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Deployment, DynamoDeployment]]:
+    """Both frontends on the tiny checkpoint of another family."""
+    log_dir = tmp_path_factory.mktemp(f"dynamo-{request.param}")
+    with _side_by_side(build_tiny_model(request.param), nats_url, log_dir) as both:
+        yield both
 
 
 def _client(base_url: str) -> openai.OpenAI:
@@ -85,6 +118,11 @@ def _stream(base_url: str, model: str, messages: list[dict], **options: object) 
     return text, finish
 
 
+def _image_messages(urls: list[str], text: str) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
 def test_text_gives_the_same_greedy_tokens(frontends: tuple[Deployment, DynamoDeployment]) -> None:
     ours, theirs = frontends
     model = ours.model_path.name
@@ -96,11 +134,9 @@ def test_text_gives_the_same_greedy_tokens(frontends: tuple[Deployment, DynamoDe
     assert expected[1:] == ("length", 24)
 
 
-def test_images_give_the_same_greedy_tokens(
-    frontends: tuple[Deployment, DynamoDeployment],
-) -> None:
-    ours, theirs = frontends
-    model = ours.model_path.name
+def _assert_same_answers_with_images(ours: str, theirs: str, model: str) -> None:
+    """`theirs` answers as `ours` does, streamed and not: one image (two questions about the
+    same shape with different right answers, each answered right) and three in one request."""
     text = scenes.COLOUR_TEXT.format(shape=scenes.SHAPES[0])
     questions = [
         q for q in map(lambda s: scenes.question("colour", s), range(100)) if q.text == text
@@ -108,20 +144,77 @@ def test_images_give_the_same_greedy_tokens(
     first = questions[0]
     second = next(q for q in questions if q.answer != first.answer)
     for question in (first, second):
-        parts = [
-            {"type": "image_url", "image_url": {"url": png_data_url(i)}} for i in question.images
-        ]
-        messages = [{"role": "user", "content": [*parts, {"type": "text", "text": question.text}]}]
-        expected = _ask(ours.base_url, model, messages, max_tokens=8)
+        messages = _image_messages([png_data_url(i) for i in question.images], question.text)
+        expected = _ask(ours, model, messages, max_tokens=8)
         assert expected[0] == question.answer
-        assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
-        assert _stream(theirs.base_url, model, messages, max_tokens=8) == expected[:2]
+        assert _ask(theirs, model, messages, max_tokens=8) == expected
+        assert _stream(theirs, model, messages, max_tokens=8) == expected[:2]
     # Three images in one request: each placeholder expanded and encoded in its place.
     images = [*first.images, *second.images, *first.images]
-    parts = [{"type": "image_url", "image_url": {"url": png_data_url(i)}} for i in images]
-    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
-    expected = _ask(ours.base_url, model, messages, max_tokens=8)
-    assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
+    messages = _image_messages([png_data_url(i) for i in images], text)
+    expected = _ask(ours, model, messages, max_tokens=8)
+    assert _ask(theirs, model, messages, max_tokens=8) == expected
+
+
+def test_images_give_the_same_greedy_tokens(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    ours, theirs = frontends
+    _assert_same_answers_with_images(ours.base_url, theirs.base_url, ours.model_path.name)
+
+
+def test_an_image_by_http_url_is_fetched_by_dynamos_frontend_and_again_by_the_worker(
+    frontends: tuple[Deployment, DynamoDeployment], tmp_path: Path
+) -> None:
+    ours, theirs = frontends
+    model = ours.model_path.name
+    question = scenes.question("colour", 3)
+    question.images[0].save(tmp_path / "scene.png")
+    base_url, server = serve_directory(tmp_path)
+    port = base_url.rsplit(":", 1)[1]
+    try:
+        messages = _image_messages([f"{base_url}/scene.png"], question.text)
+        expected = _ask(ours.base_url, model, messages, max_tokens=8)
+        assert expected[0] == question.answer
+        assert server.gets["/scene.png"] == 1  # mmserve's frontend, which ships the bytes on
+        assert _ask(theirs.base_url, model, messages, max_tokens=8) == expected
+        # Dynamo's frontend (for its router's view of the image), then the worker (the plan and
+        # the encoder): Dynamo's frontend sends the worker the URL, not the bytes.
+        assert server.gets["/scene.png"] == 3
+        # A host the worker's policy does not list: Dynamo's frontend fetches it, the worker
+        # refuses it before fetching, as the client's 400.
+        refused = _image_messages([f"http://localhost:{port}/scene.png"], question.text)
+        response = httpx.post(
+            f"{theirs.base_url}/v1/chat/completions",
+            json={"model": model, "messages": refused, "max_tokens": 4},
+            timeout=60,
+        )
+        assert response.status_code == 400, response.text
+        assert "fetch.forbidden_address" in response.json()["message"]
+        assert server.gets["/scene.png"] == 4
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_qwen2_5_vl_and_qwen3_vl_give_the_same_greedy_tokens(
+    family_frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    ours, theirs = family_frontends
+    model = ours.model_path.name
+    first, second = (scenes.question("colour", seed).images[0] for seed in (3, 5))
+    # ignore_eos: every answer is 12 tokens, compared in full.
+    options: dict = {"max_tokens": 12, "extra_body": {"ignore_eos": True}}
+    answers = []
+    for images in ([], [first], [second], [first, second, first]):
+        messages = _image_messages([png_data_url(image) for image in images], "What colour?")
+        expected = _ask(ours.base_url, model, messages, **options)
+        assert expected[1:] == ("length", 12)
+        assert _ask(theirs.base_url, model, messages, **options) == expected, len(images)
+        assert _stream(theirs.base_url, model, messages, **options) == expected[:2], len(images)
+        answers.append(expected[0])
+    # Each image changes the answer, so a dropped, swapped or misplaced one cannot pass.
+    assert len(set(answers)) == len(answers), answers
 
 
 def test_a_refused_image_is_the_clients_400_with_the_reason(
@@ -129,15 +222,7 @@ def test_a_refused_image_is_the_clients_400_with_the_reason(
 ) -> None:
     _, theirs = frontends
     sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
-    messages = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": sliver}},
-                {"type": "text", "text": "what?"},
-            ],
-        }
-    ]
+    messages = _image_messages([sliver], "what?")
     response = httpx.post(
         f"{theirs.base_url}/v1/chat/completions",
         json={"model": theirs.model_path.name, "messages": messages, "max_tokens": 4},
@@ -174,14 +259,116 @@ def test_a_client_that_leaves_stops_the_engine(
 
 
 @pytest.fixture(scope="module")
-def mock_pair(
+def encode_apart(
     nats_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DynamoDeployment]:
-    """Dynamo's frontend with its KV router in front of two mmserve workers (mock engine)."""
+    """E/PD: Dynamo's frontend in front of an mmserve worker started with `--route-to-encoder`
+    and an mmserve encode worker, on the trained tiny Qwen2-VL, embeddings by shared memory.
+    Only the encode worker may fetch from 127.0.0.1."""
     theirs = DynamoDeployment(
         build_trained_model(),
         nats_url,
-        tmp_path_factory.mktemp("dynamo-mock"),
+        tmp_path_factory.mktemp("dynamo-epd"),
+        worker_flags=["--route-to-encoder", "--transfer", "shm"],
+        encoders=1,
+        encoder_flags=[
+            "--disaggregation-mode",
+            "encode",
+            "--transfer",
+            "shm",
+            *LOOPBACK_MEDIA_FLAGS,
+        ],
+        env=LOOPBACK_MEDIA_ENV,
+    )
+    with theirs.running():
+        yield theirs
+
+
+def test_an_encode_worker_apart_gives_the_same_greedy_tokens(
+    frontends: tuple[Deployment, DynamoDeployment], encode_apart: DynamoDeployment, tmp_path: Path
+) -> None:
+    ours, _ = frontends
+    theirs = encode_apart
+    model = ours.model_path.name
+    assert _ask(theirs.base_url, model, TEXT, max_tokens=8) == _ask(
+        ours.base_url, model, TEXT, max_tokens=8
+    )
+    assert " done: " not in theirs.log("encode1")  # text goes to the worker alone
+    _assert_same_answers_with_images(ours.base_url, theirs.base_url, model)
+    encoded = theirs.log("encode1").count(" done: ")
+    assert encoded == 2 * 2 + 1  # each image request once, streamed or not
+    # By http URL: Dynamo's frontend fetches it, then the encode worker; the worker, whose
+    # policy would refuse 127.0.0.1, never does.
+    question = scenes.question("colour", 3)
+    question.images[0].save(tmp_path / "scene.png")
+    base_url, server = serve_directory(tmp_path)
+    try:
+        messages = _image_messages([f"{base_url}/scene.png"], question.text)
+        assert _ask(theirs.base_url, model, messages, max_tokens=8)[0] == question.answer
+        assert server.gets["/scene.png"] == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert theirs.log("encode1").count(" done: ") == encoded + 1
+    # The encode worker's refusal is the client's 400 with its reason.
+    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
+    response = httpx.post(
+        f"{theirs.base_url}/v1/chat/completions",
+        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "aspect ratio" in response.json()["message"]
+
+
+def test_dynamos_frontend_serves_a_worker_routing_to_an_encoder_once_one_is_there(
+    nats_url: str, tmp_path: Path
+) -> None:
+    mock = ["--engine", "mock", "--transfer", "shm"]
+    theirs = DynamoDeployment(
+        build_trained_model(),
+        nats_url,
+        tmp_path,
+        worker_flags=[*mock, "--route-to-encoder"],
+        encoders=1,
+        encoder_flags=[*mock, "--disaggregation-mode", "encode"],
+    )
+    body = {"model": theirs.model_path.name, "messages": TEXT, "max_tokens": 2}
+    try:
+        theirs.start_worker("worker")
+        theirs.start_frontend()
+
+        def refused_as_not_ready() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                response = httpx.post(f"{theirs.base_url}/v1/chat/completions", json=body)
+                return response.status_code == 503 and "not ready" in response.text
+            return False
+
+        # The worker's card needs an encode worker: the frontend knows the model but holds it.
+        wait_until(refused_as_not_ready, timeout=STARTUP_TIMEOUT_S, what="the held model")
+        assert httpx.get(f"{theirs.base_url}/v1/models").json()["data"] == []
+        theirs.start_worker("encode1")
+        theirs.wait_ready()
+        response = httpx.post(f"{theirs.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    finally:
+        theirs.stop()
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
+def mock_pair(
+    request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DynamoDeployment]:
+    """Dynamo's frontend with its KV router in front of two mmserve workers (mock engine), on
+    the trained Qwen2-VL and on the tiny Qwen3-VL (another patch size: Dynamo's router must
+    count an image's tokens as the worker does)."""
+    model_path = (
+        build_trained_model() if request.param == "qwen2_vl" else build_tiny_model("qwen3_vl")
+    )
+    theirs = DynamoDeployment(
+        model_path,
+        nats_url,
+        tmp_path_factory.mktemp(f"dynamo-mock-{request.param}"),
         worker_flags=["--engine", "mock"],
         workers=2,
         frontend_flags=["--router-mode", "kv"],
@@ -208,15 +395,7 @@ def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
     words = " ".join(f"word{i}" for i in range(40))
     prompts: list[list[dict]] = [
         [{"role": "user", "content": f"Story: {words}"}],
-        [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": image}},
-                    {"type": "text", "text": f"Describe: {words}"},
-                ],
-            }
-        ],
+        _image_messages([image], f"Describe: {words}"),
     ]
 
     def ask(messages: list[dict], pin: int | None = None) -> int:
@@ -237,7 +416,13 @@ def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
     # one of the two to the other worker, which holds only the chat template's first block).
     for prompt, instance in zip(prompts, instances, strict=True):
         assert ask(prompt, pin=instance) <= 16
-    time.sleep(1)  # the stored events reach the router by NATS (milliseconds; a margin for load)
+    # The routing below reads the router's index: wait until it applied every event the two
+    # prefills published (at least one each).
+    wait_until(
+        lambda: theirs.kv_events_applied() >= theirs.kv_events_published() >= 2,
+        timeout=30,
+        what="the router applying the workers' KV events",
+    )
     for _ in range(2):
         for prompt in prompts:
             assert ask(prompt) >= 16 * 4, prompt

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.deployment import STARTUP_TIMEOUT_S, free_port, stop_processes
 
@@ -52,18 +53,24 @@ def dynamo_missing() -> str | None:
 
 @dataclass
 class DynamoDeployment:
-    """Dynamo's frontend and one mmserve worker; `running()` starts both and waits until the
-    frontend lists the worker's model."""
+    """Dynamo's frontend, mmserve workers and encode workers; `running()` starts them and waits
+    until the frontend lists the workers' model."""
 
     model_path: Path
     nats_url: str
     log_dir: Path
     worker_flags: list[str] = field(default_factory=list)
     workers: int = 1
+    # Encode workers (`--disaggregation-mode encode`, with `encoder_flags`) for workers started
+    # with `--route-to-encoder`.
+    encoders: int = 0
+    encoder_flags: list[str] = field(default_factory=list)
     frontend_flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
     namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -85,6 +92,7 @@ class DynamoDeployment:
             "NATS_SERVER": self.nats_url,
             "DYN_FILE_KV": str(store),
             "HF_HUB_OFFLINE": "1",
+            **self.env,
         }
         log = open(self.log_dir / f"dynamo-{name}.log", "wb")
         self.processes[name] = subprocess.Popen(
@@ -92,6 +100,8 @@ class DynamoDeployment:
         )
 
     def start_worker(self, name: str = "worker") -> None:
+        flags = self.encoder_flags if name in self.encoder_names else self.worker_flags
+        metrics_port = self.metrics_ports.setdefault(name, free_port())
         self._spawn(
             name,
             [
@@ -103,7 +113,9 @@ class DynamoDeployment:
                 "--namespace",
                 self.namespace,
                 *self.planes,
-                *self.worker_flags,
+                "--metrics-port",
+                str(metrics_port),
+                *flags,
             ],
         )
 
@@ -111,9 +123,17 @@ class DynamoDeployment:
     def worker_names(self) -> list[str]:
         return ["worker", *(f"worker{n}" for n in range(2, self.workers + 1))]
 
+    @property
+    def encoder_names(self) -> list[str]:
+        return [f"encode{n}" for n in range(1, self.encoders + 1)]
+
     def start(self) -> DynamoDeployment:
-        for name in self.worker_names:
+        for name in [*self.encoder_names, *self.worker_names]:
             self.start_worker(name)
+        self.start_frontend()
+        return self
+
+    def start_frontend(self) -> None:
         self._spawn(
             "frontend",
             [
@@ -130,7 +150,6 @@ class DynamoDeployment:
                 *self.frontend_flags,
             ],
         )
-        return self
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -138,7 +157,8 @@ class DynamoDeployment:
             for name, process in self.processes.items():
                 if process.poll() is not None:
                     raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
-            if not all(" ready: instance " in self.log(name) for name in self.worker_names):
+            names = [*self.encoder_names, *self.worker_names]
+            if not all(" ready: instance " in self.log(name) for name in names):
                 time.sleep(0.25)
                 continue
             try:
@@ -149,6 +169,18 @@ class DynamoDeployment:
                 pass
             time.sleep(0.25)
         raise TimeoutError(f"Dynamo's frontend lists no model after {STARTUP_TIMEOUT_S}s")
+
+    def kv_events_published(self) -> float:
+        """The KV events every running worker handed Dynamo's publisher so far."""
+        return sum(
+            _counter(f"http://127.0.0.1:{port}/metrics", "mmserve_dynamo_kv_events_published")
+            for name, port in self.metrics_ports.items()
+            if self.processes[name].poll() is None
+        )
+
+    def kv_events_applied(self) -> float:
+        """The KV events the frontend's router applied to its index (any outcome)."""
+        return _counter(f"{self.base_url}/metrics", "dynamo_component_kv_cache_events_applied")
 
     @contextlib.contextmanager
     def running(self) -> Iterator[DynamoDeployment]:
@@ -164,3 +196,15 @@ class DynamoDeployment:
 
     def stop(self) -> None:
         stop_processes(self.processes.values())
+
+
+def _counter(url: str, name: str) -> float:
+    """A counter's total over all its labels, scraped from `url`."""
+    text = httpx.get(url, timeout=5).text
+    return sum(
+        point.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for point in family.samples
+        if point.name == f"{name}_total"
+    )

@@ -6,6 +6,8 @@ token ids with one image placeholder per image, and the images' URLs - through
 encode stage and the engine, and streams Dynamo's output dicts back.
 
 - `requests`: Dynamo's request and response dicts to and from mmserve's types;
-- `handler`: the endpoint's generator (planning, encode, engine, cancellation, errors);
+- `handler`: the endpoints' generators (planning, encode here or on an encode worker, engine,
+  cancellation, errors), and the encode worker's;
+- `kv_events`: the engine's prefix-cache changes as Dynamo's KV events;
 - `cli`: the process: arguments, the runtime, the model card.
 """

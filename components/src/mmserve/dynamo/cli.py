@@ -1,9 +1,13 @@
 """`python -m mmserve.dynamo`: mmserve's aggregated worker (encode, prefill and decode in one
-process) served as an endpoint of a Dynamo deployment through `ai-dynamo-runtime`.
+process) served as an endpoint of a Dynamo deployment through `ai-dynamo-runtime`; or, for E/PD,
+an encode worker (`--disaggregation-mode encode`) that the aggregated workers started with
+`--route-to-encoder` call for their images.
 
-It registers the model for Dynamo's discovery with a card that asks Dynamo's frontend for token
-ids (`ModelInput.Tokens`, chat and completions), so `python -m dynamo.frontend` routes requests
-to it, and serves `generate` until SIGINT/SIGTERM.
+The aggregated worker registers the model for Dynamo's discovery with a card that asks Dynamo's
+frontend for token ids (`ModelInput.Tokens`, chat and completions), so `python -m
+dynamo.frontend` routes requests to it, and serves `generate` until SIGINT/SIGTERM. The encode
+worker registers a card without an OpenAI surface (`WorkerType.Encode`), as Dynamo's own encode
+workers do, so the frontend's readiness gate counts it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from mmserve.media.policy import MediaPolicy
 from mmserve.roles import GENERATE, Role
@@ -22,6 +27,9 @@ from mmserve.worker.options import add_worker_arguments
 log = logging.getLogger("mmserve.dynamo")
 
 DEFAULT_MAX_TOKENS = 1024  # mmserve's frontend's default, for a request that gives none
+# Dynamo's names of the two disaggregation modes served here.
+AGGREGATED = "agg"
+ENCODE = "encode"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="Dynamo's event plane (default: $DYN_EVENT_PLANE, else Dynamo's choice)",
     )
     dynamo.add_argument(
+        "--disaggregation-mode",
+        choices=[AGGREGATED, ENCODE],
+        default=AGGREGATED,
+        help="agg: the aggregated worker Dynamo's frontend calls; encode: an encode worker "
+        f"(dyn://<--namespace>.{Role.ENCODE.value}.{GENERATE}) for workers started with "
+        "--route-to-encoder (default: %(default)s)",
+    )
+    dynamo.add_argument(
+        "--route-to-encoder",
+        action="store_true",
+        help="have the images of each request planned and encoded by an encode worker "
+        "(--disaggregation-mode encode) instead of in this process",
+    )
+    dynamo.add_argument(
         "--default-max-tokens",
         type=int,
         default=DEFAULT_MAX_TOKENS,
@@ -66,8 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     MediaPolicy.add_cli_args(parser)
     add_worker_arguments(parser)
-    # Images reach this process as bytes and never leave it: no transfer backend is needed.
-    parser.set_defaults(transfer="inline")
     return parser
 
 
@@ -76,7 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     from mmserve.runtime import run_component
 
     args = build_parser().parse_args(argv)
-    args.role = Role.WORKER
+    encodes = args.disaggregation_mode == ENCODE
+    args.role = Role.ENCODE if encodes else Role.WORKER
+    if encodes and args.route_to_encoder:
+        print(
+            "mmserve.dynamo: cannot start: an encode worker routes to no encoder", file=sys.stderr
+        )
+        return 2
+    if args.transfer is None and not (encodes or args.route_to_encoder):
+        # Images reach this process as bytes and never leave it: no transfer backend is needed.
+        args.transfer = "inline"
     if args.engine == "sglang":
         print(
             "mmserve.dynamo: cannot start: --engine sglang is not served here yet; use "
@@ -92,10 +121,17 @@ async def _serve(args: argparse.Namespace) -> int:
     from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
     from dynamo.runtime import DistributedRuntime
 
-    from mmserve.dynamo.handler import DynamoHandler
+    from mmserve.dynamo.handler import (
+        DynamoEncodeHandler,
+        DynamoHandler,
+        Images,
+        LocalImages,
+        RemoteImages,
+    )
     from mmserve.dynamo.kv_events import DynamoKvEvents
     from mmserve.encode.stage import EncodeStage
     from mmserve.kv.pad import PadScheme
+    from mmserve.observability.metrics import serve_metrics
     from mmserve.transfer import create_transfer_agent
     from mmserve.worker.options import load_engine, resolve_model_path
 
@@ -107,46 +143,55 @@ async def _serve(args: argparse.Namespace) -> int:
         runtime = DistributedRuntime(
             loop, args.discovery_backend, args.request_plane, event_plane=args.event_plane
         )
-        endpoint = runtime.endpoint(
-            args.endpoint or f"{args.namespace}.{Role.WORKER.value}.{GENERATE}"
-        )
+        path = args.endpoint or f"{args.namespace}.{args.role.value}.{GENERATE}"
+        endpoint = runtime.endpoint(path)
         name = args.served_model_name or model_path.name
-        kv_events = DynamoKvEvents(
-            KvEventPublisher(endpoint, kv_block_size=args.block_size),
-            args.block_size,
-            PadScheme(args.pad_scheme),
-        )
-        engine.subscribe_kv_events(kv_events.sink)
-        handler = DynamoHandler(
-            engine,
-            EncodeStage(engine, transfer, model_path, Role.WORKER.value),
+        serve_metrics(args.metrics_port)
+        local = LocalImages(
+            EncodeStage(engine, transfer, model_path, args.role.value),
             MediaPolicy.from_args(args),
             name,
-            args.default_max_tokens,
-            kv_events,
         )
+        if args.role is Role.ENCODE:
+            generate = DynamoEncodeHandler(local, transfer).generate
+            model_type = ModelType.Empty
+            card: dict[str, Any] = {
+                "worker_type": WorkerType.Encode,
+                "needs": [[WorkerType.Aggregated]],
+            }
+        else:
+            kv_events = DynamoKvEvents(
+                KvEventPublisher(endpoint, kv_block_size=args.block_size),
+                args.block_size,
+                PadScheme(args.pad_scheme),
+            )
+            engine.subscribe_kv_events(kv_events.sink)
+            images: Images = local
+            needs = None
+            if args.route_to_encoder:
+                encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
+                images = RemoteImages(await encoder.client(), transfer, local)
+                needs = [[WorkerType.Encode]]
+            generate = DynamoHandler(engine, images, args.default_max_tokens, kv_events).generate
+            model_type = ModelType.Chat | ModelType.Completions
+            card = {
+                "worker_type": WorkerType.Aggregated,
+                "needs": needs,
+                "kv_cache_block_size": args.block_size,
+            }
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runtime.shutdown)
-        serving = asyncio.ensure_future(
-            endpoint.serve_endpoint(handler.generate, graceful_shutdown=True)
-        )
-        await register_model(
-            ModelInput.Tokens,
-            ModelType.Chat | ModelType.Completions,
-            endpoint,
-            str(model_path),
-            name,
-            worker_type=WorkerType.Aggregated,
-            kv_cache_block_size=args.block_size,
-        )
+        serving = asyncio.ensure_future(endpoint.serve_endpoint(generate, graceful_shutdown=True))
+        await register_model(ModelInput.Tokens, model_type, endpoint, str(model_path), name, **card)
         log.info(
-            "worker ready: instance %x, model %s, endpoint %s",
+            "%s ready: instance %x, model %s, endpoint %s",
+            args.role.value,
             endpoint.connection_id(),
             name,
-            args.endpoint or f"{args.namespace}.{Role.WORKER.value}.{GENERATE}",
+            path,
         )
         await serving
-        log.info("worker shutting down")
+        log.info("%s shutting down", args.role.value)
     finally:
         await engine.close()
         await transfer.close()

@@ -1,6 +1,9 @@
-"""The Dynamo endpoint's handler: plan a preprocessed request with mmserve's Rust driver
-(expanded ids, media runs, M-RoPE positions), encode its images, run the engine, stream
-Dynamo's output dicts; stop when Dynamo stops the request; raise errors as Dynamo's."""
+"""The Dynamo endpoints' handlers. `DynamoHandler` serves `generate` for Dynamo's frontend: plan
+a preprocessed request with mmserve's Rust driver (expanded ids, media runs, M-RoPE positions),
+encode its images, run the engine, stream Dynamo's output dicts; stop when Dynamo stops the
+request; raise errors as Dynamo's. The images are planned and encoded in this process
+(`LocalImages`) or by an encode worker (`RemoteImages`, `--route-to-encoder`), which serves
+`DynamoEncodeHandler`: it plans and encodes and offers the embeddings by transfer."""
 
 from __future__ import annotations
 
@@ -11,18 +14,21 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol, TypeVar
 
-from dynamo.llm.exceptions import HttpError, InvalidArgument
+import msgspec
+from dynamo.llm.exceptions import DynamoException, HttpError, InvalidArgument
 
 from mmserve import media, protocol
 from mmserve.dynamo import requests
 from mmserve.dynamo.kv_events import DynamoKvEvents
+from mmserve.encode.embeddings import load_embeddings, offer_embeddings
 from mmserve.encode.stage import EncodeStage
-from mmserve.engines.base import Engine
+from mmserve.engines.base import Engine, ItemEmbedding
 from mmserve.media.policy import MediaPolicy
 from mmserve.observability import nvtx
-from mmserve.protocol import MediaPayload, PreprocessedRequest
+from mmserve.protocol import EmbeddingsHandle, MediaPayload, PreprocessedRequest, RequestPlan
 from mmserve.roles import Role
 from mmserve.runtime import RemoteError
+from mmserve.transfer import TransferAgent
 from mmserve.worker.base import engine_request, stream_tokens
 from mmserve.worker.errors import as_remote_error
 from mmserve.worker.tracking import tracked
@@ -47,54 +53,28 @@ class StopSignal(Protocol):
     def async_killed_or_stopped(self) -> Any: ...
 
 
-class DynamoHandler:
-    """Serves `generate` for Dynamo's frontend: one instance per worker process."""
+class Images(Protocol):
+    """A request's images in two steps: `plan` (fetch under the media policy, hash, size,
+    expand each placeholder, positions: the request with one payload per planned item), then
+    `encode` (one embedding per planned item)."""
 
-    component = Role.WORKER.value
+    async def plan(
+        self, request: Mapping[str, Any], context: StopSignal
+    ) -> PreprocessedRequest: ...
 
-    def __init__(
-        self,
-        engine: Engine,
-        encoder: EncodeStage,
-        policy: MediaPolicy,
-        model_name: str,
-        default_max_tokens: int,
-        kv_events: DynamoKvEvents | None = None,
-    ) -> None:
-        self.engine = engine
-        self.kv_events = kv_events
+    async def encode(self, planned: PreprocessedRequest) -> list[ItemEmbedding]: ...
+
+
+class LocalImages:
+    """Images planned by the Rust driver and encoded by this process's encode stage; the
+    bytes the driver fetched travel on inline to the stage."""
+
+    def __init__(self, encoder: EncodeStage, policy: MediaPolicy, model_name: str) -> None:
         self.encoder = encoder
         self.policy = policy
         self.model_name = model_name
-        self.default_max_tokens = default_max_tokens
 
-    async def generate(
-        self, request: dict[str, Any], context: StopSignal
-    ) -> AsyncIterator[dict[str, Any]]:
-        try:
-            planned = await self._preprocess(request, context.id())
-            with tracked(self.component, planned), nvtx.nvtx_range(nvtx.PD_GENERATE):
-                with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
-                    encoded = await self.encoder.run(planned) if planned.plan.media else {}
-                embeddings = [encoded[i] for i in range(len(planned.plan.media))]
-                if self.kv_events is not None:
-                    routing = requests.routing_mm_hashes(request, len(planned.plan.media))
-                    self.kv_events.remember(planned.plan, routing)
-                chunks = self.engine.generate(engine_request(planned), embeddings)
-                timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
-                async for chunk in until_stopped(timed, context):
-                    yield requests.output(chunk)
-        except RequestStopped:
-            return
-        except requests.RequestRefused as exc:
-            raise InvalidArgument(str(exc)) from exc
-        except Exception as exc:
-            raise as_dynamo_error(as_remote_error(exc)) from exc
-
-    async def _preprocess(self, request: Mapping[str, Any], request_id: str) -> PreprocessedRequest:
-        """mmserve's request for Dynamo's: the Rust driver fetches each image once, sizes it,
-        expands its placeholder and computes the positions; the bytes travel on inline to the
-        encode stage in this process."""
+    async def plan(self, request: Mapping[str, Any], context: StopSignal) -> PreprocessedRequest:
         sources: list[str | bytes | media.Precomputed] = list(requests.image_sources(request))
         if len(sources) > self.policy.max_items:
             raise requests.RequestRefused(
@@ -109,14 +89,138 @@ class DynamoHandler:
             keep_bytes=True,
         )
         return PreprocessedRequest(
-            request_id=request_id,
+            request_id=context.id(),
             deadline=time.time() + REQUEST_DEADLINE_S,
             model=self.model_name,
             plan=planned.plan,
             payloads=[MediaPayload(data=None if d is None else bytes(d)) for d in planned.data],
-            sampling=requests.sampling(request),
-            stop=requests.stop_conditions(request, self.default_max_tokens),
         )
+
+    async def encode(self, planned: PreprocessedRequest) -> list[ItemEmbedding]:
+        encoded = await self.encoder.run(planned) if planned.plan.media else {}
+        return [encoded[i] for i in range(len(planned.plan.media))]
+
+
+class EncodedImages(msgspec.Struct, frozen=True, kw_only=True):
+    """An encode worker's reply: the request's plan and, per planned item, the handle of its
+    embeddings on the encode worker's transfer agent."""
+
+    plan: RequestPlan
+    embeddings: list[EmbeddingsHandle]
+
+
+class RemoteImages:
+    """Images planned and encoded by an encode worker (`DynamoEncodeHandler` behind `client`),
+    their embeddings read by transfer; a request without images is planned here, with no
+    hop. This worker never fetches media."""
+
+    def __init__(self, client: Any, transfer: TransferAgent, local: LocalImages) -> None:
+        self.client = client
+        self.transfer = transfer
+        self.local = local
+
+    async def plan(self, request: Mapping[str, Any], context: StopSignal) -> PreprocessedRequest:
+        """The encode worker's plan, each item's payload the handle of its embeddings."""
+        if not requests.image_sources(request):
+            return await self.local.plan(request, context)
+        # What the encode worker reads of Dynamo's request; it fetches the images itself. The
+        # request's context goes along: its id, and Dynamo's stop when the client leaves.
+        forwarded = {key: request.get(key) for key in ("token_ids", "multi_modal_data")}
+        stream = await self.client.round_robin(forwarded, context=context)
+        replies = [reply.data() async for reply in stream]
+        if len(replies) != 1:
+            raise RuntimeError(f"the encode worker sent {len(replies)} replies, not one")
+        encoded = msgspec.convert(replies[0], EncodedImages)
+        return PreprocessedRequest(
+            request_id=context.id(),
+            deadline=time.time() + REQUEST_DEADLINE_S,
+            model=self.local.model_name,
+            plan=encoded.plan,
+            payloads=[MediaPayload(embeddings=handle) for handle in encoded.embeddings],
+        )
+
+    async def encode(self, planned: PreprocessedRequest) -> list[ItemEmbedding]:
+        if not planned.plan.media:
+            return []
+        return await load_embeddings(self.transfer, planned.plan.media, planned.payloads)
+
+
+class DynamoHandler:
+    """Serves `generate` for Dynamo's frontend: one instance per worker process."""
+
+    component = Role.WORKER.value
+
+    def __init__(
+        self,
+        engine: Engine,
+        images: Images,
+        default_max_tokens: int,
+        kv_events: DynamoKvEvents | None = None,
+    ) -> None:
+        self.engine = engine
+        self.kv_events = kv_events
+        self.images = images
+        self.default_max_tokens = default_max_tokens
+
+    async def generate(
+        self, request: dict[str, Any], context: StopSignal
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            planned = msgspec.structs.replace(
+                await self.images.plan(request, context),
+                sampling=requests.sampling(request),
+                stop=requests.stop_conditions(request, self.default_max_tokens),
+            )
+            with tracked(self.component, planned), nvtx.nvtx_range(nvtx.PD_GENERATE):
+                with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
+                    embeddings = await self.images.encode(planned)
+                if self.kv_events is not None:
+                    routing = requests.routing_mm_hashes(request, len(planned.plan.media))
+                    self.kv_events.remember(planned.plan, routing)
+                chunks = self.engine.generate(engine_request(planned), embeddings)
+                timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
+                async for chunk in until_stopped(timed, context):
+                    yield requests.output(chunk)
+        except RequestStopped:
+            return
+        except Exception as exc:
+            raise dynamo_error(exc) from exc
+
+
+class DynamoEncodeHandler:
+    """Serves an encode worker's `generate` (`--disaggregation-mode encode`) for the workers
+    started with `--route-to-encoder`: plans and encodes the images of the request they
+    forward and replies with the plan and the embeddings' transfer handles (`EncodedImages`).
+    The buffers stay offered until the worker has read them, or the lease times out."""
+
+    component = Role.ENCODE.value
+
+    def __init__(self, images: LocalImages, transfer: TransferAgent) -> None:
+        self.images = images
+        self.transfer = transfer
+
+    async def generate(
+        self, request: dict[str, Any], context: StopSignal
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            planned = await self.images.plan(request, context)
+            with tracked(self.component, planned), nvtx.nvtx_range(nvtx.ENC_GENERATE):
+                embeddings = await self.images.encode(planned)
+                handles, _leases = await offer_embeddings(self.transfer, embeddings)
+            yield msgspec.to_builtins(EncodedImages(plan=planned.plan, embeddings=handles))
+        except Exception as exc:
+            raise dynamo_error(exc) from exc
+
+
+def dynamo_error(exc: Exception) -> Exception:
+    """The Dynamo exception for a failure: a request this worker cannot serve is the client's
+    400 (InvalidArgument); one Dynamo's client raised (the encode worker's error, or its
+    being unreachable) stays as Dynamo typed it; anything else keeps mmserve's status."""
+    if isinstance(exc, requests.RequestRefused):
+        return InvalidArgument(str(exc))
+    if isinstance(exc, DynamoException):
+        return exc
+    return as_dynamo_error(as_remote_error(exc))
 
 
 def as_dynamo_error(error: RemoteError) -> Exception:

@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import msgspec
+from prometheus_client import Counter
 
 from mmserve.kv.events import KvEventData
 from mmserve.kv.hashing import compute_seq_hashes
@@ -27,6 +28,14 @@ from mmserve.protocol import KvCleared, KvRemoved, KvStored, RequestPlan
 log = logging.getLogger("mmserve.dynamo")
 
 _U64 = 1 << 64
+
+# What this worker handed Dynamo's publisher, by Dynamo's event type: a router has seen every
+# change once its own `kv_cache_events_applied` count reaches this.
+PUBLISHED = Counter(
+    "mmserve_dynamo_kv_events_published",
+    "KV events published to Dynamo's event plane",
+    ["event_type"],
+)
 
 
 def signed(value: int) -> int:
@@ -97,14 +106,17 @@ class DynamoKvEvents:
                 parent_hash=None if event.parent_hash is None else signed(event.parent_hash),
                 block_mm_infos=infos if any(infos) else None,
             )
+            PUBLISHED.labels("stored").inc()
         elif isinstance(event, KvRemoved):
             with self._lock:
                 for block_hash in event.block_hashes:
                     self._blocks.pop(block_hash, None)
             self._publisher.publish_removed([signed(h) for h in event.block_hashes])
+            PUBLISHED.labels("removed").inc()
         elif isinstance(event, KvCleared):
             with self._lock:
                 dropped = list(self._blocks)
                 self._blocks.clear()
             if dropped:
                 self._publisher.publish_removed([signed(h) for h in dropped])
+                PUBLISHED.labels("removed").inc()
