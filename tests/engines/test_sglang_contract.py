@@ -370,6 +370,9 @@ if not HAS_SGLANG:
 
 else:
     import dataclasses
+    import types
+    from array import array
+    from typing import Any
 
     import msgspec
     import sglang
@@ -550,3 +553,64 @@ else:
         stored, removed = SglangKvEventBridge(4, PadScheme.DYNAMO).translate_payload(payload)
         assert isinstance(stored, KvStored) and len(stored.blocks) == 2
         assert removed == KvRemoved(block_hashes=[stored.blocks[1].block_hash])
+
+    def test_deepstack_features_follow_each_row_as_qwen3_vl_splits_them() -> None:
+        """Qwen3-VL and Qwen3-VL-MoE on SGLang split a precomputed embedding's columns into
+        the row's embedding and its deepstack features (`separate_deepstack_embeds`, the
+        layout of their own tower's output): the item carries them so, image by image."""
+        from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+        from sglang.srt.models.qwen3_vl_moe import Qwen3VLMoeForConditionalGeneration
+
+        hidden, layers = 8, 3
+
+        def item(mm_hash: int, rows: int) -> ItemEmbedding:
+            deepstack = tuple(torch.randn(rows, hidden) for _ in range(layers))
+            return ItemEmbedding(mm_hash, (1, 2, 2 * rows), torch.randn(rows, hidden), deepstack)
+
+        items = [item(MM_A, 4), item(MM_B, 2)]
+        embedding = image_item(items)["precomputed_embeddings"]
+        model = types.SimpleNamespace(
+            config=types.SimpleNamespace(hidden_size=hidden), num_deepstack_embeddings=layers
+        )
+        split = Qwen3VLMoeForConditionalGeneration.separate_deepstack_embeds
+        assert split is Qwen3VLForConditionalGeneration.separate_deepstack_embeds
+        main, deepstack = split(model, embedding)
+        assert torch.equal(main, torch.cat([i.embeddings for i in items]))
+        assert torch.equal(deepstack, torch.cat([torch.cat(i.deepstack, dim=1) for i in items]))
+        # Families without deepstack send the tower's rows alone.
+        plain = _embeddings()
+        embedding = image_item(plain)["precomputed_embeddings"]
+        assert torch.equal(embedding, torch.cat([i.embeddings for i in plain]))
+
+    @pytest.mark.parametrize("family", ["gemma3", "qwen3_vl", "qwen3_vl_moe"])
+    def test_sglang_pads_exactly_the_plans_media_span(family: str) -> None:
+        """The ids SGLang's model pads (what its radix cache and KV events hash) are the
+        router's routing view: the item's pad values over the plan's span and nowhere else.
+        Gemma 3 pads between its begin and end of image tokens (`pad_mm_token_pairs`), the
+        Qwen-VL families the image token runs SGLang's processor finds (`pad_mm_tokens`)."""
+        from sglang.srt.managers.schedule_batch import MultimodalInputs
+        from sglang.srt.models.gemma3_mm import Gemma3ForConditionalGeneration
+        from sglang.srt.models.qwen3_vl_moe import Qwen3VLMoeForConditionalGeneration
+
+        from mmserve.models.gemma_tokenizer import END_OF_IMAGE, IMAGE_SOFT_TOKEN, START_OF_IMAGE
+
+        if family == "gemma3":
+            start, token, end = START_OF_IMAGE, IMAGE_SOFT_TOKEN, END_OF_IMAGE
+            model_class: Any = Gemma3ForConditionalGeneration
+        else:
+            start, token, end = 151652, 151655, 151653  # vision start, image pad, vision end
+            model_class = Qwen3VLMoeForConditionalGeneration
+        prompt = [2, 7, start, *[token] * 6, end, 8, 9]
+        planned = PlannedMedia(mm_hash=MM_A, offset=3, length=6, grid_thw=(1, 4, 6))
+        item = MultimodalDataItem(modality=Modality.IMAGE)
+        item.offsets = BaseMultimodalProcessor.get_mm_items_offset(torch.tensor(prompt), token)
+        sglang_pad_values(item, MM_A)
+        # The ids SGLang's processors put in their output (Gemma 3 reads only the pair).
+        inputs = MultimodalInputs(
+            mm_items=[item], im_token_id=token, im_start_id=start, im_end_id=end
+        )
+        padded = model_class.pad_input_ids(types.SimpleNamespace(), array("q", prompt), inputs)
+        expected = list(prompt)
+        run = np.resize(np.array(pad_values(MM_A, installed_scheme()), dtype=object), 6)
+        expected[planned.offset : planned.end] = run.tolist()
+        assert list(padded) == expected

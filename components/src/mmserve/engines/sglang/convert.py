@@ -1,9 +1,10 @@
 """mmserve's requests and items as SGLang takes them, and SGLang's finish reasons back.
 
 A generate call carries the expanded `input_ids`, the embeddings as one `processor_output`
-image item (`precomputed_embeddings`, `image_grid_thw`, `modality`; SGLang takes exactly one
-such dict per request) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so
-SGLang's pad values, radix cache and KV events use the router's item identities. The encoder
+image item (`precomputed_embeddings` with any deepstack features, `image_grid_thw`,
+`modality`; SGLang takes exactly one such dict per request) and `mm_hashes` (16-digit hex,
+`mmserve.protocol.mm_hash_hex`), so SGLang's pad values, radix cache and KV events use the
+router's item identities. The encoder
 takes the Rust core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its model.
 """
 
@@ -25,11 +26,15 @@ from mmserve.protocol import (
 
 
 def image_item(embeddings: Sequence[ItemEmbedding]) -> dict[str, Any]:
-    """The request's images as one SGLang `processor_output` item."""
+    """The request's images as one SGLang `processor_output` item. Qwen3-VL's deepstack
+    features follow each row's embedding (`[tokens, hidden x (1 + layers)]`), the layout its
+    `separate_deepstack_embeds` splits again."""
     return {
         "format": "processor_output",
         "modality": "IMAGE",
-        "precomputed_embeddings": torch.cat([item.embeddings for item in embeddings]),
+        "precomputed_embeddings": torch.cat(
+            [torch.cat([item.embeddings, *item.deepstack], dim=1) for item in embeddings]
+        ),
         "image_grid_thw": torch.tensor([item.grid_thw for item in embeddings], dtype=torch.long),
     }
 
