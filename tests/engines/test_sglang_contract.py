@@ -396,10 +396,14 @@ else:
     from mmserve.engines.sglang.checks import (
         SglangStartupError,
         check_sglang,
+        check_sglang_padding,
         sglang_pad_values,
+        sglang_padded_probe,
         sglang_splits_images,
     )
     from mmserve.engines.sglang.convert import encoder_item
+    from mmserve.models.family import resolve_model_spec
+    from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 
     def installed_scheme() -> PadScheme:
         """The scheme of the installed release: 0.5.1x pads with one value, 0.5.2x with four."""
@@ -582,35 +586,33 @@ else:
         embedding = image_item(plain)["precomputed_embeddings"]
         assert torch.equal(embedding, torch.cat([i.embeddings for i in plain]))
 
-    @pytest.mark.parametrize("family", ["gemma3", "qwen3_vl", "qwen3_vl_moe"])
+    @pytest.mark.parametrize("family", TINY_FAMILIES)
     def test_sglang_pads_exactly_the_plans_media_span(family: str) -> None:
-        """The ids SGLang's model pads (what its radix cache and KV events hash) are the
-        router's routing view: the item's pad values over the plan's span and nowhere else.
-        Gemma 3 pads between its begin and end of image tokens (`pad_mm_token_pairs`), the
-        Qwen-VL families the image token runs SGLang's processor finds (`pad_mm_tokens`)."""
-        from sglang.srt.managers.schedule_batch import MultimodalInputs
-        from sglang.srt.models.gemma3_mm import Gemma3ForConditionalGeneration
-        from sglang.srt.models.qwen3_vl_moe import Qwen3VLMoeForConditionalGeneration
+        """The ids the model class SGLang loads for the checkpoint pads (what its radix cache
+        and KV events hash) are the router's routing view: the item's pad values over the
+        plan's span and nowhere else. Gemma 3 pads between its begin and end of image tokens
+        (`pad_mm_token_pairs`), the Qwen-VL families the image token runs SGLang's processor
+        finds (`pad_mm_tokens`)."""
+        from sglang.srt.models.registry import ModelRegistry
 
-        from mmserve.models.gemma_tokenizer import END_OF_IMAGE, IMAGE_SOFT_TOKEN, START_OF_IMAGE
+        model_path = build_tiny_model(family)
+        check_sglang_padding(model_path)
+        spec = resolve_model_spec(model_path)
+        model_class, _ = ModelRegistry.resolve_model_cls([spec.family.model_class])
+        padded, expected = sglang_padded_probe(model_class, spec, MM_A)
+        assert padded == expected
+        ours = np.resize(np.array(pad_values(MM_A, installed_scheme()), dtype=object), 6)
+        assert padded[3:9] == ours.tolist() and padded[2] == spec.vision_start_token_id
 
-        if family == "gemma3":
-            start, token, end = START_OF_IMAGE, IMAGE_SOFT_TOKEN, END_OF_IMAGE
-            model_class: Any = Gemma3ForConditionalGeneration
-        else:
-            start, token, end = 151652, 151655, 151653  # vision start, image pad, vision end
-            model_class = Qwen3VLMoeForConditionalGeneration
-        prompt = [2, 7, start, *[token] * 6, end, 8, 9]
-        planned = PlannedMedia(mm_hash=MM_A, offset=3, length=6, grid_thw=(1, 4, 6))
-        item = MultimodalDataItem(modality=Modality.IMAGE)
-        item.offsets = BaseMultimodalProcessor.get_mm_items_offset(torch.tensor(prompt), token)
-        sglang_pad_values(item, MM_A)
-        # The ids SGLang's processors put in their output (Gemma 3 reads only the pair).
-        inputs = MultimodalInputs(
-            mm_items=[item], im_token_id=token, im_start_id=start, im_end_id=end
+    def test_a_model_that_pads_elsewhere_stops_the_worker(monkeypatch: pytest.MonkeyPatch):
+        from sglang.srt.models.registry import ModelRegistry
+
+        class NeverPads:
+            def pad_input_ids(self, input_ids: array, mm_inputs: Any) -> array:
+                return input_ids
+
+        monkeypatch.setattr(
+            ModelRegistry, "resolve_model_cls", lambda archs: (NeverPads, "NeverPads")
         )
-        padded = model_class.pad_input_ids(types.SimpleNamespace(), array("q", prompt), inputs)
-        expected = list(prompt)
-        run = np.resize(np.array(pad_values(MM_A, installed_scheme()), dtype=object), 6)
-        expected[planned.offset : planned.end] = run.tolist()
-        assert list(padded) == expected
+        with pytest.raises(SglangStartupError, match="pads other tokens"):
+            check_sglang_padding(build_tiny_model("gemma3"))
