@@ -616,3 +616,32 @@ else:
         )
         with pytest.raises(SglangStartupError, match="pads other tokens"):
             check_sglang_padding(build_tiny_model("gemma3"))
+
+    def test_gemma3_encoder_item_reaches_the_tower_as_one_image() -> None:
+        """Gemma 3's fixed-size tower takes the Rust core's `[3, size, size]` image: SGLang's
+        `get_image_feature` runs its SigLIP tower on it as a batch of one and projects that,
+        never mistaking it for precomputed features (a 3-D feature as wide as the hidden size)."""
+        from sglang.srt.models.gemma3_mm import Gemma3ForConditionalGeneration
+
+        hidden, size, tokens = 64, 28, 4
+        seen: list[torch.Size] = []
+
+        class Tower:
+            device = torch.device("cpu")
+
+            def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+                seen.append(pixel_values.shape)
+                return pixel_values.mean() + torch.zeros(1, 16, 8)
+
+        model = types.SimpleNamespace(
+            config=types.SimpleNamespace(text_config=types.SimpleNamespace(hidden_size=hidden)),
+            language_model=types.SimpleNamespace(device="cpu", dtype=lambda: torch.float32),
+            vision_tower=Tower(),
+            multi_modal_projector=lambda out: out.mean() + torch.zeros(1, tokens, hidden),
+        )
+        pixels = torch.randn(3, size, size)
+        mm_item = encoder_item(MediaInput(MM_A, pixels, (1, 2, 2)))
+        features = Gemma3ForConditionalGeneration.get_image_feature(model, [mm_item])
+        assert seen == [torch.Size([1, 3, size, size])]
+        assert features.shape == (1, tokens, hidden)
+        assert torch.allclose(features, pixels.mean().expand(1, tokens, hidden))

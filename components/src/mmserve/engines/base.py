@@ -68,7 +68,9 @@ class MediaInput:
 
     `mm_hash` is the item's identity (`PlannedMedia.mm_hash`: blake3 of the raw bytes, folded
     with the pixel bounds it was processed under): the encoder cache key.
-    `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`.
+    `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`
+    (Qwen-VL patch rows), or one `[3, size, size]` image for a fixed-size tower (Gemma 3; see
+    `FamilyInfo.vision_input`).
     """
 
     mm_hash: int
