@@ -458,6 +458,9 @@ if not HAS_SGLANG:
 
 else:
     import dataclasses
+    import types
+    from array import array
+    from typing import Any
 
     import msgspec
     import sglang
@@ -481,10 +484,14 @@ else:
     from mmserve.engines.sglang.checks import (
         SglangStartupError,
         check_sglang,
+        check_sglang_padding,
         sglang_pad_values,
+        sglang_padded_probe,
         sglang_splits_images,
     )
     from mmserve.engines.sglang.convert import encoder_item
+    from mmserve.models.family import resolve_model_spec
+    from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 
     def installed_scheme() -> PadScheme:
         """The scheme of the installed release: 0.5.1x pads with one value, 0.5.2x with four."""
@@ -707,3 +714,91 @@ else:
                 "self",
                 "items",
             ]
+
+    def test_deepstack_features_follow_each_row_as_qwen3_vl_splits_them() -> None:
+        """Qwen3-VL and Qwen3-VL-MoE on SGLang split a precomputed embedding's columns into
+        the row's embedding and its deepstack features (`separate_deepstack_embeds`, the
+        layout of their own tower's output): the item carries them so, image by image."""
+        from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+        from sglang.srt.models.qwen3_vl_moe import Qwen3VLMoeForConditionalGeneration
+
+        hidden, layers = 8, 3
+
+        def item(mm_hash: int, rows: int) -> ItemEmbedding:
+            deepstack = tuple(torch.randn(rows, hidden) for _ in range(layers))
+            return ItemEmbedding(mm_hash, (1, 2, 2 * rows), torch.randn(rows, hidden), deepstack)
+
+        items = [item(MM_A, 4), item(MM_B, 2)]
+        embedding = media_item("image", items)["precomputed_embeddings"]
+        model = types.SimpleNamespace(
+            config=types.SimpleNamespace(hidden_size=hidden), num_deepstack_embeddings=layers
+        )
+        split = Qwen3VLMoeForConditionalGeneration.separate_deepstack_embeds
+        assert split is Qwen3VLForConditionalGeneration.separate_deepstack_embeds
+        main, deepstack = split(model, embedding)
+        assert torch.equal(main, torch.cat([i.embeddings for i in items]))
+        assert torch.equal(deepstack, torch.cat([torch.cat(i.deepstack, dim=1) for i in items]))
+        # Families without deepstack send the tower's rows alone.
+        plain = _embeddings()
+        embedding = media_item("image", plain)["precomputed_embeddings"]
+        assert torch.equal(embedding, torch.cat([i.embeddings for i in plain]))
+
+    @pytest.mark.parametrize("family", TINY_FAMILIES)
+    def test_sglang_pads_exactly_the_plans_media_span(family: str) -> None:
+        """The ids the model class SGLang loads for the checkpoint pads (what its radix cache
+        and KV events hash) are the router's routing view: the item's pad values over the
+        plan's span and nowhere else. Gemma 3 pads between its begin and end of image tokens
+        (`pad_mm_token_pairs`), the Qwen-VL families the image token runs SGLang's processor
+        finds (`pad_mm_tokens`)."""
+        from sglang.srt.models.registry import ModelRegistry
+
+        model_path = build_tiny_model(family)
+        check_sglang_padding(model_path)
+        spec = resolve_model_spec(model_path)
+        model_class, _ = ModelRegistry.resolve_model_cls([spec.family.model_class])
+        padded, expected = sglang_padded_probe(model_class, spec, MM_A)
+        assert padded == expected
+        ours = np.resize(np.array(pad_values(MM_A, installed_scheme()), dtype=object), 6)
+        assert padded[3:9] == ours.tolist() and padded[2] == spec.vision_start_token_id
+
+    def test_a_model_that_pads_elsewhere_stops_the_worker(monkeypatch: pytest.MonkeyPatch):
+        from sglang.srt.models.registry import ModelRegistry
+
+        class NeverPads:
+            def pad_input_ids(self, input_ids: array, mm_inputs: Any) -> array:
+                return input_ids
+
+        monkeypatch.setattr(
+            ModelRegistry, "resolve_model_cls", lambda archs: (NeverPads, "NeverPads")
+        )
+        with pytest.raises(SglangStartupError, match="pads other tokens"):
+            check_sglang_padding(build_tiny_model("gemma3"))
+
+    def test_gemma3_encoder_item_reaches_the_tower_as_one_image() -> None:
+        """Gemma 3's fixed-size tower takes the Rust core's `[3, size, size]` image: SGLang's
+        `get_image_feature` runs its SigLIP tower on it as a batch of one and projects that,
+        never mistaking it for precomputed features (a 3-D feature as wide as the hidden size)."""
+        from sglang.srt.models.gemma3_mm import Gemma3ForConditionalGeneration
+
+        hidden, size, tokens = 64, 28, 4
+        seen: list[torch.Size] = []
+
+        class Tower:
+            device = torch.device("cpu")
+
+            def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+                seen.append(pixel_values.shape)
+                return pixel_values.mean() + torch.zeros(1, 16, 8)
+
+        model = types.SimpleNamespace(
+            config=types.SimpleNamespace(text_config=types.SimpleNamespace(hidden_size=hidden)),
+            language_model=types.SimpleNamespace(device="cpu", dtype=lambda: torch.float32),
+            vision_tower=Tower(),
+            multi_modal_projector=lambda out: out.mean() + torch.zeros(1, tokens, hidden),
+        )
+        pixels = torch.randn(3, size, size)
+        mm_item = encoder_item(MediaInput(MM_A, pixels, (1, 2, 2)))
+        features = Gemma3ForConditionalGeneration.get_image_feature(model, [mm_item])
+        assert seen == [torch.Size([1, 3, size, size])]
+        assert features.shape == (1, tokens, hidden)
+        assert torch.allclose(features, pixels.mean().expand(1, tokens, hidden))

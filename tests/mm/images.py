@@ -1,14 +1,21 @@
 """Encoders for test images that PIL cannot write: PNGs of every color type and bit depth,
-interlaced or with gAMA, and JPEGs with libjpeg-turbo's own subsamplings (4:4:0, 4:1:1)."""
+interlaced or with gAMA, and JPEGs with libjpeg-turbo's own subsamplings (4:4:0, 4:1:1); images
+with transparency of every kind; and the reference reading of an image: transformers' pipeline."""
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import ctypes.util
+import io
 import struct
+import warnings
 import zlib
 
 import numpy as np
+from PIL import Image
+from transformers.image_transforms import convert_to_rgb
+from transformers.image_utils import load_image
 
 # (x0, y0, dx, dy) of the seven Adam7 passes.
 ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2)]
@@ -226,3 +233,110 @@ def encode_bmp_rle(width: int, height: int, four_bit: bool, data: bytes, palette
     )  # fmt: skip
     offset = 14 + len(header) + len(palette)
     return b"BM" + struct.pack("<IHHI", offset + len(data), 0, 0, offset) + header + palette + data
+
+
+def pipeline_image(data: bytes) -> Image.Image:
+    """The image as transformers' pipeline loads encoded bytes: `load_image` (exif_transpose,
+    then `convert("RGB")`), which the processors receive."""
+    with warnings.catch_warnings():
+        # PIL warns when a palette with per-entry alpha is converted to RGB.
+        warnings.simplefilter("ignore")
+        return load_image(base64.b64encode(data).decode())
+
+
+def pipeline_rgb(data: bytes) -> np.ndarray:
+    """The RGB the image processors work on: `pipeline_image`, then their `convert_to_rgb`
+    (which paints the colour PIL keeps as transparent white)."""
+    return np.asarray(convert_to_rgb(pipeline_image(data), return_numpy=True))
+
+
+def orientation_exif(value: int) -> bytes:
+    """The body of an eXIf chunk holding only the Orientation tag."""
+    exif = Image.Exif()
+    exif[0x0112] = value
+    return exif.tobytes()[len(b"Exif\0\0") :]
+
+
+def _saved(image: Image.Image, fmt: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def transparent_images(rng: np.random.Generator, width: int, height: int) -> dict[str, bytes]:
+    """One image of each kind of transparency, `width` x `height` (GIFs on a larger screen):
+    alpha channels partial, full and none, tRNS colours and palette entries (one transparent
+    entry, per-entry alphas, PIL's quirks), 16-bit samples, GIF and WebP alpha."""
+    h, w = height, width
+    rgb = rng.integers(0, 256, (h, w, 3))
+    rgb[: h // 2] //= 64  # few distinct colours, so tRNS colours repeat
+    alpha = rng.integers(0, 256, (h, w, 1))
+    gray = rng.integers(0, 256, (h, w, 1))
+    indices = rng.integers(0, 16, (h, w, 1))
+    palette = rng.integers(0, 256, 16 * 3, dtype=np.uint8).tobytes()
+    duplicated = palette[:9] + palette[:3] + palette[12:]  # entry 3 is entry 0's colour
+    wide_rgb = rng.integers(0, 65536, (h, w, 3))
+    wide_rgb[0, 0] = [0, 256, 511]  # high bytes (0, 1, 1): the tRNS below names them
+    rgba8 = np.concatenate([rgb, alpha], -1).astype(np.uint8)
+    clear = rgba8.copy()
+    clear[..., 3] = 0
+    trns_gray = struct.pack(">H", int(gray[0, 0, 0]))
+    trns_rgb = struct.pack(">HHH", *(int(v) for v in rgb[0, 0]))
+    quantized = Image.fromarray(rgb.astype(np.uint8)).quantize(12)
+    gif_indices = indices[..., 0]
+    return {
+        "rgba partial alpha": encode_png(np.concatenate([rgb, alpha], -1), 6),
+        "rgba fully transparent": encode_png(clear, 6),
+        "la partial alpha": encode_png(np.concatenate([gray, alpha], -1), 4),
+        "la fully transparent": encode_png(np.concatenate([gray, 0 * alpha], -1), 4),
+        "palette one transparent entry": encode_png(indices, 3, palette=palette, trns=b"\xff\0"),
+        "palette transparent entry shared": encode_png(indices, 3, palette=duplicated, trns=b"\0"),
+        "palette per-entry alpha": encode_png(indices, 3, palette=palette, trns=b"\x80\xff\0"),
+        "palette alpha ends in newline": encode_png(indices, 3, palette=palette, trns=b"\0\n"),
+        "palette all opaque trns": encode_png(indices, 3, palette=palette, trns=b"\xff\xff"),
+        "palette transparent past palette": encode_png(
+            indices, 3, palette=palette[:12], trns=b"\xff" * 9 + b"\0"
+        ),
+        "palette 4-bit transparent": encode_png(indices, 3, 4, palette=palette, trns=b"\xff\0"),
+        "palette written by pil": _saved(quantized, "PNG", transparency=5),
+        "gray trns": encode_png(gray, 0, trns=trns_gray),
+        "gray trns over 8 bits": encode_png(gray, 0, trns=struct.pack(">H", 256 + 7)),
+        "gray 1-bit trns black": encode_png(indices % 2, 0, 1, trns=b"\0\0"),
+        "gray 1-bit trns white": encode_png(indices % 2, 0, 1, trns=b"\0\1"),
+        "gray 2-bit trns zero": encode_png(indices % 4, 0, 2, trns=b"\0\0"),
+        "rgb trns": encode_png(rgb, 2, trns=trns_rgb),
+        "rgb trns over 8 bits": encode_png(rgb, 2, trns=struct.pack(">HHH", 256, 0, 0)),
+        "rgb trns interlaced": encode_png(rgb, 2, trns=trns_rgb, interlace=True),
+        "rgb trns rotated": encode_png(rgb, 2, trns=trns_rgb, exif=orientation_exif(6)),
+        "rgba 16-bit": encode_png(rng.integers(0, 65536, (h, w, 4)), 6, 16),
+        "la 16-bit": encode_png(rng.integers(0, 65536, (h, w, 2)), 4, 16),
+        "rgb 16-bit trns": encode_png(wide_rgb, 2, 16, trns=struct.pack(">HHH", 0, 1, 1)),
+        "gray 16-bit trns": encode_png(
+            rng.integers(0, 600, (h, w, 1)), 0, 16, trns=struct.pack(">H", 255)
+        ),
+        "gray 16-bit trns zero": encode_png(
+            rng.integers(0, 3, (h, w, 1)) * 200, 0, 16, trns=b"\0\0"
+        ),
+        "gray 16-bit trns low byte zero": encode_png(
+            rng.integers(0, 3, (h, w, 1)) * 200, 0, 16, trns=struct.pack(">H", 512)
+        ),
+        "rgb 16-bit trns low bytes": encode_png(
+            wide_rgb, 2, 16, trns=struct.pack(">HHH", 256, 257, 257)
+        ),
+        "gif transparent index": encode_gif(
+            (w, h), (0, 0, w, h), gif_indices, global_palette=palette, transparent=3
+        ),
+        "gif transparent canvas": encode_gif(
+            (w + 5, h + 2), (2, 1, w, h), gif_indices, global_palette=palette, transparent=7
+        ),
+        "gif transparent gray": encode_gif(
+            (w, h), (0, 0, w, h), gif_indices, global_palette=None, transparent=4
+        ),
+        "gif written by pil": _saved(quantized, "GIF", transparency=2),
+        "webp lossless alpha": _saved(Image.fromarray(rgba8, "RGBA"), "WEBP", lossless=True),
+        "webp lossy alpha": _saved(Image.fromarray(rgba8, "RGBA"), "WEBP", quality=70),
+        "webp fully transparent": _saved(
+            Image.fromarray(clear, "RGBA"), "WEBP", lossless=True, exact=True
+        ),
+        "bmp rgba": _saved(Image.fromarray(rgba8, "RGBA"), "BMP"),
+    }

@@ -15,6 +15,8 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageP
 
 from mmserve import _mm
 
+from .images import pipeline_image
+
 IMAGE_TOKEN, VISION_START, VISION_END = 151655, 151652, 151653
 
 # preprocessor_config.json of each family as published (Qwen3-VL uses the `size` dict form),
@@ -76,8 +78,8 @@ def hf_processor(family: str, backend: str) -> Qwen2VLImageProcessorPil | Qwen2V
 
 
 def hf_pixels(processor: Any, data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """What transformers produces for the image as PIL opens it."""
-    out = processor(images=[Image.open(io.BytesIO(data))], return_tensors="np")
+    """What transformers' pipeline produces for the image: `load_image`, then the processor."""
+    out = processor(images=[pipeline_image(data)], return_tensors="np")
     return np.asarray(out["pixel_values"]), np.asarray(out["image_grid_thw"])
 
 

@@ -1,18 +1,18 @@
-"""decode_image against PIL's `Image.open(...).convert("RGB")` (and `exif_transpose`) over
-generated images of every supported format, plus the refusals: bombs, deep samples, damage.
-probe_image must give the decoded size for every one of them, from the headers alone."""
+"""decode_image against transformers' pipeline (`load_image`: `exif_transpose`, then
+`convert("RGB")`; then the processors' `convert_to_rgb`) over generated images of every
+supported format and every kind of transparency, plus the refusals: bombs, deep samples,
+damage. probe_image must give the decoded size for every one of them, from the headers alone."""
 
 from __future__ import annotations
 
 import io
 import struct
 import time
-import warnings
 import zlib
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFile, ImageOps
+from PIL import Image, ImageFile
 
 from mmserve import _mm
 
@@ -22,8 +22,12 @@ from .images import (
     encode_bmp_rle,
     encode_gif,
     encode_png,
+    orientation_exif,
+    pipeline_image,
+    pipeline_rgb,
     png_header_only,
     random_rle_ops,
+    transparent_images,
     turbojpeg_encode,
 )
 
@@ -36,29 +40,12 @@ def roomy_encoder_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ImageFile, "MAXBLOCK", 1 << 24)
 
 
-def _exif_orientation(value: int) -> bytes:
-    exif = Image.Exif()
-    exif[0x0112] = value
-    return exif.tobytes()[len(b"Exif\0\0") :]
-
-
 _XMP_ROTATED = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
 
 
-def pil_rgb(data: bytes, transpose: bool = False) -> np.ndarray:
-    with warnings.catch_warnings():
-        # PIL warns when a palette with per-entry alpha is converted to RGB; the conversion
-        # (alpha dropped) is exactly the reference we want.
-        warnings.simplefilter("ignore")
-        image = Image.open(io.BytesIO(data))
-        if transpose:
-            image = ImageOps.exif_transpose(image)
-        return np.asarray(image.convert("RGB"))
-
-
-def assert_same_as_pil(data: bytes, transpose: bool = False) -> None:
+def assert_same_as_pil(data: bytes) -> None:
     got = _mm.decode_image(data)
-    ref = pil_rgb(data, transpose)
+    ref = pipeline_rgb(data)
     assert got.dtype == np.uint8
     assert got.shape == ref.shape
     assert _mm.probe_image(data) == (ref.shape[1], ref.shape[0])
@@ -124,16 +111,32 @@ def test_png_written_by_pil(mode: str) -> None:
     assert_same_as_pil(save(image, "PNG", optimize=True))
 
 
-def test_png_deeper_than_8_bits_is_refused() -> None:
-    samples = np.arange(12, dtype=np.uint16).reshape(2, 2, 3) * 4000
-    for data in [
-        encode_png(samples, 2, 16),
-        save(Image.fromarray(np.full((4, 4), 40000, np.uint16)), "PNG"),
-    ]:
-        for read in (_mm.decode_image, _mm.probe_image):
-            with pytest.raises(_mm.MediaError) as e:
-                read(data)
-            assert e.value.args[0] == "decode.unsupported_bit_depth"
+@pytest.mark.parametrize(("color_type", "channels"), [(0, 1), (2, 3), (4, 2), (6, 4)])
+def test_png_16_bit_matches_the_pipeline(color_type: int, channels: int) -> None:
+    """PIL reads 16-bit color and gray + alpha by their high byte and clips 16-bit gray."""
+    rng = np.random.default_rng(RNG_SEED + color_type)
+    edges = np.array([0, 1, 255, 256, 300, 511, 32768, 65535])
+    for width, height in [(8, 1), (17, 9)]:
+        samples = rng.integers(0, 65536, (height, width, channels))
+        samples[0, :8] = edges[:width, None]
+        for interlace in (False, True):
+            assert_same_as_pil(encode_png(samples, color_type, 16, interlace=interlace))
+    assert_same_as_pil(save(Image.fromarray(np.full((4, 4), 40000, np.uint16)), "PNG"))
+
+
+def test_every_kind_of_transparency_matches_the_pipeline() -> None:
+    """Alpha is dropped; the colour PIL keeps as transparent (tRNS, a palette's one transparent
+    entry, a GIF's transparent index) is painted white wherever it appears."""
+    painted = 0
+    for seed, (width, height) in enumerate([(1, 1), (9, 8), (31, 17), (64, 48)]):
+        for name, data in transparent_images(np.random.default_rng(seed), width, height).items():
+            try:
+                assert_same_as_pil(data)
+            except AssertionError as e:
+                raise AssertionError(f"{name} {width}x{height}: {e}") from None
+            loaded = np.asarray(pipeline_image(data))
+            painted += int(np.count_nonzero(np.any(pipeline_rgb(data) != loaded, -1)))
+    assert painted > 100, "the images must hold transparent colours the pipeline paints"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +207,7 @@ def test_exif_orientation_matches_exif_transpose(orientation: int) -> None:
     exif[0x0112] = orientation
     for fmt, options in [("JPEG", {"quality": 95}), ("PNG", {}), ("WEBP", {"lossless": True})]:
         data = save(image, fmt, exif=exif.tobytes(), **options)
-        assert_same_as_pil(data, transpose=True)
+        assert_same_as_pil(data)
     if orientation in (5, 6, 7, 8):
         assert _mm.decode_image(data).shape == (13, 7, 3)
 
@@ -213,7 +216,7 @@ def test_xmp_orientation_is_used_when_exif_has_none() -> None:
     image = Image.fromarray(photo(np.random.default_rng(3), 11, 5))
     xmp = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
     data = save(image, "JPEG", xmp=xmp)
-    assert_same_as_pil(data, transpose=True)
+    assert_same_as_pil(data)
     assert _mm.decode_image(data).shape == (11, 5, 3)
 
 
@@ -348,7 +351,7 @@ def test_bmp_rle_matches_pil_including_its_refusals(four_bit: bool) -> None:
         ops = random_rle_ops(rng, width, height, four_bit, complete=seed % 5 != 0)
         data = encode_bmp_rle(width, height if seed % 3 else -height, four_bit, ops, palette)
         try:
-            reference = pil_rgb(data)
+            reference = pipeline_rgb(data)
         except (OSError, ValueError):
             with pytest.raises(_mm.MediaError):
                 _mm.decode_image(data)
@@ -439,7 +442,7 @@ def with_chunk_before_iend(png: bytes, chunk: bytes) -> bytes:
     "chunk",
     [
         # eXIf after the image data (PIL and the decoder read it there too).
-        png_chunk(b"eXIf", _exif_orientation(6)),
+        png_chunk(b"eXIf", orientation_exif(6)),
         # XMP in an uncompressed and in a compressed iTXt chunk.
         png_chunk(b"iTXt", b"XML:com.adobe.xmp\0\0\0\0\0" + _XMP_ROTATED),
         png_chunk(b"iTXt", b"XML:com.adobe.xmp\0\1\0\0\0" + zlib.compress(_XMP_ROTATED)),
@@ -449,7 +452,7 @@ def with_chunk_before_iend(png: bytes, chunk: bytes) -> bytes:
 def test_png_orientation_anywhere_in_the_file(chunk: bytes) -> None:
     image = Image.fromarray(photo(np.random.default_rng(5), 13, 7))
     data = with_chunk_before_iend(save(image, "PNG"), chunk)
-    assert_same_as_pil(data, transpose=True)
+    assert_same_as_pil(data)
     assert _mm.probe_image(data) == (7, 13)
 
 

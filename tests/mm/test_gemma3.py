@@ -6,7 +6,6 @@ as Gemma 3 checkpoints ship them."""
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
@@ -18,6 +17,7 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 
 from mmserve import _mm
 
+from .images import pipeline_image
 from .qwen_refs import encode, photo
 
 BOI, EOI, SOFT = 255_999, 256_000, 262_144
@@ -89,7 +89,7 @@ def references() -> dict[str, Any]:
 def assert_pixels_match(data: bytes, references: dict[str, Any], what: str) -> int:
     """Both backends equal; returns the number of comparisons."""
     for backend, reference in references.items():
-        expected = reference(images=[Image.open(io.BytesIO(data))], return_tensors="np")
+        expected = reference(images=[pipeline_image(data)], return_tensors="np")
         ref = np.asarray(expected["pixel_values"])
         result = _mm.process(spec(backend), [2, BOI], [data])
         (item,) = result.items

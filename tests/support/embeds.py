@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from safetensors.torch import save
@@ -16,15 +17,23 @@ from mmserve.models.family import resolve_model_spec
 
 def vision_tower_safetensors(model_path: Path, image: bytes) -> bytes:
     """`image_embeds` [tokens, hidden x (1 + deepstack layers)] (vLLM's layout: Qwen3-VL's
-    deepstack features after the tower's output) and `image_grid_thw` [1, 3]."""
+    deepstack features after the tower's output) and `image_grid_thw` [1, 3] (Gemma 3: the
+    plan's grid of its fixed-size tower)."""
     spec = resolve_model_spec(model_path)
     model_class = getattr(transformers, spec.family.model_class)
     model = model_class.from_pretrained(model_path, dtype=torch.float32)
-    pixel_values, grid, _ = _mm.qwen_vl_preprocess(spec.core, image)
     with torch.inference_mode():
-        output = model.model.get_image_features(
-            torch.from_numpy(pixel_values), torch.from_numpy(grid), return_dict=True
-        )
+        if spec.family.vision_input == "image":
+            # One placeholder (Gemma 3: begin of image) for the driver to expand.
+            (item,) = _mm.process(spec.core, [spec.vision_start_token_id], [image]).items
+            grid = np.asarray(item.image_grid_thw)
+            pixels = torch.from_numpy(np.asarray(item.pixel_values))[None]
+            output = model.model.get_image_features(pixels, return_dict=True)
+        else:
+            pixel_values, grid, _ = _mm.qwen_vl_preprocess(spec.core, image)
+            output = model.model.get_image_features(
+                torch.from_numpy(pixel_values), torch.from_numpy(grid), return_dict=True
+            )
     deepstack = [layer[0] for layer in getattr(output, "deepstack_features", None) or []]
     embeds = torch.cat([output.pooler_output[0], *deepstack], dim=1).contiguous()
     return save({"image_embeds": embeds, "image_grid_thw": torch.from_numpy(grid)})

@@ -1,5 +1,5 @@
 //! decode_image refusals that must hold without the Python layer: pixel limits from the header,
-//! deep samples, damaged files; and the low-bit-depth conversions.
+//! damaged files; and the low- and 16-bit-depth conversions.
 
 #![allow(
     clippy::unwrap_used,
@@ -64,16 +64,24 @@ fn pixel_limit_is_checked_from_the_header() {
 }
 
 #[test]
-fn sixteen_bit_samples_are_refused() {
-    let png = encode_png(
-        2,
-        2,
+fn sixteen_bit_gray_is_clipped_and_color_keeps_its_high_byte_like_pil() {
+    // Big-endian samples 1, 256, 255, 65535.
+    let samples = [0, 1, 1, 0, 0, 255, 255, 255];
+    let gray = encode_png(
+        4,
+        1,
         png::ColorType::Grayscale,
         png::BitDepth::Sixteen,
-        &[1; 8],
+        &samples,
     );
-    let err = decode_image(&png, &DecodeLimits::default()).unwrap_err();
-    assert_eq!(err.code(), "decode.unsupported_bit_depth");
+    let image = decode_image(&gray, &DecodeLimits::default()).unwrap();
+    let expected: Vec<u8> = [1u8, 255, 255, 255].iter().flat_map(|&v| [v; 3]).collect();
+    assert_eq!(image.data, expected);
+    let mut rgba = samples.to_vec();
+    rgba.extend([0; 8]);
+    let color = encode_png(1, 2, png::ColorType::Rgba, png::BitDepth::Sixteen, &rgba);
+    let image = decode_image(&color, &DecodeLimits::default()).unwrap();
+    assert_eq!(image.data, [0, 1, 0, 0, 0, 0]);
 }
 
 #[test]

@@ -73,7 +73,8 @@ class MediaInput:
     with the pixel bounds it was processed under, or for a video with its sampling): the
     encoder cache key, with the grid.
     `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`
-    (a video's `pixel_values_videos`).
+    (Qwen-VL patch rows; a video's `pixel_values_videos`), or one `[3, size, size]` image for a
+    fixed-size tower (Gemma 3; see `FamilyInfo.vision_input`).
     """
 
     mm_hash: int

@@ -483,7 +483,9 @@ fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
     let family = FamilyName::from_model_type(model_type)
         .ok_or_else(|| SpecError::UnknownFamily(model_type.to_owned()))?;
 
-    for flag in ["do_resize", "do_rescale", "do_normalize"] {
+    // `do_convert_rgb` too: decoding paints the transparent colour white as its
+    // `convert_to_rgb` does.
+    for flag in ["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"] {
         if pp.get(flag).and_then(Value::as_bool) == Some(false) {
             return Err(invalid(flag, "only true is supported"));
         }

@@ -1,5 +1,8 @@
-//! Encoded image bytes to interleaved RGB8, the way `PIL.Image.open(...).convert("RGB")` sees
-//! them, with the EXIF orientation applied as `PIL.ImageOps.exif_transpose` does.
+//! Encoded image bytes to interleaved RGB8, the way transformers' pipeline sees them:
+//! `load_image` (`PIL.ImageOps.exif_transpose`, then `convert("RGB")`, which drops alpha), then
+//! the image processors' `convert_to_rgb`, which paints white every pixel of the colour PIL
+//! still keeps as the image's transparent colour (a PNG tRNS colour or single transparent
+//! palette entry, a GIF's transparent index).
 //!
 //! The format is sniffed from magic bytes, never from a URL or content type. Dimensions are
 //! checked against [`DecodeLimits::max_pixels`] from the header, before any pixel buffer is
@@ -133,8 +136,8 @@ pub fn sniff_format(bytes: &[u8]) -> Option<ImageFormat> {
     }
 }
 
-/// Decodes `bytes` to RGB8 (alpha dropped, palettes looked up, gray replicated) and applies
-/// the EXIF orientation.
+/// Decodes `bytes` to RGB8 (alpha dropped, the transparent colour painted white, palettes
+/// looked up, gray replicated) and applies the EXIF orientation.
 pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage, DecodeError> {
     let format = sniff_format(bytes).ok_or(DecodeError::UnknownFormat)?;
     let (image, orientation) = match format {
@@ -252,6 +255,16 @@ fn to_rgb_in_place(buf: &mut Vec<u8>, pixels: usize, channels: usize) {
             buf.shrink_to_fit();
         }
         _ => {}
+    }
+}
+
+/// Paints every pixel of `color` white: `convert_to_rgb` promotes the colour PIL keeps as
+/// transparent to alpha 0 and composites the image onto white.
+fn paint_white(rgb: &mut [u8], color: [u8; 3]) {
+    for px in rgb.chunks_exact_mut(3) {
+        if px == color {
+            px.fill(255);
+        }
     }
 }
 

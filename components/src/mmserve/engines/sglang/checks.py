@@ -1,25 +1,35 @@
-"""The installed SGLang checked against the adapter at start-up (`check_sglang`).
+"""The installed SGLang checked against the adapter at start-up (`check_sglang`,
+`check_sglang_padding`).
 
 SGLang's `async_generate` and `GenerateReqInput` accept every field the engine sends
 (`args.GENERATE_FIELDS`, `mm_hashes` among them), and the pad values it derives from an item
 hash equal `mmserve.kv.pad.pad_values` under the configured scheme; a mismatch stops the worker
-with the scheme that would match. `sglang_splits_images` asks whether per-image `mm_hashes` can
-apply to a multi-image request.
+with the scheme that would match. The model class SGLang loads for the checkpoint must pad
+exactly the plan's media span (the image token run) with them. `sglang_splits_images` asks
+whether per-image `mm_hashes` can apply to a multi-image request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
+import logging
 import types
+from array import array
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmserve.engines.base import ItemEmbedding
 from mmserve.engines.sglang.args import GENERATE_FIELDS
 from mmserve.engines.sglang.convert import media_item
 from mmserve.kv.pad import PadScheme, pad_values
+from mmserve.models.family import ModelSpec, resolve_model_spec
+
+log = logging.getLogger(__name__)
 
 PAD_PROBE_HASH = 0x0123_4567_89AB_CDEF
 """The item hash whose pad values are compared with SGLang's at start-up."""
@@ -91,3 +101,55 @@ def check_sglang(scheme: PadScheme) -> str:
             f"with {hint}"
         )
     return version
+
+
+def sglang_padded_probe(
+    model_class: Any, spec: ModelSpec, mm_hash: int
+) -> tuple[list[int], list[int]]:
+    """A probe prompt with one image as the plan expands it (vision start, a run of image
+    tokens, vision end; Gemma 3: begin of image, soft tokens, end of image) as SGLang's
+    `model_class.pad_input_ids` pads it for an item of `mm_hash`, and as the router's routing
+    view pads it (the run replaced by the item's pad values, under the installed release's
+    padding): `(sglang's, expected)`. The item's offsets and the ids in `MultimodalInputs` are
+    the ones SGLang's processors give it."""
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalInputs
+    from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
+
+    token, start, end = spec.image_token_id, spec.vision_start_token_id, spec.vision_end_token_id
+    run = 6
+    prompt = [11, 12, start, *[token] * run, end, 13]
+    item = MultimodalDataItem(modality=Modality.IMAGE)
+    item.offsets = BaseMultimodalProcessor.get_mm_items_offset(torch.tensor(prompt), token)
+    theirs = sglang_pad_values(item, mm_hash)
+    inputs = MultimodalInputs(mm_items=[item], im_token_id=token, im_start_id=start, im_end_id=end)
+    # The padding reads the prompt and the items, not the model's weights or state.
+    padded = model_class.pad_input_ids(types.SimpleNamespace(), array("q", prompt), inputs)
+    expected = list(prompt)
+    expected[3 : 3 + run] = np.resize(np.array(theirs, dtype=object), run).tolist()
+    return list(padded), expected
+
+
+def check_sglang_padding(model_path: Path) -> None:
+    """Stop the worker unless the model class SGLang loads for the checkpoint (its
+    `ModelRegistry`, by `config.json` `architectures`) pads the plan's media span, and only it:
+    the router's block hashes and the engine's KV events cover the same tokens SGLang caches.
+    (The pad values themselves are `check_sglang`'s.)"""
+    from sglang.srt.models.registry import ModelRegistry
+
+    spec = resolve_model_spec(model_path)
+    architectures = json.loads((model_path / "config.json").read_text()).get("architectures")
+    try:
+        model_class, arch = ModelRegistry.resolve_model_cls(architectures or [])
+    except ValueError as exc:
+        raise SglangStartupError(f"SGLang cannot load {architectures}: {exc}") from exc
+    try:
+        padded, expected = sglang_padded_probe(model_class, spec, PAD_PROBE_HASH)
+    except AttributeError as exc:  # a padding that reads the loaded model cannot be probed
+        log.warning("cannot check how SGLang's %s pads media (%s)", arch, exc)
+        return
+    if padded != expected:
+        raise SglangStartupError(
+            f"SGLang's {arch} pads other tokens of an image than the plan's span (the "
+            f"{spec.family.name} image token run): KV routing would hash other tokens than "
+            "SGLang caches"
+        )

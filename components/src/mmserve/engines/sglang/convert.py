@@ -1,11 +1,11 @@
 """mmserve's requests and items as SGLang takes them, and SGLang's finish reasons back.
 
 A generate call carries the expanded `input_ids`, the embeddings as one `processor_output`
-item per modality (`precomputed_embeddings`, `image_grid_thw` or `video_grid_thw`,
-`modality`; SGLang takes exactly one such dict per modality, in `image_data` and
-`video_data`) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so SGLang's pad
-values, radix cache and KV events use the router's item identities. The encoder takes the Rust
-core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its model.
+item per modality (`precomputed_embeddings` with any deepstack features, `image_grid_thw` or
+`video_grid_thw`, `modality`; SGLang takes exactly one such dict per modality, in `image_data`
+and `video_data`) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so SGLang's
+pad values, radix cache and KV events use the router's item identities. The encoder takes the
+Rust core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its model.
 """
 
 from __future__ import annotations
@@ -36,14 +36,17 @@ def media_item(
     embeddings: Sequence[ItemEmbedding],
     positions: MRopePositions | None = None,
 ) -> dict[str, Any]:
-    """The request's items of one modality as one SGLang `processor_output` item; with
-    `positions`, the plan's M-RoPE positions, which SGLang's Qwen-VL processor takes from the
-    request's first item instead of computing its own (`mrope_positions`,
-    `mrope_position_delta`)."""
+    """The request's items of one modality as one SGLang `processor_output` item. Qwen3-VL's
+    deepstack features follow each row's embedding (`[tokens, hidden x (1 + layers)]`), the
+    layout its `separate_deepstack_embeds` splits again. With `positions`, the plan's M-RoPE
+    positions, which SGLang's Qwen-VL processor takes from the request's first item instead of
+    computing its own (`mrope_positions`, `mrope_position_delta`)."""
     item: dict[str, Any] = {
         "format": "processor_output",
         "modality": modality.upper(),
-        "precomputed_embeddings": torch.cat([e.embeddings for e in embeddings]),
+        "precomputed_embeddings": torch.cat(
+            [torch.cat([e.embeddings, *e.deepstack], dim=1) for e in embeddings]
+        ),
         f"{modality}_grid_thw": torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long),
     }
     if positions is not None:

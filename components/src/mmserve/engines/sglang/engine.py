@@ -25,7 +25,7 @@
   `AllBlocksCleared` (a `KvCleared` through the bridge), and the multimodal preprocessing
   cache. SGLang refuses while requests run or wait.
 
-`load` checks the installed SGLang first (`checks.check_sglang`).
+`load` checks the installed SGLang first (`checks.check_sglang`, `checks.check_sglang_padding`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ from mmserve.engines.base import (
 )
 from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
 from mmserve.engines.sglang.args import kv_events_config, parse_sglang_args, sglang_argv
-from mmserve.engines.sglang.checks import SglangStartupError, check_sglang, sglang_splits_images
+from mmserve.engines.sglang.checks import (
+    SglangStartupError,
+    check_sglang,
+    check_sglang_padding,
+    sglang_splits_images,
+)
 from mmserve.engines.sglang.convert import encoder_item, finish_reason, generate_kwargs
 from mmserve.engines.sglang.kv_events import SglangKvEventBridge, zmq_reader
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
@@ -138,6 +143,9 @@ class SglangEngine(Engine):
             and args.disaggregation_mode != "decode"
         ):
             args.kv_events_config = kv_events_config(_free_port())
+        if not args.encoder_only:
+            # SGLang's model registry imports every model module: a thread.
+            await asyncio.to_thread(check_sglang_padding, model_path)
         engine = cls(args, block_size=block_size, max_queue=max_queue, pad_scheme=pad_scheme)
         engine.splits_images = sglang_splits_images()
         if not engine.splits_images:

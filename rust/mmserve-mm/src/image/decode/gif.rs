@@ -2,14 +2,16 @@
 //! the frame if the frame overhangs it), filled with the transparent index when the frame has
 //! one and with index 0 otherwise, then looked up in the frame's palette (else the global one;
 //! a file with no color table at all is grayscale, index = level, as PIL's `L` mode reads it).
+//! The transparent index's colour is PIL's `info["transparency"]`, which transformers' pipeline
+//! paints white wherever it appears.
 
 use std::io::Cursor;
 
 use gif::{ColorOutput, DecodeOptions, MemoryLimit};
 
 use super::{
-    alloc_zeroed, buffer_len, check_dimensions, pil_palette_gray_ramp_as_l, rgb_entries,
-    DecodeError, DecodeLimits, ImageFormat,
+    alloc_zeroed, buffer_len, check_dimensions, paint_white, pil_palette_gray_ramp_as_l,
+    rgb_entries, DecodeError, DecodeLimits, ImageFormat,
 };
 use crate::pipeline::DecodedImage;
 
@@ -124,6 +126,11 @@ fn decode_with_table(bytes: &[u8], limits: &DecodeLimits) -> Result<DecodedImage
                 px.copy_from_slice(&palette[at..at + 3]);
             }
         }
+    }
+    if let Some(index) = transparent {
+        let at = usize::from(index) * 3;
+        let color = [palette[at], palette[at + 1], palette[at + 2]];
+        paint_white(&mut canvas, color);
     }
     Ok(DecodedImage {
         width,

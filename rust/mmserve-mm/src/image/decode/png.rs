@@ -1,6 +1,8 @@
 //! PNG through the `png` crate with no transformations; the conversion to RGB is PIL's:
-//! 1/2/4-bit gray scaled by bit replication, palettes looked up (indices past the palette
-//! read black), alpha and tRNS dropped, gAMA ignored.
+//! 1/2/4-bit gray scaled by bit replication, 16-bit color and gray + alpha cut to their high
+//! byte and 16-bit gray clipped to 255 (PIL's `RGB;16B`, `LA;16B` and `I;16` readings), palettes
+//! looked up (indices past the palette read black), alpha dropped, gAMA ignored. The tRNS chunk
+//! names the colour that transformers' pipeline paints white ([`transparent_color`]).
 
 use std::io::Cursor;
 
@@ -8,8 +10,8 @@ use png::{BitDepth, ColorType, Decoder, Transformations};
 
 use super::exif::Orientation;
 use super::{
-    alloc_zeroed, buffer_len, check_dimensions, pil_palette, rgb_entries, to_rgb_in_place,
-    unpack_sample, DecodeError, DecodeLimits, ImageFormat,
+    alloc_zeroed, buffer_len, check_dimensions, paint_white, pil_palette, rgb_entries,
+    to_rgb_in_place, unpack_sample, DecodeError, DecodeLimits, ImageFormat,
 };
 use crate::pipeline::DecodedImage;
 
@@ -20,7 +22,7 @@ fn corrupt(e: png::DecodingError) -> DecodeError {
     DecodeError::corrupt(FORMAT, e)
 }
 
-/// A decoder past the IHDR chunk, whose size, pixel count and bit depth are checked.
+/// A decoder past the IHDR chunk, whose size and pixel count are checked.
 fn checked_header<'a>(
     bytes: &'a [u8],
     limits: &DecodeLimits,
@@ -29,12 +31,6 @@ fn checked_header<'a>(
     decoder.set_transformations(Transformations::IDENTITY);
     let header = decoder.read_header_info().map_err(corrupt)?;
     check_dimensions(FORMAT, header.width, header.height, limits)?;
-    if header.bit_depth == BitDepth::Sixteen {
-        return Err(DecodeError::UnsupportedBitDepth {
-            format: FORMAT.name(),
-            bits: 16,
-        });
-    }
     Ok(decoder)
 }
 
@@ -109,25 +105,40 @@ pub(super) fn decode(
         .ok_or(DecodeError::OutOfMemory { bytes: usize::MAX })?;
     let pixels = buffer_len(width, height, 1)?;
     let rgb_len = buffer_len(width, height, 3)?;
-    let data = if depth == BitDepth::Eight && color != ColorType::Indexed {
+    let palette = (color == ColorType::Indexed)
+        .then(|| pil_palette(rgb_entries(reader.info().palette.as_deref().unwrap_or(&[]))));
+    let mut data = if depth == BitDepth::Eight && color != ColorType::Indexed {
         // Decode straight into the output buffer and convert in place.
         let mut buf = alloc_zeroed(raw_len.max(rgb_len))?;
         reader.next_frame(&mut buf[..raw_len]).map_err(corrupt)?;
         to_rgb_in_place(&mut buf, pixels, color.samples());
         buf
+    } else if depth == BitDepth::Sixteen {
+        let mut raw = alloc_zeroed(raw_len)?;
+        reader.next_frame(&mut raw).map_err(corrupt)?;
+        let mut rgb = alloc_zeroed(rgb_len)?;
+        let channels = color.samples();
+        for (src, px) in raw.chunks_exact(2 * channels).zip(rgb.chunks_exact_mut(3)) {
+            match color {
+                // `I;16` to RGB clips; `LA;16B` and `RGB(A);16B` keep the high byte.
+                ColorType::Grayscale => {
+                    px.fill(u16::from_be_bytes([src[0], src[1]]).min(255) as u8)
+                }
+                ColorType::GrayscaleAlpha => px.fill(src[0]),
+                _ => {
+                    for (c, v) in px.iter_mut().enumerate() {
+                        *v = src[2 * c];
+                    }
+                }
+            }
+        }
+        rgb
     } else {
         let mut raw = alloc_zeroed(raw_len)?;
         reader.next_frame(&mut raw).map_err(corrupt)?;
         let stride = raw_len / height as usize;
         let bits = depth as u8 as usize;
         let mut rgb = alloc_zeroed(rgb_len)?;
-        let palette = if color == ColorType::Indexed {
-            Some(pil_palette(rgb_entries(
-                reader.info().palette.as_deref().unwrap_or(&[]),
-            )))
-        } else {
-            None
-        };
         for (src, dst) in raw
             .chunks_exact(stride)
             .zip(rgb.chunks_exact_mut(width as usize * 3))
@@ -144,6 +155,9 @@ pub(super) fn decode(
         }
         rgb
     };
+    if let Some(color) = transparent_color(bytes, color, depth, palette.as_deref()) {
+        paint_white(&mut data, color);
+    }
     // Trailing chunks may hold eXIf; PIL reads them too and tolerates a damaged tail.
     let _ = reader.finish();
     let info = reader.info();
@@ -162,6 +176,56 @@ pub(super) fn decode(
         data,
     };
     Ok((image, orientation))
+}
+
+/// The colour transformers' `convert_to_rgb` treats as transparent in the RGB image
+/// `load_image` returns, from the raw tRNS chunk (the `png` crate keeps only the low byte of
+/// 1..8-bit values). `load_image` turns an `L` image's level into a gray triple (clipped to
+/// 255) and a palette's one fully transparent entry into its colour, when every other entry is
+/// opaque (PIL's `_simple_palette` pattern, whose `$` also matches before a final newline
+/// byte; other palette tRNS is dropped with the alpha). A `1` (0 or 255) or `I;16` level stays
+/// an integer, which PIL's `convert_transparent` reads as the colour (level, 0, 0); every value
+/// is then cut to its low byte.
+fn transparent_color(
+    bytes: &[u8],
+    color: ColorType,
+    depth: BitDepth,
+    palette: Option<&[u8]>,
+) -> Option<[u8; 3]> {
+    let (_, trns) = chunks(bytes)
+        .take_while(|(kind, _)| *kind != b"IDAT")
+        .find(|(kind, _)| *kind == b"tRNS")?;
+    let sample = |i: usize| -> Option<u16> {
+        Some(u16::from_be_bytes([
+            *trns.get(2 * i)?,
+            *trns.get(2 * i + 1)?,
+        ]))
+    };
+    let low_byte = |v: u16| v.to_le_bytes()[0];
+    match (color, depth) {
+        (ColorType::Grayscale, BitDepth::One) => {
+            Some([if sample(0)? == 0 { 0 } else { 255 }, 0, 0])
+        }
+        (ColorType::Grayscale, BitDepth::Sixteen) => Some([low_byte(sample(0)?), 0, 0]),
+        (ColorType::Grayscale, _) => Some([sample(0)?.min(255) as u8; 3]),
+        (ColorType::Rgb, _) => Some([
+            low_byte(sample(0)?),
+            low_byte(sample(1)?),
+            low_byte(sample(2)?),
+        ]),
+        (ColorType::Indexed, _) => {
+            let alphas = trns.strip_suffix(b"\n").unwrap_or(trns);
+            let mut translucent = alphas.iter().enumerate().filter(|(_, &a)| a != 0xFF);
+            match (translucent.next(), translucent.next()) {
+                (Some((index, 0)), None) => {
+                    let at = index * 3;
+                    palette?.get(at..at + 3)?.try_into().ok()
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }
 
 /// Gray samples of 1, 2 or 4 bits stretched to 0..=255 (0xFF, 0x55, 0x11 multipliers).
