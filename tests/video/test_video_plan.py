@@ -6,94 +6,23 @@ video's identity covers its sampling."""
 
 from __future__ import annotations
 
-import functools
-import io
 from typing import Any
 
 import msgspec
 import numpy as np
 import pytest
-import torch
-from PIL import Image
-from transformers import AutoConfig, AutoProcessor
-from transformers.video_utils import VideoMetadata
 
 from mmserve import _mm
 from mmserve.frontend.mm_options import VideoRange
-from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
+from mmserve.kv.pad import pad_value
+from mmserve.kv.view import BlockKeys, prompt_block_keys, routing_view
+from mmserve.media import MediaPolicy, plan_request_here
 from mmserve.media.video import video_options
-from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.models.tiny import build_tiny_model
-from mmserve.protocol import MMProcessorKwargs
+from mmserve.protocol import MMProcessorKwargs, PlannedMedia
 from tests.support.local_media import encode_image
-from tests.support.video import FFMPEG, make_video
+from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, hf_reference, make_video
 
 pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)")
-
-VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
-IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-
-
-@functools.cache
-def checkpoint(family: str) -> tuple[ModelSpec, Any, Any]:
-    """The tiny checkpoint's spec, its transformers processor and a model (random weights)
-    for `get_rope_index`."""
-    from transformers import Qwen2_5_VLModel, Qwen2VLModel
-
-    path = build_tiny_model(family)
-    model_class = Qwen2VLModel if family == "qwen2_vl" else Qwen2_5_VLModel
-    model = model_class(AutoConfig.from_pretrained(path)).eval()
-    return resolve_model_spec(path), AutoProcessor.from_pretrained(path), model
-
-
-def reference(
-    family: str, text: str, media: list[tuple[str, bytes]], settings: VideoSettings
-) -> tuple[list[int], np.ndarray, int]:
-    """(ids, positions [3, len], delta) as transformers computes them: the processor given
-    the frames the core samples for each video, then `get_rope_index`."""
-    _, processor, model = checkpoint(family)
-    options = video_options(settings.base, settings.sampling)
-    images, videos, metadata = [], [], []
-    for kind, data in media:
-        if kind == "image":
-            images.append(Image.open(io.BytesIO(data)))
-            continue
-        indices = _mm.plan_video(data, options)["indices"]
-        info, frames = _mm.decode_video(data, indices)
-        videos.append(torch.from_numpy(frames))
-        metadata.append(
-            VideoMetadata(
-                total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
-            )
-        )
-    sampling = settings.sampling
-    out = processor(
-        text=[text],
-        images=images or None,
-        videos=videos or None,
-        video_metadata=metadata or None,
-        do_sample_frames=False,
-        videos_kwargs={
-            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels}
-        },
-        input_data_format="channels_last",
-        return_tensors="pt",
-    )
-    ids = out["input_ids"]
-    spec = checkpoint(family)[0]
-    token_type = (ids == spec.image_token_id).int() + 2 * (ids == spec.video_token_id).int()
-    extra = {}
-    if "second_per_grid_ts" in out:
-        extra["second_per_grid_ts"] = out["second_per_grid_ts"]
-    with torch.no_grad():
-        positions, delta = model.get_rope_index(
-            ids,
-            mm_token_type_ids=token_type,
-            image_grid_thw=out.get("image_grid_thw"),
-            video_grid_thw=out.get("video_grid_thw"),
-            **extra,
-        )
-    return ids[0].tolist(), positions[:, 0].numpy(), int(delta.item())
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +73,7 @@ def test_plan_equals_the_processor_and_get_rope_index(
         modalities=[kind for kind, _ in media],
         video=settings,
     )
-    ids, positions, delta = reference(family, text, media, settings)
+    ids, positions, delta = hf_reference(family, text, media, settings)
     plan = planned.plan
     assert plan.token_ids == ids
     assert plan.positions is not None
@@ -188,3 +117,31 @@ def test_the_same_video_sampled_otherwise_is_another_item(clips: dict[str, bytes
     # The default's own values, asked for explicitly, are the same item.
     default = msgspec.structs.asdict(video_range.default)
     assert plan(fps=default["fps"], max_frames=default["max_frames"]) == base
+
+
+def test_routing_keys_follow_the_video_identity(clips: dict[str, bytes]) -> None:
+    """The routing view pads a video's run with its identity's pad value, as an image's: the
+    same bytes under options that change no grid (min_frames, when fps sampling keeps more
+    frames anyway) are another prefix."""
+    spec = checkpoint("qwen2_vl")[0]
+    video_range = VideoRange.of(spec)
+    ids = [1, spec.vision_start_token_id, spec.video_token_id, spec.vision_end_token_id, 2]
+
+    def plan(**asked: Any) -> tuple[PlannedMedia, BlockKeys]:
+        settings = video_range.settings(MMProcessorKwargs(**asked), None)
+        planned = plan_request_here(
+            spec.core, ids, [clips["long"]], MediaPolicy(), count_only=True,
+            modalities=["video"], video=settings,
+        )  # fmt: skip
+        (item,) = planned.plan.media
+        view = routing_view(planned.plan.token_ids, planned.plan.media)
+        assert set(view.ids[item.offset : item.end].tolist()) == {pad_value(item.mm_hash)}
+        return item, prompt_block_keys(planned.plan.token_ids, planned.plan.media, block_size=4)
+
+    item, keys = plan()
+    again, same = plan(min_frames=4)
+    other, changed = plan(min_frames=2)
+    assert item == again and keys == same
+    assert other.grid_thw == item.grid_thw and other.mm_hash != item.mm_hash
+    # Every block holds some of the video's tokens, so every key changes.
+    assert all(a != b for a, b in zip(keys.local_hashes, changed.local_hashes, strict=True))
