@@ -328,3 +328,17 @@ async def test_families_without_video_refuse_it_clearly(family: str, clip: bytes
         await preprocessor.preprocess(request, "r", 1e12)
     assert (info.value.status, info.value.code) == (400, "process.video_unsupported")
     assert "not supported for this model family" in info.value.message
+
+
+def test_frontend_decoding_ships_image_pixels_and_video_bytes(start_frontend, clip: bytes):
+    """With --frontend-decoding an image's pixels travel; a video is planned from its headers
+    either way, and its bytes travel by transfer."""
+    frontend = start_frontend("--frontend-decoding")
+    image = encode_image(56, 56)
+    response = _ask(frontend, [_video(data_url(clip, "video/mp4")), _image(data_url(image))])
+    assert response.status_code == 200, response.text
+    sent = frontend.dispatcher.requests[-1]
+    video_payload, image_payload = sent.payloads
+    assert image_payload.pixel_values is not None and image_payload.encoded is None
+    assert video_payload.pixel_values is None and video_payload.encoded is not None
+    assert video_payload.encoded.descriptor == clip
