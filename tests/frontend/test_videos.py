@@ -319,6 +319,7 @@ async def test_families_without_video_refuse_it_clearly(family: str, clip: bytes
     says so, before anything is fetched."""
     model = ServedModel.load(build_tiny_model(family))
     preprocessor = ChatPreprocessor(model, ChatOptions(policy=MediaPolicy()))
+    assert not model.spec.core.takes_video and preprocessor.video_range is None
     content = [{"type": "text", "text": "?"}, _video(data_url(clip, "video/mp4"))]
     request = msgspec.convert(
         {"model": model.name, "messages": [{"role": "user", "content": content}]},

@@ -235,6 +235,9 @@ class Spec:
     def family(self) -> str:
         """The family name, which is also its model_type."""
     @property
+    def takes_video(self) -> bool:
+        """Whether the request driver plans this family's videos."""
+    @property
     def patch_size(self) -> int: ...
     @property
     def merge_size(self) -> int: ...

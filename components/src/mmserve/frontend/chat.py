@@ -138,12 +138,12 @@ class ChatPreprocessor:
         self.model = model
         self.options = options
         self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
-        # None for a family that takes no video: the core refuses its video parts.
+        # None for a family whose videos the core does not plan: it refuses their parts.
         self.video_range = (
             VideoRange.of(
                 model.spec, options.mm_processor_kwargs, options.media_io_kwargs, options.video_caps
             )
-            if model.spec.family.has_video
+            if model.spec.core.takes_video
             else None
         )
         self.media_ids = MediaIds()
