@@ -343,3 +343,22 @@ def test_frontend_decoding_ships_image_pixels_and_video_bytes(start_frontend, cl
     assert image_payload.pixel_values is not None and image_payload.encoded is None
     assert video_payload.pixel_values is None and video_payload.encoded is not None
     assert video_payload.encoded.descriptor == clip
+
+
+def test_a_300_mib_video_is_refused_from_its_announced_size(
+    allowed_frontend: RunningFrontend, media_server: MediaServer, clip: bytes
+) -> None:
+    """By URL and as an allowed local file (sparse: nothing is written or read past the
+    cap), over the 64 MiB per item; a good video beside it is served."""
+    for name in ("huge.mp4", "allowed/huge.mp4"):
+        with open(media_server.root / name, "wb") as huge:
+            huge.truncate(300 << 20)
+    sources = [f"{media_server.url}/huge.mp4", str(media_server.root / "allowed" / "huge.mp4")]
+    for source in sources:
+        response = _ask(allowed_frontend, [_video(data_url(clip, "video/mp4")), _video(source)])
+        assert response.status_code == 413, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == (
+            "fetch.too_large", "messages[0].content[1].video_url"
+        )  # fmt: skip
+    assert _ask(allowed_frontend, [_video(data_url(clip, "video/mp4"))]).status_code == 200
