@@ -121,7 +121,7 @@ def test_local_file_outside_the_allowed_roots_is_refused_with_its_index(tmp_path
     with pytest.raises(_mm.MediaError) as err:
         _mm.process(mm_spec("qwen2_vl", "pil"), one_image_prompt(2), [data, str(path)])
     code, message, index = err.value.args
-    assert code.startswith("fetch.") and index == 1 and message.startswith("image 1:")
+    assert code.startswith("fetch.") and index == 1 and message.startswith("item 1:")
 
 
 def test_bad_item_rejects_the_request_and_names_it() -> None:

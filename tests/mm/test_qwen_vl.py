@@ -252,7 +252,7 @@ def test_batch_equals_one_by_one_and_names_the_failing_item() -> None:
         assert digest == one_digest == _mm.content_hash(data)
     with pytest.raises(_mm.MediaError) as err:
         _mm.qwen_vl_preprocess_batch(spec, [images[0], b"not an image", images[1]])
-    assert err.value.args[2] == 1 and "image 1" in err.value.args[1]
+    assert err.value.args[2] == 1 and "item 1" in err.value.args[1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,7 +4,6 @@ codes for what is refused. Videos are made here with the `ffmpeg` program."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,30 +14,9 @@ from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoP
 from transformers.video_utils import VideoMetadata
 
 from mmserve import _mm
+from tests.support.video import FFMPEG, make_video
 
-FFMPEG = shutil.which("ffmpeg")
 pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)")
-
-
-def make_video(
-    path: Path,
-    *,
-    size: str = "96x64",
-    rate: str = "10",
-    seconds: float = 1.0,
-    codec: str = "libx264",
-    pix_fmt: str = "yuv420p",
-    extra: tuple[str, ...] = (),
-) -> bytes:
-    if codec == "libx265":
-        extra = ("-x265-params", "log-level=none", *extra)
-    if codec == "libaom-av1":
-        extra = ("-cpu-used", "8", *extra)
-    source = f"testsrc2=size={size}:rate={rate}"
-    command = [FFMPEG or "ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", source]
-    command += ["-t", str(seconds), "-c:v", codec, "-pix_fmt", pix_fmt, *extra, str(path)]
-    subprocess.run(command, check=True)
-    return path.read_bytes()
 
 
 def ffmpeg_rgb(path: Path, width: int, height: int) -> np.ndarray:

@@ -152,6 +152,32 @@ class VideoOptions:
     ) -> VideoOptions:
         """The options a checkpoint's video_preprocessor_config.json (or, without one, its
         preprocessor_config.json) gives, as transformers' video processor reads them."""
+    def with_sampling(
+        self,
+        *,
+        fps: float | None,
+        num_frames: int | None,
+        min_frames: int,
+        max_frames: int,
+        min_pixels: int,
+        max_pixels: int,
+    ) -> VideoOptions:
+        """These options with the sampling and per-frame pixel bounds replaced; the rest, the
+        caps included, kept."""
+    @property
+    def fps(self) -> float | None: ...
+    @property
+    def num_frames(self) -> int | None: ...
+    @property
+    def min_frames(self) -> int: ...
+    @property
+    def max_frames(self) -> int: ...
+    @property
+    def min_pixels(self) -> int: ...
+    @property
+    def max_pixels(self) -> int: ...
+    @property
+    def temporal_patch_size(self) -> int: ...
 
 class _VideoPlan(TypedDict):
     info: _VideoInfo
@@ -208,6 +234,9 @@ class Spec:
     @property
     def family(self) -> str:
         """The family name, which is also its model_type."""
+    @property
+    def takes_video(self) -> bool:
+        """Whether the request driver plans this family's videos."""
     @property
     def patch_size(self) -> int: ...
     @property
@@ -280,7 +309,7 @@ def qwen_vl_preprocess_batch(
 
 @final
 class ProcessedMedia:
-    """One image of a request: hash, decoded size, grid, token count and pixel values."""
+    """One item of a request: hash, decoded size, grid, token count and pixel values."""
 
     @property
     def hash(self) -> int: ...
@@ -310,7 +339,7 @@ class ProcessResult:
     def input_ids(self) -> numpy.ndarray[tuple[int], numpy.dtype[numpy.int64]]: ...
     @property
     def offsets(self) -> list[tuple[int, int]]:
-        """(start, end) of each image's tokens in input_ids."""
+        """(start, end) of each item's tokens in input_ids."""
     @property
     def items(self) -> list[ProcessedMedia]: ...
     @property
@@ -329,12 +358,18 @@ def process(
     timeout_s: float | None = None,
     count_only: bool = False,
     keep_bytes: bool = False,
+    modalities: list[str] | None = None,
+    video: VideoOptions | None = None,
 ) -> ProcessResult:
-    """The request driver: one placeholder per image in input_ids, images as references
+    """The request driver: one placeholder per item in input_ids, items as references
     (URL, data: URL, base64, local path), already-fetched bytes, or (hash, (t, h, w)) for an
-    item whose features the caller holds (nothing fetched; its grid is checked). With
+    image whose features the caller holds (nothing fetched; its grid is checked). With
     count_only each image is fetched, hashed and sized from its headers (probe_image), never
-    decoded. With keep_bytes each item's fetched bytes come back in ProcessedMedia.data."""
+    decoded. With keep_bytes each item's fetched bytes come back in ProcessedMedia.data.
+    `modalities` names each item "image" or "video" (all images when None); a video is
+    planned from its headers under `video` (plan_video; its hash is its identity, its
+    pixel_values None), its placeholder the video pad. timeout_s bounds each http(s) fetch,
+    and reading the videos' headers once fetched."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""

@@ -2,10 +2,13 @@
 //!
 //! Per item: fetch (inline, in order) -> content hash of the raw bytes -> decode ->
 //! `process_item` (fanned out through `common::par`); then the family's layout ->
-//! expanded ids + per-item offsets -> positions. Any failure rejects the whole request;
-//! an item's failure carries its index.
+//! expanded ids + per-item offsets -> positions. A video is planned from its container's
+//! headers alone (with the `video` feature): its sampled frames, grid, token count and
+//! identity; its pixels are the encoder's work. Any failure rejects the whole request; an
+//! item's failure carries its index.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -13,7 +16,7 @@ use crate::common::hash::content_hash;
 use crate::common::par;
 use crate::family::token_layout::expand;
 use crate::image::decode::{decode_image, probe_image, DecodeLimits};
-use crate::pipeline::{Family, Geometry, Positions, ProcessedItem, TokenId};
+use crate::pipeline::{Family, Geometry, Positions, ProcessError, ProcessedItem, TokenId};
 use crate::source::fetch::{fetch_bytes, FetchError, FetchPolicy};
 use crate::Error;
 
@@ -54,6 +57,36 @@ pub enum MediaInput<'a> {
     /// An item the caller holds the model features of (precomputed embeddings): its identity
     /// and patch grid are given, nothing is fetched or decoded.
     Planned { hash: u64, grid_thw: [u32; 3] },
+}
+
+/// What a media item is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Modality {
+    Image,
+    Video,
+}
+
+/// One media item of a request: what it is and where it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaItem<'a> {
+    pub modality: Modality,
+    pub input: MediaInput<'a>,
+}
+
+impl<'a> MediaItem<'a> {
+    pub fn image(input: MediaInput<'a>) -> Self {
+        MediaItem {
+            modality: Modality::Image,
+            input,
+        }
+    }
+
+    pub fn video(input: MediaInput<'a>) -> Self {
+        MediaItem {
+            modality: Modality::Video,
+            input,
+        }
+    }
 }
 
 /// One item after fetching: its bytes, or the facts of a planned item.
@@ -99,19 +132,26 @@ pub enum Mode {
 pub struct DriverOptions {
     pub fetch: FetchPolicy,
     pub decode: DecodeLimits,
+    /// How the request's videos are sampled and sized, and the caps their headers must meet.
+    #[cfg(feature = "video")]
+    pub video: Option<crate::video::process::VideoOptions>,
+    /// Reading the request's videos' headers ends with `video.deadline` this long after
+    /// they were fetched.
+    pub video_timeout: Option<Duration>,
 }
 
 /// What the driver produced for one item.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ItemOutput {
-    /// blake3 of the raw encoded bytes, truncated to u64.
+    /// blake3 of the raw encoded bytes, truncated to u64; for a video, that folded with its
+    /// sampling and sizing options (`video::identity`).
     pub hash: u64,
-    /// Size of the decoded image (after EXIF orientation).
+    /// Size of the decoded image (after EXIF orientation), or of the video's frames.
     pub width: u32,
     pub height: u32,
     pub geometry: Geometry,
     pub num_tokens: usize,
-    /// `None` in [`Mode::CountOnly`] and for a planned item.
+    /// `None` in [`Mode::CountOnly`], for a planned item and for a video.
     pub processed: Option<ProcessedItem>,
 }
 
@@ -129,7 +169,7 @@ pub struct RequestOutput {
 pub fn run(
     family: &dyn Family,
     input_ids: &[TokenId],
-    media: &[MediaInput<'_>],
+    media: &[MediaItem<'_>],
     options: &DriverOptions,
     mode: Mode,
 ) -> Result<RequestOutput, Error> {
@@ -140,9 +180,18 @@ pub fn run(
         }
         .into());
     }
-    let fetched = fetch_all(media, &options.fetch)?;
-    let items = par::try_map(&fetched, |item| prepare_item(family, item, options, mode))
-        .map_err(|(index, e)| e.at_item(index))?;
+    if !family.capabilities().video && media.iter().any(|m| m.modality == Modality::Video) {
+        return Err(ProcessError::VideoUnsupported.into());
+    }
+    let inputs: Vec<MediaInput<'_>> = media.iter().map(|m| m.input).collect();
+    let fetched = fetch_all(&inputs, &options.fetch)?;
+    let options = &with_video_deadline(options);
+    let work: Vec<(Modality, &Fetched<'_>)> =
+        media.iter().map(|m| m.modality).zip(&fetched).collect();
+    let items = par::try_map(&work, |&(modality, item)| {
+        prepare_item(family, modality, item, options, mode)
+    })
+    .map_err(|(index, e)| e.at_item(index))?;
 
     let geometries: Vec<Geometry> = items.iter().map(|item| item.geometry).collect();
     let layout = family.layout(input_ids, &geometries)?;
@@ -207,25 +256,59 @@ pub fn fetch_all<'a>(
     Ok(out)
 }
 
+/// `options` with the video deadline starting now (the request's media are fetched).
+fn with_video_deadline(options: &DriverOptions) -> Cow<'_, DriverOptions> {
+    #[cfg(feature = "video")]
+    if let (Some(video), Some(timeout)) = (options.video, options.video_timeout) {
+        let mut options = options.clone();
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        options.video = Some(crate::video::process::VideoOptions {
+            limits: crate::video::demux::VideoLimits {
+                deadline,
+                ..video.limits
+            },
+            ..video
+        });
+        return Cow::Owned(options);
+    }
+    Cow::Borrowed(options)
+}
+
 fn prepare_item(
     family: &dyn Family,
+    modality: Modality,
     item: &Fetched<'_>,
     options: &DriverOptions,
     mode: Mode,
 ) -> Result<ItemOutput, Error> {
-    let bytes = match item {
-        Fetched::Bytes(bytes) => bytes,
-        Fetched::Planned { hash, grid_thw } => {
+    let bytes = match (item, modality) {
+        (Fetched::Bytes(bytes), Modality::Image) => bytes,
+        (Fetched::Bytes(bytes), Modality::Video) => return prepare_video(family, bytes, options),
+        (Fetched::Planned { grid_thw, .. }, Modality::Video) => {
+            return Err(ProcessError::Grid {
+                grid_thw: *grid_thw,
+                reason: "a video is planned from its bytes, not from a grid".to_string(),
+            }
+            .into())
+        }
+        (Fetched::Planned { hash, grid_thw }, Modality::Image) => {
             let geometry = family.geometry_from_grid(*grid_thw)?;
-            let Geometry::Image {
-                resized_width,
-                resized_height,
-                ..
-            } = geometry;
+            let (width, height) = match geometry {
+                Geometry::Image {
+                    resized_width,
+                    resized_height,
+                    ..
+                }
+                | Geometry::Video {
+                    resized_width,
+                    resized_height,
+                    ..
+                } => (resized_width, resized_height),
+            };
             return Ok(ItemOutput {
                 hash: *hash,
-                width: resized_width,
-                height: resized_height,
+                width,
+                height,
                 geometry,
                 num_tokens: family.num_tokens(&geometry),
                 processed: None,
@@ -253,6 +336,45 @@ fn prepare_item(
         num_tokens: family.num_tokens(&geometry),
         processed,
     })
+}
+
+/// A video's plan from its headers: sampled frames, grid, token count and identity.
+#[cfg(feature = "video")]
+fn prepare_video(
+    family: &dyn Family,
+    bytes: &[u8],
+    options: &DriverOptions,
+) -> Result<ItemOutput, Error> {
+    use crate::video::VideoError;
+
+    let video = options.video.as_ref().ok_or(VideoError::Unavailable(
+        "the request's video options were not given",
+    ))?;
+    let plan = crate::video::process::plan_video(bytes, video)?;
+    // transformers' `VideoMetadata.sampled_fps`: the frames kept per second of video.
+    let sampled_fps = plan.indices.len() as f64 / plan.info.total_frames as f64 * plan.info.fps;
+    let geometry = family.video_geometry(
+        plan.grid_thw,
+        (plan.resized_width, plan.resized_height),
+        sampled_fps,
+    )?;
+    Ok(ItemOutput {
+        hash: plan.mm_hash,
+        width: plan.info.width,
+        height: plan.info.height,
+        geometry,
+        num_tokens: family.num_tokens(&geometry),
+        processed: None,
+    })
+}
+
+#[cfg(not(feature = "video"))]
+fn prepare_video(
+    _family: &dyn Family,
+    _bytes: &[u8],
+    _options: &DriverOptions,
+) -> Result<ItemOutput, Error> {
+    Err(crate::video::VideoError::Unavailable("this build has no video support").into())
 }
 
 #[cfg(test)]
@@ -290,7 +412,10 @@ mod tests {
     }
 
     fn run_bytes(ids: &[TokenId], items: &[&[u8]], mode: Mode) -> Result<RequestOutput, Error> {
-        let media: Vec<MediaInput<'_>> = items.iter().map(|b| MediaInput::Bytes(b)).collect();
+        let media: Vec<MediaItem<'_>> = items
+            .iter()
+            .map(|b| MediaItem::image(MediaInput::Bytes(b)))
+            .collect();
         run(
             family().as_ref(),
             ids,
@@ -348,7 +473,10 @@ mod tests {
                 path.to_string_lossy().into_owned()
             })
             .collect();
-        let media: Vec<MediaInput<'_>> = paths.iter().map(|p| MediaInput::Source(p)).collect();
+        let media: Vec<MediaItem<'_>> = paths
+            .iter()
+            .map(|p| MediaItem::image(MediaInput::Source(p)))
+            .collect();
         let mut options = DriverOptions::default();
         options.fetch.allowed_local_roots = vec![dir.clone()];
         let result = run(
@@ -370,8 +498,8 @@ mod tests {
         let full = run_bytes(&prompt(2), &[&image, &image], Mode::Full).unwrap();
         let grid_thw = full.items[1].geometry.grid_thw();
         let media = [
-            MediaInput::Bytes(&image),
-            MediaInput::Planned { hash: 7, grid_thw },
+            MediaItem::image(MediaInput::Bytes(&image)),
+            MediaItem::image(MediaInput::Planned { hash: 7, grid_thw }),
         ];
         let out = run(
             family().as_ref(),
@@ -390,10 +518,10 @@ mod tests {
         );
         assert!(out.items[1].processed.is_none());
 
-        let bad = [MediaInput::Planned {
+        let bad = [MediaItem::image(MediaInput::Planned {
             hash: 7,
             grid_thw: [1, 3, 4],
-        }];
+        })];
         let err = run(
             family().as_ref(),
             &prompt(1),
@@ -406,12 +534,31 @@ mod tests {
     }
 
     #[test]
+    fn a_video_for_a_family_without_video_is_refused_before_any_fetch() {
+        let config = r#"{"model_type": "qwen3_vl", "image_token_id": 151655,
+            "video_token_id": 151656, "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653}"#;
+        let family = family_from_spec(&spec_from_hf_configs("{}", config).unwrap()).unwrap();
+        // The source would be refused by the fetch policy: the family check comes first.
+        let media = [MediaItem::video(MediaInput::Source("/nowhere/v.mp4"))];
+        let err = run(
+            family.as_ref(),
+            &[START, 151656, END],
+            &media,
+            &DriverOptions::default(),
+            Mode::CountOnly,
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "process.video_unsupported");
+    }
+
+    #[test]
     fn the_failing_item_is_named() {
         let good = png(20, 20);
         let err = run_bytes(&prompt(3), &[&good, &good, b"junk"], Mode::Full).unwrap_err();
         assert_eq!(err.item_index(), Some(2));
         assert_eq!(err.code(), "decode.unknown_format");
-        assert!(err.to_string().starts_with("image 2: "));
+        assert!(err.to_string().starts_with("item 2: "));
         let err = run_bytes(&prompt(2), &[&good], Mode::Full).unwrap_err();
         assert_eq!(
             (err.code(), err.item_index()),

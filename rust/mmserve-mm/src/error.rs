@@ -28,7 +28,7 @@ pub enum Error {
     #[error(transparent)]
     Video(#[from] VideoError),
     /// A failure of one media item of a request; keeps the item's own code.
-    #[error("image {index}: {source}")]
+    #[error("item {index}: {source}")]
     Item { index: usize, source: Box<Error> },
 }
 

@@ -95,8 +95,8 @@ impl Tensor {
     }
 }
 
-/// Where a media item sits in the model's feature grid. Open for video (frames, timestamps).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Where a media item sits in the model's feature grid.
+#[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Geometry {
     /// A still image: the size it was resized to and its patch grid `[t, h, w]`.
@@ -105,13 +105,25 @@ pub enum Geometry {
         resized_height: u32,
         grid_thw: [u32; 3],
     },
+    /// A video: the size each sampled frame was resized to, its patch grid `[t, h, w]` and
+    /// how many positions apart its temporal patches sit (M-RoPE's `time_interval`).
+    Video {
+        resized_width: u32,
+        resized_height: u32,
+        grid_thw: [u32; 3],
+        time_interval: f32,
+    },
 }
 
 impl Geometry {
     pub fn grid_thw(&self) -> [u32; 3] {
         match self {
-            Geometry::Image { grid_thw, .. } => *grid_thw,
+            Geometry::Image { grid_thw, .. } | Geometry::Video { grid_thw, .. } => *grid_thw,
         }
+    }
+
+    pub fn is_video(&self) -> bool {
+        matches!(self, Geometry::Video { .. })
     }
 }
 
@@ -211,6 +223,19 @@ pub trait Family: Send + Sync {
     /// against what this family's tower can produce for an image.
     fn geometry_from_grid(&self, grid_thw: [u32; 3]) -> Result<Geometry, ProcessError>;
 
+    /// The geometry of a video planned to patch grid `grid_thw` from frames resized to
+    /// `resized` (width, height) and sampled at `sampled_fps` frames per second of video;
+    /// a family without video refuses.
+    fn video_geometry(
+        &self,
+        grid_thw: [u32; 3],
+        resized: (u32, u32),
+        sampled_fps: f64,
+    ) -> Result<Geometry, ProcessError> {
+        let _ = (grid_thw, resized, sampled_fps);
+        Err(ProcessError::VideoUnsupported)
+    }
+
     /// Resize, normalise and lay out one image as the model's input feature.
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error>;
 
@@ -252,10 +277,25 @@ pub enum ProcessError {
         end: TokenId,
     },
     #[error(
-        "the prompt has {placeholders} image placeholder(s) but {items} image(s) were given; \
-         put exactly one placeholder per image"
+        "the prompt has {placeholders} media placeholder(s) but {items} media item(s) were \
+         given; put exactly one placeholder per item"
     )]
     PlaceholderCount { placeholders: usize, items: usize },
+    #[error(
+        "the media placeholder at prompt position {index} is for {placeholder}, but item {item} \
+         is {given}; the prompt's text must not spell media placeholder tokens"
+    )]
+    PlaceholderModality {
+        index: usize,
+        item: usize,
+        placeholder: &'static str,
+        given: &'static str,
+    },
+    #[error(
+        "video input is not supported for this model family yet (supported: Qwen2-VL, \
+         Qwen2.5-VL)"
+    )]
+    VideoUnsupported,
     #[error("image grid {grid_thw:?} is not one this model's vision tower produces: {reason}")]
     Grid { grid_thw: [u32; 3], reason: String },
     #[error("item offsets do not fit the prompt: {0}")]
@@ -273,6 +313,8 @@ impl ProcessError {
             ProcessError::EmptyImage { .. } => "process.empty_image",
             ProcessError::PlaceholderContext { .. } => "process.placeholder_context",
             ProcessError::PlaceholderCount { .. } => "process.placeholder_count",
+            ProcessError::PlaceholderModality { .. } => "process.placeholder_modality",
+            ProcessError::VideoUnsupported => "process.video_unsupported",
             ProcessError::Grid { .. } => "process.grid",
             ProcessError::Offsets(_) => "process.offsets",
             ProcessError::TensorShape { .. } => "process.tensor_shape",

@@ -11,7 +11,7 @@
 use std::fs;
 use std::path::PathBuf;
 
-use mmserve_mm::driver::{self, DriverOptions, MediaInput, Mode};
+use mmserve_mm::driver::{self, DriverOptions, MediaInput, MediaItem, Mode};
 use mmserve_mm::family::registry::{family_from_spec, spec_from_hf_configs};
 use mmserve_mm::pipeline::{Positions, TensorData};
 use serde_json::Value;
@@ -48,7 +48,10 @@ fn rlib_reproduces_the_golden_fixtures() {
         .iter()
         .map(|name| fs::read(dir.join(name.as_str().expect("name"))).expect("image file"))
         .collect();
-    let media: Vec<MediaInput<'_>> = images.iter().map(|b| MediaInput::Bytes(b)).collect();
+    let media: Vec<MediaItem<'_>> = images
+        .iter()
+        .map(|b| MediaItem::image(MediaInput::Bytes(b)))
+        .collect();
     let cases = golden["cases"].as_array().expect("cases");
     assert_eq!(cases.len(), 6);
     for case in cases {

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::fs;
 
 use mmserve_mm::common::par;
-use mmserve_mm::driver::{self, DriverOptions, MediaInput, Mode};
+use mmserve_mm::driver::{self, DriverOptions, MediaInput, MediaItem, Mode};
 use mmserve_mm::family::registry::{family_from_spec, spec_from_hf_configs};
 use mmserve_mm::pipeline::Positions;
 
@@ -56,7 +56,10 @@ fn driver_spawns_no_thread_without_parallel() {
     let spec = spec_from_hf_configs(PREPROCESSOR, CONFIG).expect("spec");
     let family = family_from_spec(&spec).expect("family");
     let images: Vec<Vec<u8>> = (0..6).map(|i| png(97 + 31 * i, 83 + 17 * i, i)).collect();
-    let media: Vec<MediaInput<'_>> = images.iter().map(|b| MediaInput::Bytes(b)).collect();
+    let media: Vec<MediaItem<'_>> = images
+        .iter()
+        .map(|b| MediaItem::image(MediaInput::Bytes(b)))
+        .collect();
     let mut ids = vec![1, 2];
     for _ in &images {
         ids.extend([START, IMG, END, 3]);

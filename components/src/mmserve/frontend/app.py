@@ -120,7 +120,9 @@ class FrontendApp:
         self.dispatcher = dispatcher
         self.http = http or HttpOptions()
         pixels = preprocessor.pixel_range.min_pixels, preprocessor.pixel_range.max_pixels
-        self._openapi = _encoder.encode(openapi_document(preprocessor.model.name, pixels))
+        self._openapi = _encoder.encode(
+            openapi_document(preprocessor.model.name, pixels, preprocessor.video_range)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

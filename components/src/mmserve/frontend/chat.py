@@ -23,7 +23,7 @@ from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_embeds
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.media_ids import KnownMedia, MediaIds
-from mmserve.frontend.mm_options import PixelRange, check_media_counts
+from mmserve.frontend.mm_options import PixelRange, VideoCaps, VideoRange, check_media_counts
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
 from mmserve.media import MediaPolicy, PixelBounds
 from mmserve.models.family import ModelSpec, resolve_model_spec
@@ -31,15 +31,18 @@ from mmserve.protocol import (
     DEEPSTACK,
     ChatCompletionRequest,
     ChatMessage,
+    ContentPart,
     EmbeddingsHandle,
     ImageEmbedsPart,
     ImageUrlPart,
+    MediaIoKwargs,
     MediaPayload,
     MMProcessorKwargs,
     PreprocessedRequest,
     SamplingParams,
     StopConditions,
     TextPart,
+    VideoUrlPart,
 )
 
 # Request ids: a random prefix drawn once per process, then a counter (32 hex digits, as a
@@ -94,16 +97,24 @@ class ChatOptions:
     # bounded by the policy's max_items alone.
     limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
     # The operator's processor options (--mm-processor-kwargs): default pixel bounds that
-    # requests may narrow.
+    # requests may narrow, and the default video sampling.
     mm_processor_kwargs: MMProcessorKwargs | None = None
+    # The operator's default video sampling rate (--media-io-kwargs).
+    media_io_kwargs: MediaIoKwargs | None = None
+    # What requests may ask of videos, and the caps on a video's headers (--max-video-*).
+    video_caps: VideoCaps = field(default_factory=VideoCaps)
     # image_embeds parts are refused unless the operator allows them.
     enable_mm_embeds: bool = False
 
 
 @dataclass(frozen=True)
 class _MediaRef:
-    part: ImageUrlPart | ImageEmbedsPart
+    part: ImageUrlPart | VideoUrlPart | ImageEmbedsPart
     param: str  # where the item sits in the request, for error messages
+
+    @property
+    def modality(self) -> media.Modality:
+        return "video" if isinstance(self.part, VideoUrlPart) else "image"
 
 
 @functools.cache
@@ -127,6 +138,14 @@ class ChatPreprocessor:
         self.model = model
         self.options = options
         self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
+        # None for a family whose videos the core does not plan: it refuses their parts.
+        self.video_range = (
+            VideoRange.of(
+                model.spec, options.mm_processor_kwargs, options.media_io_kwargs, options.video_caps
+            )
+            if model.spec.core.takes_video
+            else None
+        )
         self.media_ids = MediaIds()
         self._tensor_sink = tensor_sink
         self._token_cache = (
@@ -150,18 +169,24 @@ class ChatPreprocessor:
         if len(items) > self.options.policy.max_items:
             raise ApiError(
                 "request.too_many_items",
-                f"the request has {len(items)} images; at most "
+                f"the request has {len(items)} media items; at most "
                 f"{self.options.policy.max_items} are allowed",
                 param="messages",
             )
-        check_media_counts(self.options.limit_mm_per_prompt, {"image": len(items)})
+        videos = sum(item.modality == "video" for item in items)
+        check_media_counts(
+            self.options.limit_mm_per_prompt, {"image": len(items) - videos, "video": videos}
+        )
         bounds = self.pixel_range.bounds(request.mm_processor_kwargs)
+        video = None
+        if videos and self.video_range is not None:
+            video = self.video_range.settings(request.mm_processor_kwargs, request.media_io_kwargs)
         known = self._recall(items, tenant)
         precomputed = await self._precomputed(items)
         loop = asyncio.get_running_loop()
         if items:
             token_ids = await loop.run_in_executor(_tokenizer_threads(), self._tokenize, request)
-            planned = await self._plan(token_ids, items, known, precomputed, bounds)
+            planned = await self._plan(token_ids, items, known, precomputed, bounds, video)
         else:  # nothing to fetch: the driver's run is CPU work like tokenizing, in the same hop
             planned = await loop.run_in_executor(_tokenizer_threads(), self._plan_text, request)
         plan = planned.plan
@@ -337,16 +362,17 @@ class ChatPreprocessor:
         known: dict[int, KnownMedia],
         precomputed: dict[int, PrecomputedImage],
         bounds: PixelBounds | None,
+        video: media.VideoSettings | None,
     ) -> media.PlannedRequest:
-        """The request plan, from one run of the Rust driver: it fetches each image once and
-        keeps its bytes to ship on (or, with frontend decoding, preprocesses it in full); an
-        item named by its id alone, and a precomputed one, is planned from its identity and
-        grid."""
+        """The request plan, from one run of the Rust driver: it fetches each item once and
+        keeps its bytes to ship on (or, with frontend decoding, preprocesses an image in full;
+        a video is planned from its headers and its bytes ship on); an item named by its id
+        alone, and a precomputed one, is planned from its identity and grid."""
         decoding = self.options.frontend_decoding
         sources: list[str | bytes | media.Precomputed] = []
         for index, item in enumerate(items):
             part = item.part
-            if isinstance(part, ImageUrlPart) and part.url is not None:
+            if isinstance(part, ImageUrlPart | VideoUrlPart) and part.url is not None:
                 sources.append(part.url)
             else:
                 facts = known.get(index) or precomputed[index]
@@ -358,8 +384,10 @@ class ChatPreprocessor:
                 sources,
                 self.options.policy,
                 count_only=not decoding,
-                keep_bytes=not decoding,
+                keep_bytes=not decoding or video is not None,
                 pixel_bounds=bounds,
+                modalities=[item.modality for item in items],
+                video=video,
             )
         except MediaError as err:
             raise ApiError.from_media_error(err, [item.param for item in items]) from err
@@ -410,20 +438,29 @@ def _max_tokens(request: ChatCompletionRequest) -> int | None:
     return request.max_tokens
 
 
+# Each media part's field that holds its media, for error messages' `param`.
+_MEDIA_FIELDS: dict[type, str] = {
+    ImageUrlPart: "image_url",
+    VideoUrlPart: "video_url",
+    ImageEmbedsPart: "image_embeds",
+}
+
+
 def _media_refs(request: ChatCompletionRequest) -> list[_MediaRef]:
     """The request's media parts in prompt order (the order of the template's placeholders)."""
     refs = []
     for m, message in enumerate(request.messages):
         if isinstance(message.content, list):
             for p, part in enumerate(message.content):
-                if isinstance(part, ImageUrlPart | ImageEmbedsPart):
-                    name = "image_url" if isinstance(part, ImageUrlPart) else "image_embeds"
-                    refs.append(_MediaRef(part, f"messages[{m}].content[{p}].{name}"))
+                if not isinstance(part, TextPart):
+                    field = _MEDIA_FIELDS[type(part)]
+                    refs.append(_MediaRef(part, f"messages[{m}].content[{p}].{field}"))
     return refs
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
-    """The message in the form HF chat templates read (`{"type": "image"}` per image)."""
+    """The message in the form HF chat templates read (`{"type": "image"}` per image,
+    `{"type": "video"}` per video)."""
     role = "system" if message.role == "developer" else message.role
     content = message.content
     if content is None:
@@ -432,8 +469,11 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
         return {"role": role, "content": content}
     return {
         "role": role,
-        "content": [
-            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
-            for part in content
-        ],
+        "content": [_template_part(part) for part in content],
     }
+
+
+def _template_part(part: ContentPart) -> dict[str, str]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    return {"type": "video" if isinstance(part, VideoUrlPart) else "image"}

@@ -13,7 +13,12 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mmserve.frontend.mm_options import parse_limit_mm_per_prompt, parse_mm_processor_kwargs
+from mmserve.frontend.mm_options import (
+    VideoCaps,
+    parse_limit_mm_per_prompt,
+    parse_media_io_kwargs,
+    parse_mm_processor_kwargs,
+)
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.media.policy import MediaPolicy
 from mmserve.router.settings import RouterSettings
@@ -135,10 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_limit_mm_per_prompt,
         default={},
         metavar="LIMITS",
-        help="most media items per prompt by modality, as JSON ('{\"image\": 4}', with "
-        'optional size hints \'{"image": {"count": 4, "width": 512, "height": 512}}\') or '
-        "image=4; past it a request gets 400 request.too_many_items (default: only "
-        "--max-media-items)",
+        help='most media items per prompt by modality, as JSON (\'{"image": 4, "video": 1}\', '
+        'with optional size hints \'{"image": {"count": 4, "width": 512, "height": 512}}\') '
+        "or image=4,video=1; past it a request gets 400 request.too_many_items (default: "
+        "only --max-media-items)",
     )
     parser.add_argument(
         "--mm-processor-kwargs",
@@ -147,7 +152,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help='pixel bounds images are resized under, \'{"min_pixels": N, "max_pixels": M}\', '
         "inside the model's preprocessor_config; requests may narrow them with "
-        "mm_processor_kwargs (default: the model's)",
+        "mm_processor_kwargs (default: the model's); and how videos are sampled, fps or "
+        "num_frames, min_frames, max_frames (default: the checkpoint's video processor "
+        "config, else fps 2)",
+    )
+    parser.add_argument(
+        "--media-io-kwargs",
+        type=parse_media_io_kwargs,
+        default=None,
+        metavar="JSON",
+        help='frames read from each video, \'{"video": {"fps": F}}\' or '
+        '\'{"video": {"num_frames": N}}\' (the same as --mm-processor-kwargs\' fps and '
+        "num_frames); requests may set their own with media_io_kwargs",
     )
     parser.add_argument(
         "--enable-mm-embeds",
@@ -161,6 +177,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
     )
     MediaPolicy.add_cli_args(parser)
+    VideoCaps.add_cli_args(parser)
     add_transfer_arguments(parser)
     RouterSettings.add_cli_args(parser)
 
@@ -196,6 +213,8 @@ def build_app(
         token_cache_bytes=args.token_cache_mib << 20,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         mm_processor_kwargs=args.mm_processor_kwargs,
+        media_io_kwargs=args.media_io_kwargs,
+        video_caps=VideoCaps.from_args(args),
         enable_mm_embeds=args.enable_mm_embeds,
     )
     return FrontendApp(

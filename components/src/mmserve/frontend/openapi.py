@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -15,6 +15,9 @@ from mmserve.protocol import (
     ModelList,
     OpenAIError,
 )
+
+if TYPE_CHECKING:
+    from mmserve.frontend.mm_options import VideoRange
 
 _REF = "#/components/schemas/{name}"
 
@@ -58,16 +61,41 @@ def _restrict_chat_request(schema: dict[str, Any], model: str) -> None:
         }
 
 
-def _restrict_pixel_bounds(schema: dict[str, Any], pixels: tuple[int, int]) -> None:
+def _restrict_pixel_bounds(
+    schema: dict[str, Any], pixels: tuple[int, int], video: VideoRange | None
+) -> None:
     """Each of `mm_processor_kwargs`' bounds lies inside the server's (`pixels`); that the
     minimum is not above the maximum no schema of one field can say."""
     low, high = pixels
+    frames = ""
+    if video is not None:
+        frames = f"; for video frames, in [{video.base.min_pixels}, {video.base.max_pixels}]"
     for name in ("min_pixels", "max_pixels"):
         schema["properties"][name] = {
             "anyOf": [{"type": "integer", "minimum": low, "maximum": high}, {"type": "null"}],
             "default": None,
-            "description": f"In [{low}, {high}], this server's pixel bounds",
+            "description": f"In [{low}, {high}], this server's image pixel bounds{frames}",
         }
+
+
+def _restrict_video_sampling(schemas: list[dict[str, Any]], video: VideoRange | None) -> None:
+    """The video options lie inside the server's bounds (`--max-video-fps`,
+    `--max-video-frames`); without video, the options are ignored."""
+    for schema in schemas:
+        for name, prop in schema["properties"].items():
+            if name not in ("fps", "num_frames", "min_frames", "max_frames"):
+                continue
+            if video is None:
+                prop["description"] = "Ignored: this model takes no video"
+                continue
+            default = getattr(video.default, name)
+            limit = video.max_fps if name == "fps" else video.max_frames
+            (number,) = (kind for kind in prop["anyOf"] if kind.get("type") != "null")
+            number["maximum"] = limit
+            prop["description"] = (
+                f"Video sampling, at most {limit:g} (default: {default}); fps and num_frames "
+                "exclude each other"
+            )
 
 
 def _require_url_or_uuid(schema: dict[str, Any]) -> None:
@@ -106,9 +134,11 @@ def _health(status: str, description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def openapi_document(model: str, pixels: tuple[int, int]) -> dict[str, Any]:
+def openapi_document(
+    model: str, pixels: tuple[int, int], video: VideoRange | None = None
+) -> dict[str, Any]:
     """The document of a server that serves `model` with images resized within `pixels`
-    (min_pixels, max_pixels)."""
+    (min_pixels, max_pixels), and videos sampled within `video` (None: no video)."""
     (_, components) = msgspec.json.schema_components(
         [
             ChatCompletionRequest,
@@ -120,7 +150,8 @@ def openapi_document(model: str, pixels: tuple[int, int]) -> dict[str, Any]:
         ref_template=_REF,
     )
     _restrict_chat_request(components["ChatCompletionRequest"], model)
-    _restrict_pixel_bounds(components["MMProcessorKwargs"], pixels)
+    _restrict_pixel_bounds(components["MMProcessorKwargs"], pixels, video)
+    _restrict_video_sampling([components["MMProcessorKwargs"], components["VideoIoKwargs"]], video)
     _require_url_or_uuid(components["ImageUrlPart"])
     # A key is needed only when the server sets one.
     security: list[dict[str, list[str]]] = [{"bearer": []}, {}]
@@ -130,7 +161,7 @@ def openapi_document(model: str, pixels: tuple[int, int]) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": {
                 "post": {
-                    "summary": "Create a chat completion (text and images)",
+                    "summary": "Create a chat completion (text, images and videos)",
                     "operationId": "createChatCompletion",
                     "security": security,
                     "requestBody": {

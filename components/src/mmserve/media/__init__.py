@@ -2,8 +2,10 @@
 
 from mmserve.media.calls import (
     ItemPixels,
+    Modality,
     PlannedRequest,
     Precomputed,
+    VideoSettings,
     fetch,
     plan_request,
     plan_request_here,
@@ -15,9 +17,11 @@ from mmserve.media.processing import PixelBounds
 __all__ = [
     "ItemPixels",
     "MediaPolicy",
+    "Modality",
     "PixelBounds",
     "PlannedRequest",
     "Precomputed",
+    "VideoSettings",
     "fetch",
     "plan_request",
     "plan_request_here",

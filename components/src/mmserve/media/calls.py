@@ -10,22 +10,35 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import numpy as np
 
 from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
 from mmserve.media.processing import PixelBounds, item_identity, spec_with_bounds
+from mmserve.media.video import video_options
 from mmserve.protocol import MRopePositions, PlannedMedia, RequestPlan
+from mmserve.protocol.pipeline import VideoSampling
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 Precomputed = tuple[int, tuple[int, int, int]]
 """`(mm_hash, (t, h, w))` of an item whose embeddings the request carries."""
+
+Modality = Literal["image", "video"]
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """How a request's videos are planned: the checkpoint's options (with the caps their
+    headers must meet) and the request's resolved sampling."""
+
+    base: _mm.VideoOptions
+    sampling: VideoSampling
 
 
 @dataclass(frozen=True)
@@ -74,27 +87,56 @@ def plan_request_here(
     count_only: bool,
     keep_bytes: bool = False,
     pixel_bounds: PixelBounds | None = None,
+    modalities: Sequence[Modality] | None = None,
+    video: VideoSettings | None = None,
 ) -> PlannedRequest:
     """Runs the request driver once: fetches every item (`sources` are references - URL,
     `data:` URL, base64, local path - or bytes already fetched; a precomputed item is planned
     from its grid), hashes it, sizes it, expands `input_ids` (one placeholder per item) and
-    computes the positions. With `count_only` each item is sized from its headers (EXIF
+    computes the positions. With `count_only` each image is sized from its headers (EXIF
     orientation applied) and never decoded: a corrupt body is found by whoever decodes it.
     With `keep_bytes` each item's fetched bytes come back too, so they travel on instead of
     being fetched again. `pixel_bounds` resize the images under other bounds than the
-    model's, and enter their identity. On the calling thread: `plan_request` is the same in a
-    worker thread."""
+    model's, and enter their identity. `modalities` names each item's (all images when
+    None); a video is always planned from its container's headers under `video`, its
+    identity folded with that sampling, and its pixels are left to the encoder (keep its
+    bytes). On the calling thread: `plan_request` is the same in a worker thread."""
+    kinds: Sequence[Modality] = modalities or ["image"] * len(sources)
     output = _mm.process(
         spec_with_bounds(spec, pixel_bounds),
         input_ids,
         sources,
         count_only=count_only,
         keep_bytes=keep_bytes,
+        modalities=list(kinds),
+        video=None if video is None else video_options(video.base, video.sampling),
         **_fetch_options(policy),
     )
-    bounds = [None if isinstance(source, tuple) else pixel_bounds for source in sources]
+    items = []
+    for item, (start, end), source, kind in zip(
+        output.items, output.offsets, sources, kinds, strict=True
+    ):
+        if kind == "video":  # the core refused it unless `video` is given
+            planned = PlannedMedia(
+                modality="video",
+                mm_hash=int(item.hash),
+                offset=start,
+                length=end - start,
+                grid_thw=_grid(item.image_grid_thw),
+                video=None if video is None else video.sampling,
+            )
+        else:
+            bounds = None if isinstance(source, tuple) else pixel_bounds
+            planned = PlannedMedia(
+                mm_hash=item_identity(int(item.hash), bounds),
+                offset=start,
+                length=end - start,
+                grid_thw=_grid(item.image_grid_thw),
+                pixel_bounds=bounds,
+            )
+        items.append(planned)
     return PlannedRequest(
-        plan=_plan(output, bounds),
+        plan=_plan(output, items),
         data=[item.data for item in output.items],
         pixel_values=[item.pixel_values for item in output.items],
     )
@@ -103,19 +145,7 @@ def plan_request_here(
 plan_request = _in_a_thread(plan_request_here)
 
 
-def _plan(output: _mm.ProcessResult, bounds: list[PixelBounds | None]) -> RequestPlan:
-    items = [
-        PlannedMedia(
-            mm_hash=item_identity(int(item.hash), item_bounds),
-            offset=start,
-            length=end - start,
-            grid_thw=_grid(item.image_grid_thw),
-            pixel_bounds=item_bounds,
-        )
-        for item, (start, end), item_bounds in zip(
-            output.items, output.offsets, bounds, strict=True
-        )
-    ]
+def _plan(output: _mm.ProcessResult, items: list[PlannedMedia]) -> RequestPlan:
     positions = None
     if output.positions is not None and items:  # without media they are plain 0..len
         positions = MRopePositions(

@@ -138,6 +138,8 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("video.too_many_streams", 400, "the file has more streams than allowed"),
     ErrorCode("video.frame_size_changed", 400, "the video's frame size changes mid-stream"),
     ErrorCode("video.deadline", 400, "decoding the video took longer than allowed"),
+    ErrorCode("video.unavailable", 500, "this deployment's core cannot read video (built "
+              "without it, or called without the video options)"),
     ErrorCode("transform.frame_count", 500, "a temporal patch got the wrong number of frames"),
     # The Rust core: preprocessing and the prompt's layout.
     ErrorCode("process.aspect_ratio", 400, "the image is more than 200 times wider than tall, "
@@ -147,6 +149,10 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
               "placeholder token"),
     ErrorCode("process.placeholder_count", 400, "the prompt holds another number of media "
               "placeholders than the request has items"),
+    ErrorCode("process.placeholder_modality", 400, "the prompt's text spells a media "
+              "placeholder of another modality than the item at its place"),
+    ErrorCode("process.video_unsupported", 400, "the served model family does not take video "
+              "(yet)"),
     ErrorCode("process.grid", 400, "a precomputed item's grid is not one the model's vision "
               "tower produces"),
     ErrorCode("process.offsets", 500, "the prompt layout and the items' grids disagree"),

@@ -46,6 +46,22 @@ class ImageUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
         return self.image_url.url
 
 
+class VideoUrl(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+
+
+class VideoUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="video_url"):
+    """vLLM's and SGLang's video part: an http(s) URL, a `data:video/...` URL or an allowed
+    local file of an mp4, mov, webm or mkv video (some clients send the URL as a bare
+    string)."""
+
+    video_url: VideoUrl | str
+
+    @property
+    def url(self) -> str:
+        return self.video_url if isinstance(self.video_url, str) else self.video_url.url
+
+
 _GridThw = Annotated[
     list[Annotated[int, msgspec.Meta(ge=1, lt=2**31)]], msgspec.Meta(min_length=3, max_length=3)
 ]
@@ -83,7 +99,7 @@ class ImageEmbedsPart(
     ]
 
 
-ContentPart = TextPart | ImageUrlPart | ImageEmbedsPart
+ContentPart = TextPart | ImageUrlPart | VideoUrlPart | ImageEmbedsPart
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,12 +123,35 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
 _INT64_MAX = 2**63 - 1
 
 
-class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """vLLM's per-request processor options: the pixel bounds this request's images are
-    resized under, inside the server's own bounds."""
+_Positive = Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
 
-    min_pixels: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
-    max_pixels: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)] | None = None
+
+class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's per-request processor options, under the names of transformers' Qwen2-VL image
+    and video processors, each inside the server's own bounds: the pixel bounds this
+    request's images, and each frame of its videos, are resized under; how its videos are
+    sampled (`fps` or `num_frames`, `min_frames` / `max_frames`)."""
+
+    min_pixels: _Positive | None = None
+    max_pixels: _Positive | None = None
+    fps: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    num_frames: _Positive | None = None
+    min_frames: _Positive | None = None
+    max_frames: _Positive | None = None
+
+
+class VideoIoKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How many frames of each video are read: `fps` or `num_frames` (vLLM's video loader
+    options)."""
+
+    fps: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    num_frames: _Positive | None = None
+
+
+class MediaIoKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's per-request media loader options, by modality."""
+
+    video: VideoIoKwargs | None = None
 
 
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,9 +185,17 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     mm_processor_kwargs: Annotated[
         MMProcessorKwargs | None,
         msgspec.Meta(
-            description="Extension (vLLM's): pixel bounds for this request's images, inside "
-            "the server's bounds; images processed under other bounds are other items to "
-            "every cache"
+            description="Extension (vLLM's): pixel bounds for this request's images and "
+            "video frames, and its videos' sampling, inside the server's bounds; media "
+            "processed under other options are other items to every cache"
+        ),
+    ] = None
+    media_io_kwargs: Annotated[
+        MediaIoKwargs | None,
+        msgspec.Meta(
+            description='Extension (vLLM\'s): {"video": {"fps": F} or {"num_frames": N}}, '
+            "the frames read from each video (the same as mm_processor_kwargs' fps and "
+            "num_frames)"
         ),
     ] = None
     # Known OpenAI options that mmserve does not implement: accepted only at their defaults.

@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use mmserve_mm::driver::{run, DriverOptions, MediaInput, Mode};
+use mmserve_mm::driver::{run, DriverOptions, MediaInput, MediaItem, Mode};
 use mmserve_mm::family::registry::{family_from_spec, spec_from_hf_configs};
 use mmserve_mm::image::decode::DecodeLimits;
 use mmserve_mm::pipeline::{Family, TokenId};
@@ -58,9 +58,9 @@ fuzz_target!(|data: &[u8]| {
             _ => TokenId::from(*s),
         })
         .collect();
-    let items: Vec<MediaInput<'_>> = split(payload)
+    let items: Vec<MediaItem<'_>> = split(payload)
         .take(usize::from(n_items % 4))
-        .map(MediaInput::Bytes)
+        .map(|bytes| MediaItem::image(MediaInput::Bytes(bytes)))
         .collect();
     let options = DriverOptions {
         decode: DecodeLimits {

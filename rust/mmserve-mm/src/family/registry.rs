@@ -117,6 +117,13 @@ pub struct Spec {
     /// `[height, width]` every image is resized to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_size: Option<[u32; 2]>,
+    /// The placeholder a video's tokens expand from (families that take video).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video_token_id: Option<u32>,
+    /// Qwen2.5-VL's `vision_config.tokens_per_second`: a video's temporal patches sit
+    /// `tokens_per_second * temporal_patch_size / sampled fps` positions apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
 }
 
 #[derive(Debug, Error)]
@@ -241,6 +248,14 @@ impl Spec {
         }
         if !self.rescale_factor.is_finite() || self.rescale_factor == 0.0 {
             return Err(invalid("rescale_factor", "must be finite and non-zero"));
+        }
+        if let Some(tps) = self.tokens_per_second {
+            if !(tps.is_finite() && tps > 0.0) {
+                return Err(invalid(
+                    "tokens_per_second",
+                    format!("{tps} is not positive"),
+                ));
+            }
         }
         if let Some([height, width]) = self.image_size {
             let fits = |side: u32| side > 0 && side.is_multiple_of(self.factor());
@@ -438,12 +453,7 @@ fn model_facts(
         .ok_or(SpecError::Missing("config.json model_type"))?
         .to_owned();
     let count = |key: &'static str| text_value(cfg, key).map(|v| as_u64(v, key)).transpose();
-    let video_token_id = cfg
-        .get("video_token_id")
-        .or_else(|| cfg.get("text_config").and_then(|t| t.get("video_token_id")))
-        .filter(|v| !v.is_null())
-        .map(|v| as_u32(v, "video_token_id"))
-        .transpose()?;
+    let video_token_id = config_video_token(cfg)?;
     let from_generation = generation
         .and_then(|g| g.get("eos_token_id"))
         .filter(|v| !v.is_null())
@@ -554,6 +564,8 @@ fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
         vision_start_token_id: token("vision_start_token_id")?,
         vision_end_token_id: token("vision_end_token_id")?,
         image_size: None,
+        video_token_id: config_video_token(cfg)?,
+        tokens_per_second: tokens_per_second(family, cfg)?,
     };
     spec.validate()?;
     Ok(spec)
@@ -608,6 +620,35 @@ fn resample(pp: &Object, default: i64) -> Result<Filter, SpecError> {
 }
 
 /// A token id from `config.json` (top level, else `text_config`) under `key`.
+/// `video_token_id`, at the top level or in `text_config`; `None` where neither names one.
+fn config_video_token(cfg: &Object) -> Result<Option<u32>, SpecError> {
+    cfg.get("video_token_id")
+        .or_else(|| cfg.get("text_config").and_then(|t| t.get("video_token_id")))
+        .filter(|v| !v.is_null())
+        .map(|v| as_u32(v, "video_token_id"))
+        .transpose()
+}
+
+/// Qwen2.5-VL's `vision_config.tokens_per_second` (transformers' default 4 where the config
+/// leaves it out); `None` for the families whose video positions do not use it.
+fn tokens_per_second(family: FamilyName, cfg: &Object) -> Result<Option<f64>, SpecError> {
+    if family != FamilyName::Qwen25Vl {
+        return Ok(None);
+    }
+    match cfg
+        .get("vision_config")
+        .and_then(|v| v.get("tokens_per_second"))
+    {
+        None | Some(Value::Null) => Ok(Some(4.0)),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+            invalid(
+                "vision_config.tokens_per_second",
+                format!("expected a number, got {v}"),
+            )
+        }),
+    }
+}
+
 fn config_token(cfg: &Object, key: &str, field: &'static str) -> Result<u32, SpecError> {
     let v = cfg
         .get(key)
@@ -718,6 +759,8 @@ fn gemma3_spec(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
         vision_start_token_id: token_id("boi_token_index", "boi_token_index", d::BOI_TOKEN_INDEX)?,
         vision_end_token_id: token_id("eoi_token_index", "eoi_token_index", d::EOI_TOKEN_INDEX)?,
         image_size: Some([side, side]),
+        video_token_id: None,
+        tokens_per_second: None,
     };
     spec.validate()?;
     Ok(spec)

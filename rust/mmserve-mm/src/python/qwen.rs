@@ -16,8 +16,9 @@ use pyo3::types::PyByteArray;
 
 use super::error::to_py;
 use super::spec::PySpec;
+use super::video::PyVideoOptions;
 use crate::common::par;
-use crate::driver::{self, DriverOptions, MediaInput, Mode};
+use crate::driver::{self, DriverOptions, MediaInput, MediaItem, Modality, Mode};
 use crate::pipeline::{Family, Positions, ProcessError, Tensor, TensorData, TokenId};
 
 fn tensor_to_numpy(py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
@@ -146,11 +147,42 @@ impl ImageArg {
     }
 }
 
+/// Each item's modality from its name ("image" or "video"); all images when none are given.
+fn modalities(names: Option<Vec<PyBackedStr>>, items: usize) -> PyResult<Vec<Modality>> {
+    let Some(names) = names else {
+        return Ok(vec![Modality::Image; items]);
+    };
+    if names.len() != items {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{} modalities for {items} items",
+            names.len()
+        )));
+    }
+    names
+        .iter()
+        .map(|name| match &**name {
+            "image" => Ok(Modality::Image),
+            "video" => Ok(Modality::Video),
+            other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown modality {other:?} (known: image, video)"
+            ))),
+        })
+        .collect()
+}
+
+fn with_modalities<'a>(inputs: Vec<MediaInput<'a>>, kinds: &[Modality]) -> Vec<MediaItem<'a>> {
+    inputs
+        .into_iter()
+        .zip(kinds)
+        .map(|(input, &modality)| MediaItem { modality, input })
+        .collect()
+}
+
 /// The whole request driver: fetch, hash, decode, preprocess, expand and position.
 #[pyfunction]
 #[pyo3(signature = (spec, input_ids, images, *, allowed_local_roots = Vec::new(),
                     allowed_domains = Vec::new(), timeout_s = None, count_only = false,
-                    keep_bytes = false))]
+                    keep_bytes = false, modalities = None, video = None))]
 #[allow(clippy::too_many_arguments)]
 fn process(
     py: Python<'_>,
@@ -162,6 +194,8 @@ fn process(
     timeout_s: Option<f64>,
     count_only: bool,
     keep_bytes: bool,
+    modalities: Option<Vec<PyBackedStr>>,
+    video: Option<PyRef<'_, PyVideoOptions>>,
 ) -> PyResult<PyProcessResult> {
     let mut options = DriverOptions::default();
     options.fetch.allowed_local_roots = allowed_local_roots;
@@ -170,7 +204,15 @@ fn process(
         options.fetch.timeout = Duration::try_from_secs_f64(t).map_err(|_| {
             pyo3::exceptions::PyValueError::new_err(format!("timeout_s must be >= 0, got {t}"))
         })?;
+        options.video_timeout = Some(options.fetch.timeout);
     }
+    let kinds = self::modalities(modalities, images.len())?;
+    #[cfg(feature = "video")]
+    {
+        options.video = video.map(|v| v.video_options(None)).transpose()?;
+    }
+    #[cfg(not(feature = "video"))]
+    drop(video);
     let mode = if count_only {
         Mode::CountOnly
     } else {
@@ -181,8 +223,14 @@ fn process(
         .detach(move || {
             let media: Vec<MediaInput<'_>> = images.iter().map(ImageArg::as_input).collect();
             if !keep_bytes {
-                return driver::run(family.as_ref(), &input_ids, &media, &options, mode)
-                    .map(|out| (out, Vec::new()));
+                return driver::run(
+                    family.as_ref(),
+                    &input_ids,
+                    &with_modalities(media, &kinds),
+                    &options,
+                    mode,
+                )
+                .map(|out| (out, Vec::new()));
             }
             // The caller ships each item's encoded bytes on, so it keeps what was fetched.
             let fetched: Vec<driver::Fetched<'static>> = driver::fetch_all(&media, &options.fetch)?
@@ -198,8 +246,14 @@ fn process(
                 .collect();
             let inputs: Vec<MediaInput<'_>> =
                 fetched.iter().map(driver::Fetched::as_input).collect();
-            driver::run(family.as_ref(), &input_ids, &inputs, &options, mode)
-                .map(|out| (out, fetched))
+            driver::run(
+                family.as_ref(),
+                &input_ids,
+                &with_modalities(inputs, &kinds),
+                &options,
+                mode,
+            )
+            .map(|out| (out, fetched))
         })
         .map_err(to_py)?;
     let mut fetched = fetched.into_iter();

@@ -84,6 +84,12 @@ impl PySpec {
             .unwrap_or_default()
     }
 
+    /// Whether the request driver plans this family's videos.
+    #[getter]
+    fn takes_video(&self) -> bool {
+        self.family.capabilities().video
+    }
+
     #[getter]
     fn patch_size(&self) -> u32 {
         self.spec.patch_size

@@ -198,22 +198,25 @@ mod ffmpeg {
         Ok(d)
     }
 
-    fn options(
-        options: &PyVideoOptions,
-        timeout_s: Option<f64>,
-    ) -> PyResult<crate::video::process::VideoOptions> {
-        Ok(crate::video::process::VideoOptions {
-            sampling: options.sampling,
-            resize: options.resize,
-            geometry: options.geometry,
-            limits: limits(
-                options.max_duration_s,
-                options.max_frames_decoded,
-                options.max_pixels_per_frame,
-                timeout_s,
-            )?,
-            max_tokens: options.max_tokens,
-        })
+    impl PyVideoOptions {
+        /// The core's options, the deadline `timeout_s` from now.
+        pub(crate) fn video_options(
+            &self,
+            timeout_s: Option<f64>,
+        ) -> PyResult<crate::video::process::VideoOptions> {
+            Ok(crate::video::process::VideoOptions {
+                sampling: self.sampling,
+                resize: self.resize,
+                geometry: self.geometry,
+                limits: limits(
+                    self.max_duration_s,
+                    self.max_frames_decoded,
+                    self.max_pixels_per_frame,
+                    timeout_s,
+                )?,
+                max_tokens: self.max_tokens,
+            })
+        }
     }
 
     fn plan_dict<'py>(py: Python<'py>, plan: &VideoPlan) -> PyResult<Bound<'py, PyDict>> {
@@ -238,7 +241,7 @@ mod ffmpeg {
         options: &PyVideoOptions,
         timeout_s: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let options = self::options(options, timeout_s)?;
+        let options = options.video_options(timeout_s)?;
         let plan = py
             .detach(|| process::plan_video(data, &options))
             .map_err(to_py)?;
@@ -255,7 +258,7 @@ mod ffmpeg {
         timeout_s: Option<f64>,
     ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyArray2<f32>>)> {
         let lut = options.lut.clone();
-        let options = self::options(options, timeout_s)?;
+        let options = options.video_options(timeout_s)?;
         let (plan, processed) = py
             .detach(|| process::process_video(data, &options, &lut))
             .map_err(to_py)?;
@@ -421,6 +424,70 @@ impl PyVideoOptions {
             max_pixels_per_frame,
             max_tokens,
         })
+    }
+
+    /// These options with the sampling and per-frame pixel bounds replaced (the fields of
+    /// the plan's `VideoSampling`); everything else, the caps included, kept.
+    #[pyo3(signature = (*, fps, num_frames, min_frames, max_frames, min_pixels, max_pixels))]
+    fn with_sampling(
+        &self,
+        fps: Option<f64>,
+        num_frames: Option<u64>,
+        min_frames: u64,
+        max_frames: u64,
+        min_pixels: u64,
+        max_pixels: u64,
+    ) -> Self {
+        PyVideoOptions {
+            sampling: Sampling {
+                fps,
+                num_frames,
+                min_frames,
+                max_frames,
+                ..self.sampling
+            },
+            resize: VideoResize {
+                min_pixels,
+                max_pixels,
+                ..self.resize
+            },
+            ..self.clone()
+        }
+    }
+
+    #[getter]
+    fn fps(&self) -> Option<f64> {
+        self.sampling.fps
+    }
+
+    #[getter]
+    fn num_frames(&self) -> Option<u64> {
+        self.sampling.num_frames
+    }
+
+    #[getter]
+    fn min_frames(&self) -> u64 {
+        self.sampling.min_frames
+    }
+
+    #[getter]
+    fn max_frames(&self) -> u64 {
+        self.sampling.max_frames
+    }
+
+    #[getter]
+    fn min_pixels(&self) -> u64 {
+        self.resize.min_pixels
+    }
+
+    #[getter]
+    fn max_pixels(&self) -> u64 {
+        self.resize.max_pixels
+    }
+
+    #[getter]
+    fn temporal_patch_size(&self) -> u32 {
+        self.geometry.temporal
     }
 
     fn __repr__(&self) -> String {

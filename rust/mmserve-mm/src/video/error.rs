@@ -42,6 +42,8 @@ pub enum VideoError {
     FrameSizeChanged { index: u64, width: u32, height: u32 },
     #[error("decoding the video took longer than its deadline")]
     Deadline,
+    #[error("video cannot be processed here: {0}")]
+    Unavailable(&'static str),
     #[error(transparent)]
     Resize(#[from] ResizeError),
     #[error(transparent)]
@@ -68,6 +70,7 @@ impl VideoError {
             VideoError::TooManyTokens { .. } => "video.too_many_tokens",
             VideoError::FrameSizeChanged { .. } => "video.frame_size_changed",
             VideoError::Deadline => "video.deadline",
+            VideoError::Unavailable(_) => "video.unavailable",
             VideoError::Resize(e) => e.code(),
             VideoError::Transform(e) => e.code(),
             VideoError::Process(e) => e.code(),

@@ -5,9 +5,9 @@ mod geometry;
 mod positions;
 
 pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
-pub use positions::{mrope, mrope_blocks, VisionBlock};
+pub use positions::{mrope_blocks, VisionBlock};
 
-use crate::family::registry::{Spec, SpecError};
+use crate::family::registry::{FamilyName, Spec, SpecError};
 use crate::image::resize::{resize, ResizeError};
 use crate::image::transforms::{patchify, NormalizeLut, PatchGeometry};
 use crate::pipeline::{
@@ -41,13 +41,19 @@ impl QwenVl {
         &self.spec
     }
 
-    /// Checks that every placeholder sits between vision start and end, the way the chat
-    /// template writes it; engines that find images by the start token rely on that.
-    fn placeholder_positions(&self, input_ids: &[TokenId]) -> Result<Vec<usize>, ProcessError> {
+    /// The prompt positions of the media placeholders (image and video pads), each with
+    /// whether it is a video's; checks that every one sits between vision start and end, the
+    /// way the chat template writes it (engines that find items by the start token rely on
+    /// that).
+    fn placeholder_positions(
+        &self,
+        input_ids: &[TokenId],
+    ) -> Result<Vec<(usize, bool)>, ProcessError> {
         let spec = &self.spec;
         let mut found = Vec::new();
         for (i, &id) in input_ids.iter().enumerate() {
-            if id != spec.image_token_id {
+            let video = Some(id) == spec.video_token_id;
+            if id != spec.image_token_id && !video {
                 continue;
             }
             let before = i.checked_sub(1).map(|j| input_ids[j]);
@@ -57,26 +63,17 @@ impl QwenVl {
                 return Err(ProcessError::PlaceholderContext {
                     index: i,
                     start: spec.vision_start_token_id,
-                    placeholder: spec.image_token_id,
+                    placeholder: id,
                     end: spec.vision_end_token_id,
                 });
             }
-            found.push(i);
+            found.push((i, video));
         }
         Ok(found)
     }
-}
 
-impl Family for QwenVl {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            images: true,
-            video: false,
-            rope: RopeKind::MRope,
-        }
-    }
-
-    fn plan(&self, width: u32, height: u32) -> Result<Geometry, ProcessError> {
+    /// `(resized width, resized height, patch grid)` of a `width` x `height` image.
+    fn image_size(&self, width: u32, height: u32) -> Result<(u32, u32, [u32; 3]), ProcessError> {
         let spec = &self.spec;
         let (resized_height, resized_width) = smart_resize(
             height,
@@ -85,14 +82,36 @@ impl Family for QwenVl {
             spec.min_pixels,
             spec.max_pixels,
         )?;
+        let grid_thw = [
+            1,
+            resized_height / spec.patch_size,
+            resized_width / spec.patch_size,
+        ];
+        Ok((resized_width, resized_height, grid_thw))
+    }
+
+    /// Whether this family's videos are planned here (Qwen3-VL's timestamp text is not).
+    fn takes_video(&self) -> bool {
+        matches!(self.spec.family, FamilyName::Qwen2Vl | FamilyName::Qwen25Vl)
+            && self.spec.video_token_id.is_some()
+    }
+}
+
+impl Family for QwenVl {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            images: true,
+            video: self.takes_video(),
+            rope: RopeKind::MRope,
+        }
+    }
+
+    fn plan(&self, width: u32, height: u32) -> Result<Geometry, ProcessError> {
+        let (resized_width, resized_height, grid_thw) = self.image_size(width, height)?;
         Ok(Geometry::Image {
             resized_width,
             resized_height,
-            grid_thw: [
-                1,
-                resized_height / spec.patch_size,
-                resized_width / spec.patch_size,
-            ],
+            grid_thw,
         })
     }
 
@@ -132,14 +151,48 @@ impl Family for QwenVl {
         })
     }
 
-    fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
-        image.check_rgb()?;
-        let geometry = self.plan(image.width, image.height)?;
-        let Geometry::Image {
+    /// Qwen2-VL's temporal patches sit one position apart; Qwen2.5-VL's
+    /// `tokens_per_second * second_per_grid_t` apart, `second_per_grid_t = temporal_patch_size
+    /// / sampled_fps` (float32, as its processor and `get_rope_index` compute them).
+    fn video_geometry(
+        &self,
+        grid_thw: [u32; 3],
+        (resized_width, resized_height): (u32, u32),
+        sampled_fps: f64,
+    ) -> Result<Geometry, ProcessError> {
+        if !self.takes_video() {
+            return Err(ProcessError::VideoUnsupported);
+        }
+        let time_interval = match self.spec.tokens_per_second {
+            None => 1.0,
+            Some(tps) => {
+                let second_per_grid_t = f64::from(self.spec.temporal_patch_size) / sampled_fps;
+                tps as f32 * second_per_grid_t as f32
+            }
+        };
+        if !(time_interval.is_finite() && time_interval >= 0.0) {
+            return Err(ProcessError::Grid {
+                grid_thw,
+                reason: format!("a video sampled at {sampled_fps} fps has no temporal spacing"),
+            });
+        }
+        Ok(Geometry::Video {
             resized_width,
             resized_height,
             grid_thw,
-        } = geometry;
+            time_interval,
+        })
+    }
+
+    fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
+        image.check_rgb()?;
+        let (resized_width, resized_height, grid_thw) =
+            self.image_size(image.width, image.height)?;
+        let geometry = Geometry::Image {
+            resized_width,
+            resized_height,
+            grid_thw,
+        };
         let patches = if (resized_width, resized_height) == (image.width, image.height) {
             patchify(image, &self.lut, self.patch_geometry())
         } else {
@@ -179,14 +232,23 @@ impl Family for QwenVl {
         }
         let mut segments = Vec::with_capacity(2 * placeholders.len() + 1);
         let mut cursor = 0;
-        for (item, (&at, geometry)) in placeholders.iter().zip(geometries).enumerate() {
+        let kind = |video: bool| if video { "a video" } else { "an image" };
+        for (item, (&(at, video), geometry)) in placeholders.iter().zip(geometries).enumerate() {
+            if video != geometry.is_video() {
+                return Err(ProcessError::PlaceholderModality {
+                    index: at,
+                    item,
+                    placeholder: kind(video),
+                    given: kind(geometry.is_video()),
+                });
+            }
             if at > cursor {
                 segments.push(Segment::Text(cursor..at));
             }
             segments.push(Segment::Media {
                 item,
                 tokens: MediaTokens::Repeat {
-                    id: self.spec.image_token_id,
+                    id: input_ids[at],
                     n: self.num_tokens(geometry),
                 },
             });
@@ -204,8 +266,27 @@ impl Family for QwenVl {
         offsets: &[(usize, usize)],
         geometries: &[Geometry],
     ) -> Result<Positions, ProcessError> {
-        let grids: Vec<[u32; 3]> = geometries.iter().map(Geometry::grid_thw).collect();
-        mrope(len, offsets, &grids, self.spec.merge_size)
+        if offsets.len() != geometries.len() {
+            return Err(ProcessError::Offsets(format!(
+                "{} offsets for {} items",
+                offsets.len(),
+                geometries.len()
+            )));
+        }
+        let blocks: Vec<VisionBlock> = offsets
+            .iter()
+            .zip(geometries)
+            .map(|(&(start, end), geometry)| VisionBlock {
+                start,
+                end,
+                grid_thw: geometry.grid_thw(),
+                time_interval: match geometry {
+                    Geometry::Video { time_interval, .. } => f64::from(*time_interval),
+                    Geometry::Image { .. } => 1.0,
+                },
+            })
+            .collect();
+        mrope_blocks(len, &blocks, self.spec.merge_size)
     }
 }
 
@@ -216,15 +297,23 @@ mod tests {
     use crate::family::token_layout::expand;
 
     const IMG: TokenId = 151655;
+    const VID: TokenId = 151656;
     const START: TokenId = 151652;
     const END: TokenId = 151653;
 
-    fn qwen2() -> QwenVl {
-        let config = r#"{"model_type": "qwen2_vl", "image_token_id": 151655,
-            "vision_start_token_id": 151652, "vision_end_token_id": 151653}"#;
+    fn qwen_vl(model_type: &str, vision: &str) -> QwenVl {
+        let config = format!(
+            r#"{{"model_type": "{model_type}", "image_token_id": 151655, "video_token_id": 151656,
+            "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+            "vision_config": {vision}}}"#
+        );
         let pp = r#"{"min_pixels": 3136, "max_pixels": 12845056}"#;
-        let spec: Spec = spec_from_hf_configs(pp, config).unwrap();
+        let spec: Spec = spec_from_hf_configs(pp, &config).unwrap();
         QwenVl::new(spec).unwrap()
+    }
+
+    fn qwen2() -> QwenVl {
+        qwen_vl("qwen2_vl", "{}")
     }
 
     #[test]
@@ -258,6 +347,46 @@ mod tests {
         assert_eq!(out.ids.len(), ids.len() - 2 + 12);
         assert!(out.ids[2..6].iter().all(|&t| t == IMG));
         assert_eq!(out.ids[17..], [END, 3]);
+    }
+
+    #[test]
+    fn videos_expand_their_own_pad_and_space_their_temporal_patches() {
+        let family = qwen2();
+        let image = family.plan(56, 56).unwrap(); // 4 tokens
+        let video = family.video_geometry([3, 4, 6], (84, 56), 2.0).unwrap(); // 18 tokens
+        let ids = [1, START, VID, END, 2, START, IMG, END];
+        let layout = family.layout(&ids, &[video, image]).unwrap();
+        let out = expand(&layout, &ids, 2).unwrap();
+        assert_eq!(out.offsets, vec![(2, 20), (23, 27)]);
+        assert!(out.ids[2..20].iter().all(|&t| t == VID));
+        assert!(out.ids[23..27].iter().all(|&t| t == IMG));
+        // An item in the other modality's place is refused.
+        let err = family.layout(&ids, &[image, video]).unwrap_err();
+        assert_eq!(err.code(), "process.placeholder_modality");
+
+        // Qwen2-VL: one position per temporal patch; Qwen2.5-VL: tokens_per_second x
+        // temporal_patch_size / sampled fps (2 x 2 / 2 = 2 here).
+        let rows = |family: &QwenVl, geometry: Geometry| -> Vec<i64> {
+            let Positions::MRope { positions, .. } =
+                family.positions(19, &[(1, 19)], &[geometry]).unwrap()
+            else {
+                panic!("mrope")
+            };
+            positions[1..19].iter().step_by(6).copied().collect()
+        };
+        assert_eq!(rows(&family, video), vec![1, 2, 3]);
+        let qwen25 = qwen_vl("qwen2_5_vl", r#"{"tokens_per_second": 2}"#);
+        let spaced = qwen25.video_geometry([3, 4, 6], (84, 56), 2.0).unwrap();
+        assert_eq!(rows(&qwen25, spaced), vec![1, 3, 5]);
+    }
+
+    #[test]
+    fn families_without_planned_video_refuse_it() {
+        assert!(qwen2().capabilities().video);
+        let qwen3 = qwen_vl("qwen3_vl", "{}");
+        assert!(!qwen3.capabilities().video);
+        let err = qwen3.video_geometry([2, 4, 4], (56, 56), 2.0).unwrap_err();
+        assert_eq!(err.code(), "process.video_unsupported");
     }
 
     #[test]

@@ -14,38 +14,11 @@ pub struct VisionBlock {
     pub time_interval: f64,
 }
 
-/// Text tokens advance the three rows together; an image of LLM grid `(1, h, w)` (patch grid
-/// divided by `merge` spatially) fills an `h x w` block starting at the next position, and the
-/// text after it resumes at `start + max(h, w)`.
-pub fn mrope(
-    len: usize,
-    offsets: &[(usize, usize)],
-    grids: &[[u32; 3]],
-    merge: u32,
-) -> Result<Positions, ProcessError> {
-    if offsets.len() != grids.len() {
-        return Err(ProcessError::Offsets(format!(
-            "{} offsets for {} items",
-            offsets.len(),
-            grids.len()
-        )));
-    }
-    let blocks: Vec<VisionBlock> = offsets
-        .iter()
-        .zip(grids)
-        .map(|(&(start, end), &grid_thw)| VisionBlock {
-            start,
-            end,
-            grid_thw,
-            time_interval: 1.0,
-        })
-        .collect();
-    mrope_blocks(len, &blocks, merge)
-}
-
-/// [`mrope`] over images and videos: temporal patch `ti` of a block at `base` sits at
-/// `base + trunc(ti * time_interval)` (float32 arithmetic, as torch computes it), and the text
-/// after a block resumes at `base + max(h, w)` (the temporal extent does not count).
+/// Text tokens advance the three rows together; a vision item of LLM grid `(t, h, w)` (patch
+/// grid divided by `merge` spatially) fills a `t x h x w` block starting at the next position
+/// `base`: temporal patch `ti` sits at `base + trunc(ti * time_interval)` (float32 arithmetic,
+/// as torch computes it), and the text after a block resumes at `base + max(h, w)` (the
+/// temporal extent does not count).
 pub fn mrope_blocks(
     len: usize,
     blocks: &[VisionBlock],
@@ -117,6 +90,26 @@ pub fn mrope_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Images only: every block one temporal position apart.
+    fn mrope(
+        len: usize,
+        offsets: &[(usize, usize)],
+        grids: &[[u32; 3]],
+        merge: u32,
+    ) -> Result<Positions, ProcessError> {
+        let blocks: Vec<VisionBlock> = offsets
+            .iter()
+            .zip(grids)
+            .map(|(&(start, end), &grid_thw)| VisionBlock {
+                start,
+                end,
+                grid_thw,
+                time_interval: 1.0,
+            })
+            .collect();
+        mrope_blocks(len, &blocks, merge)
+    }
 
     fn rows(p: &Positions) -> (Vec<i64>, i64) {
         match p {

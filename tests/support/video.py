@@ -1,0 +1,113 @@
+"""Small videos made for a test by the ffmpeg program (FFmpeg's encoders, from the same
+libraries the core decodes with), and transformers' view of a prompt with videos and images
+(the reference the plan must equal)."""
+
+from __future__ import annotations
+
+import functools
+import io
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import AutoConfig, AutoProcessor
+from transformers.video_utils import VideoMetadata
+
+from mmserve import _mm
+from mmserve.media import VideoSettings
+from mmserve.media.video import video_options
+from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.models.tiny import build_tiny_model
+
+FFMPEG = shutil.which("ffmpeg")
+
+# A video's and an image's placeholder, as the chat template writes them.
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def make_video(
+    path: Path,
+    *,
+    size: str = "96x64",
+    rate: str = "10",
+    seconds: float = 1.0,
+    codec: str = "libx264",
+    pix_fmt: str = "yuv420p",
+    extra: tuple[str, ...] = (),
+) -> bytes:
+    if codec == "libx265":
+        extra = ("-x265-params", "log-level=none", *extra)
+    if codec == "libaom-av1":
+        extra = ("-cpu-used", "8", *extra)
+    source = f"testsrc2=size={size}:rate={rate}"
+    command = [FFMPEG or "ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", source]
+    command += ["-t", str(seconds), "-c:v", codec, "-pix_fmt", pix_fmt, *extra, str(path)]
+    subprocess.run(command, check=True)
+    return path.read_bytes()
+
+
+@functools.cache
+def checkpoint(family: str) -> tuple[ModelSpec, Any, Any]:
+    """The tiny checkpoint's spec, its transformers processor and a model (random weights)
+    for `get_rope_index`."""
+    from transformers import Qwen2_5_VLModel, Qwen2VLModel
+
+    path = build_tiny_model(family)
+    model_class = Qwen2VLModel if family == "qwen2_vl" else Qwen2_5_VLModel
+    model = model_class(AutoConfig.from_pretrained(path)).eval()
+    return resolve_model_spec(path), AutoProcessor.from_pretrained(path), model
+
+
+def hf_reference(
+    family: str, text: str, media: list[tuple[str, bytes]], settings: VideoSettings
+) -> tuple[list[int], np.ndarray, int]:
+    """(ids, positions [3, len], delta) as transformers computes them: the processor given
+    the frames the core samples for each video, then `get_rope_index`."""
+    _, processor, model = checkpoint(family)
+    options = video_options(settings.base, settings.sampling)
+    images, videos, metadata = [], [], []
+    for kind, data in media:
+        if kind == "image":
+            images.append(Image.open(io.BytesIO(data)))
+            continue
+        indices = _mm.plan_video(data, options)["indices"]
+        info, frames = _mm.decode_video(data, indices)
+        videos.append(torch.from_numpy(frames))
+        metadata.append(
+            VideoMetadata(
+                total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
+            )
+        )
+    sampling = settings.sampling
+    out = processor(
+        text=[text],
+        images=images or None,
+        videos=videos or None,
+        video_metadata=metadata or None,
+        do_sample_frames=False,
+        videos_kwargs={
+            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels}
+        },
+        input_data_format="channels_last",
+        return_tensors="pt",
+    )
+    ids = out["input_ids"]
+    spec = checkpoint(family)[0]
+    token_type = (ids == spec.image_token_id).int() + 2 * (ids == spec.video_token_id).int()
+    extra = {}
+    if "second_per_grid_ts" in out:
+        extra["second_per_grid_ts"] = out["second_per_grid_ts"]
+    with torch.no_grad():
+        positions, delta = model.get_rope_index(
+            ids,
+            mm_token_type_ids=token_type,
+            image_grid_thw=out.get("image_grid_thw"),
+            video_grid_thw=out.get("video_grid_thw"),
+            **extra,
+        )
+    return ids[0].tolist(), positions[:, 0].numpy(), int(delta.item())

@@ -1,0 +1,147 @@
+"""A request with videos and images, planned once by the driver as the frontend runs it (each
+video from its headers only): the expanded ids equal transformers' Qwen2-VL and Qwen2.5-VL
+processors' for the frames the plan samples (decoded by `decode_video`), the positions equal
+the model's `get_rope_index` (Qwen2.5-VL's `second_per_grid_ts` from the processor), and a
+video's identity covers its sampling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from mmserve import _mm
+from mmserve.frontend.mm_options import VideoRange
+from mmserve.kv.pad import pad_value
+from mmserve.kv.view import BlockKeys, prompt_block_keys, routing_view
+from mmserve.media import MediaPolicy, plan_request_here
+from mmserve.media.video import video_options
+from mmserve.protocol import MMProcessorKwargs, PlannedMedia
+from tests.support.local_media import encode_image
+from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, hf_reference, make_video
+
+pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)")
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    root = tmp_path_factory.mktemp("clips")
+    return {
+        "h264": make_video(root / "a.mp4", size="96x64", rate="24", seconds=2.0),
+        "vp9": make_video(
+            root / "b.webm", size="50x90", rate="25", seconds=1.2, codec="libvpx-vp9"
+        ),
+        "long": make_video(root / "c.mkv", size="64x48", rate="30", seconds=4.0),
+    }
+
+
+CASES = [
+    # (media in prompt order, request options)
+    (["h264"], {}),
+    (["h264", "image", "image"], {}),
+    (["image", "vp9", "image", "long"], {"fps": 3.0}),
+    (["long", "image"], {"num_frames": 8, "max_pixels": 50176}),
+    (["vp9", "h264"], {"fps": 1.0, "min_frames": 2}),
+]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("names, asked", CASES)
+def test_plan_equals_the_processor_and_get_rope_index(
+    family: str, names: list[str], asked: dict[str, Any], clips: dict[str, bytes]
+) -> None:
+    spec, processor, _ = checkpoint(family)
+    sizes = iter([(64, 48), (40, 90)])
+    media = [
+        ("image", encode_image(*next(sizes))) if name == "image" else ("video", clips[name])
+        for name in names
+    ]
+    text = "<|im_start|>user\n" + "then ".join(
+        IMAGE if kind == "image" else VIDEO for kind, _ in media
+    )
+    text += "what happens?<|im_end|>\n<|im_start|>assistant\n"
+    settings = VideoRange.of(spec).settings(MMProcessorKwargs(**asked), None)
+    planned = plan_request_here(
+        spec.core,
+        processor.tokenizer(text)["input_ids"],
+        [data for _, data in media],
+        MediaPolicy(),
+        count_only=True,
+        keep_bytes=True,
+        modalities=[kind for kind, _ in media],
+        video=settings,
+    )
+    ids, positions, delta = hf_reference(family, text, media, settings)
+    plan = planned.plan
+    assert plan.token_ids == ids
+    assert plan.positions is not None
+    assert np.array_equal(np.array(plan.positions.rows).reshape(3, -1), positions)
+    assert plan.positions.delta == delta
+    for item, (kind, data) in zip(plan.media, media, strict=True):
+        assert item.modality == kind
+        pad = spec.video_token_id if kind == "video" else spec.image_token_id
+        assert ids[item.offset : item.end] == [pad] * item.length
+        if kind == "video":
+            assert item.video == settings.sampling
+            own = _mm.plan_video(data, video_options(settings.base, settings.sampling))
+            assert (item.mm_hash, item.grid_thw) == (own["mm_hash"], own["grid_thw"])
+    # The bytes travel on as fetched.
+    assert [bytes(d or b"") for d in planned.data] == [data for _, data in media]
+
+
+def test_the_same_video_sampled_otherwise_is_another_item(clips: dict[str, bytes]) -> None:
+    spec = checkpoint("qwen2_vl")[0]
+    video_range = VideoRange.of(spec)
+    ids = [1, spec.vision_start_token_id, spec.video_token_id, spec.vision_end_token_id]
+
+    def plan(**asked: Any) -> tuple[int, tuple[int, int, int]]:
+        settings = video_range.settings(MMProcessorKwargs(**asked), None)
+        planned = plan_request_here(
+            spec.core,
+            ids,
+            [clips["long"]],
+            MediaPolicy(),
+            count_only=True,
+            modalities=["video"],
+            video=settings,
+        )
+        (item,) = planned.plan.media
+        return item.mm_hash, item.grid_thw
+
+    base = plan()
+    assert plan() == base
+    for asked in ({"fps": 1.0}, {"num_frames": 6}, {"max_pixels": 50176}, {"max_frames": 4}):
+        assert plan(**asked)[0] != base[0], asked
+    # The default's own values, asked for explicitly, are the same item.
+    default = msgspec.structs.asdict(video_range.default)
+    assert plan(fps=default["fps"], max_frames=default["max_frames"]) == base
+
+
+def test_routing_keys_follow_the_video_identity(clips: dict[str, bytes]) -> None:
+    """The routing view pads a video's run with its identity's pad value, as an image's: the
+    same bytes under options that change no grid (min_frames, when fps sampling keeps more
+    frames anyway) are another prefix."""
+    spec = checkpoint("qwen2_vl")[0]
+    video_range = VideoRange.of(spec)
+    ids = [1, spec.vision_start_token_id, spec.video_token_id, spec.vision_end_token_id, 2]
+
+    def plan(**asked: Any) -> tuple[PlannedMedia, BlockKeys]:
+        settings = video_range.settings(MMProcessorKwargs(**asked), None)
+        planned = plan_request_here(
+            spec.core, ids, [clips["long"]], MediaPolicy(), count_only=True,
+            modalities=["video"], video=settings,
+        )  # fmt: skip
+        (item,) = planned.plan.media
+        view = routing_view(planned.plan.token_ids, planned.plan.media)
+        assert set(view.ids[item.offset : item.end].tolist()) == {pad_value(item.mm_hash)}
+        return item, prompt_block_keys(planned.plan.token_ids, planned.plan.media, block_size=4)
+
+    item, keys = plan()
+    again, same = plan(min_frames=4)
+    other, changed = plan(min_frames=2)
+    assert item == again and keys == same
+    assert other.grid_thw == item.grid_thw and other.mm_hash != item.mm_hash
+    # Every block holds some of the video's tokens, so every key changes.
+    assert all(a != b for a, b in zip(keys.local_hashes, changed.local_hashes, strict=True))
