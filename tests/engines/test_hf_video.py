@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -25,9 +26,9 @@ from mmserve import _mm
 from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.hf import HfEngine
+from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import ModelSpec
 from mmserve.models.tiny import build_tiny_model
-from mmserve.models.video import video_options, video_processor_config
 from mmserve.protocol import (
     MediaPayload,
     MRopePositions,
@@ -79,7 +80,7 @@ class Item:
 def video_plan(spec: ModelSpec, item: Item) -> dict[str, Any]:
     """The count-only plan of a video, as the frontend makes it."""
     assert item.sampling is not None
-    options = video_options(video_processor_config(spec), item.sampling)
+    options = video_options(checkpoint_video_options(Path(spec.path)), item.sampling)
     return dict(_mm.plan_video(item.data, options))
 
 
@@ -216,7 +217,7 @@ async def test_greedy_tokens_equal_transformers_with_a_video(
 
     (planned,) = [item for item in plan.media if item.modality == "video"]
     assert [list(planned.grid_thw)] == inputs["video_grid_thw"].tolist()
-    options = video_options(video_processor_config(engine.spec), SAMPLING)
+    options = video_options(checkpoint_video_options(Path(engine.spec.path)), SAMPLING)
     _, pixel_values_videos = _mm.process_video(video, options)
     assert np.array_equal(pixel_values_videos, inputs["pixel_values_videos"].numpy())
     if engine.spec.family.name == "qwen2_5_vl":
@@ -299,7 +300,7 @@ async def test_frontend_decoded_pixels_of_a_video_give_its_embeddings(
     (from_bytes,) = await encode(engine, plan, [MediaPayload(data=video)])
     engine.encoder_cache.clear()
     _, pixel_values_videos = _mm.process_video(
-        video, video_options(video_processor_config(engine.spec), SAMPLING)
+        video, video_options(checkpoint_video_options(Path(engine.spec.path)), SAMPLING)
     )
     transfer = InlineTransferAgent()
     handle, _lease = await transfer.offer(torch.from_numpy(pixel_values_videos))

@@ -1,7 +1,7 @@
 """The encode stage: each planned media item's pixels (preprocessed here in the Rust core from
 the bytes the frontend fetched, or sent by the frontend with `--frontend-decoding`), then the
 vision tower. A video is decoded at the frames its planned sampling picks
-(`models.video.video_options`) into `pixel_values_videos`.
+(`media.video.video_options`) into `pixel_values_videos`.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
 what it decoded agrees with it. Items whose payload already carries embeddings (precomputed
@@ -22,8 +22,8 @@ from mmserve import _mm, media
 from mmserve.encode.peer_pull import PeerPuller, worth_pulling
 from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
 from mmserve.media.processing import item_identity
+from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import resolve_model_spec
-from mmserve.models.video import UnsupportedVideo, video_options, video_processor_config
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import MediaPayload, PlannedMedia, PreprocessedRequest
 from mmserve.transfer import TransferAgent
@@ -42,12 +42,10 @@ class EncodeStage:
         self.transfer = transfer
         model = resolve_model_spec(model_path)
         self.spec = model.core
-        # The checkpoint's video processor config, or why it takes no video.
-        self.video_config: str | UnsupportedVideo
-        try:
-            self.video_config = video_processor_config(model)
-        except UnsupportedVideo as error:
-            self.video_config = error
+        # The checkpoint's video options, or None for a family whose videos are not planned.
+        self.video_base = (
+            checkpoint_video_options(Path(model_path)) if self.spec.takes_video else None
+        )
         self.component = component
         self.puller = puller
 
@@ -176,11 +174,13 @@ class EncodeStage:
         """`pixel_values_videos` of one video, sampled and sized as planned, with its identity
         as `mm_hash`; decoded in a worker thread (the core releases the GIL), cut off at the
         request's deadline."""
-        if isinstance(self.video_config, UnsupportedVideo):
-            raise EngineError(f"a video reached an encoder that takes none: {self.video_config}")
+        if self.video_base is None:
+            raise EngineError(
+                f"a video reached an encoder whose {self.spec.family} checkpoint takes none"
+            )
         if item.video is None:
             raise EngineError("a video item of the plan carries no sampling")
-        options = video_options(self.video_config, item.video)
+        options = video_options(self.video_base, item.video)
         plan, pixel_values = await asyncio.to_thread(
             _mm.process_video, data, options, timeout_s=max(deadline - time.time(), 0.0)
         )

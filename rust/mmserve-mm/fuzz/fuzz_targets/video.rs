@@ -1,5 +1,6 @@
-//! Any bytes through `probe_video` and then `decode_frames` of the first frames: an error
-//! value, or frames of the probed size, each buffer matching it.
+//! Any bytes through `probe_video` and then `decode_frames` of frames spread over the video
+//! (so decoding seeks and skips): an error value, or frames of the probed size, each buffer
+//! matching it.
 #![no_main]
 
 use std::time::{Duration, Instant};
@@ -19,7 +20,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(info) = probe_video(data, &limits) else {
         return;
     };
-    let indices: Vec<u64> = (0..info.total_frames.min(4)).collect();
+    let last = info.total_frames.saturating_sub(1);
+    let mut indices = vec![0, 1.min(last), last / 3, last / 2, last];
+    indices.sort_unstable();
+    indices.dedup();
     if let Ok((decoded, frames)) = decode_frames(data, &indices, &limits) {
         assert_eq!(decoded, info);
         assert_eq!(frames.len(), indices.len());
