@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.deployment import CountingFileServer, serve_directory
 from tests.support.images import photo_like
+from tests.support.video import make_video
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +22,7 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     photo_like(1000, 4, 4).save(root / "sliver.png")  # aspect ratio over the models' 200
     jpeg = (root / "photo.jpg").read_bytes()
     (root / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    make_video(root / "clip.mp4", size="112x84", rate="10", seconds=2.0)
     return root
 
 

@@ -80,12 +80,14 @@ def _stream(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -
 
 
 def _image_urls(requests: list, image_server: str) -> Counter[str]:
-    """Paths of the images the requests name on the image server, with their counts."""
+    """Paths of the images and videos the requests name on the image server, with their
+    counts."""
     paths: Counter[str] = Counter()
     for messages in requests:
         for message in messages:
             for part in message["content"] if isinstance(message["content"], list) else []:
-                url = part.get("image_url", {}).get("url", "")
+                media = part.get(part["type"])
+                url = media.get("url", "") if isinstance(media, dict) else ""
                 if url.startswith(image_server):
                     paths[url.removeprefix(image_server)] += 1
     return paths
@@ -148,6 +150,49 @@ def test_every_pattern_gives_the_aggregated_tokens(
         assert streamed[pattern] == [text for text, *_ in aggregated], f"{pattern} streamed"
         # Each request fetches each of its images once, whichever process needs the pixels:
         # twice per image reference (the requests run unstreamed, then streamed).
+        twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
+        assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
+
+
+def test_every_pattern_gives_the_aggregated_tokens_for_videos(
+    nats_url: str,
+    tmp_path: Path,
+    image_server: str,
+    image_dir: Path,
+    image_gets: Counter[str],
+) -> None:
+    """A video by URL, and a video by data URL between two images, sampled as the request
+    asks: every pattern answers what the aggregated worker answers, fetching each item once.
+    Qwen2.5-VL, whose video positions are spaced by time (tests/worker/test_video_patterns.py
+    runs both video families' handlers)."""
+    model_path = build_tiny_model("qwen2_5_vl")
+    video = {"type": "video_url", "video_url": {"url": f"{image_server}/clip.mp4"}}
+    requests = [
+        [{"role": "user", "content": [video, {"type": "text", "text": "What happens?"}]}],
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}},
+                    {"type": "video_url", "video_url": {"url": data_url(image_dir / "clip.mp4")}},
+                    {"type": "image_url", "image_url": {"url": data_url(image_dir / "small.png")}},
+                    {"type": "text", "text": "Compare them."},
+                ],
+            }
+        ],
+    ]
+    deployments = [
+        Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
+        for p in PATTERNS
+    ]
+    results, streamed, gets = _run_patterns(deployments, requests, image_gets)
+    aggregated = results["agg"]
+    (_, _, video_prompt, _), (_, _, mixed_prompt, _) = aggregated
+    # 4 frames sampled at 2 fps from the 112x84 clip: 2 temporal patches of 12 tokens each.
+    assert video_prompt > 24 and mixed_prompt > video_prompt + 24
+    for pattern, outputs in results.items():
+        assert outputs == aggregated, f"{pattern} differs from agg"
+        assert streamed[pattern] == [text for text, *_ in aggregated], f"{pattern} streamed"
         twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
         assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
 

@@ -19,7 +19,9 @@ def photo_like(width: int, height: int, seed: int, noise: int = 20) -> Image.Ima
 
 
 def data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
+    mime = {".png": "image/png", ".mp4": "video/mp4", ".webm": "video/webm"}.get(
+        path.suffix, "image/jpeg"
+    )
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
