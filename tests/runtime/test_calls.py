@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from nats.aio.msg import Msg
 
 from mmserve import protocol as p
 from mmserve.runtime import (
@@ -23,6 +24,7 @@ from mmserve.runtime import (
     Runtime,
     Unavailable,
 )
+from mmserve.runtime.subjects import cancel_subject
 
 from .conftest import wait_started
 
@@ -162,6 +164,88 @@ async def test_leaving_a_stream_early_cancels_it(pool_caller: Pool) -> None:
             break
     await stream.aclose()
     await wait_seen_cancelled(runtime, target, "leave-early")
+
+
+async def test_a_stream_left_once_its_end_frame_arrived_sends_no_cancel(nats_url: str) -> None:
+    async def three(req: p.TokenChunk, ctx: object) -> AsyncIterator[p.TokenChunk]:
+        for i in range(3):
+            yield p.TokenChunk(request_id="", token_ids=[i])
+
+    async def endless(req: p.TokenChunk, ctx: object) -> AsyncIterator[p.TokenChunk]:
+        for i in range(100_000):
+            yield p.TokenChunk(request_id="", token_ids=[i])
+            await asyncio.sleep(0.01)
+
+    async with (
+        await Runtime.connect(nats_url, "left-at-the-end") as server,
+        await Runtime.connect(nats_url, "left-at-the-end") as caller,
+    ):
+        await server.serve("gen", "three", three, p.TokenChunk)
+        await server.serve("gen", "endless", endless, p.TokenChunk)
+        cancels: list[str] = []
+
+        async def on_cancel(msg: Msg) -> None:
+            cancels.append(p.decode(msg.data, p.CancelFrame).request_id)
+
+        await caller.nc.subscribe(cancel_subject(caller.namespace), cb=on_cancel)
+        await caller.flush()
+
+        async def leave_at(endpoint: str, last: int, request_id: str) -> None:
+            stream = caller.client("gen", endpoint).stream(
+                chunk(), p.TokenChunk, instance_id=server.instance_id, request_id=request_id
+            )
+            async for reply in stream:
+                if reply.token_ids[0] == last:
+                    await asyncio.sleep(0.3)  # the frames after it arrive meanwhile
+                    break
+            await stream.aclose()
+
+        # As a completion's consumer does: it stops at the last reply, before the end frame.
+        await leave_at("three", 2, "at-the-end")
+        await leave_at("endless", 2, "mid-stream")
+        await caller.flush()
+        await asyncio.sleep(0.3)
+        assert cancels == ["mid-stream"]
+
+
+async def test_only_a_call_to_any_instance_opens_with_a_keepalive_naming_it(
+    nats_url: str,
+) -> None:
+    async def echo(req: p.TokenChunk, ctx: object) -> p.TokenChunk:
+        return req
+
+    async with (
+        await Runtime.connect(nats_url, "first-frame") as server,
+        await Runtime.connect(nats_url, "first-frame") as caller,
+    ):
+        await server.serve("named", "echo", echo, p.TokenChunk)
+        subject = server.endpoint_subject("named", "echo")
+
+        async def frames_of(to: str) -> list[p.ReplyFrame | p.EndFrame | p.KeepaliveFrame]:
+            frames: asyncio.Queue[bytes] = asyncio.Queue()
+
+            async def collect(msg: Msg) -> None:
+                frames.put_nowait(msg.data)
+
+            inbox = caller.nc.new_inbox()
+            subscription = await caller.nc.subscribe(inbox, cb=collect)
+            request = p.RequestFrame(
+                request_id="r", deadline=time.time() + 10, payload=msgspec.Raw(p.encode(chunk()))
+            )
+            await caller.nc.publish(to, p.encode(request), reply=inbox)
+            received = []
+            while not received or not isinstance(received[-1], p.EndFrame):
+                data = await asyncio.wait_for(frames.get(), 5.0)
+                received.append(p.decode(data, p.ServerFrame))
+            await subscription.unsubscribe()
+            return received
+
+        balanced = await frames_of(subject)
+        assert [type(f) for f in balanced] == [p.KeepaliveFrame, p.ReplyFrame, p.EndFrame]
+        assert isinstance(balanced[0], p.KeepaliveFrame)
+        assert balanced[0].instance_id == server.instance_id
+        addressed = await frames_of(f"{subject}.{server.instance_id}")
+        assert [type(f) for f in addressed] == [p.ReplyFrame, p.EndFrame]
 
 
 async def test_a_killed_caller_stops_the_work_it_asked_for(

@@ -61,6 +61,12 @@ _SSE = [
 ]
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+# The frontend's series, looked up once: `labels()` validates and hashes its values each call.
+_REQUESTS = metrics.REQUESTS.labels(COMPONENT)
+_ACTIVE = metrics.ACTIVE.labels(COMPONENT)
+_TTFT = metrics.TTFT.labels(COMPONENT)
+_ITL = metrics.ITL.labels(COMPONENT)
+_PREPROCESS_SECONDS = metrics.STAGE_SECONDS.labels(COMPONENT, "preprocess")
 
 
 @dataclass(frozen=True)
@@ -215,8 +221,8 @@ class FrontendApp:
         request_id = new_request_id()
         arrival = time.perf_counter()
         exchange.extra_headers.append((b"x-request-id", request_id.encode()))
-        metrics.REQUESTS.labels(COMPONENT).inc()
-        metrics.ACTIVE.labels(COMPONENT).inc()
+        _REQUESTS.inc()
+        _ACTIVE.inc()
         outcome = "ok"
         try:
             self._authorize(scope)
@@ -249,7 +255,7 @@ class FrontendApp:
             log.exception("%s failed", request_id)
             await exchange.error(ApiError("internal", "internal error; see the server log"))
         finally:
-            metrics.ACTIVE.labels(COMPONENT).dec()
+            _ACTIVE.dec()
             if outcome != "ok" or self.http.log_requests:
                 log.info(
                     "%s status=%s outcome=%s %.1f ms",
@@ -273,7 +279,7 @@ class FrontendApp:
             raise ApiError("no_worker", "no worker is reachable for the model; retry later")
         with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
             preprocessed = await self.preprocessor.preprocess(request, request_id, deadline, tenant)
-        metrics.STAGE_SECONDS.labels(COMPONENT, "preprocess").observe(time.perf_counter() - arrival)
+        _PREPROCESS_SECONDS.observe(time.perf_counter() - arrival)
         generation = _Generation(self, request, preprocessed, arrival)
         if request.stream:
             await generation.stream(exchange)
@@ -330,9 +336,9 @@ class _Generation:
         now = time.perf_counter()
         if chunk.token_ids:
             if self._last_token_at is None:
-                metrics.TTFT.labels(COMPONENT).observe(now - self._arrival)
+                _TTFT.observe(now - self._arrival)
             else:
-                metrics.ITL.labels(COMPONENT).observe(now - self._last_token_at)
+                _ITL.observe(now - self._last_token_at)
             self._last_token_at = now
         self._completion_tokens += len(chunk.token_ids)
         if chunk.usage is not None:

@@ -248,6 +248,9 @@ def server_config(args: argparse.Namespace, app: FrontendApp) -> uvicorn.Config:
         lifespan="off",
         http=BoundedHttpToolsProtocol,
         access_log=False,
+        # The app reads neither the client address nor the scheme, which uvicorn's proxy
+        # headers middleware rewrites from X-Forwarded-* at a cost per request.
+        proxy_headers=False,
         log_level="info",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=args.http_keep_alive,

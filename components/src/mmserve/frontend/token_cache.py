@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from mmserve.kv.hashing import tokens_as_u32
 from mmserve.observability import metrics
 
 DEFAULT_TOKEN_CACHE_MIB = 64
@@ -76,6 +77,11 @@ class TokenCache:
         self._prefixes: dict[bytes, tuple[_Entry, int]] = {}  # digest -> (entry, ids before)
         self._num_bytes = 0
         self._lock = threading.Lock()
+        # The lookup counters by result, looked up once.
+        self._hits, self._prefix_hits, self._misses = (
+            metrics.CACHE_LOOKUPS.labels("frontend", "prompt_tokens", result)
+            for result in ("hit", "prefix_hit", "miss")
+        )
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -88,7 +94,7 @@ class TokenCache:
             if found is not None:
                 self._entries.move_to_end(text)
         if found is not None:
-            metrics.CACHE_LOOKUPS.labels("frontend", "prompt_tokens", "hit").inc()
+            self._hits.inc()
             return found.ids.tolist()
         starts = self._message_starts(text)
         ids = self._encode_after_prefix(text, starts, encode)
@@ -117,9 +123,9 @@ class TokenCache:
     ) -> list[int]:
         prefix, offset = self._longest_prefix(starts)
         if prefix is None:
-            metrics.CACHE_LOOKUPS.labels("frontend", "prompt_tokens", "miss").inc()
+            self._misses.inc()
             return encode(text)
-        metrics.CACHE_LOOKUPS.labels("frontend", "prompt_tokens", "prefix_hit").inc()
+        self._prefix_hits.inc()
         return prefix + encode(text[offset:])
 
     def _longest_prefix(self, starts: list[tuple[int, bytes]]) -> tuple[list[int] | None, int]:
@@ -134,7 +140,7 @@ class TokenCache:
         return None, 0
 
     def _store(self, text: str, ids: list[int], starts: list[tuple[int, bytes]]) -> None:
-        array = np.asarray(ids, dtype=np.uint32)
+        array = tokens_as_u32(ids)
         # The k-th message start in the text is the k-th boundary id in the ids: the special
         # token is always its own id, and nothing else becomes that id.
         counts: list[int] = []

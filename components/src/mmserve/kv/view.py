@@ -56,7 +56,8 @@ def routing_view(
     """The routing view of a planned prompt: `token_ids` as the plan expanded them, each item's
     run (`offset`, `length`) overwritten with its pad values. Items with no tokens are left out
     of the spans."""
-    ids = tokens_as_u32(np.asarray(token_ids, dtype=np.int64)).copy()
+    # A plan's ids are a list, which `tokens_as_u32` packs without numpy's type discovery.
+    ids = tokens_as_u32(token_ids).copy()
     if ids.ndim != 1:
         raise ValueError(f"token ids must be one-dimensional, got shape {ids.shape}")
     for item in media:

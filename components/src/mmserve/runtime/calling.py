@@ -10,6 +10,7 @@ drops, or when it reads too slowly. Leaving a call early cancels it on the servi
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -42,15 +43,60 @@ R = TypeVar("R")
 _LIVENESS_PROBE_TIMEOUT_S = 1.0
 
 
+_Frame = protocol.ReplyFrame | protocol.EndFrame | protocol.KeepaliveFrame | RemoteError
+
+
+class _FrameQueue:
+    """A call's frames not read yet, for its one reader: `asyncio.Queue`'s non-blocking calls,
+    and a `get` that waits under a timeout on one future and one timer (`asyncio.wait_for` on
+    a queue's `get` makes a task per wait)."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._items: collections.deque[_Frame] = collections.deque()
+        self._maxsize = maxsize
+        self._waiter: asyncio.Future[None] | None = None
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: _Frame) -> None:
+        if 0 < self._maxsize <= len(self._items):
+            raise asyncio.QueueFull
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def get_nowait(self) -> _Frame:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def get(self, timeout: float) -> _Frame:
+        """The next frame, waiting at most `timeout` seconds for one (then `TimeoutError`)."""
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return self._items.popleft()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
+
+
 @dataclass
 class _CallerCall:
     reply_subject: str
     request_id: str
     endpoint: tuple[str, str]  # (component, endpoint)
     instance_id: str  # the serving instance, once known
-    frames: asyncio.Queue[
-        protocol.ReplyFrame | protocol.EndFrame | protocol.KeepaliveFrame | RemoteError
-    ]
+    frames: _FrameQueue
     ended: bool = False
     probe_subject: str = ""  # the reply subject of the serving instance's frames, once known
 
@@ -59,6 +105,16 @@ class _CallerCall:
         while not self.frames.empty():
             self.frames.get_nowait()
         self.frames.put_nowait(error)
+
+
+def _end_arrived(call: _CallerCall) -> bool:
+    """Whether the server's end frame is among the frames not read yet: a caller that stops at
+    the reply it needs (a completion's last chunk) usually has it queued already, and a call
+    the server ended needs no cancel."""
+    while not call.frames.empty():
+        if isinstance(call.frames.get_nowait(), protocol.EndFrame):
+            return True
+    return False
 
 
 class Caller:
@@ -75,7 +131,7 @@ class Caller:
             request_id=request_id,
             endpoint=endpoint,
             instance_id=instance_id,
-            frames=asyncio.Queue(maxsize=self._runtime.max_pending_replies),
+            frames=_FrameQueue(self._runtime.max_pending_replies),
         )
         self._calls[call.reply_subject] = call
         if endpoint not in self._liveness_tasks:
@@ -86,7 +142,7 @@ class Caller:
 
     def close(self, call: _CallerCall, reason: str) -> None:
         self._calls.pop(call.reply_subject, None)
-        if call.ended or not self._runtime.nc.is_connected:
+        if call.ended or not self._runtime.nc.is_connected or _end_arrived(call):
             return
         cancel = protocol.CancelFrame(
             request_id=call.request_id, reply_subject=call.reply_subject, reason=reason
@@ -268,12 +324,7 @@ class Client:
                     close_reason = protocol.ERROR_DEADLINE_EXCEEDED
                     raise DeadlineExceeded(None, f"deadline of request {request_id} passed")
                 try:
-                    # A frame already queued needs no timer (wait_for wraps the wait in a task).
-                    item = (
-                        call.frames.get_nowait()
-                        if not call.frames.empty()
-                        else await asyncio.wait_for(call.frames.get(), min(left, idle))
-                    )
+                    item = await call.frames.get(min(left, idle))
                 except asyncio.TimeoutError:
                     if time.time() >= deadline:
                         continue

@@ -2,8 +2,9 @@
 
 A request is a `RequestFrame` with a reply subject under the caller's inbox; the server answers
 `ReplyFrame`s (numbered), then one `EndFrame` (with the error if the handler failed), with
-`KeepaliveFrame`s between so it is never silent for more than `keepalive_interval` seconds. The
-first keepalive goes out at once and names the instance that took the call. A handler is
+`KeepaliveFrame`s between so it is never silent for more than `keepalive_interval` seconds. On
+a call to any instance the first keepalive goes out at once and names the instance that took
+it (a call addressed to the instance needs no naming). A handler is
 cancelled by a `CancelFrame` from its caller, its deadline, the caller's connection going away
 (NATS answers no-responders on the reply subject of its frames), this instance losing NATS, or
 shutdown once the graceful drain is over.
@@ -144,12 +145,15 @@ class Server:
         )
 
         async def on_request(msg: Msg) -> None:
-            self._accept(served, msg)
+            self._accept(served, msg, addressed=False)
+
+        async def on_addressed_request(msg: Msg) -> None:
+            self._accept(served, msg, addressed=True)
 
         subject = runtime.endpoint_subject(component, endpoint)
         served.subscriptions = [
             await runtime.nc.subscribe(subject, queue=subject, cb=on_request),
-            await runtime.nc.subscribe(f"{subject}.{runtime.instance_id}", cb=on_request),
+            await runtime.nc.subscribe(f"{subject}.{runtime.instance_id}", cb=on_addressed_request),
         ]
         self._endpoints.append(served)
         if self._keepalive_task is None:
@@ -196,7 +200,8 @@ class Server:
         for call in list(self._calls.values()):
             self._cancel(call, Disconnected(None, "the serving instance lost its NATS connection"))
 
-    def _accept(self, served: ServedEndpoint, msg: Msg) -> None:
+    def _accept(self, served: ServedEndpoint, msg: Msg, *, addressed: bool) -> None:
+        """Take one call; `addressed`: it came on this instance's own subject."""
         runtime = self._runtime
         reply_subject = msg.reply
         if not reply_subject:
@@ -219,8 +224,11 @@ class Server:
         self._calls_by_probe[call.probe_subject] = call
         # A first frame names this instance at once, so that a caller that sent to any
         # instance knows whose heartbeats to follow from the start, not from the first
-        # keepalive or reply.
-        runtime._spawn(self._send_keepalive(call))
+        # keepalive or reply. A caller that addressed this instance knows already: it hears
+        # from it with the first reply, or the keepalive due after an interval of silence (one
+        # message less per call, most of which answer sooner).
+        if not addressed:
+            runtime._spawn(self._send_keepalive(call))
         call.task = asyncio.create_task(
             self._run_handler(served, frame, call), name=f"mmserve-{frame.request_id}"
         )
