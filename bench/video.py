@@ -125,8 +125,12 @@ def pyav_frames(data: bytes) -> tuple[Callable[[list[int]], np.ndarray], int, fl
 
     container = av.open(io.BytesIO(data))
     stream = container.streams.video[0]
-    stream.thread_type = "NONE"
     total, fps = stream.frames, float(stream.average_rate or 0)
+    if total == 0:  # webm headers carry no frame count: count the packets, as mmserve does
+        total = sum(1 for packet in container.demux(stream) if packet.size)
+        container = av.open(io.BytesIO(data))
+        stream = container.streams.video[0]
+    stream.thread_type = "NONE"
 
     def frames(indices: list[int]) -> np.ndarray:
         wanted, out = set(indices), {}
