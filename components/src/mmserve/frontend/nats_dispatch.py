@@ -32,6 +32,7 @@ import torch
 
 from mmserve import protocol
 from mmserve.frontend.dispatch import Pipeline
+from mmserve.kv.view import items_in_cached_prefix
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     CachesCleared,
@@ -41,7 +42,12 @@ from mmserve.protocol import (
     TokenChunk,
 )
 from mmserve.roles import GENERATE, KV_CACHING_ROLES, RESET_PREFIX_CACHE, Role
-from mmserve.router.encode_scheduler import EncodeRouter, EncodeRouterMode, encode_items
+from mmserve.router.encode_scheduler import (
+    EncodeRouter,
+    EncodeRouterMode,
+    encode_items,
+    encoded_indices,
+)
 from mmserve.router.encoder_index import EncoderEventSubscriber
 from mmserve.router.hops import kv_roles, language_hop, missing_language_hop_message, next_hop
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
@@ -194,15 +200,17 @@ class NatsDispatcher:
         exclude: Sequence[str] = (),
         *,
         encode: bool = False,
-    ) -> dict[str, str]:
-        """Pick the instances of the hops that hold the KV cache, and the encode worker when
-        the request goes through one (`encode`); each router books the request until
-        `_release`."""
+    ) -> PreprocessedRequest:
+        """The request with its route: the instances of the hops that hold the KV cache, and
+        the encode worker when the request goes through one (`encode`); each router books the
+        request until `_release`. Items whose every token the prefilling instance holds, as its
+        router's index says, are not encoded (`skip_encode`)."""
         roles = kv_roles(language)
         by_prompt = self.routers[Role.WORKER].request_for(
             request.request_id, request.plan, lora_name=request.lora_name
         )
         route: dict[str, str] = {}
+        skip: list[int] = []
         try:
             for role in roles:
                 workers = sorted(self._watchers[role].instance_ids() - set(exclude))
@@ -211,6 +219,8 @@ class NatsDispatcher:
                     routed = RouteRequest(request.request_id, num_blocks=by_prompt.num_blocks)
                 decision = self.routers[role].select(routed, workers)
                 route[role.value] = decision.worker_id
+                if role is not Role.DECODE:
+                    skip = self._skipped_items(request, decision.overlap_blocks, role)
                 log.debug(
                     "request %s -> %s %s (%d/%d blocks cached)",
                     request.request_id,
@@ -223,13 +233,24 @@ class NatsDispatcher:
             self._release(request.request_id, route)
             names = " or ".join(role.value for role in roles)
             raise Unavailable(None, f"no {names} worker is available") from None
+        routed_request = msgspec.structs.replace(request, skip_encode=skip)
         if encode:
             try:
-                route[Role.ENCODE.value] = self._route_encode(request, exclude)
+                route[Role.ENCODE.value] = self._route_encode(routed_request, exclude)
             except NoWorkersError:
                 self._release(request.request_id, route)
                 raise Unavailable(None, "no encode worker is available") from None
-        return route
+        return msgspec.structs.replace(routed_request, route=route)
+
+    def _skipped_items(
+        self, request: PreprocessedRequest, cached_blocks: int, role: Role
+    ) -> list[int]:
+        """The items left to encode whose every token lies in the `cached_blocks` the chosen
+        `role` instance holds."""
+        plan = request.plan
+        block_size = self.routers[role].block_size
+        covered = items_in_cached_prefix(len(plan.token_ids), plan.media, cached_blocks, block_size)
+        return [i for i in covered if request.payloads[i].embeddings is None]
 
     def _route_encode(self, request: PreprocessedRequest, exclude: Sequence[str]) -> str:
         workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
@@ -254,7 +275,7 @@ class NatsDispatcher:
         chosen = route.get(Role.ENCODE.value)
         if chosen is None or self.encode_router.mode is not EncodeRouterMode.PEER_PULL:
             return {}
-        indices = [i for i, payload in enumerate(request.payloads) if payload.embeddings is None]
+        indices = encoded_indices(request)
         items = encode_items(request)
         workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
         holders = self.encode_router.peer_holders(request.request_id, items, chosen, workers)
@@ -285,10 +306,9 @@ class NatsDispatcher:
             self._release(request.request_id, route)
             route = {}  # released: a failed routing below must not release it twice
             with nvtx.nvtx_range(nvtx.FE_ROUTE):
-                route = self.route(request, language, gone, encode=hop is Role.ENCODE)
-            routed = msgspec.structs.replace(
-                request, route=route, peers=self._encode_peers(request, route, gone)
-            )
+                routed = self.route(request, language, gone, encode=hop is Role.ENCODE)
+            route = routed.route
+            routed = msgspec.structs.replace(routed, peers=self._encode_peers(routed, route, gone))
             return routed, route.get(hop.value)
 
         replies: AsyncGenerator[TokenChunk, None] = stream_with_retry(

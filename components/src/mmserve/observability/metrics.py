@@ -63,6 +63,14 @@ PEER_PULLS = Counter(
     ["component", "worker", "result"],
 )
 
+SKIPPED_ENCODES = Counter(
+    "mmserve_encoder_skipped_items",
+    "Media items the router sent unencoded because the worker's prefix cache held all their "
+    "tokens, by result (skipped: the cache served them; encoded: it had dropped them, so they "
+    "were encoded after all)",
+    ["component", "worker", "result"],
+)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
