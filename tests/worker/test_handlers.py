@@ -27,6 +27,7 @@ from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import EngineOverloaded, EngineRequest, ItemEmbedding
 from mmserve.engines.mock import MockEngine
 from mmserve.frontend.nats_dispatch import NatsDispatcher
+from mmserve.kv.encoder_events import EncoderEventPublisher
 from mmserve.kv.events import KvEventPublisher
 from mmserve.kv.view import reusable_blocks
 from mmserve.media import MediaPolicy
@@ -48,7 +49,7 @@ from mmserve.worker.aggregated import AggregatedHandler
 from mmserve.worker.base import RoleHandler
 from mmserve.worker.decode import DecodeHandler
 from mmserve.worker.encode import EncodeHandler
-from mmserve.worker.options import publish_kv_events
+from mmserve.worker.options import publish_encoder_events, publish_kv_events
 from mmserve.worker.prefill import PrefillHandler
 from tests.support.images import photo_like, png_bytes
 from tests.support.waiting import wait_until_async
@@ -93,7 +94,7 @@ class InProcess:
     runtimes: list[Runtime] = field(default_factory=list)
     transfers: list[TransferAgent] = field(default_factory=list)
     handlers: dict[Role, RoleHandler] = field(default_factory=dict)
-    publishers: list[KvEventPublisher] = field(default_factory=list)
+    publishers: list[KvEventPublisher | EncoderEventPublisher] = field(default_factory=list)
     _caller: Runtime | None = None
 
     async def runtime(self) -> Runtime:
@@ -105,14 +106,16 @@ class InProcess:
         self, role: Role, engine: MockEngine, *, encode: bool = False, kv_events: bool = False
     ) -> RoleHandler:
         """Serve `role`'s handler (with an encode stage if `encode`, publishing the engine's
-        KV events if `kv_events`) and wait until a caller on the namespace sees it
-        registered."""
+        KV events if `kv_events`, and its embedding-cache events too if it also encodes) and
+        wait until a caller on the namespace sees it registered."""
         transfer = inline_transfer()
         self.transfers.append(transfer)
         stage = EncodeStage(engine, transfer, self.model_path, role.value) if encode else None
         runtime = await self.runtime()
         if kv_events:
             self.publishers.append(await publish_kv_events(runtime, engine, role.value))
+            if encode:
+                self.publishers.append(await publish_encoder_events(runtime, engine, role.value))
         handler = HANDLERS[role](runtime, engine, transfer, stage)
         await handler.serve()
         self.handlers[role] = handler
@@ -637,6 +640,52 @@ async def test_a_skipped_image_the_prefix_cache_dropped_is_encoded_after_all(
         assert skipped_items(language, "skipped") == 1
         assert skipped_items(language, "encoded") == 2
     finally:
+        await deployment.close()
+        for engine in engines:
+            await engine.close()
+
+
+async def test_the_frontend_routes_to_the_aggregated_worker_whose_encoder_holds_the_image(
+    nats_url: str, model_path: Path, prompts: Prompts
+) -> None:
+    """Two `worker --encode` behind the frontend's dispatcher, neither holding any of the
+    prompt's blocks: the request goes to the one whose encoder cache holds its image (its
+    embedding-cache events told the router), which encodes nothing."""
+    engines = await fresh_engines(model_path, 2)
+    deployment = InProcess(nats_url, model_path)
+    dispatcher: NatsDispatcher | None = None
+    try:
+        handlers = [
+            await deployment.start(Role.WORKER, engine, encode=True, kv_events=True)
+            for engine in engines
+        ]
+        dispatcher = await NatsDispatcher.start(await deployment.runtime())
+        router = dispatcher.routers[Role.WORKER]
+        first = await prompts.request([IMAGES["tall"]])
+        assert_complete([c async for c in dispatcher.generate(first)], first)
+        holder = next(i for i, engine in enumerate(engines) if engine.prefix_cache.num_blocks)
+        holder_id = handlers[holder].runtime.instance_id
+        await wait_until_async(
+            lambda: router.encoder_index.num_entries(holder_id) == 1,
+            what="the router follows the worker's encoder cache",
+        )
+        engines[holder].prefix_cache.clear()  # the KV goes, the embedding stays
+        await wait_until_async(
+            lambda: router.indexer.num_blocks(holder_id) == 0, what="the index drops the blocks"
+        )
+        hits, misses = engines[holder].encoder_cache.stats()
+
+        # Each a coin toss without the encoder caches in the cost: 1 in 16 to pass by chance.
+        texts = ("Describe it.", "And its colours?", "How big is it?", "Where is it?")
+        for text in texts:
+            again = await prompts.request([IMAGES["tall"]], text=text)
+            assert_complete([c async for c in dispatcher.generate(again)], again)
+            engines[holder].prefix_cache.clear()
+        assert engines[holder].encoder_cache.stats() == (hits + len(texts), misses)
+        assert sum(engines[1 - holder].encoder_cache.stats()) == 0
+    finally:
+        if dispatcher is not None:
+            await dispatcher.stop()
         await deployment.close()
         for engine in engines:
             await engine.close()

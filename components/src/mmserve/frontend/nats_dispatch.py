@@ -4,7 +4,8 @@ one, else the language hop).
 
 Within a role the router (`--router-mode`, `mmserve.router`) picks the instance of every hop
 that holds a KV cache: the aggregated worker (agg, E/PD) by the longest cached prefix of the
-prompt, images included, weighed against load; in E/P/D the prefill worker the same way and the
+prompt, images included (and, where it encodes, the embeddings its encoder cache holds), weighed
+against load; in E/P/D the prefill worker the same way and the
 decode worker by load alone. The encode worker is picked by `--encode-router-mode`
 (`router.encode_scheduler`): by the image tokens its encoder cache already holds, weighed
 against the encode work sent to it. The chosen ids travel in `PreprocessedRequest.route`, so
@@ -82,8 +83,11 @@ class NatsDispatcher:
             role: settings.build_router() for role in (Role.WORKER, Role.PREFILL, Role.DECODE)
         }
         self.encode_router = settings.build_encode_router()
+        self.skip_cached_encode = settings.skip_cached_encode
         self._subscribers: dict[Role, KvEventSubscriber] = {}
         self._encoder_subscriber: EncoderEventSubscriber | None = None
+        # Per KV-caching role, the embedding-cache events of its instances that encode.
+        self._worker_encoder_subscribers: dict[Role, EncoderEventSubscriber] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -100,6 +104,10 @@ class NatsDispatcher:
                 subscriber = await KvEventSubscriber(runtime, router.indexer, role.value).start()
                 subscriber.catch_up(watchers[role].instance_ids())
                 dispatcher._subscribers[role] = subscriber
+                # Not caught up: an instance that does not encode would never answer a dump;
+                # one that does is followed from its next event.
+                encoders = EncoderEventSubscriber(runtime, router.encoder_index, role.value)
+                dispatcher._worker_encoder_subscribers[role] = await encoders.start()
         if dispatcher.encode_router.mode.follows_caches:
             encoders = EncoderEventSubscriber(
                 runtime, dispatcher.encode_router.index, Role.ENCODE.value
@@ -132,6 +140,9 @@ class NatsDispatcher:
         subscriber = self._subscribers.get(role)
         if subscriber is not None:
             subscriber.on_instance_removed(instance_id)
+        encoders = self._worker_encoder_subscribers.get(role)
+        if encoders is not None:
+            encoders.on_instance_removed(instance_id)
         router.remove_worker(instance_id)
         log.info("%s %s left: %d cached blocks dropped from the index", role, instance_id, blocks)
 
@@ -141,6 +152,8 @@ class NatsDispatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for subscriber in self._subscribers.values():
             await subscriber.stop()
+        for encoders in self._worker_encoder_subscribers.values():
+            await encoders.stop()
         if self._encoder_subscriber is not None:
             await self._encoder_subscriber.stop()
 
@@ -219,7 +232,7 @@ class NatsDispatcher:
                     routed = RouteRequest(request.request_id, num_blocks=by_prompt.num_blocks)
                 decision = self.routers[role].select(routed, workers)
                 route[role.value] = decision.worker_id
-                if role is not Role.DECODE:
+                if role is not Role.DECODE and self.skip_cached_encode:
                     skip = self._skipped_items(request, decision.overlap_blocks, role)
                 log.debug(
                     "request %s -> %s %s (%d/%d blocks cached)",
@@ -250,7 +263,8 @@ class NatsDispatcher:
         plan = request.plan
         block_size = self.routers[role].block_size
         covered = items_in_cached_prefix(len(plan.token_ids), plan.media, cached_blocks, block_size)
-        return [i for i in covered if request.payloads[i].embeddings is None]
+        payloads = request.payloads  # the stage that reads them checks there is one per item
+        return [i for i in covered if i < len(payloads) and payloads[i].embeddings is None]
 
     def _route_encode(self, request: PreprocessedRequest, exclude: Sequence[str]) -> str:
         workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
