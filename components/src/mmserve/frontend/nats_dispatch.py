@@ -131,6 +131,7 @@ class NatsDispatcher:
             if self._encoder_subscriber is not None:
                 self._encoder_subscriber.on_instance_removed(instance_id)
             self.encode_router.remove_worker(instance_id)
+            metrics.forget_encoder(instance_id)
             log.info(
                 "encode %s left: %d cached embeddings dropped from the index", instance_id, entries
             )

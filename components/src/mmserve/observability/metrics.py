@@ -56,6 +56,16 @@ ENCODE_ROUTED_TOKENS = Counter(
     ["worker", "result"],
 )
 
+
+def forget_encoder(worker: str) -> None:
+    """Drop the series of an encode worker that left (`ENCODE_ROUTED_TOKENS`), so the
+    frontend's label set stays the live encoders however often they restart (each start is a
+    new instance id)."""
+    for result in ("held", "new"):
+        with contextlib.suppress(KeyError):  # never routed to
+            ENCODE_ROUTED_TOKENS.remove(worker, result)
+
+
 PEER_PULLS = Counter(
     "mmserve_encoder_peer_pulls",
     "Embeddings an encode worker pulled from a peer encoder's cache instead of encoding them, "
