@@ -212,7 +212,8 @@ def test_a_worker_that_encodes_is_weighed_by_the_embeddings_its_encoder_cache_ho
     """Two workers that encode hold the same text prefix; the one whose encoder cache holds
     the image (its embedding-cache events say so) saves the vision tower and gets the request,
     until the other holds every token of the image in its KV cache: then neither encodes it,
-    and the longer prefix wins. A worker that never told of an encoder cache pays nothing."""
+    and the longer prefix wins. A worker that has not told of its encoder cache yet holds
+    nothing there; where no worker told of one, none encodes and images cost nothing."""
     router = Router(RouterMode.KV, rng=random.Random(0))
     media = [image(CAT, len(SYSTEM), 64)]
     ids = SYSTEM + [IMAGE_PAD] * 64 + [7] * 20
@@ -229,7 +230,8 @@ def test_a_worker_that_encodes_is_weighed_by_the_embeddings_its_encoder_cache_ho
     assert router.logits(request, ["w0", "w1"]) == {"w0": 6 + 4.0, "w1": 6.0}
     assert router.select(request, ["w0", "w1"]).worker_id == "w1"
     router.on_finish("cat")
-    assert router.logits(request, ["w2"]) == {"w2": 8.0}  # no encoder cache it told of
+    assert router.logits(request, ["w2"]) == {"w2": 8 + 4.0}  # a fresh one: nothing held
+    assert Router(RouterMode.KV).logits(request, ["w2"]) == {"w2": 8.0}  # nobody encodes
 
     worker_caches(router, "w0", request)  # every block, the image's included
     assert router.logits(request, ["w0", "w1"]) == {"w0": 1.0, "w1": 6.0}

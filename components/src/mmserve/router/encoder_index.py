@@ -50,10 +50,6 @@ class EncoderIndex:
         entries = self._held.get(worker_id, {})
         return {key for key in keys if key in entries}
 
-    def knows(self, worker_id: str) -> bool:
-        """Whether `worker_id` has told of its cache (an encoding worker's dump or event)."""
-        return worker_id in self._held
-
     def workers(self) -> list[str]:
         return list(self._held)
 

@@ -296,8 +296,10 @@ class Router:
     def vision_blocks(self, request: RouteRequest, worker_id: str, overlap: int) -> float:
         """The vision-tower work, in blocks of image tokens, that `request` costs a worker that
         encodes, holding `overlap` blocks of it: its items neither in that prefix nor in the
-        worker's encoder cache. 0 on a worker that publishes no embedding-cache events."""
-        if not request.media or not self.encoder_index.knows(worker_id):
+        worker's encoder cache (one that has not told of its cache yet holds none). 0 where no
+        worker of the role has published embedding-cache events: they do not encode (a
+        deployment's workers of one role all encode, or none)."""
+        if not request.media or not self.encoder_index.workers():
             return 0.0
         reused = min(overlap, reusable_blocks(request.num_tokens, self.block_size))
         live = [item for item in request.media if item.end > reused * self.block_size]
