@@ -1,5 +1,7 @@
 """Encode routing: the image-heavy chat workload over several encode workers, round robin
-against embedding-cache routing, without and with peer pull (`--encode-router-mode`).
+against embedding-cache routing, without and with peer pull (`--encode-router-mode`), and peer
+pull with the encode of items the worker's KV cache holds skipped (`--skip-cached-encode`; the
+other modes run with `--no-skip-cached-encode`, so that every shown image is looked up).
 
 Multi-turn sessions show images from a shared pool (each turn resends the history, images
 included), so an image recurs within a session and across sessions. The deployment is N encode
@@ -11,8 +13,10 @@ the embeddings pulled from a peer (and the pulls that fell back to encoding), th
 the vision-tower seconds spent (misses x
 256 tokens x the cost per token: every image is 448x448), the encode stage's seconds (the
 encoders' `encode` stage time, waiting for the tower included), and the mean and p99 time to
-first token. The first row is the bound: the hit rate one encoder
-holding every embedding would get (each distinct image missed once).
+first token; with skipping, the items skipped (the worker's
+`mmserve_encoder_skipped_items_total`, skipped / encoded after all), which no encoder looks up.
+The first row is the bound: the hit rate one encoder holding every embedding would get (each
+distinct image missed once, every shown image looked up).
 
     .venv/bin/python -m bench.encode_router [--quick] [--encoders 4] [--sessions 48]
         [--turns 4] [--images 16] [--encode-us-per-token 1000]
@@ -35,8 +39,32 @@ from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import nats_url_from_env_or_private
 from tests.support.deployment import Deployment, free_port
 
-MODES = ("round-robin", "embedding-cache", "peer-pull")
 IMAGE_TOKENS = 256  # a 448x448 image for Qwen2-VL
+
+
+@dataclass(frozen=True)
+class EncodeMode:
+    """An `--encode-router-mode`, and whether the frontend skips the encode of the items the
+    worker's prefix cache holds."""
+
+    router_mode: str
+    skip: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.router_mode}+skip" if self.skip else self.router_mode
+
+    def frontend_flags(self) -> list[str]:
+        skip = "--skip-cached-encode" if self.skip else "--no-skip-cached-encode"
+        return ["--encode-router-mode", self.router_mode, skip]
+
+
+MODES = (
+    EncodeMode("round-robin"),
+    EncodeMode("embedding-cache"),
+    EncodeMode("peer-pull"),
+    EncodeMode("peer-pull", skip=True),
+)
 
 
 @dataclass
@@ -50,6 +78,8 @@ class EncoderTotals:
     encode_s: float = 0.0
     pull_s: float = 0.0  # the successful pulls' time
     pull_calls: int = 0  # and their number (one per holder and request)
+    skipped: int = 0  # items the worker's prefix cache served unencoded
+    skipped_encoded: int = 0  # skipped items its cache had dropped, encoded after all
     lookups: list[int] = field(default_factory=list)  # per encode worker
 
     @property
@@ -57,30 +87,38 @@ class EncoderTotals:
         return self.hits / max(self.hits + self.misses, 1)
 
 
+@dataclass
+class EncodeDeployment:
+    deployment: Deployment
+    encoder_ports: list[int]  # each encode worker's /metrics
+    worker_port: int  # the aggregated worker's
+
+
 def encode_deployment(
     model_path: Path,
     nats_url: str,
     log_dir: Path,
-    mode: str,
+    mode: EncodeMode,
     encoders: int,
     costs: MockCosts,
-) -> tuple[Deployment, list[int]]:
-    """`encoders` encode workers (each serving /metrics on a port of its own) and one
-    aggregated worker behind a frontend with `--encode-router-mode mode`; the metrics ports."""
+) -> EncodeDeployment:
+    """`encoders` encode workers and one aggregated worker (each serving /metrics on a port of
+    its own) behind a frontend routing by `mode`."""
     ports = [free_port() for _ in range(encoders)]
+    worker_port = free_port()
     components = [
         (f"encode{i}", "encode", ["--metrics-port", str(port)]) for i, port in enumerate(ports)
     ]
     deployment = Deployment(
-        f"encode-{encoders}-{mode}",
+        f"encode-{encoders}-{mode.label}",
         model_path,
         nats_url,
         log_dir,
-        frontend_flags=["--encode-router-mode", mode],
+        frontend_flags=mode.frontend_flags(),
         worker_flags=costs.worker_flags(),
-        components=[*components, ("worker", "worker", [])],
+        components=[*components, ("worker", "worker", ["--metrics-port", str(worker_port)])],
     )
-    return deployment, ports
+    return EncodeDeployment(deployment, ports, worker_port)
 
 
 def scrape_encoders(ports: list[int]) -> EncoderTotals:
@@ -118,14 +156,28 @@ def scrape_encoders(ports: list[int]) -> EncoderTotals:
     return totals
 
 
+def scrape_skipped(port: int) -> tuple[int, int]:
+    """The worker's skipped items: (served by its prefix cache, encoded after all)."""
+    counts = {"skipped": 0, "encoded": 0}
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "mmserve_encoder_skipped_items_total":
+                counts[sample.labels["result"]] += int(sample.value)
+    return counts["skipped"], counts["encoded"]
+
+
 def measure_encode(
-    deployment: Deployment, ports: list[int], workload: ChatWorkload, concurrency: int
+    deployed: EncodeDeployment, workload: ChatWorkload, concurrency: int
 ) -> tuple[Measured, EncoderTotals]:
-    """Starts `deployment` (cold caches), runs `workload`, reads the encoders' counters."""
+    """Starts the deployment (cold caches), runs `workload`, reads the workers' counters."""
+    deployment = deployed.deployment
     with deployment.running():
         model = deployment.model_path.name
         measured = asyncio.run(run_workload(deployment.base_url, model, workload, concurrency))
-        return measured, scrape_encoders(ports)
+        totals = scrape_encoders(deployed.encoder_ports)
+        totals.skipped, totals.skipped_encoded = scrape_skipped(deployed.worker_port)
+        return measured, totals
 
 
 def single_encoder_hit_rate(workload: ChatWorkload) -> float:
@@ -178,23 +230,22 @@ def main() -> None:
         f"{costs.prefill_us_per_token:g} us/token; logs {log_dir}"
     )
     print(
-        f"{'mode':>16} {'enc hit rate':>12} {'pulls':>9} {'pull ms':>8} {'tower s':>8} "
-        f"{'stage s':>8} {'TTFT mean':>10} {'TTFT p99':>9}  lookups per encoder"
+        f"{'mode':>16} {'enc hit rate':>12} {'pulls':>9} {'pull ms':>8} {'skipped':>8} "
+        f"{'tower s':>8} {'stage s':>8} {'TTFT mean':>10} {'TTFT p99':>9}  lookups per encoder"
     )
     print(f"{'one encoder':>16} {single_encoder_hit_rate(workload(0)):>11.1%}")
     with nats_url_from_env_or_private() as nats_url:
         for mode in MODES:
             # The same sessions in every mode; the frontend's media caches start cold anyway.
-            deployment, ports = encode_deployment(
-                model_path, nats_url, log_dir, mode, args.encoders, costs
-            )
-            measured, totals = measure_encode(deployment, ports, workload(0), concurrency)
+            deployed = encode_deployment(model_path, nats_url, log_dir, mode, args.encoders, costs)
+            measured, totals = measure_encode(deployed, workload(0), concurrency)
             tower_s = totals.misses * IMAGE_TOKENS * costs.encode_us_per_token / 1e6
             pulls = f"{totals.pulls}/{totals.failed_pulls}"
+            skipped = f"{totals.skipped}/{totals.skipped_encoded}"
             pull_ms = 1000 * totals.pull_s / max(totals.pull_calls, 1)
             print(
-                f"{mode:>16} {totals.hit_rate:>11.1%} {pulls:>9} {pull_ms:>8.2f} {tower_s:>8.2f} "
-                f"{totals.encode_s:>8.2f} "
+                f"{mode.label:>16} {totals.hit_rate:>11.1%} {pulls:>9} {pull_ms:>8.2f} "
+                f"{skipped:>8} {tower_s:>8.2f} {totals.encode_s:>8.2f} "
                 f"{measured.ttft_mean_s * 1000:>8.1f}ms {measured.ttft_p99_s * 1000:>7.1f}ms  "
                 f"{totals.lookups}",
                 flush=True,

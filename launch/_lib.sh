@@ -125,9 +125,14 @@ launch_frontend() {
       exit 2
     fi
   done
+  # SGLang's engine serves no media from its prefix cache here: every skipped encode would be
+  # asked for again (docs/routing.md).
+  local engine_args=()
+  if [ "$ENGINE" = sglang ]; then engine_args=(--no-skip-cached-encode); fi
   launch_start frontend mmserve frontend --model-path "$MODEL_PATH" --http-host "$HTTP_HOST" \
     --http-port "$HTTP_PORT" ${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"} ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} \
-    ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} "$@" ${FRONTEND_ARGS[@]+"${FRONTEND_ARGS[@]}"}
+    ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} ${engine_args[@]+"${engine_args[@]}"} "$@" \
+    ${FRONTEND_ARGS[@]+"${FRONTEND_ARGS[@]}"}
 }
 
 # A worker of ROLE (worker, prefill, decode, encode) with its flags, then the flags of every

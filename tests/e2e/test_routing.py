@@ -219,6 +219,7 @@ def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
         assert time.monotonic() < deadline, "discovery did not drop the killed encoder"
         time.sleep(0.2)
     assert int(found.group(1)) == 1
+    assert dead not in encode_routed(client)  # its series went with it
     living = [name for name in names if name != holder]
     answer = client.chat(image_request(f"{image_server}/small.png"))
     assert client.served_by(answer, living) in living

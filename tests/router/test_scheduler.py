@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections import Counter
 
 import pytest
 
+from mmserve.kv.encoder_events import encoder_key
 from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import routing_view
-from mmserve.protocol import KvBlock, KvStored, PlannedMedia, RequestPlan
+from mmserve.protocol import (
+    EncoderCleared,
+    EncoderEntry,
+    EncoderStored,
+    KvBlock,
+    KvStored,
+    PlannedMedia,
+    RequestPlan,
+)
 from mmserve.router.indexer import KvIndexer
 from mmserve.router.scheduler import (
     KvCostConfig,
     NoWorkersError,
+    RouteMedia,
     Router,
     RouteRequest,
     RouterMode,
@@ -181,7 +192,9 @@ def test_request_for_uses_the_routers_block_size_and_pad_scheme() -> None:
     )
     request = router.request_for("r", plan, lora_name="x")
     view = routing_view(plan.token_ids, plan.media, scheme=PadScheme.SGLANG_WIDE)
-    assert request == RouteRequest.from_view("r", view, block_size=4, lora_name="x")
+    expected = RouteRequest.from_view("r", view, block_size=4, lora_name="x")
+    item = RouteMedia(encoder_key(CAT, plan.media[0].grid_thw), 10, len(SYSTEM) + 10)
+    assert request == dataclasses.replace(expected, media=[item])
     assert request.num_blocks == -(-(32 + 10 + 1) // 4)
 
 
@@ -193,3 +206,32 @@ def test_no_workers_is_an_error() -> None:
 def test_negative_weights_are_refused() -> None:
     with pytest.raises(ValueError):
         KvCostConfig(overlap_weight=-1)
+
+
+def test_a_worker_that_encodes_is_weighed_by_the_embeddings_its_encoder_cache_holds() -> None:
+    """Two workers that encode hold the same text prefix; the one whose encoder cache holds
+    the image (its embedding-cache events say so) saves the vision tower and gets the request,
+    until the other holds every token of the image in its KV cache: then neither encodes it,
+    and the longer prefix wins. A worker that has not told of its encoder cache yet holds
+    nothing there; where no worker told of one, none encodes and images cost nothing."""
+    router = Router(RouterMode.KV, rng=random.Random(0))
+    media = [image(CAT, len(SYSTEM), 64)]
+    ids = SYSTEM + [IMAGE_PAD] * 64 + [7] * 20
+    plan = RequestPlan(token_ids=ids, media=media)
+    text_only = prompt(SYSTEM, None, [])
+    for worker_id in ("w0", "w1"):
+        worker_caches(router, worker_id, text_only)
+    router.encoder_index.apply_event("w0", EncoderCleared())
+    entry = EncoderEntry(mm_hash=CAT, grid_thw=media[0].grid_thw, num_tokens=64)
+    router.encoder_index.apply_event("w1", EncoderStored(entries=[entry]))
+
+    request = router.request_for("cat", plan)
+    # Eight blocks, two cached on each; the image's 64 tokens are four blocks of encoding.
+    assert router.logits(request, ["w0", "w1"]) == {"w0": 6 + 4.0, "w1": 6.0}
+    assert router.select(request, ["w0", "w1"]).worker_id == "w1"
+    router.on_finish("cat")
+    assert router.logits(request, ["w2"]) == {"w2": 8 + 4.0}  # a fresh one: nothing held
+    assert Router(RouterMode.KV).logits(request, ["w2"]) == {"w2": 8.0}  # nobody encodes
+
+    worker_caches(router, "w0", request)  # every block, the image's included
+    assert router.logits(request, ["w0", "w1"]) == {"w0": 1.0, "w1": 6.0}

@@ -27,7 +27,9 @@ from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import EngineOverloaded, EngineRequest, ItemEmbedding
 from mmserve.engines.mock import MockEngine
 from mmserve.frontend.nats_dispatch import NatsDispatcher
+from mmserve.kv.encoder_events import EncoderEventPublisher
 from mmserve.kv.events import KvEventPublisher
+from mmserve.kv.view import reusable_blocks
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
 from mmserve.models.tiny import build_tiny_model
@@ -47,7 +49,7 @@ from mmserve.worker.aggregated import AggregatedHandler
 from mmserve.worker.base import RoleHandler
 from mmserve.worker.decode import DecodeHandler
 from mmserve.worker.encode import EncodeHandler
-from mmserve.worker.options import publish_kv_events
+from mmserve.worker.options import publish_encoder_events, publish_kv_events
 from mmserve.worker.prefill import PrefillHandler
 from tests.support.images import photo_like, png_bytes
 from tests.support.waiting import wait_until_async
@@ -92,7 +94,7 @@ class InProcess:
     runtimes: list[Runtime] = field(default_factory=list)
     transfers: list[TransferAgent] = field(default_factory=list)
     handlers: dict[Role, RoleHandler] = field(default_factory=dict)
-    publishers: list[KvEventPublisher] = field(default_factory=list)
+    publishers: list[KvEventPublisher | EncoderEventPublisher] = field(default_factory=list)
     _caller: Runtime | None = None
 
     async def runtime(self) -> Runtime:
@@ -104,14 +106,16 @@ class InProcess:
         self, role: Role, engine: MockEngine, *, encode: bool = False, kv_events: bool = False
     ) -> RoleHandler:
         """Serve `role`'s handler (with an encode stage if `encode`, publishing the engine's
-        KV events if `kv_events`) and wait until a caller on the namespace sees it
-        registered."""
+        KV events if `kv_events`, and its embedding-cache events too if it also encodes) and
+        wait until a caller on the namespace sees it registered."""
         transfer = inline_transfer()
         self.transfers.append(transfer)
         stage = EncodeStage(engine, transfer, self.model_path, role.value) if encode else None
         runtime = await self.runtime()
         if kv_events:
             self.publishers.append(await publish_kv_events(runtime, engine, role.value))
+            if encode:
+                self.publishers.append(await publish_encoder_events(runtime, engine, role.value))
         handler = HANDLERS[role](runtime, engine, transfer, stage)
         await handler.serve()
         self.handlers[role] = handler
@@ -491,6 +495,194 @@ async def test_a_reset_names_the_instances_that_failed_or_timed_out(
         assert f"worker {stuck_id}: [deadline_exceeded]" in error.message, error
         assert ok_id not in error.message
         assert ok.prefix_cache.num_blocks == 0
+    finally:
+        if dispatcher is not None:
+            await dispatcher.stop()
+        await deployment.close()
+        for engine in engines:
+            await engine.close()
+
+
+def skipped_items(handler: RoleHandler, result: str) -> float:
+    labels = {"component": handler.component, "worker": handler.runtime.instance_id}
+    value = REGISTRY.get_sample_value(
+        "mmserve_encoder_skipped_items_total", labels | {"result": result}
+    )
+    return value or 0.0
+
+
+def lookups(engine: MockEngine) -> int:
+    return sum(engine.encoder_cache.stats())
+
+
+async def test_the_frontend_skips_encoding_an_image_the_workers_prefix_cache_holds(
+    nats_url: str, model_path: Path, prompts: Prompts
+) -> None:
+    """E/PD behind the frontend's dispatcher: once the worker's KV events show it holds every
+    token of an image, a request showing that image after the same prefix is routed there
+    without the image (`skip_encode`): the encoder looks nothing up, the worker serves it from
+    its prefix cache and counts it skipped."""
+    engines = await fresh_engines(model_path, 2)
+    encoder_engine, worker_engine = engines
+    deployment = InProcess(nats_url, model_path)
+    dispatcher: NatsDispatcher | None = None
+    try:
+        worker = await deployment.start(Role.WORKER, worker_engine, kv_events=True)
+        await deployment.start(Role.ENCODE, encoder_engine, encode=True)
+        dispatcher = await NatsDispatcher.start(await deployment.runtime())
+        index = dispatcher.routers[Role.WORKER].indexer
+        worker_id = worker.runtime.instance_id
+
+        question = "Look closely at this picture and say what is in it, in a few words"
+        first = await prompts.request([IMAGES["wide"]], text=f"{question}.")
+        assert_complete([c async for c in dispatcher.generate(first)], first)
+        assert first.plan.media[0].end <= 32  # inside the two blocks every request here shares
+        await wait_until_async(
+            lambda: index.num_blocks(worker_id) == worker_engine.prefix_cache.num_blocks > 0,
+            what="the index holds the worker's blocks",
+        )
+        looked_up = lookups(encoder_engine)
+
+        second = await prompts.request([IMAGES["wide"]], text=f"{question}, and its colour?")
+        chunks = [c async for c in dispatcher.generate(second)]
+        assert_complete(chunks, second)
+        assert chunks[-1].usage is not None and chunks[-1].usage.cached_tokens >= 16
+        assert lookups(encoder_engine) == looked_up  # not encoded, nor even looked up
+        assert skipped_items(worker, "skipped") == 1
+        assert skipped_items(worker, "encoded") == 0
+
+        # Another image after the same text is not held: it is encoded as usual.
+        other = await prompts.request([IMAGES["tall"]], text=f"{question}, and its colour?")
+        assert_complete([c async for c in dispatcher.generate(other)], other)
+        assert lookups(encoder_engine) == looked_up + 1
+        assert skipped_items(worker, "skipped") == 1
+    finally:
+        if dispatcher is not None:
+            await dispatcher.stop()
+        await deployment.close()
+        for engine in engines:
+            await engine.close()
+
+
+LARGE_IMAGE = png_bytes(photo_like(224, 448, seed=4))  # 128 tokens: eight blocks
+
+
+async def hold_prefix(engine: MockEngine, request: PreprocessedRequest, tokens: int) -> None:
+    """Fill `engine`'s prefix cache with the first `tokens` of `request`'s prompt (its image
+    cut there), as an earlier request that ended there would."""
+    item = request.plan.media[0]
+    cut = msgspec.structs.replace(item, length=tokens - item.offset)
+    rows = torch.zeros((cut.length, 8))
+    # One token past them, which runs: every block of `tokens` is cached.
+    await engine.prefill(
+        EngineRequest("earlier", tuple(request.plan.token_ids[: tokens + 1]), media=(cut,)),
+        [ItemEmbedding(item.mm_hash, item.grid_thw, rows)],
+    )
+
+
+@pytest.mark.parametrize("pattern", ["agg", "e_pd", "e_p_d"])
+async def test_a_skipped_image_the_prefix_cache_dropped_is_encoded_after_all(
+    nats_url: str, model_path: Path, prompts: Prompts, pattern: str
+) -> None:
+    """A request routed with its image skipped (`skip_encode`, as the frontend sends it) to a
+    worker whose prefix cache holds all of the image's tokens, part of them or none (dropped
+    between routing and arrival): each answers with the tokens of the request sent with its
+    image (the mock's follow the prompt and the items' hashes; that the hf engine's prefix
+    cache serves an item to the same tokens is `tests/engines/test_hf_engine.py`'s); only the
+    first skips the vision tower. A worker that encodes does so itself (agg);
+    one that does not asks the encode worker (E/PD's worker, E/P/D's prefill)."""
+    engines = await fresh_engines(model_path, 3)
+    deployment = InProcess(nats_url, model_path)
+    try:
+        if pattern == "agg":
+            language = await deployment.start(Role.WORKER, engines[0], encode=True)
+            encoder_engine, entry = engines[0], Role.WORKER
+        elif pattern == "e_pd":
+            language = await deployment.start(Role.WORKER, engines[0])
+            await deployment.start(Role.ENCODE, engines[1], encode=True)
+            encoder_engine, entry = engines[1], Role.ENCODE
+        else:
+            language = await deployment.start(Role.PREFILL, engines[0])
+            await deployment.start(Role.DECODE, engines[2])
+            await deployment.start(Role.ENCODE, engines[1], encode=True)
+            encoder_engine, entry = engines[1], Role.ENCODE
+        request = await prompts.request([LARGE_IMAGE])
+        item = request.plan.media[0]
+        assert item.length == 128
+        part = (item.end - 8) // 16 * 16  # the blocks before the image's last one
+        assert item.offset < part < item.end
+        # Sent with its image: the reference tokens, and every block in the cache.
+        expected = completion(await deployment.stream(entry, request))
+
+        all_cached = reusable_blocks(len(request.plan.token_ids), 16) * 16
+        assert item.end <= all_cached
+        for held, cached, counted, encoded in [
+            ("all", all_cached, "skipped", 0),
+            ("part", part, "encoded", 1),
+            ("none", 0, "encoded", 1),
+        ]:
+            if held != "all":
+                engines[0].prefix_cache.clear()
+            if held == "part":
+                await hold_prefix(engines[0], request, part)
+            looked_up = lookups(encoder_engine)
+            before = skipped_items(language, counted)
+            skipping = msgspec.structs.replace(request, request_id=held, skip_encode=[0])
+
+            chunks = await deployment.stream(entry, skipping)
+
+            assert_complete(chunks, skipping)
+            assert completion(chunks) == expected, held
+            assert chunks[-1].usage is not None
+            assert chunks[-1].usage.cached_tokens == cached, held
+            assert skipped_items(language, counted) == before + 1, held
+            assert lookups(encoder_engine) == looked_up + encoded, held
+        assert skipped_items(language, "skipped") == 1
+        assert skipped_items(language, "encoded") == 2
+    finally:
+        await deployment.close()
+        for engine in engines:
+            await engine.close()
+
+
+async def test_the_frontend_routes_to_the_aggregated_worker_whose_encoder_holds_the_image(
+    nats_url: str, model_path: Path, prompts: Prompts
+) -> None:
+    """Two `worker --encode` behind the frontend's dispatcher, neither holding any of the
+    prompt's blocks: the request goes to the one whose encoder cache holds its image (its
+    embedding-cache events told the router), which encodes nothing."""
+    engines = await fresh_engines(model_path, 2)
+    deployment = InProcess(nats_url, model_path)
+    dispatcher: NatsDispatcher | None = None
+    try:
+        handlers = [
+            await deployment.start(Role.WORKER, engine, encode=True, kv_events=True)
+            for engine in engines
+        ]
+        dispatcher = await NatsDispatcher.start(await deployment.runtime())
+        router = dispatcher.routers[Role.WORKER]
+        first = await prompts.request([IMAGES["tall"]])
+        assert_complete([c async for c in dispatcher.generate(first)], first)
+        holder = next(i for i, engine in enumerate(engines) if engine.prefix_cache.num_blocks)
+        holder_id = handlers[holder].runtime.instance_id
+        await wait_until_async(
+            lambda: router.encoder_index.num_entries(holder_id) == 1,
+            what="the router follows the worker's encoder cache",
+        )
+        engines[holder].prefix_cache.clear()  # the KV goes, the embedding stays
+        await wait_until_async(
+            lambda: router.indexer.num_blocks(holder_id) == 0, what="the index drops the blocks"
+        )
+        hits, misses = engines[holder].encoder_cache.stats()
+
+        # Each a coin toss without the encoder caches in the cost: 1 in 16 to pass by chance.
+        texts = ("Describe it.", "And its colours?", "How big is it?", "Where is it?")
+        for text in texts:
+            again = await prompts.request([IMAGES["tall"]], text=text)
+            assert_complete([c async for c in dispatcher.generate(again)], again)
+            engines[holder].prefix_cache.clear()
+        assert engines[holder].encoder_cache.stats() == (hits + len(texts), misses)
+        assert sum(engines[1 - holder].encoder_cache.stats()) == 0
     finally:
         if dispatcher is not None:
             await dispatcher.stop()

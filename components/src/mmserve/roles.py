@@ -29,6 +29,11 @@ PULL_EMBEDDINGS = "pull_embeddings"
 """The endpoint encode workers serve beside `generate`: offer the embeddings their encoder
 cache holds to a peer encoder (`protocol.EmbeddingPullRequest` -> `EmbeddingPullReply`)."""
 
+ENCODE_ITEMS = "encode_items"
+"""The endpoint encode workers serve for language workers: encode the items a request skipped
+for a prefix cache that no longer holds them (`protocol.EncodeItemsRequest` ->
+`EmbeddingPullReply`)."""
+
 KV_CACHING_ROLES = (Role.WORKER, Role.PREFILL)
 """Roles whose engines cache the prompts they run, so publish KV events (decode imports a
 prefill's KV without caching it)."""

@@ -53,7 +53,8 @@ class EncodeStage:
         """An embedding for each planned item whose payload carries none yet, by item index:
         pulled from the peer encoder the router named for it (`request.peers`) when that is
         cheaper, else encoded here; read from the encoder cache for an item named by its media
-        id (left out when the cache no longer holds it)."""
+        id (left out when the cache no longer holds it). Items the language worker's prefix
+        cache holds (`request.skip_encode`) are left out."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
@@ -63,7 +64,7 @@ class EncodeStage:
         todo = [
             i
             for i, payload in enumerate(request.payloads)
-            if payload.embeddings is None and not payload.reuse
+            if payload.embeddings is None and not payload.reuse and i not in request.skip_encode
         ]
         pulled = await self._pulled(request, todo)
         todo = [i for i in todo if i not in pulled]
@@ -110,7 +111,11 @@ class EncodeStage:
         """The embeddings the encoder cache holds for the items named by their media id
         alone; one it no longer holds stays without (the language hop's prefix cache may
         hold its tokens)."""
-        indices = [i for i, payload in enumerate(request.payloads) if payload.reuse]
+        indices = [
+            i
+            for i, payload in enumerate(request.payloads)
+            if payload.reuse and i not in request.skip_encode
+        ]
         if not indices:
             return {}
         items = [request.plan.media[i] for i in indices]

@@ -53,8 +53,17 @@ class EngineOverloaded(EngineError):
 
 class MediaGone(EngineError):
     """An item came without its embedding (named by its media id alone, and no encoder cache
-    held it) and the prefix cache does not hold its tokens either: the client must send the
-    media again (HTTP 400 `media_id.gone`)."""
+    held it; or skipped for the prefix cache, `PreprocessedRequest.skip_encode`) and the prefix
+    cache does not hold its tokens either. The worker encodes a skipped item after all; for an
+    id-only one the client must send the media again (HTTP 400 `media_id.gone`). `index` is the
+    item's place in the plan."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(
+            f"media item {index} was named by its uuid alone, and neither an encoder cache nor "
+            "the prefix cache holds it any more; send the image again with its uuid"
+        )
+        self.index = index
 
 
 MediaModality = Literal["image", "video"]
@@ -165,17 +174,14 @@ class EngineRequest:
     def live_embeddings(self, embeddings: Embeddings, cached: int) -> list[ItemEmbedding]:
         """The embeddings of the items with tokens past the first `cached` prompt tokens (the
         prefix the engine holds), in order: an item wholly inside it needs none, so one that
-        came without its embedding is served from the prefix cache; else `MediaGone`."""
+        came without its embedding is served from the prefix cache; else `MediaGone` (the first
+        such item)."""
         live = []
         for index, (item, embedding) in enumerate(zip(self.media, embeddings, strict=True)):
             if item.end <= cached:
                 continue
             if embedding is None:
-                raise MediaGone(
-                    f"media item {index} was named by its uuid alone, and neither an encoder "
-                    "cache nor the prefix cache holds it any more; send the image again with "
-                    "its uuid"
-                )
+                raise MediaGone(index)
             live.append(embedding)
         return live
 

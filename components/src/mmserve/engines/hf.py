@@ -53,7 +53,7 @@ from mmserve.engines.sampling import (
 from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
-from mmserve.kv.view import prompt_block_keys
+from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
@@ -311,8 +311,7 @@ class HfEngine(Engine):
 
         block_size = self.prefix_cache.block_size
         keys = prompt_block_keys(request.token_ids, request.media, block_size, self.pad_scheme)
-        # At least one token must run to produce the first token's logits.
-        blocks = self.prefix_cache.match(keys.seq_hashes, (len(ids) - 1) // block_size)
+        blocks = self.prefix_cache.match(keys.seq_hashes, reusable_blocks(len(ids), block_size))
         cached = len(blocks) * block_size
 
         cache = self._new_cache()

@@ -59,7 +59,7 @@ from mmserve.engines.sampling import StopRules, check_sampling, stream_completio
 from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
-from mmserve.kv.view import prompt_block_keys
+from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
@@ -209,8 +209,7 @@ class MockEngine(Engine):
         self._admit()
         try:
             async with self._prefill_turn:
-                # At least one token runs, as in a real engine (it yields the first token).
-                limit = (len(request.token_ids) - 1) // cache.block_size
+                limit = reusable_blocks(len(request.token_ids), cache.block_size)
                 cached = len(cache.match(keys.seq_hashes, limit)) * cache.block_size
                 # An item that came without its embedding must lie in the cached prefix.
                 request.live_embeddings(embeddings, cached)

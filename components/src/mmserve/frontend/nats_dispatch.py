@@ -4,7 +4,8 @@ one, else the language hop).
 
 Within a role the router (`--router-mode`, `mmserve.router`) picks the instance of every hop
 that holds a KV cache: the aggregated worker (agg, E/PD) by the longest cached prefix of the
-prompt, images included, weighed against load; in E/P/D the prefill worker the same way and the
+prompt, images included (and, where it encodes, the embeddings its encoder cache holds), weighed
+against load; in E/P/D the prefill worker the same way and the
 decode worker by load alone. The encode worker is picked by `--encode-router-mode`
 (`router.encode_scheduler`): by the image tokens its encoder cache already holds, weighed
 against the encode work sent to it. The chosen ids travel in `PreprocessedRequest.route`, so
@@ -32,6 +33,7 @@ import torch
 
 from mmserve import protocol
 from mmserve.frontend.dispatch import Pipeline
+from mmserve.kv.view import items_in_cached_prefix
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     CachesCleared,
@@ -41,7 +43,12 @@ from mmserve.protocol import (
     TokenChunk,
 )
 from mmserve.roles import GENERATE, KV_CACHING_ROLES, RESET_PREFIX_CACHE, Role
-from mmserve.router.encode_scheduler import EncodeRouter, EncodeRouterMode, encode_items
+from mmserve.router.encode_scheduler import (
+    EncodeRouter,
+    EncodeRouterMode,
+    encode_items,
+    encoded_indices,
+)
 from mmserve.router.encoder_index import EncoderEventSubscriber
 from mmserve.router.hops import kv_roles, language_hop, missing_language_hop_message, next_hop
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
@@ -76,8 +83,11 @@ class NatsDispatcher:
             role: settings.build_router() for role in (Role.WORKER, Role.PREFILL, Role.DECODE)
         }
         self.encode_router = settings.build_encode_router()
+        self.skip_cached_encode = settings.skip_cached_encode
         self._subscribers: dict[Role, KvEventSubscriber] = {}
         self._encoder_subscriber: EncoderEventSubscriber | None = None
+        # Per KV-caching role, the embedding-cache events of its instances that encode.
+        self._worker_encoder_subscribers: dict[Role, EncoderEventSubscriber] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -94,6 +104,10 @@ class NatsDispatcher:
                 subscriber = await KvEventSubscriber(runtime, router.indexer, role.value).start()
                 subscriber.catch_up(watchers[role].instance_ids())
                 dispatcher._subscribers[role] = subscriber
+                # Not caught up: an instance that does not encode would never answer a dump;
+                # one that does is followed from its next event.
+                encoders = EncoderEventSubscriber(runtime, router.encoder_index, role.value)
+                dispatcher._worker_encoder_subscribers[role] = await encoders.start()
         if dispatcher.encode_router.mode.follows_caches:
             encoders = EncoderEventSubscriber(
                 runtime, dispatcher.encode_router.index, Role.ENCODE.value
@@ -117,6 +131,7 @@ class NatsDispatcher:
             if self._encoder_subscriber is not None:
                 self._encoder_subscriber.on_instance_removed(instance_id)
             self.encode_router.remove_worker(instance_id)
+            metrics.forget_encoder(instance_id)
             log.info(
                 "encode %s left: %d cached embeddings dropped from the index", instance_id, entries
             )
@@ -126,6 +141,9 @@ class NatsDispatcher:
         subscriber = self._subscribers.get(role)
         if subscriber is not None:
             subscriber.on_instance_removed(instance_id)
+        encoders = self._worker_encoder_subscribers.get(role)
+        if encoders is not None:
+            encoders.on_instance_removed(instance_id)
         router.remove_worker(instance_id)
         log.info("%s %s left: %d cached blocks dropped from the index", role, instance_id, blocks)
 
@@ -135,6 +153,8 @@ class NatsDispatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for subscriber in self._subscribers.values():
             await subscriber.stop()
+        for encoders in self._worker_encoder_subscribers.values():
+            await encoders.stop()
         if self._encoder_subscriber is not None:
             await self._encoder_subscriber.stop()
 
@@ -194,15 +214,17 @@ class NatsDispatcher:
         exclude: Sequence[str] = (),
         *,
         encode: bool = False,
-    ) -> dict[str, str]:
-        """Pick the instances of the hops that hold the KV cache, and the encode worker when
-        the request goes through one (`encode`); each router books the request until
-        `_release`."""
+    ) -> PreprocessedRequest:
+        """The request with its route: the instances of the hops that hold the KV cache, and
+        the encode worker when the request goes through one (`encode`); each router books the
+        request until `_release`. Items whose every token the prefilling instance holds, as its
+        router's index says, are not encoded (`skip_encode`)."""
         roles = kv_roles(language)
         by_prompt = self.routers[Role.WORKER].request_for(
             request.request_id, request.plan, lora_name=request.lora_name
         )
         route: dict[str, str] = {}
+        skip: list[int] = []
         try:
             for role in roles:
                 workers = sorted(self._watchers[role].instance_ids() - set(exclude))
@@ -211,6 +233,8 @@ class NatsDispatcher:
                     routed = RouteRequest(request.request_id, num_blocks=by_prompt.num_blocks)
                 decision = self.routers[role].select(routed, workers)
                 route[role.value] = decision.worker_id
+                if role is not Role.DECODE and self.skip_cached_encode:
+                    skip = self._skipped_items(request, decision.overlap_blocks, role)
                 log.debug(
                     "request %s -> %s %s (%d/%d blocks cached)",
                     request.request_id,
@@ -223,13 +247,25 @@ class NatsDispatcher:
             self._release(request.request_id, route)
             names = " or ".join(role.value for role in roles)
             raise Unavailable(None, f"no {names} worker is available") from None
+        routed_request = msgspec.structs.replace(request, skip_encode=skip)
         if encode:
             try:
-                route[Role.ENCODE.value] = self._route_encode(request, exclude)
+                route[Role.ENCODE.value] = self._route_encode(routed_request, exclude)
             except NoWorkersError:
                 self._release(request.request_id, route)
                 raise Unavailable(None, "no encode worker is available") from None
-        return route
+        return msgspec.structs.replace(routed_request, route=route)
+
+    def _skipped_items(
+        self, request: PreprocessedRequest, cached_blocks: int, role: Role
+    ) -> list[int]:
+        """The items left to encode whose every token lies in the `cached_blocks` the chosen
+        `role` instance holds."""
+        plan = request.plan
+        block_size = self.routers[role].block_size
+        covered = items_in_cached_prefix(len(plan.token_ids), plan.media, cached_blocks, block_size)
+        payloads = request.payloads  # the stage that reads them checks there is one per item
+        return [i for i in covered if i < len(payloads) and payloads[i].embeddings is None]
 
     def _route_encode(self, request: PreprocessedRequest, exclude: Sequence[str]) -> str:
         workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
@@ -254,7 +290,7 @@ class NatsDispatcher:
         chosen = route.get(Role.ENCODE.value)
         if chosen is None or self.encode_router.mode is not EncodeRouterMode.PEER_PULL:
             return {}
-        indices = [i for i, payload in enumerate(request.payloads) if payload.embeddings is None]
+        indices = encoded_indices(request)
         items = encode_items(request)
         workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
         holders = self.encode_router.peer_holders(request.request_id, items, chosen, workers)
@@ -285,10 +321,9 @@ class NatsDispatcher:
             self._release(request.request_id, route)
             route = {}  # released: a failed routing below must not release it twice
             with nvtx.nvtx_range(nvtx.FE_ROUTE):
-                route = self.route(request, language, gone, encode=hop is Role.ENCODE)
-            routed = msgspec.structs.replace(
-                request, route=route, peers=self._encode_peers(request, route, gone)
-            )
+                routed = self.route(request, language, gone, encode=hop is Role.ENCODE)
+            route = routed.route
+            routed = msgspec.structs.replace(routed, peers=self._encode_peers(routed, route, gone))
             return routed, route.get(hop.value)
 
         replies: AsyncGenerator[TokenChunk, None] = stream_with_retry(

@@ -87,3 +87,18 @@ def prompt_block_keys(
     """Block keys of a planned prompt, as an engine's prefix cache stores them."""
     local = routing_view(token_ids, media, scheme=scheme).block_hashes(block_size)
     return BlockKeys(tuple(local), tuple(compute_seq_hashes(local)))
+
+
+def reusable_blocks(num_tokens: int, block_size: int) -> int:
+    """The most leading blocks of a prompt of `num_tokens` a prefix cache serves: at least one
+    token runs, to give the first token's logits."""
+    return max(0, (num_tokens - 1) // block_size)
+
+
+def items_in_cached_prefix(
+    plan_tokens: int, media: Sequence[PlannedMedia], cached_blocks: int, block_size: int
+) -> list[int]:
+    """The media items every token of which lies in the first `cached_blocks` blocks a prefix
+    cache holds (as far as it serves them, `reusable_blocks`): their embeddings go unread."""
+    cached = min(cached_blocks, reusable_blocks(plan_tokens, block_size)) * block_size
+    return [index for index, item in enumerate(media) if item.length > 0 and item.end <= cached]

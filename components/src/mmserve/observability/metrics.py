@@ -56,10 +56,28 @@ ENCODE_ROUTED_TOKENS = Counter(
     ["worker", "result"],
 )
 
+
+def forget_encoder(worker: str) -> None:
+    """Drop the series of an encode worker that left (`ENCODE_ROUTED_TOKENS`), so the
+    frontend's label set stays the live encoders however often they restart (each start is a
+    new instance id)."""
+    for result in ("held", "new"):
+        with contextlib.suppress(KeyError):  # never routed to
+            ENCODE_ROUTED_TOKENS.remove(worker, result)
+
+
 PEER_PULLS = Counter(
     "mmserve_encoder_peer_pulls",
     "Embeddings an encode worker pulled from a peer encoder's cache instead of encoding them, "
     "by result (failed: encoded here instead)",
+    ["component", "worker", "result"],
+)
+
+SKIPPED_ENCODES = Counter(
+    "mmserve_encoder_skipped_items",
+    "Media items the router sent unencoded because the worker's prefix cache held all their "
+    "tokens, by result (skipped: the cache served them; encoded: it had dropped them, so they "
+    "were encoded after all)",
     ["component", "worker", "result"],
 )
 

@@ -5,7 +5,7 @@
 - `errors`: the catalogue of error codes with their HTTP status, and `ErrorMessage`;
 - `pipeline`: the request plan, media payloads, prefill's handover, token chunks;
 - `kv`: KV events, and the call that clears a worker's caches;
-- `encoder`: embedding-cache events;
+- `encoder`: embedding-cache events, peer pulls, encoding skipped items after all;
 - `runtime`: discovery records and the frames around every call on NATS;
 - `transfer`: the transfer backends' descriptors and the probe's messages.
 
@@ -16,6 +16,7 @@ contract). Everything is importable from `mmserve.protocol` itself.
 from mmserve.protocol.encoder import (
     EmbeddingPullReply,
     EmbeddingPullRequest,
+    EncodeItemsRequest,
     EncoderCleared,
     EncoderDumpRequest,
     EncoderEntry,
@@ -154,6 +155,7 @@ __all__ = [
     "EmbeddingPullReply",
     "EmbeddingPullRequest",
     "EmbeddingsHandle",
+    "EncodeItemsRequest",
     "EncoderCleared",
     "EncoderDumpRequest",
     "EncoderEntry",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from mmserve.protocol.pipeline import EmbeddingsHandle
+from mmserve.protocol.pipeline import EmbeddingsHandle, PreprocessedRequest
 from mmserve.protocol.wire import WireMessage
 
 
@@ -60,8 +60,17 @@ class EmbeddingPullRequest(WireMessage, frozen=True):
     items: list[EncoderItem]
 
 
+class EncodeItemsRequest(WireMessage, frozen=True):
+    """A language worker asks an encode worker (`encode.encode_items`) to encode the items of
+    `request` it skipped for its prefix cache, which no longer holds them (the others are
+    listed in `request.skip_encode`); the reply has one entry per planned item."""
+
+    request: PreprocessedRequest
+
+
 class EmbeddingPullReply(WireMessage, frozen=True):
     """One entry per requested item: the offered embeddings (leased like every transfer), or
-    None where the cache no longer holds it."""
+    None where the cache no longer holds it (or, for `EncodeItemsRequest`, where nothing was
+    encoded)."""
 
     embeddings: list[EmbeddingsHandle | None]

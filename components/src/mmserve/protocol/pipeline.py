@@ -150,6 +150,10 @@ class PreprocessedRequest(WireMessage, frozen=True):
     # Media item index -> an encode instance whose encoder cache holds that item while the
     # routed encoder does not (`--encode-router-mode peer-pull`): the encoder may pull it.
     peers: dict[int, str] = {}
+    # Media items every token of which the routed language worker's prefix cache holds (the
+    # router's KV index says so): no encoder runs them, and that worker encodes, or asks an
+    # encode worker for, one its cache dropped meanwhile (`worker.base`).
+    skip_encode: list[int] = []
 
 
 class BootstrapInfo(WireMessage, frozen=True):

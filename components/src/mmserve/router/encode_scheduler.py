@@ -45,13 +45,23 @@ EncodeItems = Sequence[tuple[EncoderKey, int]]
 """The items a request has encoded: their encoder key and token count."""
 
 
-def encode_items(request: PreprocessedRequest) -> list[tuple[EncoderKey, int]]:
-    """The planned items that an encoder provides (those without precomputed embeddings,
-    named by their media id or not)."""
+def encoded_indices(request: PreprocessedRequest) -> list[int]:
+    """The planned items that an encoder provides: those without precomputed embeddings, named
+    by their media id or not, that the language worker's prefix cache does not hold
+    (`skip_encode`)."""
     return [
-        (encoder_key(item.mm_hash, item.grid_thw), item.length)
-        for item, payload in zip(request.plan.media, request.payloads, strict=True)
-        if payload.embeddings is None
+        index
+        for index, payload in enumerate(request.payloads)
+        if payload.embeddings is None and index not in request.skip_encode
+    ]
+
+
+def encode_items(request: PreprocessedRequest) -> list[tuple[EncoderKey, int]]:
+    """The encoder keys and token counts of `encoded_indices`."""
+    media = request.plan.media
+    return [
+        (encoder_key(media[i].mm_hash, media[i].grid_thw), media[i].length)
+        for i in encoded_indices(request)
     ]
 
 

@@ -9,7 +9,11 @@ where `uncached_prefill_blocks` is the part of this prompt the worker does not h
 prefill work already sent to it, `active_decode_blocks` the KV blocks of its requests in flight
 (a block that several of them share counts once: a prefix-caching engine holds it once),
 `shared_active_blocks` the leading blocks of this prompt already among them (it would add no
-memory for those) and `queued_requests` the requests still waiting for their first token. The
+memory for those) and `queued_requests` the requests still waiting for their first token. On a
+worker that encodes (`worker --encode`, `prefill --encode`: it publishes embedding-cache
+events) `uncached_prefill_blocks` also counts the vision-tower work, in blocks of image tokens:
+the items neither in its cached prefix (skipped, `PreprocessedRequest.skip_encode`) nor in its
+encoder cache. The
 lowest logit wins, ties are broken at random; a positive temperature samples from a softmax
 over the normalised logits instead. The router counts in-flight load itself, from its own
 decisions, so a burst of requests spreads out before any worker reports back.
@@ -18,6 +22,7 @@ decisions, so a burst of requests spreads out before any worker reports back.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import enum
 import math
 import random
@@ -25,10 +30,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from mmserve.kv.encoder_events import EncoderKey, encoder_key
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
 from mmserve.kv.pad import PadScheme
-from mmserve.kv.view import RoutingView, routing_view
+from mmserve.kv.view import RoutingView, reusable_blocks, routing_view
 from mmserve.protocol import RequestPlan
+from mmserve.router.encoder_index import EncoderIndex
 from mmserve.router.indexer import KvIndexer
 
 
@@ -54,8 +61,19 @@ class KvCostConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteMedia:
+    """A media item as the router weighs it on a worker that encodes: its encoder-cache key,
+    its tokens and where they end in the prompt."""
+
+    key: EncoderKey
+    length: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What the router needs of a request: its block hashes and its size in blocks.
+    """What the router needs of a request: its block hashes and its size in blocks (and
+    tokens), and its media items.
 
     With no block hashes (e.g. the decode hop of E/P/D), KV mode routes by load alone.
     """
@@ -63,6 +81,8 @@ class RouteRequest:
     request_id: str
     block_hashes: Sequence[int] = ()
     num_blocks: int = 0  # KV blocks the prompt occupies, a partial tail block included
+    num_tokens: int = 0
+    media: Sequence[RouteMedia] = ()
 
     @classmethod
     def from_view(
@@ -76,6 +96,7 @@ class RouteRequest:
             request_id=request_id,
             block_hashes=view.block_hashes(block_size, lora_name),
             num_blocks=-(-len(view.ids) // block_size),
+            num_tokens=len(view.ids),
         )
 
 
@@ -203,6 +224,8 @@ class Router:
         self.block_size = block_size
         self.pad_scheme = pad_scheme
         self.indexer = indexer if indexer is not None else KvIndexer()
+        # The encoder caches of workers that encode, fed by their embedding-cache events.
+        self.encoder_index = EncoderIndex()
         self.cost = cost if cost is not None else KvCostConfig()
         self.load = LoadTracker()
         self._rng = rng if rng is not None else random.Random()
@@ -214,7 +237,13 @@ class Router:
         """The routing request of a planned prompt, with this router's block size and pad
         scheme."""
         view = routing_view(plan.token_ids, plan.media, scheme=self.pad_scheme)
-        return RouteRequest.from_view(request_id, view, self.block_size, lora_name)
+        request = RouteRequest.from_view(request_id, view, self.block_size, lora_name)
+        media = [
+            RouteMedia(encoder_key(item.mm_hash, item.grid_thw), item.length, item.end)
+            for item in plan.media
+            if item.length > 0
+        ]
+        return dataclasses.replace(request, media=media)
 
     def select(self, request: RouteRequest, workers: Sequence[str]) -> RoutingDecision:
         if not workers:
@@ -252,7 +281,10 @@ class Router:
         logits = {}
         for worker_id in workers:
             pending_prefill, decode_blocks, queued = self.load.load(worker_id)
-            uncached = num_blocks - overlaps.get(worker_id, 0) + pending_prefill
+            overlap = overlaps.get(worker_id, 0)
+            uncached = (num_blocks - overlap + pending_prefill) + self.vision_blocks(
+                request, worker_id, overlap
+            )
             logits[worker_id] = (
                 self.cost.overlap_weight * uncached
                 + decode_blocks
@@ -261,6 +293,19 @@ class Router:
             )
         return logits
 
+    def vision_blocks(self, request: RouteRequest, worker_id: str, overlap: int) -> float:
+        """The vision-tower work, in blocks of image tokens, that `request` costs a worker that
+        encodes, holding `overlap` blocks of it: its items neither in that prefix nor in the
+        worker's encoder cache (one that has not told of its cache yet holds none). 0 where no
+        worker of the role has published embedding-cache events: they do not encode (a
+        deployment's workers of one role all encode, or none)."""
+        if not request.media or not self.encoder_index.workers():
+            return 0.0
+        reused = min(overlap, reusable_blocks(request.num_tokens, self.block_size))
+        live = [item for item in request.media if item.end > reused * self.block_size]
+        held = self.encoder_index.held_keys(worker_id, [item.key for item in live])
+        return sum(item.length for item in live if item.key not in held) / self.block_size
+
     def on_first_token(self, request_id: str) -> None:
         self.load.on_first_token(request_id)
 
@@ -268,8 +313,9 @@ class Router:
         self.load.on_finish(request_id)
 
     def remove_worker(self, worker_id: str) -> None:
-        """Forget a worker that left: its blocks and its in-flight load."""
+        """Forget a worker that left: its blocks, its embeddings and its in-flight load."""
         self.indexer.remove_worker(worker_id)
+        self.encoder_index.remove_worker(worker_id)
         self.load.remove_worker(worker_id)
 
     def _pick_by_cost(self, logits: dict[str, float]) -> str:

@@ -30,6 +30,8 @@ class RouterSettings:
     pad_scheme: PadScheme = PadScheme.DYNAMO  # must equal the engines' scheme
     cost: KvCostConfig = field(default_factory=KvCostConfig)
     encode_mode: EncodeRouterMode = EncodeRouterMode.EMBEDDING_CACHE
+    # Leave out of encoding the items the routed worker's prefix cache holds (`skip_encode`).
+    skip_cached_encode: bool = True
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +52,15 @@ class RouterSettings:
             "the encode work already sent to it), peer-pull (the same, and the chosen encoder "
             "pulls the embeddings another encoder holds instead of encoding them), round-robin "
             "or random (default: embedding-cache)",
+        )
+        group.add_argument(
+            "--skip-cached-encode",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="send a media item unencoded when the KV index says the worker the prompt is "
+            "routed to holds all its tokens (the worker encodes it after all if its cache "
+            "dropped them since); off for engines that read no prefix cache for media, such "
+            "as sglang here (default: on)",
         )
         group.add_argument(
             "--kv-block-size",
@@ -101,6 +112,7 @@ class RouterSettings:
             pad_scheme=PadScheme(args.pad_scheme),
             cost=cost,
             encode_mode=EncodeRouterMode(args.encode_router_mode),
+            skip_cached_encode=args.skip_cached_encode,
         )
 
     def build_router(self) -> Router:

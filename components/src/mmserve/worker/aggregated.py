@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from mmserve.engines.base import Embeddings
 from mmserve.observability import nvtx
 from mmserve.protocol import PreprocessedRequest, TokenChunk
 from mmserve.roles import GENERATE, Role
 from mmserve.runtime import RequestContext
-from mmserve.worker.base import RoleHandler, engine_request, stream_tokens
+from mmserve.worker.base import RoleHandler, engine_request, started, stream_tokens
 from mmserve.worker.tracking import tracked
 
 
@@ -26,6 +27,16 @@ class AggregatedHandler(RoleHandler):
         with tracked(self.component, request), nvtx.nvtx_range(nvtx.PD_GENERATE):
             with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
                 embeddings = await self.embeddings(request)
-            chunks = self.engine.generate(engine_request(request), embeddings)
+            chunks = self._chunks(request, embeddings)
             async for chunk in stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True):
                 yield chunk
+
+    async def _chunks(
+        self, request: PreprocessedRequest, embeddings: Embeddings
+    ) -> AsyncIterator[TokenChunk]:
+        prompt = engine_request(request)
+        chunks = await self.run_prompt(
+            request, embeddings, lambda given: started(self.engine.generate(prompt, given))
+        )
+        async for chunk in chunks:
+            yield chunk

@@ -1,25 +1,41 @@
 """What every role's handler shares: the engine, transfer, the encode stage where the worker
-encodes, getting a request's embeddings from whoever encoded them, and clearing the engine's
-caches (`<role>.reset_prefix_cache`, served beside `generate`)."""
+encodes, getting a request's embeddings from whoever encoded them (and encoding the items the
+router skipped for a prefix cache that dropped them since), and clearing the engine's caches
+(`<role>.reset_prefix_cache`, served beside `generate`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
 
 from mmserve import protocol
 from mmserve.encode.embeddings import load_embeddings
 from mmserve.encode.stage import EncodeStage
-from mmserve.engines.base import Engine, EngineRequest, ItemEmbedding
+from mmserve.engines.base import Embeddings, Engine, EngineRequest, ItemEmbedding, MediaGone
 from mmserve.observability import metrics, nvtx
-from mmserve.protocol import CachesCleared, PreprocessedRequest, ResetCachesRequest, TokenChunk
-from mmserve.roles import RESET_PREFIX_CACHE, Role
+from mmserve.protocol import (
+    CachesCleared,
+    EmbeddingPullReply,
+    EncodeItemsRequest,
+    MediaPayload,
+    PreprocessedRequest,
+    ResetCachesRequest,
+    TokenChunk,
+)
+from mmserve.roles import ENCODE_ITEMS, RESET_PREFIX_CACHE, Role
+from mmserve.router.route import stream_routed
 from mmserve.runtime import RemoteError, RequestContext, Runtime
 from mmserve.transfer import TransferAgent
 from mmserve.worker.errors import typed_errors
 
 log = logging.getLogger("mmserve.worker")
+
+T = TypeVar("T")
 
 
 class RoleHandler:
@@ -72,12 +88,14 @@ class RoleHandler:
         transfer where a payload carries them (an upstream encoder's, or the client's own
         precomputed ones), encoded here for the rest. An item named by its media id alone
         comes from this worker's encoder cache, or is None when no encoder cache holds it
-        (the engine serves it from its prefix cache, or refuses it)."""
+        (the engine serves it from its prefix cache, or refuses it); so is an item the router
+        skipped for the prefix cache (`skip_encode`, see `run_prompt`)."""
         media, payloads = request.plan.media, request.payloads
         if not media:
             return []
         if self.encoder is None and any(
-            payload.embeddings is None and not payload.reuse for payload in payloads
+            payload.embeddings is None and not payload.reuse and i not in request.skip_encode
+            for i, payload in enumerate(payloads)
         ):
             raise RemoteError(
                 protocol.ERROR_UNAVAILABLE,
@@ -94,6 +112,81 @@ class RoleHandler:
             )
         by_index = encoded | dict(zip(carried, loaded, strict=True))
         return [by_index.get(i) for i in range(len(media))]
+
+    async def run_prompt(
+        self,
+        request: PreprocessedRequest,
+        embeddings: Embeddings,
+        run: Callable[[Embeddings], Awaitable[T]],
+    ) -> T:
+        """`run(embeddings)`, the engine's prefill. The items the router skipped because this
+        worker's prefix cache held all their tokens (`skip_encode`) come without embeddings;
+        when the engine finds the cache dropped one since (`MediaGone`), the skipped items are
+        encoded (here, or by an encode worker) and the prompt runs again. Each skipped item
+        counts in `mmserve_encoder_skipped_items_total` as skipped or encoded."""
+        skipped = [i for i in request.skip_encode if embeddings[i] is None]
+        if not skipped:
+            return await run(embeddings)
+        counted = metrics.SKIPPED_ENCODES.labels
+        try:
+            result = await run(embeddings)
+        except MediaGone as gone:
+            if gone.index not in skipped:
+                raise
+            log.info(
+                "request %s: the prefix cache no longer holds media item %d; encoding the %d "
+                "skipped items",
+                request.request_id,
+                gone.index,
+                len(skipped),
+            )
+            encoded = await self._encode_skipped(request, skipped)
+            result = await run([encoded.get(i, e) for i, e in enumerate(embeddings)])
+            counted(self.component, self.runtime.instance_id, "encoded").inc(len(skipped))
+            return result
+        counted(self.component, self.runtime.instance_id, "skipped").inc(len(skipped))
+        return result
+
+    async def _encode_skipped(
+        self, request: PreprocessedRequest, skipped: list[int]
+    ) -> dict[int, ItemEmbedding]:
+        """The embeddings of the `skipped` items, by index: from this worker's encode stage, or
+        from the encode worker the request came through (any one if it is gone)."""
+        others = [i for i in range(len(request.plan.media)) if i not in skipped]
+        wanted = msgspec.structs.replace(request, skip_encode=others)
+        if self.encoder is not None:
+            return await self.encoder.run(wanted)
+        replies: AsyncGenerator[EmbeddingPullReply, None] = stream_routed(
+            self.runtime.client(Role.ENCODE.value, ENCODE_ITEMS),
+            EncodeItemsRequest(request=wanted),
+            EmbeddingPullReply,
+            instance_id=request.route.get(Role.ENCODE.value),
+            request_id=request.request_id,
+            deadline=request.deadline,
+        )
+        async with contextlib.aclosing(replies):
+            reply = await anext(replies)
+        handles = {i: h for i, h in enumerate(reply.embeddings) if i in skipped and h is not None}
+        with metrics.timed_stage(self.component, "transfer"):
+            loaded = await load_embeddings(
+                self.transfer,
+                [request.plan.media[i] for i in handles],
+                [MediaPayload(embeddings=handle) for handle in handles.values()],
+            )
+        return dict(zip(handles, loaded, strict=True))
+
+
+async def started(chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
+    """`chunks` once its first chunk came, so a prefill that fails fails here, before anything
+    streamed (`RoleHandler.run_prompt` may then run it again)."""
+    first = await anext(chunks)
+
+    async def stream() -> AsyncIterator[TokenChunk]:
+        yield first
+        async for chunk in chunks:
+            yield chunk
+
+    return stream()
 
 
 def engine_request(request: PreprocessedRequest) -> EngineRequest:

@@ -16,15 +16,17 @@ from mmserve.observability import nvtx
 from mmserve.protocol import (
     EmbeddingPullReply,
     EmbeddingPullRequest,
+    EncodeItemsRequest,
     MediaPayload,
     PreprocessedRequest,
     TokenChunk,
 )
-from mmserve.roles import GENERATE, PULL_EMBEDDINGS, Role
+from mmserve.roles import ENCODE_ITEMS, GENERATE, PULL_EMBEDDINGS, Role
 from mmserve.router.hops import language_hop
 from mmserve.router.route import stream_routed
 from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext
 from mmserve.worker.base import RoleHandler
+from mmserve.worker.errors import typed_errors
 from mmserve.worker.tracking import tracked
 
 LANGUAGE_ROLES = (Role.WORKER, Role.PREFILL, Role.DECODE)
@@ -43,6 +45,9 @@ class EncodeHandler(RoleHandler):
         await self.serve_reset_prefix_cache()
         await self.runtime.serve(
             self.component, PULL_EMBEDDINGS, self.pull_embeddings, EmbeddingPullRequest
+        )
+        await self.runtime.serve(
+            self.component, ENCODE_ITEMS, self.encode_items, EncodeItemsRequest
         )
         await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
 
@@ -72,6 +77,19 @@ class EncodeHandler(RoleHandler):
             embeddings=[None if item is None else next(offered) for item in cached]
         )
 
+    async def encode_items(
+        self, request: EncodeItemsRequest, ctx: RequestContext
+    ) -> EmbeddingPullReply:
+        """Encode the items of a request that a language worker skipped for its prefix cache,
+        which dropped them since (`RoleHandler.run_prompt`); offered as for `generate`."""
+        with typed_errors():
+            assert self.encoder is not None  # the encode role always has its stage
+            encoded = await self.encoder.run(request.request)
+            handles, _leases = await offer_embeddings(self.transfer, list(encoded.values()))
+        offered = dict(zip(encoded, handles, strict=True))
+        media = request.request.plan.media
+        return EmbeddingPullReply(embeddings=[offered.get(i) for i in range(len(media))])
+
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
     ) -> AsyncIterator[TokenChunk]:
@@ -82,7 +100,8 @@ class EncodeHandler(RoleHandler):
             handles, _leases = await offer_embeddings(self.transfer, list(encoded.values()))
             offered = dict(zip(encoded, handles, strict=True))
             # Precomputed embeddings pass on untouched (the language hop reads them from the
-            # frontend), and so does an id-only item this cache no longer holds.
+            # frontend), and so do an id-only item this cache no longer holds and an item the
+            # language worker's prefix cache holds (`skip_encode`).
             payloads = [
                 MediaPayload(embeddings=offered[i]) if i in offered else payload
                 for i, payload in enumerate(request.payloads)

@@ -61,7 +61,10 @@ class PrefillHandler(RoleHandler):
             nvtx.nvtx_range(nvtx.PREFILL_ENGINE_ASYNC_GENERATE),
             metrics.timed_stage(self.component, "prefill"),
         ):
-            kv = await self.engine.prefill(engine_request(request), embeddings, bootstrap)
+            prompt = engine_request(request)
+            kv = await self.run_prompt(
+                request, embeddings, lambda given: self.engine.prefill(prompt, given, bootstrap)
+            )
         try:
             tensors = await self.engine.export_kv(kv)
         finally:
