@@ -298,3 +298,33 @@ def test_sampled_decoding_seeks_and_skips_to_the_same_frames(
     for indices in picks:
         _, frames = _mm.decode_video(data, indices)
         assert np.array_equal(frames, reference[indices]), indices
+
+
+@pytest.mark.parametrize(
+    "name, codec, extra",
+    [
+        ("h264.mp4", "libx264", ("-g", "6", "-bf", "2")),
+        ("h264_444.mkv", "libx264", ("-g", "8", "-pix_fmt", "yuv444p")),
+        ("hevc.mp4", "libx265", ("-x265-params", "keyint=6:min-keyint=6")),
+        ("vp9.webm", "libvpx-vp9", ("-g", "5", "-deadline", "realtime")),
+        ("vp8.webm", "libvpx", ("-g", "4")),
+        ("av1.mkv", "libaom-av1", ("-g", "5")),
+        ("mpeg4.mkv", "mpeg4", ("-g", "5", "-bf", "2")),
+    ],
+)
+def test_frames_equal_torchcodec(
+    tmp_path: Path, name: str, codec: str, extra: tuple[str, ...]
+) -> None:
+    """The sampled frames equal torchcodec's (the decoder transformers' video processors
+    default to) on the same system FFmpeg, byte for byte."""
+    from torchcodec.decoders import VideoDecoder
+
+    data = make_video(
+        tmp_path / name, size="80x46", rate="24", seconds=2.0, codec=codec, extra=extra
+    )
+    info = _mm.probe_video(data)
+    for options in [{"fps": 2.0}, {"fps": 7.0}, {"num_frames": 6}]:
+        indices = _mm.sample_frame_indices(info["total_frames"], info["fps"], **options)
+        _, ours = _mm.decode_video(data, indices)
+        decoder = VideoDecoder(data, dimension_order="NHWC", num_ffmpeg_threads=1)
+        assert np.array_equal(ours, decoder.get_frames_at(indices).data.numpy()), options
