@@ -1,14 +1,15 @@
 """End-to-end serving benchmark on the tiny model, per deployment pattern.
 
 For each pattern (agg, EP/D, E/PD, E/P/D) it starts a real deployment (one process per
-component, a private nats-server), then sends streaming chat requests with one 1280x960 JPEG:
-at concurrency 1 and 8, with a new image per request (cold: fetch, preprocess and vision tower
-every time) and with the same image repeated (encoder and prefix caches warm). It prints TTFT
+component, a private nats-server), then sends streaming chat requests with one 1280x960 JPEG,
+and with one 5 s 640x360 H.264 video (sampled at 2 fps: 10 frames): at concurrency 1 and 8,
+with a new item per request (cold: fetch, preprocess and vision tower every time) and with the
+same item repeated (encoder and prefix caches warm). It prints TTFT
 p50/p99 and requests/s, and the frontend's own added latency (HTTP arrival to first-hop
 dispatch, from its Prometheus histogram). The aggregated pattern is the anchor: ratios are
 against it.
 
-    .venv/bin/python -m bench.e2e [--patterns agg e_p_d] [--requests 16]
+    .venv/bin/python -m bench.e2e [--patterns agg e_p_d] [--requests 16] [--media image video]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import io
 import json
 import re
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +46,24 @@ def photo_jpeg(seed: int, width: int = 1280, height: int = 960) -> bytes:
     return out.getvalue()
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, image: str) -> float:
+def video_mp4(path: Path, seed: int) -> None:
+    """A 5 s 640x360 H.264 clip; the seed goes into the container's metadata, so each clip's
+    bytes (and so its identity) differ while decoding costs the same."""
+    source = "testsrc2=size=640x360:rate=30"
+    command = ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", source, "-t", "5"]
+    command += ["-c:v", "libx264", "-pix_fmt", "yuv420p", "-metadata", f"comment={seed}"]
+    subprocess.run([*command, str(path)], check=True)
+
+
+# Per medium: the content part's type, the file suffix, the file maker.
+MEDIA = {
+    "image": ("image_url", "jpg", lambda path, seed: path.write_bytes(photo_jpeg(seed))),
+    "video": ("video_url", "mp4", video_mp4),
+}
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, item: str) -> float:
+    part = "video_url" if item.endswith(".mp4") else "image_url"
     body = {
         "model": model,
         "stream": True,
@@ -54,8 +73,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, image: st
             {
                 "role": "user",
                 "content": [
-                    {"type": "image_url", "image_url": {"url": image}},
-                    {"type": "text", "text": "Describe the picture."},
+                    {"type": part, part: {"url": item}},
+                    {"type": "text", "text": "Describe it."},
                 ],
             }
         ],
@@ -110,17 +129,23 @@ def main() -> None:
     parser.add_argument("--patterns", nargs="*", default=list(PATTERNS))
     parser.add_argument("--requests", type=int, default=16, help="requests per measurement")
     parser.add_argument("--transfer", default="shm", choices=["shm", "nixl"])
+    parser.add_argument("--media", nargs="+", default=list(MEDIA), choices=list(MEDIA))
     args = parser.parse_args()
 
     model_path = build_tiny_model("qwen2_vl")
     work = Path(tempfile.mkdtemp(prefix="mmserve-bench-e2e-"))
-    images = work / "images"
-    images.mkdir()
-    count = 2 * args.requests * len(args.patterns) + 1  # fresh images, then image 0 repeated
-    for seed in range(count):
-        (images / f"{seed}.jpg").write_bytes(photo_jpeg(seed))
-    base, _server = serve_directory(images)
-    cold = iter(f"{base}/{seed}.jpg" for seed in range(1, count))
+    items = work / "media"
+    items.mkdir()
+    count = 2 * args.requests * len(args.patterns) + 1  # fresh items, then item 0 repeated
+    for medium in args.media:
+        _, suffix, make = MEDIA[medium]
+        for seed in range(count):
+            make(items / f"{seed}.{suffix}", seed)
+    base, _server = serve_directory(items)
+    cold = {
+        medium: iter(f"{base}/{seed}.{MEDIA[medium][1]}" for seed in range(1, count))
+        for medium in args.media
+    }
 
     rows = []
     with NatsServer() as nats:
@@ -131,33 +156,24 @@ def main() -> None:
             try:
                 deployment.wait_ready()
                 url, model = deployment.base_url, model_path.name
-                asyncio.run(run_load(url, model, [f"{base}/0.jpg"], 1))  # warm-up
-                for concurrency in (1, 8):
-                    fresh = [next(cold) for _ in range(args.requests)]
-                    rows.append(
-                        (
-                            pattern,
-                            concurrency,
-                            "cold",
-                            asyncio.run(run_load(url, model, fresh, concurrency)),
-                        )
-                    )
-                    same = [f"{base}/0.jpg"] * args.requests
-                    rows.append(
-                        (
-                            pattern,
-                            concurrency,
-                            "repeat",
-                            asyncio.run(run_load(url, model, same, concurrency)),
-                        )
-                    )
+                for medium in args.media:
+                    first = f"{base}/0.{MEDIA[medium][1]}"
+                    asyncio.run(run_load(url, model, [first], 1))  # warm-up
+                    for concurrency in (1, 8):
+                        fresh = [next(cold[medium]) for _ in range(args.requests)]
+                        for kind, load in (("cold", fresh), ("repeat", [first] * args.requests)):
+                            result = asyncio.run(run_load(url, model, load, concurrency))
+                            rows.append((pattern, concurrency, f"{medium} {kind}", result))
                 rows.append((pattern, 0, "frontend", {"dispatch_ms": frontend_dispatch_ms(url)}))
             finally:
                 deployment.stop()
 
     anchors = {(c, kind): r for p, c, kind, r in rows if p == "agg" and kind != "frontend"}
-    print(f"\ntiny Qwen2-VL, 1280x960 JPEG, {MAX_TOKENS} tokens, {args.requests} requests each")
-    print(f"{'pattern':8} {'conc':>4} {'image':7} {'TTFT p50 ms':>12} {'p99 ms':>9} {'req/s':>7} "
+    print(
+        f"\ntiny Qwen2-VL, 1280x960 JPEG / 5 s 640x360 H.264, {MAX_TOKENS} tokens, "
+        f"{args.requests} requests each"
+    )
+    print(f"{'pattern':8} {'conc':>4} {'item':12} {'TTFT p50 ms':>12} {'p99 ms':>9} {'req/s':>7} "
           f"{'p50 vs agg':>11}")  # fmt: skip
     for pattern, concurrency, kind, result in rows:
         if kind == "frontend":
@@ -166,7 +182,7 @@ def main() -> None:
             continue
         anchor = anchors.get((concurrency, kind))
         ratio = result["p50"] / anchor["p50"] if anchor else float("nan")
-        print(f"{pattern:8} {concurrency:4} {kind:7} {result['p50']:12.1f} {result['p99']:9.1f} "
+        print(f"{pattern:8} {concurrency:4} {kind:12} {result['p50']:12.1f} {result['p99']:9.1f} "
               f"{result['rps']:7.2f} {ratio:10.2f}x")  # fmt: skip
     print(json.dumps({"rows": [[p, c, k, r] for p, c, k, r in rows]}))
 
