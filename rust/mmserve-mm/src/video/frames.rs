@@ -306,6 +306,26 @@ mod tests {
     }
 
     #[test]
+    fn qwen3_budgets_the_whole_clip() {
+        let geometry = PatchGeometry {
+            patch: 16,
+            ..GEOMETRY
+        };
+        let target = |frames, width, height| {
+            VideoResize::QWEN3_VL
+                .target(frames, width, height, geometry)
+                .unwrap()
+        };
+        // transformers' `smart_resize` of Qwen3-VL's video processor gives these.
+        assert_eq!(target(4, 96, 64), (160, 224));
+        assert_eq!(target(6, 1920, 1080), (256, 480));
+        // Sides under one factor are scaled up to it first.
+        assert_eq!(target(2, 20, 12), (224, 352));
+        let one = VideoResize::QWEN3_VL.target(1, 96, 64, geometry);
+        assert_eq!(one.unwrap_err().code(), "video.too_few_frames");
+    }
+
+    #[test]
     fn refuses_frames_of_mixed_sizes() {
         let frames = vec![frame(56, 56, 0), frame(28, 56, 0)];
         let err = preprocess_frames(&frames, &VideoResize::QWEN2_VL, &identity(), GEOMETRY);
