@@ -123,7 +123,9 @@ def mrope_positions(
     merge_size: int,
 ) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]], int]:
     """(positions [3, length], delta): M-RoPE for a prompt whose vision items (images and videos
-    in prompt order) are (start, end, (t, h, w), time_interval)."""
+    in prompt order) are (start, end, (t, h, w), time_interval); a Qwen3-VL video is one item
+    per temporal group, at its pads, with grid (1, h, w) and interval 1 (as its
+    get_rope_index splits it)."""
 
 @final
 class VideoOptions:
