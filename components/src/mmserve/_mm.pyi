@@ -86,8 +86,17 @@ def sample_frame_indices(
     min_frames: int = 4,
     max_frames: int = 768,
     temporal_patch_size: int = 2,
+    family: str = "qwen2_vl",
 ) -> list[int]:
-    """The frame indices transformers' Qwen2-VL video processor samples (`sample_frames`)."""
+    """The frame indices `family`'s video processor samples (`sample_frames` of transformers'
+    Qwen2VLVideoProcessor for qwen2_vl / qwen2_5_vl, Qwen3VLVideoProcessor for qwen3_vl)."""
+
+def video_timestamps(
+    indices: list[int], video_fps: float, *, temporal_patch_size: int = 2
+) -> list[tuple[float, str]]:
+    """(seconds, text) of each temporal group of a video sampled at `indices`: the time
+    Qwen3-VL's processor gives the group and the text it writes before the group's
+    <|vision_start|> ("<{t:.1f} seconds>")."""
 
 def preprocess_video(
     frames: numpy.ndarray[tuple[int, int, int, int], numpy.dtype[numpy.uint8]],
@@ -102,9 +111,11 @@ def preprocess_video(
     temporal_patch_size: int = 2,
     cap_pixels_per_frame: bool = False,
     max_video_tokens: int = 128000,
+    family: str = "qwen2_vl",
 ) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]], tuple[int, int, int]]:
-    """Sampled RGB frames [n, h, w, 3] to (pixel_values_videos, (t, h, w)) as the Qwen2-VL
-    video processor (torchvision backend) computes them."""
+    """Sampled RGB frames [n, h, w, 3] to (pixel_values_videos, (t, h, w)) as `family`'s video
+    processor (torchvision backend) computes them; for qwen3_vl the pixel bounds and
+    max_video_tokens (per frame) are Qwen3VLVideoProcessor's."""
 
 def mrope_positions(
     length: int,
@@ -112,28 +123,33 @@ def mrope_positions(
     merge_size: int,
 ) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]], int]:
     """(positions [3, length], delta): M-RoPE for a prompt whose vision items (images and videos
-    in prompt order) are (start, end, (t, h, w), time_interval)."""
+    in prompt order) are (start, end, (t, h, w), time_interval); a Qwen3-VL video is one item
+    per temporal group, at its pads, with grid (1, h, w) and interval 1 (as its
+    get_rope_index splits it)."""
 
 @final
 class VideoOptions:
-    """The options that decide a video's model inputs, as Qwen2VLVideoProcessor reads them
-    (its class defaults where not given); the max_* limits are checked from the headers."""
+    """The options that decide a video's model inputs, as `family`'s video processor reads
+    them (Qwen2VLVideoProcessor for qwen2_vl / qwen2_5_vl, Qwen3VLVideoProcessor for
+    qwen3_vl; the family's class defaults where None); fps and num_frames as given (neither:
+    every frame); the max_* limits are checked from the headers."""
 
     def __new__(
         cls,
         *,
+        family: str = "qwen2_vl",
         fps: float | None = None,
         num_frames: int | None = None,
         min_frames: int = 4,
         max_frames: int = 768,
-        min_pixels: int = ...,
-        max_pixels: int = ...,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
         cap_pixels_per_frame: bool = False,
-        max_video_tokens: int = 128000,
-        mean: tuple[float, float, float] | list[float] = ...,
-        std: tuple[float, float, float] | list[float] = ...,
+        max_video_tokens: int | None = None,
+        mean: tuple[float, float, float] | list[float] | None = None,
+        std: tuple[float, float, float] | list[float] | None = None,
         rescale: float = ...,
-        patch_size: int = 14,
+        patch_size: int | None = None,
         merge_size: int = 2,
         temporal_patch_size: int = 2,
         max_duration_s: float | None = None,
@@ -145,13 +161,16 @@ class VideoOptions:
     def from_hf_config(
         json: str,
         *,
+        family: str = "qwen2_vl",
         max_duration_s: float | None = None,
         max_frames_decoded: int | None = None,
         max_pixels_per_frame: int | None = None,
         max_tokens: int | None = None,
     ) -> VideoOptions:
         """The options a checkpoint's video_preprocessor_config.json (or, without one, its
-        preprocessor_config.json) gives, as transformers' video processor reads them."""
+        preprocessor_config.json) gives, as `family`'s transformers video processor reads them
+        (Qwen3-VL's reads its pixel bounds from `size` alone, and samples at 2 fps unless the
+        config says otherwise); a config naming the other family's processor is refused."""
     def with_sampling(
         self,
         *,
@@ -186,6 +205,11 @@ class _VideoPlan(TypedDict):
     resized_size: tuple[int, int]
     tokens: int
     mm_hash: int
+    timestamps: list[float]
+    """Seconds of each temporal group (Qwen3-VL's `_calculate_timestamps`)."""
+    timestamp_texts: list[str]
+    """The text before each group's <|vision_start|> ("<t seconds>"): Qwen3-VL's; empty for
+    the Qwen2-VL families, which write none."""
 
 def plan_video(data: bytes, options: VideoOptions, *, timeout_s: float | None = None) -> _VideoPlan:
     """The count-only plan of a video (info, sampled indices, grid, tokens, mm_hash) from its

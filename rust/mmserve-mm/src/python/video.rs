@@ -12,16 +12,50 @@ use crate::family::qwen_vl::{mrope_blocks, VisionBlock};
 use crate::image::resize::{Backend, Filter};
 use crate::image::transforms::{Convention, NormalizeLut, PatchGeometry};
 use crate::pipeline::{DecodedImage, Positions};
-use crate::video::config::{video_config_from_hf, CLIP_MEAN, CLIP_STD};
+use crate::video::config::{video_config_from_hf, FamilyDefaults};
 use crate::video::frames::{preprocess_frames, VideoResize};
 use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
-use crate::video::VideoError;
+use crate::video::timestamps::{group_timestamps, timestamp_text};
+use crate::video::{VideoError, VideoFamily};
 
-/// The frame indices transformers' Qwen2-VL video processor samples from a video of
-/// `total_frames` frames at `video_fps`, by `fps` or by `num_frames` (neither: all frames).
+/// The video rules of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`).
+fn family(name: &str) -> PyResult<VideoFamily> {
+    VideoFamily::from_model_type(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "no video processor for family {name:?} (qwen2_vl, qwen2_5_vl, qwen3_vl)"
+        ))
+    })
+}
+
+/// `(seconds, text)` of each temporal group: the text Qwen3-VL's processor writes before the
+/// group's `<|vision_start|>`.
+fn timestamps(indices: &[u64], video_fps: f64, temporal_patch_size: u32) -> Vec<(f64, String)> {
+    group_timestamps(indices, video_fps, temporal_patch_size as usize)
+        .into_iter()
+        .map(|t| (t, timestamp_text(t)))
+        .collect()
+}
+
+/// `(seconds, text)` of each temporal group of a video sampled at `indices` from a video of
+/// `video_fps`, as Qwen3-VL's processor computes and writes them (`"<{t:.1f} seconds>"`).
+#[pyfunction]
+#[pyo3(name = "video_timestamps", signature = (indices, video_fps, *, temporal_patch_size = 2))]
+fn py_video_timestamps(
+    indices: Vec<u64>,
+    video_fps: f64,
+    temporal_patch_size: u32,
+) -> PyResult<Vec<(f64, String)>> {
+    if !(video_fps.is_finite() && video_fps > 0.0) {
+        return Err(PyValueError::new_err(format!("bad video_fps {video_fps}")));
+    }
+    Ok(timestamps(&indices, video_fps, temporal_patch_size))
+}
+
+/// The frame indices `family`'s video processor samples from a video of `total_frames`
+/// frames at `video_fps`, by `fps` or by `num_frames` (neither: all frames).
 #[pyfunction]
 #[pyo3(signature = (total_frames, video_fps, *, fps = None, num_frames = None,
-    min_frames = 4, max_frames = 768, temporal_patch_size = 2))]
+    min_frames = 4, max_frames = 768, temporal_patch_size = 2, family = "qwen2_vl"))]
 #[allow(clippy::too_many_arguments)]
 fn sample_frame_indices(
     total_frames: u64,
@@ -31,12 +65,14 @@ fn sample_frame_indices(
     min_frames: u64,
     max_frames: u64,
     temporal_patch_size: u64,
+    family: &str,
 ) -> PyResult<Vec<u64>> {
     let meta = VideoMeta {
         total_frames,
         fps: video_fps,
     };
     let sampling = Sampling {
+        family: self::family(family)?,
         fps,
         num_frames,
         min_frames,
@@ -49,12 +85,12 @@ fn sample_frame_indices(
 /// `pixel_values_videos` and `(t, h, w)`.
 type Processed<'py> = (Bound<'py, PyArray2<f32>>, (u32, u32, u32));
 
-/// Sampled RGB frames (`[n, h, w, 3]` uint8) to `(pixel_values_videos, (t, h, w))` as the
-/// Qwen2-VL video processor (torchvision backend) computes them.
+/// Sampled RGB frames (`[n, h, w, 3]` uint8) to `(pixel_values_videos, (t, h, w))` as
+/// `family`'s video processor (torchvision backend) computes them.
 #[pyfunction]
 #[pyo3(signature = (frames, *, min_pixels, max_pixels, mean, std, rescale = 1.0 / 255.0,
     patch_size = 14, merge_size = 2, temporal_patch_size = 2, cap_pixels_per_frame = false,
-    max_video_tokens = 128_000))]
+    max_video_tokens = 128_000, family = "qwen2_vl"))]
 #[allow(clippy::too_many_arguments)]
 fn preprocess_video<'py>(
     py: Python<'py>,
@@ -69,7 +105,9 @@ fn preprocess_video<'py>(
     temporal_patch_size: u32,
     cap_pixels_per_frame: bool,
     max_video_tokens: u64,
+    family: &str,
 ) -> PyResult<Processed<'py>> {
+    let family = self::family(family)?;
     let shape = frames.shape().to_vec();
     if shape[3] != 3 {
         return Err(PyValueError::new_err(format!(
@@ -94,6 +132,7 @@ fn preprocess_video<'py>(
         })
         .collect();
     let resize = VideoResize {
+        family,
         min_pixels,
         max_pixels,
         cap_pixels_per_frame,
@@ -219,7 +258,11 @@ mod ffmpeg {
         }
     }
 
-    fn plan_dict<'py>(py: Python<'py>, plan: &VideoPlan) -> PyResult<Bound<'py, PyDict>> {
+    fn plan_dict<'py>(
+        py: Python<'py>,
+        plan: &VideoPlan,
+        options: &PyVideoOptions,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("info", info_dict(py, &plan.info)?)?;
         d.set_item("indices", plan.indices.clone())?;
@@ -228,6 +271,16 @@ mod ffmpeg {
         d.set_item("resized_size", (plan.resized_width, plan.resized_height))?;
         d.set_item("tokens", plan.tokens)?;
         d.set_item("mm_hash", plan.mm_hash)?;
+        let groups = timestamps(&plan.indices, plan.info.fps, options.geometry.temporal);
+        let texts: Vec<&str> = match options.sampling.family {
+            VideoFamily::Qwen3Vl => groups.iter().map(|(_, text)| text.as_str()).collect(),
+            VideoFamily::Qwen2Vl => Vec::new(),
+        };
+        d.set_item("timestamp_texts", texts)?;
+        d.set_item(
+            "timestamps",
+            groups.iter().map(|(t, _)| *t).collect::<Vec<f64>>(),
+        )?;
         Ok(d)
     }
 
@@ -241,11 +294,11 @@ mod ffmpeg {
         options: &PyVideoOptions,
         timeout_s: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let options = options.video_options(timeout_s)?;
+        let core = options.video_options(timeout_s)?;
         let plan = py
-            .detach(|| process::plan_video(data, &options))
+            .detach(|| process::plan_video(data, &core))
             .map_err(to_py)?;
-        plan_dict(py, &plan)
+        plan_dict(py, &plan, options)
     }
 
     /// `(plan, pixel_values_videos)`: the plan and the model inputs of a video.
@@ -258,14 +311,14 @@ mod ffmpeg {
         timeout_s: Option<f64>,
     ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyArray2<f32>>)> {
         let lut = options.lut.clone();
-        let options = options.video_options(timeout_s)?;
+        let core = options.video_options(timeout_s)?;
         let (plan, processed) = py
-            .detach(|| process::process_video(data, &options, &lut))
+            .detach(|| process::process_video(data, &core, &lut))
             .map_err(to_py)?;
         let rows = processed.pixel_values.len() / processed.cols.max(1);
         let array = Array2::from_shape_vec((rows, processed.cols), processed.pixel_values)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok((plan_dict(py, &plan)?, array.into_pyarray(py)))
+        Ok((plan_dict(py, &plan, options)?, array.into_pyarray(py)))
     }
 
     /// A video's frame count, rate, size and codec from its headers, without decoding.
@@ -318,8 +371,9 @@ mod ffmpeg {
     }
 }
 
-/// The options that decide a video's model inputs, as `Qwen2VLVideoProcessor` reads them
-/// (its class defaults where not given).
+/// The options that decide a video's model inputs, as `family`'s video processor
+/// (`Qwen2VLVideoProcessor` or `Qwen3VLVideoProcessor`) reads them (its class defaults where
+/// not given).
 #[pyclass(name = "VideoOptions", frozen, module = "mmserve._mm")]
 #[derive(Debug, Clone)]
 pub struct PyVideoOptions {
@@ -336,27 +390,27 @@ pub struct PyVideoOptions {
 #[pymethods]
 impl PyVideoOptions {
     #[new]
-    #[pyo3(signature = (*, fps = None, num_frames = None, min_frames = 4, max_frames = 768,
-        min_pixels = VideoResize::QWEN2_VL.min_pixels, max_pixels = VideoResize::QWEN2_VL.max_pixels,
-        cap_pixels_per_frame = false, max_video_tokens = 128_000,
-        mean = CLIP_MEAN, std = CLIP_STD,
-        rescale = 1.0 / 255.0, patch_size = 14, merge_size = 2, temporal_patch_size = 2,
+    #[pyo3(signature = (*, family = "qwen2_vl", fps = None, num_frames = None, min_frames = 4,
+        max_frames = 768, min_pixels = None, max_pixels = None, cap_pixels_per_frame = false,
+        max_video_tokens = None, mean = None, std = None, rescale = 1.0 / 255.0,
+        patch_size = None, merge_size = 2, temporal_patch_size = 2,
         max_duration_s = None, max_frames_decoded = None, max_pixels_per_frame = None,
         max_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        family: &str,
         fps: Option<f64>,
         num_frames: Option<u64>,
         min_frames: u64,
         max_frames: u64,
-        min_pixels: u64,
-        max_pixels: u64,
+        min_pixels: Option<u64>,
+        max_pixels: Option<u64>,
         cap_pixels_per_frame: bool,
-        max_video_tokens: u64,
-        mean: [f64; 3],
-        std: [f64; 3],
+        max_video_tokens: Option<u64>,
+        mean: Option<[f64; 3]>,
+        std: Option<[f64; 3]>,
         rescale: f64,
-        patch_size: u32,
+        patch_size: Option<u32>,
         merge_size: u32,
         temporal_patch_size: u32,
         max_duration_s: Option<f64>,
@@ -364,10 +418,18 @@ impl PyVideoOptions {
         max_pixels_per_frame: Option<u64>,
         max_tokens: Option<usize>,
     ) -> PyResult<Self> {
-        let lut = NormalizeLut::new(mean, std, rescale, Convention::Torchvision)
-            .map_err(|e| to_py(VideoError::from(e)))?;
+        let family = self::family(family)?;
+        let defaults = FamilyDefaults::of(family);
+        let lut = NormalizeLut::new(
+            mean.unwrap_or(defaults.mean),
+            std.unwrap_or(defaults.std),
+            rescale,
+            Convention::Torchvision,
+        )
+        .map_err(|e| to_py(VideoError::from(e)))?;
         Ok(PyVideoOptions {
             sampling: Sampling {
+                family,
                 fps,
                 num_frames,
                 min_frames,
@@ -375,14 +437,14 @@ impl PyVideoOptions {
                 temporal_patch_size: u64::from(temporal_patch_size),
             },
             resize: VideoResize {
-                min_pixels,
-                max_pixels,
+                min_pixels: min_pixels.unwrap_or(defaults.resize.min_pixels),
+                max_pixels: max_pixels.unwrap_or(defaults.resize.max_pixels),
                 cap_pixels_per_frame,
-                max_video_tokens,
-                ..VideoResize::QWEN2_VL
+                max_video_tokens: max_video_tokens.unwrap_or(defaults.resize.max_video_tokens),
+                ..defaults.resize
             },
             geometry: PatchGeometry {
-                patch: patch_size,
+                patch: patch_size.unwrap_or(defaults.patch_size),
                 merge: merge_size,
                 temporal: temporal_patch_size,
             },
@@ -397,16 +459,17 @@ impl PyVideoOptions {
     /// The options a checkpoint's `video_preprocessor_config.json` (or, without one, its
     /// `preprocessor_config.json`) gives, as transformers' video processor reads them.
     #[staticmethod]
-    #[pyo3(signature = (json, *, max_duration_s = None, max_frames_decoded = None,
-        max_pixels_per_frame = None, max_tokens = None))]
+    #[pyo3(signature = (json, *, family = "qwen2_vl", max_duration_s = None,
+        max_frames_decoded = None, max_pixels_per_frame = None, max_tokens = None))]
     fn from_hf_config(
         json: &str,
+        family: &str,
         max_duration_s: Option<f64>,
         max_frames_decoded: Option<u64>,
         max_pixels_per_frame: Option<u64>,
         max_tokens: Option<usize>,
     ) -> PyResult<Self> {
-        let config = video_config_from_hf(json).map_err(to_py)?;
+        let config = video_config_from_hf(json, self::family(family)?).map_err(to_py)?;
         let lut = NormalizeLut::new(
             config.mean,
             config.std,
@@ -500,6 +563,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sample_frame_indices, m)?)?;
     m.add_function(wrap_pyfunction!(preprocess_video, m)?)?;
     m.add_function(wrap_pyfunction!(mrope_positions, m)?)?;
+    m.add_function(wrap_pyfunction!(py_video_timestamps, m)?)?;
     #[cfg(feature = "video")]
     {
         m.add_function(wrap_pyfunction!(ffmpeg::probe_video, m)?)?;

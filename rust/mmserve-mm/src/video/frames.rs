@@ -1,23 +1,30 @@
 //! Sampled frames to `pixel_values_videos` + `video_grid_thw`, as transformers'
-//! `Qwen2VLVideoProcessor` (torchvision backend) computes them: every frame resized to one
-//! `smart_resize` size under the video processor's pixel bounds, normalised, and consecutive
-//! frames paired into temporal patches (the last frame repeated when the count is odd).
+//! `Qwen2VLVideoProcessor` and `Qwen3VLVideoProcessor` (torchvision backend) compute them:
+//! every frame resized to one `smart_resize` size under the video processor's pixel bounds
+//! (per frame for Qwen2-VL, over all sampled frames for Qwen3-VL), normalised, and
+//! consecutive frames paired into temporal patches (the last frame repeated when the count
+//! is odd).
 
-use crate::family::qwen_vl::smart_resize;
+use crate::family::qwen_vl::{smart_resize, MAX_ASPECT_RATIO};
 use crate::image::resize::{resize_view, Backend, Filter, ImageView};
 use crate::image::transforms::{patchify_frames_into, NormalizeLut, PatchGeometry};
-use crate::pipeline::DecodedImage;
+use crate::pipeline::{DecodedImage, ProcessError};
 use crate::video::error::VideoError;
+use crate::video::sampling::SamplingError;
+use crate::video::VideoFamily;
 
 /// The video processor's resize settings (`video_preprocessor_config.json`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VideoResize {
-    /// `size["shortest_edge"]`: the least pixels per frame.
+    pub family: VideoFamily,
+    /// `size["shortest_edge"]`: the least pixels per frame (Qwen3-VL: of all sampled frames).
     pub min_pixels: u64,
-    /// `size["longest_edge"]`: the most pixels per frame.
+    /// `size["longest_edge"]`: the most pixels per frame (Qwen3-VL: of all sampled frames).
     pub max_pixels: u64,
-    /// Also bound each frame by an even share of `max_video_tokens`' pixels.
+    /// Qwen2-VL: also bound each frame by an even share of `max_video_tokens`' pixels;
+    /// Qwen3-VL: bound each frame by `max_video_tokens` and an even share of `max_pixels`.
     pub cap_pixels_per_frame: bool,
+    /// Qwen2-VL: tokens of the whole video; Qwen3-VL: tokens of one frame.
     pub max_video_tokens: u64,
     pub filter: Filter,
     pub backend: Backend,
@@ -26,6 +33,7 @@ pub struct VideoResize {
 impl VideoResize {
     /// `Qwen2VLVideoProcessor`'s class defaults.
     pub const QWEN2_VL: VideoResize = VideoResize {
+        family: VideoFamily::Qwen2Vl,
         min_pixels: 128 * 28 * 28,
         max_pixels: 28 * 28 * 768,
         cap_pixels_per_frame: false,
@@ -34,7 +42,24 @@ impl VideoResize {
         backend: Backend::TorchU8,
     };
 
-    /// The per-frame pixel cap for a video of `frames` sampled frames.
+    /// `Qwen3VLVideoProcessor`'s class defaults.
+    pub const QWEN3_VL: VideoResize = VideoResize {
+        family: VideoFamily::Qwen3Vl,
+        min_pixels: 128 * 32 * 32,
+        max_pixels: 32 * 32 * 768,
+        max_video_tokens: 768,
+        ..VideoResize::QWEN2_VL
+    };
+
+    /// The family's defaults.
+    pub fn defaults(family: VideoFamily) -> VideoResize {
+        match family {
+            VideoFamily::Qwen2Vl => VideoResize::QWEN2_VL,
+            VideoFamily::Qwen3Vl => VideoResize::QWEN3_VL,
+        }
+    }
+
+    /// Qwen2-VL: the per-frame pixel cap for a video of `frames` sampled frames.
     fn frame_max_pixels(&self, frames: usize, factor: u32, temporal: u32) -> u64 {
         if !self.cap_pixels_per_frame || frames == 0 {
             return self.max_pixels;
@@ -56,6 +81,9 @@ impl VideoResize {
         geometry: PatchGeometry,
     ) -> Result<(u32, u32), VideoError> {
         let factor = geometry.patch * geometry.merge;
+        if self.family == VideoFamily::Qwen3Vl {
+            return self.qwen3_target(frames as u64, width, height, geometry);
+        }
         let max_pixels = self.frame_max_pixels(frames, factor, geometry.temporal);
         Ok(smart_resize(
             height,
@@ -64,6 +92,66 @@ impl VideoResize {
             self.min_pixels,
             max_pixels,
         )?)
+    }
+
+    /// Qwen3-VL's `resize` and `smart_resize`: the pixel bounds count every sampled frame
+    /// (rounded to the temporal patch), small sides are first scaled up to one factor.
+    fn qwen3_target(
+        &self,
+        frames: u64,
+        width: u32,
+        height: u32,
+        geometry: PatchGeometry,
+    ) -> Result<(u32, u32), VideoError> {
+        let factor = u64::from(geometry.patch * geometry.merge);
+        let temporal = u64::from(geometry.temporal);
+        if frames < temporal || frames == 0 {
+            return Err(SamplingError::TooFewFrames {
+                wanted: temporal,
+                total: frames,
+            }
+            .into());
+        }
+        if width == 0 || height == 0 {
+            return Err(ProcessError::EmptyImage { width, height }.into());
+        }
+        let mut max_pixels = self.max_pixels;
+        if self.cap_pixels_per_frame {
+            let frame_cap = self.max_video_tokens * factor * factor;
+            let floor = (self.min_pixels as f64 * 1.05) as u64;
+            max_pixels = frame_cap.min(self.max_pixels / frames).max(floor) * frames;
+        }
+        let f = factor as f64;
+        let (mut h, mut w) = (f64::from(height), f64::from(width));
+        if h < f || w < f {
+            let scale = (f / h).max(f / w);
+            h = (h * scale).trunc();
+            w = (w * scale).trunc();
+        }
+        if h.max(w) / h.min(w) > f64::from(MAX_ASPECT_RATIO) {
+            return Err(ProcessError::AspectRatio {
+                width,
+                height,
+                limit: MAX_ASPECT_RATIO,
+            }
+            .into());
+        }
+        let multiple = |x: f64| x * f;
+        let mut h_bar = multiple((h / f).round_ties_even());
+        let mut w_bar = multiple((w / f).round_ties_even());
+        let t_bar = (frames as f64 / temporal as f64).round_ties_even() * temporal as f64;
+        let volume = frames as f64 * h * w;
+        if t_bar * h_bar * w_bar > max_pixels as f64 {
+            let beta = (volume / max_pixels as f64).sqrt();
+            h_bar = f.max(multiple((h / beta / f).floor()));
+            w_bar = f.max(multiple((w / beta / f).floor()));
+        } else if t_bar * h_bar * w_bar < self.min_pixels as f64 {
+            let beta = (self.min_pixels as f64 / volume).sqrt();
+            h_bar = multiple((h * beta / f).ceil());
+            w_bar = multiple((w * beta / f).ceil());
+        }
+        // Both sides are at most the frame's (scaled to the pixel bounds): they fit.
+        Ok((h_bar as u32, w_bar as u32))
     }
 }
 
@@ -215,6 +303,26 @@ mod tests {
             VideoResize::QWEN2_VL.frame_max_pixels(64, 28, 2),
             28 * 28 * 768
         );
+    }
+
+    #[test]
+    fn qwen3_budgets_the_whole_clip() {
+        let geometry = PatchGeometry {
+            patch: 16,
+            ..GEOMETRY
+        };
+        let target = |frames, width, height| {
+            VideoResize::QWEN3_VL
+                .target(frames, width, height, geometry)
+                .unwrap()
+        };
+        // transformers' `smart_resize` of Qwen3-VL's video processor gives these.
+        assert_eq!(target(4, 96, 64), (160, 224));
+        assert_eq!(target(6, 1920, 1080), (256, 480));
+        // Sides under one factor are scaled up to it first.
+        assert_eq!(target(2, 20, 12), (224, 352));
+        let one = VideoResize::QWEN3_VL.target(1, 96, 64, geometry);
+        assert_eq!(one.unwrap_err().code(), "video.too_few_frames");
     }
 
     #[test]

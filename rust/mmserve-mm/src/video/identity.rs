@@ -7,11 +7,13 @@ use crate::video::frames::VideoResize;
 use crate::video::sampling::Sampling;
 
 /// Distinguishes these folds from every other use of the hash.
-const TAG: &[u8; 8] = b"vidsamp1";
+const TAG: &[u8; 8] = b"vidsamp2";
 
 pub fn video_identity(content: u64, sampling: &Sampling, resize: &VideoResize) -> u64 {
     let words = [
         content,
+        sampling.family as u64,
+        resize.family as u64,
         sampling.fps.map_or(u64::MAX, f64::to_bits),
         sampling.num_frames.unwrap_or(u64::MAX),
         sampling.min_frames,
@@ -33,10 +35,12 @@ pub fn video_identity(content: u64, sampling: &Sampling, resize: &VideoResize) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::video::VideoFamily;
 
     #[test]
     fn every_option_changes_the_identity() {
         let sampling = Sampling {
+            family: VideoFamily::Qwen2Vl,
             fps: Some(2.0),
             num_frames: None,
             min_frames: 4,
@@ -80,6 +84,14 @@ mod tests {
                     max_pixels: 1 << 20,
                     ..resize
                 },
+            ),
+            video_identity(
+                7,
+                &Sampling {
+                    family: VideoFamily::Qwen3Vl,
+                    ..sampling
+                },
+                &VideoResize::QWEN3_VL,
             ),
             video_identity(
                 7,

@@ -1,7 +1,9 @@
 //! Which frames of a video the model sees: transformers' `Qwen2VLVideoProcessor.sample_frames`
-//! (5.24), index for index.
+//! and `Qwen3VLVideoProcessor.sample_frames` (5.24), index for index.
 
 use thiserror::Error;
+
+use crate::video::VideoFamily;
 
 /// A video's frame count and rate, as its container's headers give them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -14,6 +16,7 @@ pub struct VideoMeta {
 /// How to sample: at most one of `fps` and `num_frames`; neither keeps every frame.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
+    pub family: VideoFamily,
     pub fps: Option<f64>,
     pub num_frames: Option<u64>,
     pub min_frames: u64,
@@ -56,7 +59,7 @@ fn round_half_even(x: f64) -> f64 {
     }
 }
 
-/// The number of frames sampling keeps, before the indices are spread.
+/// Qwen2-VL: the number of frames sampling keeps, before the indices are spread.
 fn frame_count(meta: VideoMeta, s: Sampling) -> Result<Option<u64>, SamplingError> {
     let t = s.temporal_patch_size as f64;
     let total = meta.total_frames;
@@ -96,6 +99,14 @@ pub fn sample_indices(meta: VideoMeta, s: Sampling) -> Result<Vec<u64>, Sampling
     if total == 0 {
         return Err(SamplingError::NoFrames);
     }
+    match s.family {
+        VideoFamily::Qwen2Vl => qwen2_indices(meta, s),
+        VideoFamily::Qwen3Vl => qwen3_indices(meta, s),
+    }
+}
+
+fn qwen2_indices(meta: VideoMeta, s: Sampling) -> Result<Vec<u64>, SamplingError> {
+    let total = meta.total_frames;
     let Some(n) = frame_count(meta, s)? else {
         return Ok((0..total).collect());
     };
@@ -116,12 +127,54 @@ pub fn sample_indices(meta: VideoMeta, s: Sampling) -> Result<Vec<u64>, Sampling
         .collect())
 }
 
+/// Qwen3-VL: `int(total / video_fps * fps)` frames clamped to `[min_frames, max_frames]` and
+/// the video's length (`num_frames` as given), spread by
+/// `np.linspace(0, total - 1, n).round()`; repeats where `n` exceeds the frames.
+fn qwen3_indices(meta: VideoMeta, s: Sampling) -> Result<Vec<u64>, SamplingError> {
+    let total = meta.total_frames;
+    let n = match (s.num_frames, s.fps) {
+        (Some(n), _) => n,
+        (None, Some(fps)) => {
+            let wanted = (total as f64 / meta.fps * fps) as u64;
+            wanted.max(s.min_frames).min(s.max_frames).min(total)
+        }
+        (None, None) => return Ok((0..total).collect()),
+    };
+    // The processor's smart_resize refuses fewer frames than one temporal patch.
+    if n < s.temporal_patch_size {
+        return Err(SamplingError::TooFewFrames {
+            wanted: s.temporal_patch_size,
+            total,
+        });
+    }
+    Ok(linspace_rounded(total - 1, n))
+}
+
+/// `np.linspace(0, stop, n).round().astype(int)`: `i * (stop / (n - 1))`, the last exactly
+/// `stop`, rounded half to even.
+fn linspace_rounded(stop: u64, n: u64) -> Vec<u64> {
+    if n == 1 {
+        return vec![0];
+    }
+    let step = stop as f64 / (n - 1) as f64;
+    (0..n)
+        .map(|i| {
+            if i == n - 1 {
+                stop
+            } else {
+                round_half_even(i as f64 * step) as u64
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn qwen2(fps: Option<f64>, num_frames: Option<u64>) -> Sampling {
         Sampling {
+            family: VideoFamily::Qwen2Vl,
             fps,
             num_frames,
             min_frames: 4,
@@ -190,5 +243,41 @@ mod tests {
         };
         let none = sample_indices(empty, qwen2(Some(2.0), None));
         assert_eq!(none.unwrap_err().code(), "video.no_frames");
+    }
+
+    #[test]
+    fn qwen3_spreads_with_linspace_and_clamps() {
+        let s = |fps, num_frames| Sampling {
+            family: VideoFamily::Qwen3Vl,
+            ..qwen2(fps, num_frames)
+        };
+        let meta = VideoMeta {
+            total_frames: 30,
+            fps: 10.0,
+        };
+        // 3 s at 2 fps: 6 frames over 0..=29.
+        assert_eq!(
+            sample_indices(meta, s(Some(2.0), None)).unwrap(),
+            vec![0, 6, 12, 17, 23, 29]
+        );
+        // num_frames is taken as given (odd counts too), repeats past the video's length.
+        assert_eq!(
+            sample_indices(meta, s(None, Some(3))).unwrap(),
+            vec![0, 14, 29]
+        );
+        let short = VideoMeta {
+            total_frames: 2,
+            fps: 10.0,
+        };
+        assert_eq!(
+            sample_indices(short, s(None, Some(4))).unwrap(),
+            vec![0, 0, 1, 1]
+        );
+        let one = VideoMeta {
+            total_frames: 1,
+            fps: 10.0,
+        };
+        let err = sample_indices(one, s(Some(2.0), None)).unwrap_err();
+        assert_eq!(err.code(), "video.too_few_frames");
     }
 }
