@@ -198,3 +198,16 @@ def media_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MediaServ
 @pytest.fixture
 def frontend(start_frontend: Callable[..., RunningFrontend]) -> RunningFrontend:
     return start_frontend()
+
+
+@pytest.fixture
+def allowed_frontend(
+    start_frontend: Callable[..., RunningFrontend], media_server: MediaServer
+) -> RunningFrontend:
+    """A frontend that may fetch from the loopback media server and read files under its
+    `allowed/` directory."""
+    allowed_root = media_server.root / "allowed"
+    allowed_root.mkdir(exist_ok=True)
+    return start_frontend(
+        "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", str(allowed_root)
+    )

@@ -19,15 +19,6 @@ from .conftest import RunningFrontend
 IMAGE_PAD = 151655
 
 
-@pytest.fixture
-def allowed_frontend(start_frontend, media_server: MediaServer) -> RunningFrontend:
-    allowed_root = media_server.root / "allowed"
-    allowed_root.mkdir(exist_ok=True)
-    return start_frontend(
-        "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", str(allowed_root)
-    )
-
-
 def _image(url: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url, "detail": "auto"}}
 

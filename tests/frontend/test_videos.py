@@ -39,15 +39,6 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     )
 
 
-@pytest.fixture
-def allowed_frontend(start_frontend, media_server: MediaServer) -> RunningFrontend:
-    allowed_root = media_server.root / "allowed"
-    allowed_root.mkdir(exist_ok=True)
-    return start_frontend(
-        "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", str(allowed_root)
-    )
-
-
 def _video(url: str) -> dict[str, Any]:
     return {"type": "video_url", "video_url": {"url": url}}
 

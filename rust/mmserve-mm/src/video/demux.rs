@@ -488,22 +488,11 @@ impl<'a> Demuxer<'a> {
             .index();
         let mut count = 0u64;
         let mut packets = Some(Vec::new());
-        loop {
+        while let Some(packet) = self.next_packet(index, limits)? {
             Self::check_deadline(limits)?;
-            // A fresh packet per read: av_read_frame may overwrite one that still holds a
-            // buffer, which would leak it.
-            let mut packet = ff::Packet::empty();
-            match packet.read(&mut self.input) {
-                Ok(()) => {}
-                Err(ff::Error::Eof) => return Ok(Scan { count, packets }),
-                Err(e) => return Err(ff_error(e)),
-            }
-            if packet.stream() != index {
-                continue;
-            }
             count += 1;
             if count > limits.max_frames {
-                return Ok(Scan { count, packets });
+                break;
             }
             if is_discarded(&packet) {
                 continue;
@@ -517,6 +506,7 @@ impl<'a> Demuxer<'a> {
                 _ => packets = None,
             }
         }
+        Ok(Scan { count, packets })
     }
 
     /// Decodes the frames at `indices` by the timeline: seeking past packets no sampled
@@ -559,12 +549,8 @@ impl<'a> Demuxer<'a> {
                 }
             }
             if !flushed {
-                let mut packet = ff::Packet::empty();
-                match packet.read(&mut self.input) {
-                    Ok(()) => {
-                        if packet.stream() != index {
-                            continue;
-                        }
+                match self.next_packet(index, limits)? {
+                    Some(packet) => {
                         if !is_discarded(&packet) {
                             let Some(at) = packet.pts().and_then(|pts| timeline.packet_of(pts))
                             else {
@@ -591,11 +577,10 @@ impl<'a> Demuxer<'a> {
                         });
                         decoder.send_packet(&packet).map_err(ff_error)?;
                     }
-                    Err(ff::Error::Eof) => {
+                    None => {
                         decoder.send_eof().map_err(ff_error)?;
                         flushed = true;
                     }
-                    Err(e) => return Err(ff_error(e)),
                 }
             }
             let mut got_any = false;
@@ -623,6 +608,25 @@ impl<'a> Demuxer<'a> {
             }
         }
         Ok(done)
+    }
+
+    /// The next packet of stream `index`; `None` at the end of the data.
+    fn next_packet(
+        &mut self,
+        index: usize,
+        limits: &VideoLimits,
+    ) -> Result<Option<ff::Packet>, VideoError> {
+        loop {
+            // A fresh packet per read: av_read_frame may overwrite one that still holds a
+            // buffer, which would leak it.
+            let mut packet = ff::Packet::empty();
+            match packet.read(&mut self.input) {
+                Ok(()) if packet.stream() == index => return Ok(Some(packet)),
+                Ok(()) => Self::check_deadline(limits)?,
+                Err(ff::Error::Eof) => return Ok(None),
+                Err(e) => return Err(ff_error(e)),
+            }
+        }
     }
 
     /// Seeks stream `index` to the keyframe at or before `ts`; false if the demuxer cannot.
@@ -658,19 +662,12 @@ impl<'a> Demuxer<'a> {
         while frame_index <= last {
             Self::check_deadline(limits)?;
             if !flushed {
-                let mut packet = ff::Packet::empty();
-                match packet.read(&mut self.input) {
-                    Ok(()) => {
-                        if packet.stream() != index {
-                            continue;
-                        }
-                        decoder.send_packet(&packet).map_err(ff_error)?;
-                    }
-                    Err(ff::Error::Eof) => {
+                match self.next_packet(index, limits)? {
+                    Some(packet) => decoder.send_packet(&packet).map_err(ff_error)?,
+                    None => {
                         decoder.send_eof().map_err(ff_error)?;
                         flushed = true;
                     }
-                    Err(e) => return Err(ff_error(e)),
                 }
             }
             let mut got_any = false;
