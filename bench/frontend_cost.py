@@ -463,6 +463,13 @@ def main() -> int:
         metavar="PYTHON",
         help="also run the workloads against Dynamo's frontend and mocker under this interpreter",
     )
+    parser.add_argument(
+        "--router-mode",
+        choices=["round-robin", "kv"],
+        default="round-robin",
+        help="both frontends' router mode, so that both do the same routing work (kv: each "
+        "also indexes the workers' KV events; default: round-robin)",
+    )
     parser.add_argument("--thread", default="", help="with --summarize: only these threads")
     args = parser.parse_args()
     if args.micro:
@@ -534,6 +541,7 @@ def main() -> int:
                 nats.url,
                 log_dir,
                 worker_flags=["--engine", "mock", *ZERO_COMPUTE],
+                frontend_flags=["--router-mode", args.router_mode],
             )
         }
         if dynamo_python:
@@ -543,7 +551,7 @@ def main() -> int:
                 nats.url,
                 log_dir,
                 python=dynamo_python,
-                mode="round-robin",
+                mode=args.router_mode,
                 num_workers=1,
                 costs=MockCosts(prefill_us_per_token=0.0, decode_ms_per_token=0.0),
             )
@@ -565,8 +573,8 @@ def main() -> int:
         rows.sort(key=lambda row: (list(servers).index(row[0]), workloads.index(row[1])))
         failed_any = any(row[4] != "0" for row in rows)
     print(
-        f"pattern {args.pattern}, engine mock with zero compute, "
-        f"prompts of about {args.prompt_tokens} tokens"
+        f"pattern {args.pattern}, engine mock with zero compute, router mode "
+        f"{args.router_mode}, prompts of about {args.prompt_tokens} tokens"
     )
     print(
         "| server | workload | c | requests | failed | req/s | frontend CPU/req "
