@@ -2,9 +2,10 @@
 
 Equal tokens across patterns (test_patterns.py) cannot tell an image that arrived from one that
 was dropped or scrambled the same way everywhere; right answers can. The questions are the kind
-the shipped model answers at its target accuracy (colour: 100% held out, docs/models.md), each
-asked about images whose answers differ, so an image dropped, swapped between requests (16 at
-once) or scrambled in transfer gives a wrong answer.
+the shipped model answers at its target accuracy (colour: 100% held out, docs/models.md), and
+two-image questions in both orders, each asked about images whose answers differ, so an image
+dropped, swapped between requests (16 at once) or between the two images of one request, or
+scrambled in transfer gives a wrong answer.
 """
 
 from __future__ import annotations
@@ -61,6 +62,14 @@ async def _check(client: openai.AsyncOpenAI, model: str) -> None:
         for question in _pair(shape):
             got = await _ask(client, model, question.images, question.text)
             assert got == question.answer, (question.text, question.answer, got)
+    # Two images in one request, in both orders: an image swapped with the other one of its
+    # request gives the other image's answer.
+    for seed in (0, 1):  # a colour pair and a word pair
+        pair = scenes.held_out_pair(seed)
+        for swapped in (False, True):
+            question = pair.ask(0, swapped)
+            got = await _ask(client, model, question.images, question.text)
+            assert got == question.answer, (question.text, swapped, question.answer, got)
     # Many requests at once, each with its own image: each answer is its own image's.
     questions = [_colour_question(100 + i) for i in range(CONCURRENT)]
     assert len({q.answer for q in questions}) > 3

@@ -124,10 +124,20 @@ def test_the_model_answers_held_out_questions(checkpoint: Path, prompts: trainin
     processor = Qwen2VLImageProcessorPil(
         **{k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
     )
-    # Colour is the kind the shipped weights answer at the target accuracy (docs/models.md).
     with torch.inference_mode():
-        for question in training.held_out("colour", 10):
-            assert training.answer(model, processor, prompts, question) == question.answer
+        # The kinds the shipped weights answer at 100% held out (docs/models.md).
+        for kind in ("colour", "position", "word"):
+            for question in training.held_out(kind, 10):
+                got = training.answer(model, processor, prompts, question)
+                assert got == question.answer, (kind, question.text, got)
+        # Two images in either order, asked about either: swapping them swaps the answer.
+        for seed in range(4):
+            pair = scenes.held_out_pair(seed)
+            for which in (0, 1):
+                for swapped in (False, True):
+                    question = pair.ask(which, swapped)
+                    got = training.answer(model, processor, prompts, question)
+                    assert got == question.answer, (seed, question.text, swapped, got)
 
 
 def test_training_writes_weights_that_rebuild_a_checkpoint(tmp_path: Path):

@@ -17,6 +17,9 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 SCENE_SIZE = 112  # pixels a side: 8x8 patches of 14, 16 tokens after the 2x2 merge
+TOKEN_PIXELS = 28  # a side of one image token: a 14-pixel patch times the 2 x 2 merge
+LETTER_SCALE = 4  # pixels per bitmap-font dot: a 5 x 7 letter is 20 x 28, one token tall
+LETTER_INSET = (TOKEN_PIXELS - 5 * LETTER_SCALE) // 2  # centres a letter in its token
 CELLS = 3  # shapes sit in a CELLS x CELLS grid, one per cell
 # Shapes in a scene besides the ones a question is about. The shipped model is trained with
 # none: with up to two more, training on 2 CPU cores takes hours instead of minutes.
@@ -109,11 +112,12 @@ def draw_shapes(rng: np.random.Generator, shapes: list[Shape]) -> Image.Image:
 
 
 def draw_word(rng: np.random.Generator, word: str) -> Image.Image:
-    scale = int(rng.integers(3, 5))
-    width = (len(word) * 6 - 1) * scale
-    height = 7 * scale
-    x0 = int(rng.integers(4, SCENE_SIZE - width - 3))
-    y0 = int(rng.integers(4, SCENE_SIZE - height - 3))
+    # One letter per merged token (28 x 28 pixels, 2 x 2 patches), the word on the token grid:
+    # the same letter is then the same pixels in every scene but for the ink. Letters at
+    # arbitrary pixel offsets across patch boundaries stay unread (chance) by a model this size.
+    tokens = SCENE_SIZE // TOKEN_PIXELS
+    col0 = int(rng.integers(0, tokens - len(word) + 1))
+    row = int(rng.integers(0, tokens))
     ink = (
         _jitter(rng, (20, 20, 20))
         if rng.random() < 0.5
@@ -122,12 +126,14 @@ def draw_word(rng: np.random.Generator, word: str) -> Image.Image:
     image = np.empty((SCENE_SIZE, SCENE_SIZE, 3), dtype=np.uint8)
     image[:] = _background(rng)
     for index, letter in enumerate(word):
-        for row, line in enumerate(_GLYPHS[letter]):
-            for col, pixel in enumerate(line):
+        x0 = (col0 + index) * TOKEN_PIXELS + LETTER_INSET
+        y0 = row * TOKEN_PIXELS
+        for r, line in enumerate(_GLYPHS[letter]):
+            for c, pixel in enumerate(line):
                 if pixel == "#":
-                    x = x0 + (index * 6 + col) * scale
-                    y = y0 + row * scale
-                    image[y : y + scale, x : x + scale] = ink
+                    y = y0 + r * LETTER_SCALE
+                    x = x0 + c * LETTER_SCALE
+                    image[y : y + LETTER_SCALE, x : x + LETTER_SCALE] = ink
     return Image.fromarray(image)
 
 
