@@ -234,6 +234,16 @@ def test_bad_sampling_is_refused_by_name(frontend: RunningFrontend, clip: bytes,
     assert _ask(frontend, [_video(source)]).status_code == 200
 
 
+@pytest.mark.parametrize("case", ["too many frames", "io fps over the bound"])
+def test_bad_sampling_is_refused_without_a_video(frontend: RunningFrontend, case: str) -> None:
+    """A video option out of bounds is a 400 even when the request carries no video, as the
+    OpenAPI document's bounds say."""
+    extra, code, param = BAD_REQUESTS[case]
+    response = _ask(frontend, [{"type": "text", "text": "hi"}], **extra)
+    assert response.status_code == 400, response.text
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (code, param)
+
+
 def _truncated(clip: bytes, _: Path) -> bytes:
     return clip[: len(clip) // 2]
 

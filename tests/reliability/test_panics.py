@@ -69,6 +69,7 @@ class _PanickingPreprocessor:
     options = ChatOptions(policy=MediaPolicy())
     model = SimpleNamespace(name="m")  # the app names it in its OpenAPI document
     pixel_range = PixelRange(3136, 12845056, model=(3136, 12845056))  # and the pixel bounds
+    video_range = None  # and that it takes no video
 
     def validate(self, request: p.ChatCompletionRequest) -> None:
         raise PanicException("attempt to multiply with overflow")

@@ -23,7 +23,13 @@ from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_embeds
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.media_ids import KnownMedia, MediaIds
-from mmserve.frontend.mm_options import PixelRange, VideoCaps, VideoRange, check_media_counts
+from mmserve.frontend.mm_options import (
+    PixelRange,
+    VideoCaps,
+    VideoRange,
+    asks_video_options,
+    check_media_counts,
+)
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
 from mmserve.media import MediaPolicy, PixelBounds
 from mmserve.models.family import ModelSpec, resolve_model_spec
@@ -179,7 +185,10 @@ class ChatPreprocessor:
         )
         bounds = self.pixel_range.bounds(request.mm_processor_kwargs)
         video = None
-        if videos and self.video_range is not None:
+        if self.video_range is not None and (
+            videos or asks_video_options(request.mm_processor_kwargs, request.media_io_kwargs)
+        ):
+            # Checked even without a video, so an option out of bounds is always a 400.
             video = self.video_range.settings(request.mm_processor_kwargs, request.media_io_kwargs)
         known = self._recall(items, tenant)
         precomputed = await self._precomputed(items)

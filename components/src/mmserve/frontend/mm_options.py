@@ -147,6 +147,13 @@ _VIDEO_OPTIONS = ("fps", "num_frames", "min_frames", "max_frames")
 _RATES = ("fps", "num_frames")
 
 
+def asks_video_options(asked: MMProcessorKwargs | None, io: MediaIoKwargs | None) -> bool:
+    """Whether a request sets any video-only sampling option."""
+    return io is not None or (
+        asked is not None and any(getattr(asked, name) is not None for name in _VIDEO_OPTIONS)
+    )
+
+
 def _asked_sampling(
     kwargs: MMProcessorKwargs | None,
     io: MediaIoKwargs | None,
