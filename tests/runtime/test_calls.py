@@ -25,6 +25,7 @@ from mmserve.runtime import (
     Unavailable,
 )
 from mmserve.runtime.subjects import cancel_subject
+from tests.support.waiting import wait_until_async
 
 from .conftest import wait_started
 
@@ -203,8 +204,9 @@ async def test_a_stream_left_once_its_end_frame_arrived_sends_no_cancel(nats_url
         # As a completion's consumer does: it stops at the last reply, before the end frame.
         await leave_at("three", 2, "at-the-end")
         await leave_at("endless", 2, "mid-stream")
-        await caller.flush()
-        await asyncio.sleep(0.3)
+        # One connection sends both streams' cancels in order: once the second has arrived,
+        # a cancel of the first would have arrived before it.
+        await wait_until_async(lambda: "mid-stream" in cancels, what="the mid-stream cancel")
         assert cancels == ["mid-stream"]
 
 
