@@ -1,7 +1,8 @@
 """The encode stage: each planned media item's pixels (preprocessed here in the Rust core from
 the bytes the frontend fetched, or sent by the frontend with `--frontend-decoding`), then the
 vision tower. A video is decoded at the frames its planned sampling picks
-(`media.video.video_options`) into `pixel_values_videos`.
+(`media.video.video_options`) into `pixel_values_videos`, once per video: a video planned one
+item per temporal group (Qwen3-VL) gives each group its rows.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
 what it decoded agrees with it. Items whose payload already carries embeddings (precomputed
@@ -44,7 +45,9 @@ class EncodeStage:
         self.spec = model.core
         # The checkpoint's video options, or None for a family whose videos are not planned.
         self.video_base = (
-            checkpoint_video_options(Path(model_path)) if self.spec.takes_video else None
+            checkpoint_video_options(Path(model_path), family=self.spec.family)
+            if self.spec.takes_video
+            else None
         )
         self.component = component
         self.puller = puller
@@ -77,7 +80,7 @@ class EncodeStage:
             with metrics.timed_stage(self.component, "transfer"):
                 inputs = await self._inputs_from_pixels(planned, payloads)
         else:
-            inputs = await self._preprocess(todo, planned, payloads, request.deadline)
+            inputs = await self._preprocess(request, todo)
         with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE), metrics.timed_stage(self.component, "encode"):
             embeddings = await self.engine.encode(inputs)
         for index, item, embedding in zip(todo, planned, embeddings, strict=True):
@@ -123,24 +126,43 @@ class EncodeStage:
         return {i: e for i, e in zip(indices, cached, strict=True) if e is not None}
 
     async def _preprocess(
-        self,
-        indices: list[int],
-        planned: list[PlannedMedia],
-        payloads: list[MediaPayload],
-        deadline: float,
+        self, request: PreprocessedRequest, indices: list[int]
     ) -> list[MediaInput]:
-        """Pixels for the `planned` items (at `indices` in the request) from their bytes."""
+        """Pixels for the request's items at `indices` from their bytes; a video planned one
+        item per temporal group is decoded once, its bytes read from its group 0's payload,
+        and each group gets its rows."""
+        planned = [request.plan.media[i] for i in indices]
+        carriers = [
+            i - (item.temporal_group or 0) for i, item in zip(indices, planned, strict=True)
+        ]
+        for index, carrier in zip(indices, carriers, strict=True):
+            if request.plan.media[carrier].temporal_group not in (None, 0):
+                raise EngineError(f"media item {index}: its video's first group is not planned")
+        distinct = sorted(set(carriers))
         with metrics.timed_stage(self.component, "transfer"):
-            data = await asyncio.gather(*(self._encoded_bytes(p) for p in payloads))
+            fetched = await asyncio.gather(
+                *(self._encoded_bytes(request.payloads[c]) for c in distinct)
+            )
+        data = dict(zip(distinct, fetched, strict=True))
         with metrics.timed_stage(self.component, "preprocess"):
             images = [i for i, item in enumerate(planned) if item.modality == "image"]
-            videos = [i for i, item in enumerate(planned) if item.modality == "video"]
+            videos: dict[int, list[int]] = {}  # carrier -> its items' places in `planned`
+            for position, item in enumerate(planned):
+                if item.modality == "video":
+                    videos.setdefault(carriers[position], []).append(position)
             image_pixels, video_pixels = await asyncio.gather(
-                self._images([planned[i] for i in images], [data[i] for i in images]),
-                asyncio.gather(*(self._video(planned[i], data[i], deadline) for i in videos)),
+                self._images([planned[i] for i in images], [data[carriers[i]] for i in images]),
+                asyncio.gather(
+                    *(
+                        self._video(planned[places[0]], data[carrier], request.deadline)
+                        for carrier, places in videos.items()
+                    )
+                ),
             )
         processed = dict(zip(images, image_pixels, strict=True))
-        processed |= dict(zip(videos, video_pixels, strict=True))
+        for places, pixels in zip(videos.values(), video_pixels, strict=True):
+            for place in places:
+                processed[place] = _group_pixels(pixels, planned[place])
         inputs = []
         for position, (index, item) in enumerate(zip(indices, planned, strict=True)):
             pixels = processed[position]
@@ -218,3 +240,22 @@ class EncodeStage:
         return list(
             await asyncio.gather(*(load(i, p) for i, p in zip(planned, payloads, strict=True)))
         )
+
+
+def _group_pixels(video: media.ItemPixels, item: PlannedMedia) -> media.ItemPixels:
+    """The pixels of the part of `video` that `item` stands for: the whole video, or one
+    temporal group's rows of `pixel_values_videos` with its grid `(1, h, w)` and identity."""
+    group = item.temporal_group
+    if group is None:
+        return video
+    t, h, w = video.grid_thw
+    if group >= t:
+        raise EngineError(
+            f"the plan names temporal group {group} of a video that decodes to {t} groups"
+        )
+    rows = h * w
+    return media.ItemPixels(
+        mm_hash=_mm.video_group_identity(video.mm_hash, group),
+        pixel_values=video.pixel_values[group * rows : (group + 1) * rows],
+        grid_thw=(1, h, w),
+    )
