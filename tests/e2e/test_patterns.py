@@ -197,7 +197,8 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
     results, streamed, gets = _run_patterns(deployments, requests, image_gets)
     aggregated = results["agg"]
     (_, _, video_prompt, _), (_, _, mixed_prompt, _) = aggregated
-    # 4 frames sampled at 2 fps from the 112x84 clip: 2 temporal patches of 12 tokens each.
+    # 4 frames sampled at 2 fps from the 112x84 clip: 2 temporal patches of 12 tokens each
+    # (Qwen3-VL: 2 groups, each after its timestamp text).
     assert video_prompt > 24 and mixed_prompt > video_prompt + 24
     for pattern, outputs in results.items():
         assert outputs == aggregated, f"{pattern} differs from agg"

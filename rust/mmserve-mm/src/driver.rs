@@ -380,7 +380,7 @@ fn prepare_item(
     options: &DriverOptions,
     mode: Mode,
 ) -> Result<Prepared, Error> {
-    let image = |item: ItemOutput| Prepared {
+    let whole = |item: ItemOutput| Prepared {
         item,
         group_texts: Vec::new(),
     };
@@ -410,7 +410,7 @@ fn prepare_item(
                     ..
                 } => (resized_width, resized_height),
             };
-            return Ok(image(ItemOutput {
+            return Ok(whole(ItemOutput {
                 hash: *hash,
                 width,
                 height,
@@ -435,7 +435,7 @@ fn prepare_item(
             (image.width, image.height, item.geometry, Some(item))
         }
     };
-    Ok(image(ItemOutput {
+    Ok(whole(ItemOutput {
         hash,
         width,
         height,
