@@ -19,7 +19,7 @@ from mmserve.frontend.mm_options import VideoRange
 from mmserve.kv.pad import pad_value
 from mmserve.kv.view import BlockKeys, prompt_block_keys, routing_view
 from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
-from mmserve.media.video import video_options
+from mmserve.media.video import TIMESTAMP_PIECES, timestamp_tokens, video_options
 from mmserve.protocol import MMProcessorKwargs, PlannedMedia
 from tests.support.local_media import encode_image
 from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, hf_reference, make_video
@@ -174,3 +174,18 @@ def test_routing_keys_follow_the_video_identity(clips: dict[str, bytes]) -> None
     assert other.grid_thw == item.grid_thw and other.mm_hash != item.mm_hash
     # Every block holds some of the video's tokens, so every key changes.
     assert all(a != b for a, b in zip(keys.local_hashes, changed.local_hashes, strict=True))
+
+
+def test_timestamp_tokens_are_checked_against_the_tokenizer() -> None:
+    """The pieces' ids spell each timestamp text as the tokenizer writes it; a tokenizer that
+    writes a text otherwise (here one with "12" as a token of its own) is refused."""
+    from transformers import AutoTokenizer
+
+    spec = checkpoint("qwen3_vl")[0]
+    tokenizer = AutoTokenizer.from_pretrained(spec.path)
+    pieces = timestamp_tokens(tokenizer, spec.vision_start_token_id)
+    assert set(pieces) == set(TIMESTAMP_PIECES)
+    assert all(len(pieces[digit]) == 1 for digit in "0123456789")
+    tokenizer.add_tokens(["12"])
+    with pytest.raises(ValueError, match="cannot be planned"):
+        timestamp_tokens(tokenizer, spec.vision_start_token_id)
