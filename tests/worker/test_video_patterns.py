@@ -2,8 +2,7 @@
 real nats-server: hf engines on the tiny Qwen2.5-VL (one per handler, so no cache is shared)
 and the inline transfer backend. Each pattern gives the aggregated greedy tokens, and those
 equal transformers' own `generate` with `pixel_values_videos` (`tests/engines/test_hf_video.py`
-builds the reference and the plan). Qwen3-VL, planned by the driver one item per temporal
-group (the video's bytes with its first), through the aggregated and the E/P/D handlers."""
+builds the reference and the plan)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ from tests.engines.test_hf_video import (
     NEW_TOKENS,
     SAMPLING,
     Item,
-    driver_plan,
     png,
     reference,
     request_plan,
@@ -47,18 +45,9 @@ PATTERNS: dict[str, tuple[list[tuple[Role, bool]], Role]] = {
 }
 
 
-# The patterns each family runs: Qwen3-VL's groups need every hop apart, and one at most.
-FAMILY_PATTERNS = {"qwen2_5_vl": list(PATTERNS), "qwen3_vl": ["agg", "E/P/D"]}
-
-
-@pytest.fixture(scope="module", params=list(FAMILY_PATTERNS))
-def family(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture(scope="module")
-def model_path(family: str) -> Path:
-    return build_tiny_model(family)
+def model_path() -> Path:
+    return build_tiny_model("qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +62,11 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def deployments(
-    nats_url: str, model_path: Path, family: str
-) -> AsyncIterator[dict[str, InProcess]]:
+async def deployments(nats_url: str, model_path: Path) -> AsyncIterator[dict[str, InProcess]]:
     started: dict[str, InProcess] = {}
     engines: list[HfEngine] = []
     try:
-        for name in FAMILY_PATTERNS[family]:
-            handlers, _ = PATTERNS[name]
+        for name, (handlers, _) in PATTERNS.items():
             deployment = started[name] = InProcess(nats_url, model_path)
             for role, encodes in handlers:
                 engines.append(await HfEngine.load(model_path))
@@ -100,20 +86,14 @@ async def test_every_pattern_gives_transformers_tokens_for_a_video(
     images = [Item(png(make_image(56 + 28 * i, 84 - 28 * i, seed=i))) for i in range(num_images)]
     items = [*images[:1], Item(video, SAMPLING), *images[1:]]
     inputs, expected = reference(planner, items)
-    if planner.spec.core.video_per_group:
-        plan, payloads = driver_plan(planner, items)
-        assert plan.token_ids == inputs["input_ids"][0].tolist()
-    else:
-        plan = request_plan(planner, inputs["input_ids"][0].tolist(), items)
-        payloads = [MediaPayload(data=item.data) for item in items]
-    for name in deployments:
-        _, entry = PATTERNS[name]
+    plan = request_plan(planner, inputs["input_ids"][0].tolist(), items)
+    for name, (_, entry) in PATTERNS.items():
         request = PreprocessedRequest(
             request_id=uuid.uuid4().hex,
             deadline=time.time() + 120,
             model="tiny",
             plan=plan,
-            payloads=payloads,
+            payloads=[MediaPayload(data=item.data) for item in items],
             sampling=SamplingParams(temperature=0.0),
             stop=StopConditions(max_tokens=NEW_TOKENS, ignore_eos=True),
         )
