@@ -326,6 +326,35 @@ async def test_frontend_decoded_pixels_of_a_video_give_its_embeddings(
     assert torch.equal(from_pixels.embeddings, from_bytes.embeddings)
 
 
+async def test_frontend_decoded_image_pixels_beside_video_bytes(
+    engine: HfEngine, video: bytes
+) -> None:
+    """`--frontend-decoding` with an image and a video: the image's pixels travel, the video's
+    bytes beside them; each item gets the embeddings its bytes give."""
+    image = Item(png(make_image(56, 84, seed=3)))
+    items = [image, Item(video, SAMPLING)]
+    image_tokens = engine.spec.core.plan(56, 84)[1]
+    ids = [1, *[IMAGE_TOKEN_ID] * image_tokens, 2]
+    ids += [*[VIDEO_TOKEN_ID] * video_plan(engine.spec, items[1])["tokens"], 3]
+    plan = request_plan(engine, ids, items)
+    from_bytes = await encode(engine, plan, [MediaPayload(data=item.data) for item in items])
+    engine.encoder_cache.clear()
+    pixel_values, _, _ = _mm.qwen_vl_preprocess(engine.spec.core, image.data)
+    transfer = InlineTransferAgent()
+    handle, _lease = await transfer.offer(torch.from_numpy(pixel_values))
+    stage = EncodeStage(engine, transfer, engine.spec.path, "worker")
+    request = PreprocessedRequest(
+        request_id="mixed",
+        deadline=time.time() + 120,
+        model="tiny",
+        plan=plan,
+        payloads=[MediaPayload(pixel_values=handle), MediaPayload(data=video)],
+    )
+    encoded = await stage.run(request)
+    for index, expected in enumerate(from_bytes):
+        assert torch.equal(encoded[index].embeddings, expected.embeddings), index
+
+
 async def test_a_plan_that_disagrees_with_the_decoded_video_is_our_fault(
     engine: HfEngine, video: bytes
 ) -> None:

@@ -75,12 +75,18 @@ class EncodeStage:
         if not todo:
             return reused
         planned = [request.plan.media[i] for i in todo]
-        payloads = [request.payloads[i] for i in todo]
-        if all(payload.pixel_values is not None for payload in payloads):
-            with metrics.timed_stage(self.component, "transfer"):
-                inputs = await self._inputs_from_pixels(planned, payloads)
-        else:
-            inputs = await self._preprocess(request, todo)
+        # With frontend decoding an image's pixels travel, and a video's bytes beside them.
+        sent = [i for i in todo if request.payloads[i].pixel_values is not None]
+        from_bytes = [i for i in todo if request.payloads[i].pixel_values is None]
+        with metrics.timed_stage(self.component, "transfer"):
+            loaded = await self._inputs_from_pixels(
+                [request.plan.media[i] for i in sent], [request.payloads[i] for i in sent]
+            )
+        decoded = await self._preprocess(request, from_bytes) if from_bytes else []
+        by_index = dict(zip(sent, loaded, strict=True)) | dict(
+            zip(from_bytes, decoded, strict=True)
+        )
+        inputs = [by_index[i] for i in todo]
         with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE), metrics.timed_stage(self.component, "encode"):
             embeddings = await self.engine.encode(inputs)
         for index, item, embedding in zip(todo, planned, embeddings, strict=True):
