@@ -682,6 +682,75 @@ mod tests {
     }
 
     #[test]
+    fn a_qwen3_video_becomes_one_item_per_temporal_group_after_its_text() {
+        let config = r#"{"model_type": "qwen3_vl", "image_token_id": 151655,
+            "video_token_id": 151656, "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653}"#;
+        let family = family_from_spec(&spec_from_hf_configs("{}", config).unwrap()).unwrap();
+        const VID: TokenId = 151656;
+        let geometry = family.video_geometry([2, 4, 6], (96, 64), 2.0).unwrap();
+        let video = ItemOutput {
+            hash: 7,
+            width: 100,
+            height: 60,
+            geometry,
+            num_tokens: family.num_tokens(&geometry),
+            processed: None,
+            source: 0,
+            temporal_group: None,
+        };
+        let prepared = || {
+            vec![Prepared {
+                item: video.clone(),
+                group_texts: vec!["<0.2 seconds>".into(), "<1.0 seconds>".into()],
+            }]
+        };
+        let ids = [1, START, VID, END, 2];
+        let err = split_video_groups(family.as_ref(), &ids, prepared(), &DriverOptions::default())
+            .unwrap_err();
+        assert_eq!(err.code(), "video.unavailable");
+
+        let mut pieces: Vec<(String, Vec<TokenId>)> =
+            (0..10).map(|d| (d.to_string(), vec![15 + d])).collect();
+        pieces.extend([("<".into(), vec![27]), (".".into(), vec![13])]);
+        pieces.push((" seconds>".into(), vec![6486, 29]));
+        let options = DriverOptions {
+            timestamp_tokens: Some(TimestampTokens::new(pieces)),
+            ..DriverOptions::default()
+        };
+        let (out, items) = split_video_groups(family.as_ref(), &ids, prepared(), &options).unwrap();
+        let text = |digits: [TokenId; 2]| [27, digits[0], 13, digits[1], 6486, 29];
+        let mut expected = vec![1, START];
+        for digits in [[15, 17], [16, 15]] {
+            expected.extend(text(digits));
+            expected.extend([START, VID, END]);
+        }
+        expected.extend([END, 2]);
+        assert_eq!(*out, expected);
+        let groups: Vec<_> = items
+            .iter()
+            .map(|i| {
+                (
+                    i.hash,
+                    i.geometry.grid_thw(),
+                    i.num_tokens,
+                    i.source,
+                    i.temporal_group,
+                )
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            [0, 1].map(|g| (group_identity(7, g), [1, 4, 6], 6, 0, Some(g)))
+        );
+        // Laid out, each group's pads follow its text.
+        let geometries: Vec<Geometry> = items.iter().map(|i| i.geometry).collect();
+        let layout = family.layout(&out, &geometries).unwrap();
+        let expanded = expand(&layout, &out, items.len()).unwrap();
+        assert_eq!(expanded.offsets, vec![(9, 15), (23, 29)]);
+    }
+
+    #[test]
     fn the_failing_item_is_named() {
         let good = png(20, 20);
         let err = run_bytes(&prompt(3), &[&good, &good, b"junk"], Mode::Full).unwrap_err();
