@@ -57,7 +57,8 @@ class EncodeStage:
         pulled from the peer encoder the router named for it (`request.peers`) when that is
         cheaper, else encoded here; read from the encoder cache for an item named by its media
         id (left out when the cache no longer holds it). Items the language worker's prefix
-        cache holds (`request.skip_encode`) are left out."""
+        cache holds (`request.skip_encode`) are left out, but for the temporal groups of a
+        video another group of which is encoded here."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
@@ -69,6 +70,7 @@ class EncodeStage:
             for i, payload in enumerate(request.payloads)
             if payload.embeddings is None and not payload.reuse and i not in request.skip_encode
         ]
+        todo = _with_whole_videos(request, todo)
         pulled = await self._pulled(request, todo)
         todo = [i for i in todo if i not in pulled]
         reused |= pulled
@@ -246,6 +248,25 @@ class EncodeStage:
         return list(
             await asyncio.gather(*(load(i, p) for i, p in zip(planned, payloads, strict=True)))
         )
+
+
+def _with_whole_videos(request: PreprocessedRequest, todo: list[int]) -> list[int]:
+    """`todo` and every skipped temporal group of a video one of whose groups it holds: the
+    video is decoded here from bytes a transfer may not give twice, so a group the prefix
+    cache drops later could not be encoded again."""
+    media = request.plan.media
+
+    def carrier(index: int) -> int | None:
+        group = media[index].temporal_group
+        return None if group is None else index - group
+
+    videos = {carrier(i) for i in todo} - {None}
+    skipped = [
+        i
+        for i in request.skip_encode
+        if i not in todo and carrier(i) in videos and request.payloads[i].embeddings is None
+    ]
+    return sorted([*todo, *skipped])
 
 
 def _group_pixels(video: media.ItemPixels, item: PlannedMedia) -> media.ItemPixels:
