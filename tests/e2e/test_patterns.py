@@ -154,7 +154,15 @@ def test_every_pattern_gives_the_aggregated_tokens(
         assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
 
 
+@pytest.mark.parametrize(
+    "family, patterns",
+    # Qwen3-VL plans a video one item per temporal group: the aggregated worker and the
+    # pattern with every hop apart are enough to show the groups travel (CI's time is short).
+    [("qwen2_5_vl", PATTERNS), ("qwen3_vl", ["agg", "e_p_d"])],
+)
 def test_every_pattern_gives_the_aggregated_tokens_for_videos(
+    family: str,
+    patterns: list[str],
     nats_url: str,
     tmp_path: Path,
     image_server: str,
@@ -163,9 +171,10 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
 ) -> None:
     """A video by URL, and a video by data URL between two images, sampled as the request
     asks: every pattern answers what the aggregated worker answers, fetching each item once.
-    Qwen2.5-VL, whose video positions are spaced by time (tests/worker/test_video_patterns.py
-    runs both video families' handlers)."""
-    model_path = build_tiny_model("qwen2_5_vl")
+    Qwen2.5-VL, whose video positions are spaced by time, and Qwen3-VL, whose timestamp text
+    goes before each temporal group (tests/worker/test_video_patterns.py runs the video
+    families' handlers)."""
+    model_path = build_tiny_model(family)
     video = {"type": "video_url", "video_url": {"url": f"{image_server}/clip.mp4"}}
     requests = [
         [{"role": "user", "content": [video, {"type": "text", "text": "What happens?"}]}],
@@ -183,12 +192,13 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
     ]
     deployments = [
         Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
-        for p in PATTERNS
+        for p in patterns
     ]
     results, streamed, gets = _run_patterns(deployments, requests, image_gets)
     aggregated = results["agg"]
     (_, _, video_prompt, _), (_, _, mixed_prompt, _) = aggregated
-    # 4 frames sampled at 2 fps from the 112x84 clip: 2 temporal patches of 12 tokens each.
+    # 4 frames sampled at 2 fps from the 112x84 clip: 2 temporal patches of 12 tokens each
+    # (Qwen3-VL: 2 groups, each after its timestamp text).
     assert video_prompt > 24 and mixed_prompt > video_prompt + 24
     for pattern, outputs in results.items():
         assert outputs == aggregated, f"{pattern} differs from agg"

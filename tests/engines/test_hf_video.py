@@ -1,10 +1,11 @@
 """Video through the encode stage and the hf engine against transformers' own model.
 
-For tiny Qwen2-VL and Qwen2.5-VL checkpoints and a video made here with FFmpeg: the reference
-is transformers' processor (given the frames mmserve's `decode_video` returns at the sampled
-indices) for `pixel_values_videos`, `video_grid_thw` and the expanded ids, and the model's own
-`generate`; mmserve's side is the encode stage from the video's bytes and the engine, given a
-request plan built from those ids, the Rust M-RoPE positions and the count-only video plan."""
+For tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints and a video made here with FFmpeg: the
+reference is transformers' processor (given the frames mmserve's `decode_video` returns at the
+sampled indices) for `pixel_values_videos`, `video_grid_thw` and the expanded ids, and the
+model's own `generate`; mmserve's side is the encode stage from the video's bytes and the
+engine, given a request plan built from those ids, the Rust M-RoPE positions and the
+count-only video plan (Qwen3-VL: the driver's plan, one item per temporal group)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,15 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoProcessor
+from transformers import AutoTokenizer
 from transformers.video_utils import VideoMetadata
 
 from mmserve import _mm
 from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.hf import HfEngine
-from mmserve.media.video import checkpoint_video_options, video_options
+from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
+from mmserve.media.video import checkpoint_video_options, timestamp_tokens, video_options
 from mmserve.models.family import ModelSpec
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
@@ -41,6 +43,7 @@ from mmserve.protocol import (
 from mmserve.protocol.pipeline import VideoSampling
 from mmserve.transfer.inline import InlineTransferAgent
 from tests.support.engines import IMAGE_TOKEN_ID, make_image
+from tests.support.video import hf_processor
 from tests.video.test_video_core import FFMPEG, make_video
 
 pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)")
@@ -77,10 +80,15 @@ class Item:
     sampling: VideoSampling | None = None
 
 
+def base_options(spec: ModelSpec) -> _mm.VideoOptions:
+    """The checkpoint's video options, as the frontend and the encode stage read them."""
+    return checkpoint_video_options(Path(spec.path), family=spec.core.family)
+
+
 def video_plan(spec: ModelSpec, item: Item) -> dict[str, Any]:
     """The count-only plan of a video, as the frontend makes it."""
     assert item.sampling is not None
-    options = video_options(checkpoint_video_options(Path(spec.path)), item.sampling)
+    options = video_options(base_options(spec), item.sampling)
     return dict(_mm.plan_video(item.data, options))
 
 
@@ -134,7 +142,7 @@ def request_plan(engine: HfEngine, ids: list[int], items: list[Item]) -> Request
 def reference(engine: HfEngine, items: list[Item]) -> tuple[dict[str, torch.Tensor], list[int]]:
     """transformers' processor inputs for the prompt with `items` (videos as the frames
     mmserve decodes at the sampled indices), and the greedy tokens of the model's `generate`."""
-    processor = AutoProcessor.from_pretrained(engine.spec.path)
+    processor = hf_processor(engine.spec.path)
     media = "".join(IMAGE_PART if item.sampling is None else VIDEO_PART for item in items)
     videos, metadata, images = [], [], []
     for item in items:
@@ -158,8 +166,10 @@ def reference(engine: HfEngine, items: list[Item]) -> tuple[dict[str, torch.Tens
         video_metadata=metadata or None,
         do_sample_frames=False,
         cap_pixels_per_frame=False,  # the class default, which the checkpoint keeps
-        # The video's pixel budget (the images here fit it unresized).
-        size={"shortest_edge": SAMPLING.min_pixels, "longest_edge": SAMPLING.max_pixels},
+        # The video's pixel budget; the images keep the model's.
+        videos_kwargs={
+            "size": {"shortest_edge": SAMPLING.min_pixels, "longest_edge": SAMPLING.max_pixels}
+        },
         input_data_format="channels_last",
         return_tensors="pt",
     )
@@ -217,7 +227,7 @@ async def test_greedy_tokens_equal_transformers_with_a_video(
 
     (planned,) = [item for item in plan.media if item.modality == "video"]
     assert [list(planned.grid_thw)] == inputs["video_grid_thw"].tolist()
-    options = video_options(checkpoint_video_options(Path(engine.spec.path)), SAMPLING)
+    options = video_options(base_options(engine.spec), SAMPLING)
     _, pixel_values_videos = _mm.process_video(video, options)
     assert np.array_equal(pixel_values_videos, inputs["pixel_values_videos"].numpy())
     if engine.spec.family.name == "qwen2_5_vl":
@@ -300,7 +310,7 @@ async def test_frontend_decoded_pixels_of_a_video_give_its_embeddings(
     (from_bytes,) = await encode(engine, plan, [MediaPayload(data=video)])
     engine.encoder_cache.clear()
     _, pixel_values_videos = _mm.process_video(
-        video, video_options(checkpoint_video_options(Path(engine.spec.path)), SAMPLING)
+        video, video_options(base_options(engine.spec), SAMPLING)
     )
     transfer = InlineTransferAgent()
     handle, _lease = await transfer.offer(torch.from_numpy(pixel_values_videos))
@@ -314,6 +324,35 @@ async def test_frontend_decoded_pixels_of_a_video_give_its_embeddings(
     )
     from_pixels = (await stage.run(request))[0]
     assert torch.equal(from_pixels.embeddings, from_bytes.embeddings)
+
+
+async def test_frontend_decoded_image_pixels_beside_video_bytes(
+    engine: HfEngine, video: bytes
+) -> None:
+    """`--frontend-decoding` with an image and a video: the image's pixels travel, the video's
+    bytes beside them; each item gets the embeddings its bytes give."""
+    image = Item(png(make_image(56, 84, seed=3)))
+    items = [image, Item(video, SAMPLING)]
+    image_tokens = engine.spec.core.plan(56, 84)[1]
+    ids = [1, *[IMAGE_TOKEN_ID] * image_tokens, 2]
+    ids += [*[VIDEO_TOKEN_ID] * video_plan(engine.spec, items[1])["tokens"], 3]
+    plan = request_plan(engine, ids, items)
+    from_bytes = await encode(engine, plan, [MediaPayload(data=item.data) for item in items])
+    engine.encoder_cache.clear()
+    pixel_values, _, _ = _mm.qwen_vl_preprocess(engine.spec.core, image.data)
+    transfer = InlineTransferAgent()
+    handle, _lease = await transfer.offer(torch.from_numpy(pixel_values))
+    stage = EncodeStage(engine, transfer, engine.spec.path, "worker")
+    request = PreprocessedRequest(
+        request_id="mixed",
+        deadline=time.time() + 120,
+        model="tiny",
+        plan=plan,
+        payloads=[MediaPayload(pixel_values=handle), MediaPayload(data=video)],
+    )
+    encoded = await stage.run(request)
+    for index, expected in enumerate(from_bytes):
+        assert torch.equal(encoded[index].embeddings, expected.embeddings), index
 
 
 async def test_a_plan_that_disagrees_with_the_decoded_video_is_our_fault(
@@ -362,86 +401,95 @@ async def test_an_image_only_family_refuses_a_video(video: bytes) -> None:
     await gemma.close()
 
 
-async def test_qwen3_vl_video_rows_as_one_item_per_temporal_group(video: bytes) -> None:
+@pytest.fixture(scope="module")
+def qwen3() -> HfEngine:
+    return HfEngine(build_tiny_model("qwen3_vl"))
+
+
+def driver_plan(engine: HfEngine, items: list[Item]) -> tuple[RequestPlan, list[MediaPayload]]:
+    """The plan the frontend's driver makes of the prompt with `items` (from its bytes, count
+    only), and the payloads it sends on (a video's bytes with its first planned item)."""
+    spec = engine.spec
+    tokenizer = AutoTokenizer.from_pretrained(spec.path)
+    media = "".join(IMAGE_PART if item.sampling is None else VIDEO_PART for item in items)
+    settings = VideoSettings(
+        base=base_options(spec),
+        sampling=SAMPLING,
+        timestamp_tokens=timestamp_tokens(tokenizer, spec.vision_start_token_id),
+    )
+    planned = plan_request_here(
+        spec.core,
+        tokenizer(PROMPT.format(media=media))["input_ids"],
+        [item.data for item in items],
+        MediaPolicy(),
+        count_only=True,
+        keep_bytes=True,
+        modalities=["image" if item.sampling is None else "video" for item in items],
+        video=settings,
+    )
+    payloads = [MediaPayload(data=None if d is None else bytes(d)) for d in planned.data]
+    return planned.plan, payloads
+
+
+@pytest.mark.parametrize("num_images", [0, 2])
+async def test_qwen3_vl_video_greedy_tokens_equal_transformers(
+    qwen3: HfEngine, video: bytes, num_images: int
+) -> None:
     """Qwen3-VL writes each temporal group of a video as its own run of `<|video_pad|>`
-    tokens, with the group's timestamp text between runs. Planned as one item per group (grid
-    `(1, h, w)`, its rows of `pixel_values_videos`), beside an image, the engine gives
-    transformers' tokens (deepstack rows of images and videos in prompt order, as the model
-    joins them), and the Rust M-RoPE over those items equals the model's `get_rope_index`.
-    The pixels are transformers' (the core follows Qwen2-VL's video processor only)."""
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    engine = HfEngine(build_tiny_model("qwen3_vl"))
-    processor = AutoProcessor.from_pretrained(engine.spec.path)
-    processor.video_processor = Qwen3VLVideoProcessor(
-        size={"shortest_edge": 4096, "longest_edge": 64 * 32 * 32}, cap_pixels_per_frame=False
-    )
-    indices = [0, 4, 8, 12]
-    info, frames = _mm.decode_video(video, indices)
-    image = make_image(64, 96, seed=1)
-    inputs = processor(
-        text=[PROMPT.format(media=IMAGE_PART + VIDEO_PART)],
-        images=[image],
-        videos=[torch.from_numpy(frames)],
-        video_metadata=[
-            VideoMetadata(
-                total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
-            )
-        ],
-        do_sample_frames=False,
-        input_data_format="channels_last",
-        return_tensors="pt",
-    )
-    mm_token_type_ids = inputs.pop("mm_token_type_ids")
-    ids = inputs["input_ids"][0].tolist()
-    out = engine.model.generate(
-        **inputs,
-        mm_token_type_ids=mm_token_type_ids,
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
-        do_sample=False,
-    )
-    expected = out[0, len(ids) :].tolist()
-
+    tokens after the group's timestamp text: the driver plans one item per group (grid
+    `(1, h, w)`), with ids equal to `Qwen3VLProcessor`'s and positions equal to the model's
+    `get_rope_index`; the encode stage decodes the video once and gives each group its rows
+    of `pixel_values_videos` (deepstack included), from which the engine gives transformers'
+    greedy tokens; the same video again is read from the encoder cache, group by group."""
+    images = [Item(png(make_image(56 + 32 * i, 96 - 32 * i, seed=i))) for i in range(num_images)]
+    items = [*images[:1], Item(video, SAMPLING), *images[1:]]
+    inputs, expected = reference(qwen3, items)
+    plan, payloads = driver_plan(qwen3, items)
+    input_ids = inputs["input_ids"]
+    assert plan.token_ids == input_ids[0].tolist()
     t, h, w = inputs["video_grid_thw"][0].tolist()
-    groups = inputs["pixel_values_videos"].split(h * w)
-    items = [MediaInput(1, inputs["pixel_values"], tuple(inputs["image_grid_thw"][0].tolist()))]
-    items += [MediaInput(2 + g, groups[g], (1, h, w), modality="video") for g in range(t)]
-    starts = [
-        i
-        for i, token in enumerate(ids)
-        if token in (IMAGE_TOKEN_ID, VIDEO_TOKEN_ID) and ids[i - 1] != token
+    groups = [item for item in plan.media if item.modality == "video"]
+    assert [(g.temporal_group, g.grid_thw) for g in groups] == [(g, (1, h, w)) for g in range(t)]
+    assert [p.data is not None for p in payloads] == [
+        item.temporal_group in (None, 0) for item in plan.media
     ]
-    media = [
-        PlannedMedia(
-            modality=item.modality,
-            mm_hash=item.mm_hash,
-            offset=start,
-            length=int(np.prod(item.grid_thw)) // 4,
-            grid_thw=item.grid_thw,
-        )
-        for start, item in zip(starts, items, strict=True)
-    ]
-    blocks = [(m.offset, m.end, m.grid_thw, 1.0) for m in media]
-    rows, delta = _mm.mrope_positions(len(ids), blocks, engine.spec.spatial_merge_size)
-    reference_rows, reference_delta = engine.model.model.get_rope_index(
-        inputs["input_ids"],
-        mm_token_type_ids,
-        image_grid_thw=inputs["image_grid_thw"],
+    options = video_options(base_options(qwen3.spec), SAMPLING)
+    _, pixel_values_videos = _mm.process_video(video, options)
+    assert np.array_equal(pixel_values_videos, inputs["pixel_values_videos"].numpy())
+    rows, delta = qwen3.model.model.get_rope_index(
+        input_ids,
+        (input_ids == IMAGE_TOKEN_ID).int() + 2 * (input_ids == VIDEO_TOKEN_ID).int(),
+        image_grid_thw=inputs.get("image_grid_thw"),
         video_grid_thw=inputs["video_grid_thw"],
     )
-    assert np.array_equal(rows, reference_rows[:, 0].numpy())
-    assert delta == int(reference_delta.flatten()[0])
-    plan = RequestPlan(
-        token_ids=ids,
-        media=media,
-        positions=MRopePositions(rows=rows.reshape(-1).tolist(), delta=delta),
-    )
+    assert plan.positions is not None
+    assert plan.positions.rows == rows.reshape(-1).tolist()
+    assert plan.positions.delta == int(delta.flatten()[0])
+
+    qwen3.encoder_cache.clear()
+    embeddings = await encode(qwen3, plan, payloads)
+    assert all(len(e.deepstack) == qwen3.spec.deepstack_layers for e in embeddings)
     request = EngineRequest.from_plan(
         "qwen3-video", plan, stop=StopConditions(max_tokens=NEW_TOKENS, ignore_eos=True)
     )
-    embeddings = await engine.encode(items)
-    assert all(len(e.deepstack) == engine.spec.deepstack_layers for e in embeddings)
-    tokens = [t async for chunk in engine.generate(request, embeddings) for t in chunk.token_ids]
+    tokens = [t async for chunk in qwen3.generate(request, embeddings) for t in chunk.token_ids]
     assert tokens == expected
-    await engine.close()
+    hits, misses = qwen3.encoder_cache.stats()
+    again = await encode(qwen3, plan, payloads)
+    assert qwen3.encoder_cache.stats() == (hits + len(plan.media), misses)
+    assert all(a.embeddings is b.embeddings for a, b in zip(again, embeddings, strict=True))
+    # Groups the prefix cache holds are encoded with the video's others all the same (its
+    # bytes are read once); a skipped image stays skipped.
+    images_at = [i for i, item in enumerate(plan.media) if item.modality == "image"]
+    first_group = plan.media.index(groups[0])
+    stage = EncodeStage(qwen3, InlineTransferAgent(), qwen3.spec.path, "worker")
+    skipping = PreprocessedRequest(
+        request_id="skip",
+        deadline=time.time() + 120,
+        model="tiny",
+        plan=plan,
+        payloads=payloads,
+        skip_encode=[first_group, *images_at],
+    )
+    encoded = await stage.run(skipping)
+    assert sorted(encoded) == [i for i in range(len(plan.media)) if i not in images_at]

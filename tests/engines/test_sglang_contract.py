@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -245,6 +246,15 @@ def test_a_video_goes_in_video_data_with_the_plans_positions() -> None:
     assert (
         "mrope_positions" not in generate_kwargs(_request(), _embeddings(), None)["image_data"][0]
     )
+
+
+def test_a_video_planned_per_temporal_group_is_refused() -> None:
+    """Qwen3-VL's videos, one item per temporal group, are not sent to SGLang."""
+    request, embeddings = _video_request(num_images=0)
+    (video,) = request.media
+    grouped = replace(request, media=(msgspec.structs.replace(video, temporal_group=0),))
+    with pytest.raises(EngineError, match="Qwen3-VL videos"):
+        generate_kwargs(grouped, embeddings, None)
 
 
 def test_stop_rules_the_adapter_maps() -> None:

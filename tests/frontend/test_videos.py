@@ -314,11 +314,55 @@ def test_openapi_names_video_parts_and_their_bounds(frontend: RunningFrontend) -
     assert "video" in schemas["MediaIoKwargs"]["properties"]
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen3_vl"])
-async def test_families_without_video_refuse_it_clearly(family: str, clip: bytes) -> None:
-    """Gemma 3 takes no video; Qwen3-VL's (timestamp text) is not planned yet: a 400 that
-    says so, before anything is fetched."""
-    model = ServedModel.load(build_tiny_model(family))
+async def test_qwen3_vl_plans_each_temporal_group_after_its_timestamp(clip: bytes) -> None:
+    """Qwen3-VL: the first hop gets one video item per temporal group, the ids equal to
+    `Qwen3VLProcessor`'s (the timestamp text before each group, text right before the video
+    part), the video's bytes with its first group and nothing with the others."""
+    model = ServedModel.load(build_tiny_model("qwen3_vl"))
+    preprocessor = ChatPreprocessor(model, ChatOptions(policy=MediaPolicy()))
+    assert model.spec.core.video_per_group and preprocessor.video_range is not None
+    images = [encode_image(64, 48), encode_image(100, 300)]
+    content = [
+        {"type": "image_url", "image_url": {"url": data_url(images[0])}},
+        {"type": "text", "text": "then clip 3:"},
+        _video(data_url(clip, "video/mp4")),
+        {"type": "image_url", "image_url": {"url": data_url(images[1])}},
+    ]
+    request = msgspec.convert(
+        {"model": model.name, "messages": [{"role": "user", "content": content}]},
+        ChatCompletionRequest,
+    )
+    sent = await preprocessor.preprocess(request, "r", 1e12)
+    videos = _video_items(sent)
+    settings = preprocessor.video_range.settings(None, None)
+    own = _mm.plan_video(clip, video_options(settings.base, settings.sampling))
+    t, h, w = own["grid_thw"]
+    assert t > 1 and [(v.temporal_group, v.grid_thw) for v in videos] == [
+        (g, (1, h, w)) for g in range(t)
+    ]
+    assert [v.mm_hash for v in videos] == [
+        _mm.video_group_identity(own["mm_hash"], g) for g in range(t)
+    ]
+    assert [item.modality for item in sent.plan.media] == ["image", *["video"] * t, "image"]
+    assert [p.data for p in sent.payloads] == [images[0], clip, *[None] * (t - 1), images[1]]
+    parts = [
+        {"type": part["type"].removesuffix("_url")} if part["type"] != "text" else part
+        for part in content
+    ]
+    text = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": parts}], tokenize=False, add_generation_prompt=True
+    )
+    media = [("image", images[0]), ("video", clip), ("image", images[1])]
+    ids, positions, delta = hf_reference("qwen3_vl", text, media, settings)
+    assert sent.plan.token_ids == ids
+    assert sent.plan.positions is not None
+    assert sent.plan.positions.rows == positions.reshape(-1).tolist()
+    assert sent.plan.positions.delta == delta
+
+
+async def test_families_without_video_refuse_it_clearly(clip: bytes) -> None:
+    """Gemma 3 takes no video: a 400 that says so, before anything is fetched."""
+    model = ServedModel.load(build_tiny_model("gemma3"))
     preprocessor = ChatPreprocessor(model, ChatOptions(policy=MediaPolicy()))
     assert not model.spec.core.takes_video and preprocessor.video_range is None
     content = [{"type": "text", "text": "?"}, _video(data_url(clip, "video/mp4"))]

@@ -51,16 +51,32 @@ def make_video(
     return path.read_bytes()
 
 
+def hf_processor(path: Path) -> Any:
+    """transformers' processor of the tiny checkpoint at `path`. The tiny Qwen3-VL checkpoint
+    has no video_preprocessor_config.json, where transformers finds Qwen2-VL's video
+    processor: it gets Qwen3-VL's own (class defaults, as the core reads the checkpoint)."""
+    processor = AutoProcessor.from_pretrained(path)
+    if AutoConfig.from_pretrained(path).model_type == "qwen3_vl":
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+        processor.video_processor = Qwen3VLVideoProcessor(cap_pixels_per_frame=False)
+    return processor
+
+
 @functools.cache
 def checkpoint(family: str) -> tuple[ModelSpec, Any, Any]:
     """The tiny checkpoint's spec, its transformers processor and a model (random weights)
     for `get_rope_index`."""
-    from transformers import Qwen2_5_VLModel, Qwen2VLModel
+    from transformers import Qwen2_5_VLModel, Qwen2VLModel, Qwen3VLModel
 
     path = build_tiny_model(family)
-    model_class = Qwen2VLModel if family == "qwen2_vl" else Qwen2_5_VLModel
+    model_class = {
+        "qwen2_vl": Qwen2VLModel,
+        "qwen2_5_vl": Qwen2_5_VLModel,
+        "qwen3_vl": Qwen3VLModel,
+    }[family]
     model = model_class(AutoConfig.from_pretrained(path)).eval()
-    return resolve_model_spec(path), AutoProcessor.from_pretrained(path), model
+    return resolve_model_spec(path), hf_processor(path), model
 
 
 def hf_reference(

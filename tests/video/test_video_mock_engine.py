@@ -1,6 +1,6 @@
 """A planned request with a video through the mock engine: its usage counts the video's
 tokens, and its prefix cache (and KV events, the router's input) keys the video's run by the
-video's identity, as an image's."""
+video's identity, as an image's (Qwen3-VL's: each temporal group's run by its own)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program
 BLOCK = 16
 
 
-async def test_usage_and_prefix_keys_cover_the_video(tmp_path: Any) -> None:
-    spec, processor, _ = checkpoint("qwen2_vl")
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+async def test_usage_and_prefix_keys_cover_the_video(tmp_path: Any, family: str) -> None:
+    spec, processor, _ = checkpoint(family)
     clip = make_video(tmp_path / "v.mp4", rate="30", seconds=3.0)
     image = encode_image(64, 48)
     text = f"<|im_start|>user\n{'x ' * 20}{VIDEO} and {IMAGE}?<|im_end|>\n"
@@ -46,7 +47,7 @@ async def test_usage_and_prefix_keys_cover_the_video(tmp_path: Any) -> None:
         ).plan  # fmt: skip
 
     engine = await MockEngine.load(
-        build_tiny_model("qwen2_vl"), prefill_us_per_token=0.0, decode_ms_per_token=0.0
+        build_tiny_model(family), prefill_us_per_token=0.0, decode_ms_per_token=0.0
     )
     events: list[Any] = []
     engine.subscribe_kv_events(events.append)
@@ -62,7 +63,11 @@ async def test_usage_and_prefix_keys_cover_the_video(tmp_path: Any) -> None:
 
     cold = plan()
     video = cold.media[0]
-    assert video.modality == "video" and video.length > BLOCK
+    videos = [item for item in cold.media if item.modality == "video"]
+    assert video.modality == "video" and sum(item.length for item in videos) > BLOCK
+    # Qwen3-VL: one item per temporal group (more than one here).
+    groups = [None] if family == "qwen2_vl" else list(range(max(len(videos), 2)))
+    assert [item.temporal_group for item in videos] == groups
     usage = await run("a", cold)
     assert usage.prompt_tokens == len(cold.token_ids)
     assert usage.cached_tokens == 0

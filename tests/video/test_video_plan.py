@@ -1,11 +1,13 @@
 """A request with videos and images, planned once by the driver as the frontend runs it (each
-video from its headers only): the expanded ids equal transformers' Qwen2-VL and Qwen2.5-VL
-processors' for the frames the plan samples (decoded by `decode_video`), the positions equal
-the model's `get_rope_index` (Qwen2.5-VL's `second_per_grid_ts` from the processor), and a
-video's identity covers its sampling."""
+video from its headers only): the expanded ids equal transformers' Qwen2-VL, Qwen2.5-VL and
+Qwen3-VL processors' for the frames the plan samples (decoded by `decode_video`; Qwen3-VL's
+timestamp text before each temporal group, each group an item of its own), the positions
+equal the model's `get_rope_index` (Qwen2.5-VL's `second_per_grid_ts` from the processor), and
+a video's identity covers its sampling."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import msgspec
@@ -16,8 +18,8 @@ from mmserve import _mm
 from mmserve.frontend.mm_options import VideoRange
 from mmserve.kv.pad import pad_value
 from mmserve.kv.view import BlockKeys, prompt_block_keys, routing_view
-from mmserve.media import MediaPolicy, plan_request_here
-from mmserve.media.video import video_options
+from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
+from mmserve.media.video import TIMESTAMP_PIECES, timestamp_tokens, video_options
 from mmserve.protocol import MMProcessorKwargs, PlannedMedia
 from tests.support.local_media import encode_image
 from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, hf_reference, make_video
@@ -47,18 +49,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 @pytest.mark.parametrize("names, asked", CASES)
 def test_plan_equals_the_processor_and_get_rope_index(
     family: str, names: list[str], asked: dict[str, Any], clips: dict[str, bytes]
 ) -> None:
     spec, processor, _ = checkpoint(family)
+    if family == "qwen3_vl" and "max_pixels" in asked:
+        # Qwen3-VL's bound counts the whole clip, and starts higher.
+        asked = {**asked, "max_pixels": 4 * asked["max_pixels"]}
     sizes = iter([(64, 48), (40, 90)])
     media = [
         ("image", encode_image(*next(sizes))) if name == "image" else ("video", clips[name])
         for name in names
     ]
-    text = "<|im_start|>user\n" + "then ".join(
+    # Text right before a part, a digit last: the special tokens keep it apart.
+    text = "<|im_start|>user\nclip 3" + "then ".join(
         IMAGE if kind == "image" else VIDEO for kind, _ in media
     )
     text += "what happens?<|im_end|>\n<|im_start|>assistant\n"
@@ -79,16 +85,39 @@ def test_plan_equals_the_processor_and_get_rope_index(
     assert plan.positions is not None
     assert np.array_equal(np.array(plan.positions.rows).reshape(3, -1), positions)
     assert plan.positions.delta == delta
-    for item, (kind, data) in zip(plan.media, media, strict=True):
+    for item, source in zip(plan.media, planned.sources, strict=True):
+        kind, data = media[source]
         assert item.modality == kind
         pad = spec.video_token_id if kind == "video" else spec.image_token_id
         assert ids[item.offset : item.end] == [pad] * item.length
         if kind == "video":
             assert item.video == settings.sampling
             own = _mm.plan_video(data, video_options(settings.base, settings.sampling))
-            assert (item.mm_hash, item.grid_thw) == (own["mm_hash"], own["grid_thw"])
-    # The bytes travel on as fetched.
-    assert [bytes(d or b"") for d in planned.data] == [data for _, data in media]
+            if family != "qwen3_vl":
+                assert item.temporal_group is None
+                assert (item.mm_hash, item.grid_thw) == (own["mm_hash"], own["grid_thw"])
+                continue
+            # One item per temporal group, each with its own identity.
+            t, h, w = own["grid_thw"]
+            group = item.temporal_group
+            assert group is not None and group < t and item.grid_thw == (1, h, w)
+            assert item.mm_hash == _mm.video_group_identity(own["mm_hash"], group)
+            assert planned.sources[plan.media.index(item) - group] == source
+    groups = Counter(planned.sources)
+    videos = [own_groups(family, data, settings) for kind, data in media if kind == "video"]
+    assert [groups[i] for i, (kind, _) in enumerate(media) if kind == "video"] == videos
+    # The bytes travel on as fetched, each with its item's first planned item.
+    first = [planned.sources.index(i) for i in range(len(media))]
+    assert [bytes(planned.data[i] or b"") for i in first] == [data for _, data in media]
+    assert all(d is None for i, d in enumerate(planned.data) if i not in first)
+
+
+def own_groups(family: str, data: bytes, settings: VideoSettings) -> int:
+    """The planned items of a video: one per temporal group for Qwen3-VL, else one."""
+    if family != "qwen3_vl":
+        return 1
+    plan = _mm.plan_video(data, video_options(settings.base, settings.sampling))
+    return int(plan["grid_thw"][0])
 
 
 def test_the_same_video_sampled_otherwise_is_another_item(clips: dict[str, bytes]) -> None:
@@ -145,3 +174,18 @@ def test_routing_keys_follow_the_video_identity(clips: dict[str, bytes]) -> None
     assert other.grid_thw == item.grid_thw and other.mm_hash != item.mm_hash
     # Every block holds some of the video's tokens, so every key changes.
     assert all(a != b for a, b in zip(keys.local_hashes, changed.local_hashes, strict=True))
+
+
+def test_timestamp_tokens_are_checked_against_the_tokenizer() -> None:
+    """The pieces' ids spell each timestamp text as the tokenizer writes it; a tokenizer that
+    writes a text otherwise (here one with "12" as a token of its own) is refused."""
+    from transformers import AutoTokenizer
+
+    spec = checkpoint("qwen3_vl")[0]
+    tokenizer = AutoTokenizer.from_pretrained(spec.path)
+    pieces = timestamp_tokens(tokenizer, spec.vision_start_token_id)
+    assert set(pieces) == set(TIMESTAMP_PIECES)
+    assert all(len(pieces[digit]) == 1 for digit in "0123456789")
+    tokenizer.add_tokens(["12"])
+    with pytest.raises(ValueError, match="cannot be planned"):
+        timestamp_tokens(tokenizer, spec.vision_start_token_id)

@@ -98,6 +98,10 @@ def video_timestamps(
     Qwen3-VL's processor gives the group and the text it writes before the group's
     <|vision_start|> ("<{t:.1f} seconds>")."""
 
+def video_group_identity(mm_hash: int, group: int) -> int:
+    """The identity of temporal group `group` of the video whose identity is `mm_hash` (a
+    Qwen3-VL video's items, one per group, as `process` plans them)."""
+
 def preprocess_video(
     frames: numpy.ndarray[tuple[int, int, int, int], numpy.dtype[numpy.uint8]],
     *,
@@ -262,6 +266,10 @@ class Spec:
     def takes_video(self) -> bool:
         """Whether the request driver plans this family's videos."""
     @property
+    def video_per_group(self) -> bool:
+        """Whether it plans a video one item per temporal group, each after its timestamp
+        text (Qwen3-VL)."""
+    @property
     def patch_size(self) -> int: ...
     @property
     def merge_size(self) -> int: ...
@@ -346,6 +354,13 @@ class ProcessedMedia:
     @property
     def num_tokens(self) -> int: ...
     @property
+    def source(self) -> int:
+        """The index of the request's media item this one comes from."""
+    @property
+    def temporal_group(self) -> int | None:
+        """Which temporal group of its video this item is, for a family that plans a video
+        one item per group (Qwen3-VL; the hash is then `video_group_identity`'s)."""
+    @property
     def pixel_values(
         self,
     ) -> numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]] | None:
@@ -384,6 +399,7 @@ def process(
     keep_bytes: bool = False,
     modalities: list[str] | None = None,
     video: VideoOptions | None = None,
+    timestamp_tokens: dict[str, list[int]] | None = None,
 ) -> ProcessResult:
     """The request driver: one placeholder per item in input_ids, items as references
     (URL, data: URL, base64, local path), already-fetched bytes, or (hash, (t, h, w)) for an
@@ -392,8 +408,10 @@ def process(
     decoded. With keep_bytes each item's fetched bytes come back in ProcessedMedia.data.
     `modalities` names each item "image" or "video" (all images when None); a video is
     planned from its headers under `video` (plan_video; its hash is its identity, its
-    pixel_values None), its placeholder the video pad. timeout_s bounds each http(s) fetch,
-    and reading the videos' headers once fetched."""
+    pixel_values None), its placeholder the video pad; for a family that writes each temporal
+    group after its timestamp text (Spec.video_per_group) one item per group, the text spelled
+    with `timestamp_tokens` (each piece's ids) and the bytes with the group 0 item. timeout_s
+    bounds each http(s) fetch, and reading the videos' headers once fetched."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""

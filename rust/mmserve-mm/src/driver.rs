@@ -4,8 +4,9 @@
 //! `process_item` (fanned out through `common::par`); then the family's layout ->
 //! expanded ids + per-item offsets -> positions. A video is planned from its container's
 //! headers alone (with the `video` feature): its sampled frames, grid, token count and
-//! identity; its pixels are the encoder's work. Any failure rejects the whole request; an
-//! item's failure carries its index.
+//! identity; its pixels are the encoder's work. A family that writes a video one temporal
+//! group at a time (Qwen3-VL) gets one item per group, each after its timestamp text. Any
+//! failure rejects the whole request; an item's failure carries its index.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -18,6 +19,9 @@ use crate::family::token_layout::expand;
 use crate::image::decode::{decode_image, probe_image, DecodeLimits};
 use crate::pipeline::{Family, Geometry, Positions, ProcessError, ProcessedItem, TokenId};
 use crate::source::fetch::{fetch_bytes, FetchError, FetchPolicy};
+use crate::video::identity::group_identity;
+use crate::video::timestamps::TimestampTokens;
+use crate::video::VideoError;
 use crate::Error;
 
 /// Most media items one request may carry.
@@ -138,6 +142,9 @@ pub struct DriverOptions {
     /// Reading the request's videos' headers ends with `video.deadline` this long after
     /// they were fetched.
     pub video_timeout: Option<Duration>,
+    /// The tokenizer's ids of timestamp texts, for families that write one before each
+    /// temporal group of a video.
+    pub timestamp_tokens: Option<TimestampTokens>,
 }
 
 /// What the driver produced for one item.
@@ -153,6 +160,11 @@ pub struct ItemOutput {
     pub num_tokens: usize,
     /// `None` in [`Mode::CountOnly`], for a planned item and for a video.
     pub processed: Option<ProcessedItem>,
+    /// The index of the request's media item this one comes from.
+    pub source: usize,
+    /// Which temporal group of its video this item is, for a family that plans a video one
+    /// group per item (its `hash` then `video::identity::group_identity`); `None` otherwise.
+    pub temporal_group: Option<u32>,
 }
 
 /// The whole request, ready for the model.
@@ -161,6 +173,8 @@ pub struct RequestOutput {
     pub input_ids: Vec<TokenId>,
     /// `offsets[i] = (start, end)` of item `i` in `input_ids`.
     pub offsets: Vec<(usize, usize)>,
+    /// The planned items, in prompt order: one per media item of the request, or one per
+    /// temporal group of a video (see [`ItemOutput::temporal_group`]).
     pub items: Vec<ItemOutput>,
     pub positions: Positions,
 }
@@ -186,16 +200,21 @@ pub fn run(
     let inputs: Vec<MediaInput<'_>> = media.iter().map(|m| m.input).collect();
     let fetched = fetch_all(&inputs, &options.fetch)?;
     let options = &with_video_deadline(options);
-    let work: Vec<(Modality, &Fetched<'_>)> =
-        media.iter().map(|m| m.modality).zip(&fetched).collect();
-    let items = par::try_map(&work, |&(modality, item)| {
-        prepare_item(family, modality, item, options, mode)
+    let work: Vec<(usize, Modality, &Fetched<'_>)> = media
+        .iter()
+        .zip(&fetched)
+        .enumerate()
+        .map(|(index, (m, item))| (index, m.modality, item))
+        .collect();
+    let prepared = par::try_map(&work, |&(index, modality, item)| {
+        prepare_item(family, index, modality, item, options, mode)
     })
     .map_err(|(index, e)| e.at_item(index))?;
+    let (input_ids, items) = split_video_groups(family, input_ids, prepared, options)?;
 
     let geometries: Vec<Geometry> = items.iter().map(|item| item.geometry).collect();
-    let layout = family.layout(input_ids, &geometries)?;
-    let expanded = expand(&layout, input_ids, items.len())?;
+    let layout = family.layout(&input_ids, &geometries)?;
+    let expanded = expand(&layout, &input_ids, items.len())?;
     let positions = family.positions(expanded.ids.len(), &expanded.offsets, &geometries)?;
     Ok(RequestOutput {
         input_ids: expanded.ids,
@@ -203,6 +222,85 @@ pub fn run(
         items,
         positions,
     })
+}
+
+/// One request item as prepared: its plan, and for a video that the family writes one
+/// temporal group at a time, each group's timestamp text.
+struct Prepared {
+    item: ItemOutput,
+    group_texts: Vec<String>,
+}
+
+/// The prompt and items with each video that carries group texts split into one item per
+/// temporal group, each group's text tokenized by `options.timestamp_tokens`.
+fn split_video_groups<'a>(
+    family: &dyn Family,
+    input_ids: &'a [TokenId],
+    prepared: Vec<Prepared>,
+    options: &DriverOptions,
+) -> Result<(Cow<'a, [TokenId]>, Vec<ItemOutput>), Error> {
+    if prepared.iter().all(|p| p.group_texts.is_empty()) {
+        return Ok((
+            Cow::Borrowed(input_ids),
+            prepared.into_iter().map(|p| p.item).collect(),
+        ));
+    }
+    let tokens = options
+        .timestamp_tokens
+        .as_ref()
+        .ok_or(VideoError::Unavailable(
+            "the tokenizer's timestamp tokens were not given",
+        ))?;
+    let mut groups = Vec::with_capacity(prepared.len());
+    let mut items = Vec::with_capacity(prepared.len());
+    for Prepared { item, group_texts } in prepared {
+        if group_texts.is_empty() {
+            groups.push(None);
+            items.push(item);
+            continue;
+        }
+        let [t, h, w] = item.geometry.grid_thw();
+        if group_texts.len() != t as usize {
+            return Err(ProcessError::Offsets(format!(
+                "{} timestamp texts for a video of {t} temporal groups",
+                group_texts.len()
+            ))
+            .into());
+        }
+        let texts = group_texts
+            .iter()
+            .map(|text| tokens.ids(text))
+            .collect::<Option<Vec<_>>>()
+            .ok_or(VideoError::Unavailable(
+                "the tokenizer's timestamp tokens do not spell a timestamp text",
+            ))?;
+        groups.push(Some(texts));
+        let geometry = match item.geometry {
+            Geometry::Video {
+                resized_width,
+                resized_height,
+                time_interval,
+                ..
+            } => Geometry::Video {
+                resized_width,
+                resized_height,
+                grid_thw: [1, h, w],
+                time_interval,
+            },
+            image => image,
+        };
+        for group in 0..t {
+            items.push(ItemOutput {
+                hash: group_identity(item.hash, group),
+                geometry,
+                num_tokens: family.num_tokens(&geometry),
+                temporal_group: Some(group),
+                ..item.clone()
+            });
+        }
+    }
+    let input_ids = family.video_group_prompt(input_ids, &groups)?;
+    Ok((Cow::Owned(input_ids), items))
 }
 
 /// Fetches in order, refusing as soon as the running total passes the request cap. Each
@@ -276,14 +374,21 @@ fn with_video_deadline(options: &DriverOptions) -> Cow<'_, DriverOptions> {
 
 fn prepare_item(
     family: &dyn Family,
+    source: usize,
     modality: Modality,
     item: &Fetched<'_>,
     options: &DriverOptions,
     mode: Mode,
-) -> Result<ItemOutput, Error> {
+) -> Result<Prepared, Error> {
+    let whole = |item: ItemOutput| Prepared {
+        item,
+        group_texts: Vec::new(),
+    };
     let bytes = match (item, modality) {
         (Fetched::Bytes(bytes), Modality::Image) => bytes,
-        (Fetched::Bytes(bytes), Modality::Video) => return prepare_video(family, bytes, options),
+        (Fetched::Bytes(bytes), Modality::Video) => {
+            return prepare_video(family, source, bytes, options)
+        }
         (Fetched::Planned { grid_thw, .. }, Modality::Video) => {
             return Err(ProcessError::Grid {
                 grid_thw: *grid_thw,
@@ -305,14 +410,16 @@ fn prepare_item(
                     ..
                 } => (resized_width, resized_height),
             };
-            return Ok(ItemOutput {
+            return Ok(whole(ItemOutput {
                 hash: *hash,
                 width,
                 height,
                 geometry,
                 num_tokens: family.num_tokens(&geometry),
                 processed: None,
-            });
+                source,
+                temporal_group: None,
+            }));
         }
     };
     let hash = content_hash(bytes);
@@ -328,24 +435,28 @@ fn prepare_item(
             (image.width, image.height, item.geometry, Some(item))
         }
     };
-    Ok(ItemOutput {
+    Ok(whole(ItemOutput {
         hash,
         width,
         height,
         geometry,
         num_tokens: family.num_tokens(&geometry),
         processed,
-    })
+        source,
+        temporal_group: None,
+    }))
 }
 
-/// A video's plan from its headers: sampled frames, grid, token count and identity.
+/// A video's plan from its headers: sampled frames, grid, token count and identity, and
+/// each temporal group's timestamp text where the family writes one.
 #[cfg(feature = "video")]
 fn prepare_video(
     family: &dyn Family,
+    source: usize,
     bytes: &[u8],
     options: &DriverOptions,
-) -> Result<ItemOutput, Error> {
-    use crate::video::VideoError;
+) -> Result<Prepared, Error> {
+    use crate::video::timestamps::{group_timestamps, timestamp_text};
 
     let video = options.video.as_ref().ok_or(VideoError::Unavailable(
         "the request's video options were not given",
@@ -358,23 +469,41 @@ fn prepare_video(
         (plan.resized_width, plan.resized_height),
         sampled_fps,
     )?;
-    Ok(ItemOutput {
-        hash: plan.mm_hash,
-        width: plan.info.width,
-        height: plan.info.height,
-        geometry,
-        num_tokens: family.num_tokens(&geometry),
-        processed: None,
+    let group_texts = if family.video_per_group() {
+        group_timestamps(
+            &plan.indices,
+            plan.info.fps,
+            video.geometry.temporal as usize,
+        )
+        .into_iter()
+        .map(timestamp_text)
+        .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Prepared {
+        item: ItemOutput {
+            hash: plan.mm_hash,
+            width: plan.info.width,
+            height: plan.info.height,
+            geometry,
+            num_tokens: family.num_tokens(&geometry),
+            processed: None,
+            source,
+            temporal_group: None,
+        },
+        group_texts,
     })
 }
 
 #[cfg(not(feature = "video"))]
 fn prepare_video(
     _family: &dyn Family,
+    _source: usize,
     _bytes: &[u8],
     _options: &DriverOptions,
-) -> Result<ItemOutput, Error> {
-    Err(crate::video::VideoError::Unavailable("this build has no video support").into())
+) -> Result<Prepared, Error> {
+    Err(VideoError::Unavailable("this build has no video support").into())
 }
 
 #[cfg(test)]
@@ -535,7 +664,7 @@ mod tests {
 
     #[test]
     fn a_video_for_a_family_without_video_is_refused_before_any_fetch() {
-        let config = r#"{"model_type": "qwen3_vl", "image_token_id": 151655,
+        let config = r#"{"model_type": "qwen3_vl_moe", "image_token_id": 151655,
             "video_token_id": 151656, "vision_start_token_id": 151652,
             "vision_end_token_id": 151653}"#;
         let family = family_from_spec(&spec_from_hf_configs("{}", config).unwrap()).unwrap();
@@ -550,6 +679,75 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.code(), "process.video_unsupported");
+    }
+
+    #[test]
+    fn a_qwen3_video_becomes_one_item_per_temporal_group_after_its_text() {
+        let config = r#"{"model_type": "qwen3_vl", "image_token_id": 151655,
+            "video_token_id": 151656, "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653}"#;
+        let family = family_from_spec(&spec_from_hf_configs("{}", config).unwrap()).unwrap();
+        const VID: TokenId = 151656;
+        let geometry = family.video_geometry([2, 4, 6], (96, 64), 2.0).unwrap();
+        let video = ItemOutput {
+            hash: 7,
+            width: 100,
+            height: 60,
+            geometry,
+            num_tokens: family.num_tokens(&geometry),
+            processed: None,
+            source: 0,
+            temporal_group: None,
+        };
+        let prepared = || {
+            vec![Prepared {
+                item: video.clone(),
+                group_texts: vec!["<0.2 seconds>".into(), "<1.0 seconds>".into()],
+            }]
+        };
+        let ids = [1, START, VID, END, 2];
+        let err = split_video_groups(family.as_ref(), &ids, prepared(), &DriverOptions::default())
+            .unwrap_err();
+        assert_eq!(err.code(), "video.unavailable");
+
+        let mut pieces: Vec<(String, Vec<TokenId>)> =
+            (0..10).map(|d| (d.to_string(), vec![15 + d])).collect();
+        pieces.extend([("<".into(), vec![27]), (".".into(), vec![13])]);
+        pieces.push((" seconds>".into(), vec![6486, 29]));
+        let options = DriverOptions {
+            timestamp_tokens: Some(TimestampTokens::new(pieces)),
+            ..DriverOptions::default()
+        };
+        let (out, items) = split_video_groups(family.as_ref(), &ids, prepared(), &options).unwrap();
+        let text = |digits: [TokenId; 2]| [27, digits[0], 13, digits[1], 6486, 29];
+        let mut expected = vec![1, START];
+        for digits in [[15, 17], [16, 15]] {
+            expected.extend(text(digits));
+            expected.extend([START, VID, END]);
+        }
+        expected.extend([END, 2]);
+        assert_eq!(*out, expected);
+        let groups: Vec<_> = items
+            .iter()
+            .map(|i| {
+                (
+                    i.hash,
+                    i.geometry.grid_thw(),
+                    i.num_tokens,
+                    i.source,
+                    i.temporal_group,
+                )
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            [0, 1].map(|g| (group_identity(7, g), [1, 4, 6], 6, 0, Some(g)))
+        );
+        // Laid out, each group's pads follow its text.
+        let geometries: Vec<Geometry> = items.iter().map(|i| i.geometry).collect();
+        let layout = family.layout(&out, &geometries).unwrap();
+        let expanded = expand(&layout, &out, items.len()).unwrap();
+        assert_eq!(expanded.offsets, vec![(9, 15), (23, 29)]);
     }
 
     #[test]

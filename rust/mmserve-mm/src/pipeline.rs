@@ -236,6 +236,25 @@ pub trait Family: Send + Sync {
         Err(ProcessError::VideoUnsupported)
     }
 
+    /// Whether a video is written into the prompt one temporal group at a time, each group
+    /// its own item after its timestamp text (Qwen3-VL), rather than as one item.
+    fn video_per_group(&self) -> bool {
+        false
+    }
+
+    /// The prompt with the placeholder of each video item `i` for which `groups[i]` holds
+    /// its groups' text ids replaced by, per group, that text, vision start, one placeholder
+    /// and vision end (so each group is an item of its own); only for families whose
+    /// [`Family::video_per_group`] is true.
+    fn video_group_prompt(
+        &self,
+        input_ids: &[TokenId],
+        groups: &[Option<Vec<Vec<TokenId>>>],
+    ) -> Result<Vec<TokenId>, ProcessError> {
+        let _ = groups;
+        Ok(input_ids.to_vec())
+    }
+
     /// Resize, normalise and lay out one image as the model's input feature.
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error>;
 
@@ -292,8 +311,8 @@ pub enum ProcessError {
         given: &'static str,
     },
     #[error(
-        "video input is not supported for this model family yet (supported: Qwen2-VL, \
-         Qwen2.5-VL)"
+        "video input is not supported for this model family (supported: Qwen2-VL, \
+         Qwen2.5-VL, Qwen3-VL)"
     )]
     VideoUnsupported,
     #[error("image grid {grid_thw:?} is not one this model's vision tower produces: {reason}")]

@@ -1,7 +1,8 @@
 """The encode stage: each planned media item's pixels (preprocessed here in the Rust core from
 the bytes the frontend fetched, or sent by the frontend with `--frontend-decoding`), then the
 vision tower. A video is decoded at the frames its planned sampling picks
-(`media.video.video_options`) into `pixel_values_videos`.
+(`media.video.video_options`) into `pixel_values_videos`, once per video: a video planned one
+item per temporal group (Qwen3-VL) gives each group its rows.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
 what it decoded agrees with it. Items whose payload already carries embeddings (precomputed
@@ -44,7 +45,9 @@ class EncodeStage:
         self.spec = model.core
         # The checkpoint's video options, or None for a family whose videos are not planned.
         self.video_base = (
-            checkpoint_video_options(Path(model_path)) if self.spec.takes_video else None
+            checkpoint_video_options(Path(model_path), family=self.spec.family)
+            if self.spec.takes_video
+            else None
         )
         self.component = component
         self.puller = puller
@@ -54,7 +57,8 @@ class EncodeStage:
         pulled from the peer encoder the router named for it (`request.peers`) when that is
         cheaper, else encoded here; read from the encoder cache for an item named by its media
         id (left out when the cache no longer holds it). Items the language worker's prefix
-        cache holds (`request.skip_encode`) are left out."""
+        cache holds (`request.skip_encode`) are left out, but for the temporal groups of a
+        video another group of which is encoded here."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
@@ -66,18 +70,25 @@ class EncodeStage:
             for i, payload in enumerate(request.payloads)
             if payload.embeddings is None and not payload.reuse and i not in request.skip_encode
         ]
+        todo = _with_whole_videos(request, todo)
         pulled = await self._pulled(request, todo)
         todo = [i for i in todo if i not in pulled]
         reused |= pulled
         if not todo:
             return reused
         planned = [request.plan.media[i] for i in todo]
-        payloads = [request.payloads[i] for i in todo]
-        if all(payload.pixel_values is not None for payload in payloads):
-            with metrics.timed_stage(self.component, "transfer"):
-                inputs = await self._inputs_from_pixels(planned, payloads)
-        else:
-            inputs = await self._preprocess(todo, planned, payloads, request.deadline)
+        # With frontend decoding an image's pixels travel, and a video's bytes beside them.
+        sent = [i for i in todo if request.payloads[i].pixel_values is not None]
+        from_bytes = [i for i in todo if request.payloads[i].pixel_values is None]
+        with metrics.timed_stage(self.component, "transfer"):
+            loaded = await self._inputs_from_pixels(
+                [request.plan.media[i] for i in sent], [request.payloads[i] for i in sent]
+            )
+        decoded = await self._preprocess(request, from_bytes) if from_bytes else []
+        by_index = dict(zip(sent, loaded, strict=True)) | dict(
+            zip(from_bytes, decoded, strict=True)
+        )
+        inputs = [by_index[i] for i in todo]
         with nvtx.nvtx_range(nvtx.ENC_VISION_ENCODE), metrics.timed_stage(self.component, "encode"):
             embeddings = await self.engine.encode(inputs)
         for index, item, embedding in zip(todo, planned, embeddings, strict=True):
@@ -123,24 +134,43 @@ class EncodeStage:
         return {i: e for i, e in zip(indices, cached, strict=True) if e is not None}
 
     async def _preprocess(
-        self,
-        indices: list[int],
-        planned: list[PlannedMedia],
-        payloads: list[MediaPayload],
-        deadline: float,
+        self, request: PreprocessedRequest, indices: list[int]
     ) -> list[MediaInput]:
-        """Pixels for the `planned` items (at `indices` in the request) from their bytes."""
+        """Pixels for the request's items at `indices` from their bytes; a video planned one
+        item per temporal group is decoded once, its bytes read from its group 0's payload,
+        and each group gets its rows."""
+        planned = [request.plan.media[i] for i in indices]
+        carriers = [
+            i - (item.temporal_group or 0) for i, item in zip(indices, planned, strict=True)
+        ]
+        for index, carrier in zip(indices, carriers, strict=True):
+            if request.plan.media[carrier].temporal_group not in (None, 0):
+                raise EngineError(f"media item {index}: its video's first group is not planned")
+        distinct = sorted(set(carriers))
         with metrics.timed_stage(self.component, "transfer"):
-            data = await asyncio.gather(*(self._encoded_bytes(p) for p in payloads))
+            fetched = await asyncio.gather(
+                *(self._encoded_bytes(request.payloads[c]) for c in distinct)
+            )
+        data = dict(zip(distinct, fetched, strict=True))
         with metrics.timed_stage(self.component, "preprocess"):
             images = [i for i, item in enumerate(planned) if item.modality == "image"]
-            videos = [i for i, item in enumerate(planned) if item.modality == "video"]
+            videos: dict[int, list[int]] = {}  # carrier -> its items' places in `planned`
+            for position, item in enumerate(planned):
+                if item.modality == "video":
+                    videos.setdefault(carriers[position], []).append(position)
             image_pixels, video_pixels = await asyncio.gather(
-                self._images([planned[i] for i in images], [data[i] for i in images]),
-                asyncio.gather(*(self._video(planned[i], data[i], deadline) for i in videos)),
+                self._images([planned[i] for i in images], [data[carriers[i]] for i in images]),
+                asyncio.gather(
+                    *(
+                        self._video(planned[places[0]], data[carrier], request.deadline)
+                        for carrier, places in videos.items()
+                    )
+                ),
             )
         processed = dict(zip(images, image_pixels, strict=True))
-        processed |= dict(zip(videos, video_pixels, strict=True))
+        for places, pixels in zip(videos.values(), video_pixels, strict=True):
+            for place in places:
+                processed[place] = _group_pixels(pixels, planned[place])
         inputs = []
         for position, (index, item) in enumerate(zip(indices, planned, strict=True)):
             pixels = processed[position]
@@ -218,3 +248,41 @@ class EncodeStage:
         return list(
             await asyncio.gather(*(load(i, p) for i, p in zip(planned, payloads, strict=True)))
         )
+
+
+def _with_whole_videos(request: PreprocessedRequest, todo: list[int]) -> list[int]:
+    """`todo` and every skipped temporal group of a video one of whose groups it holds: the
+    video is decoded here from bytes a transfer may not give twice, so a group the prefix
+    cache drops later could not be encoded again."""
+    media = request.plan.media
+
+    def carrier(index: int) -> int | None:
+        group = media[index].temporal_group
+        return None if group is None else index - group
+
+    videos = {carrier(i) for i in todo} - {None}
+    skipped = [
+        i
+        for i in request.skip_encode
+        if i not in todo and carrier(i) in videos and request.payloads[i].embeddings is None
+    ]
+    return sorted([*todo, *skipped])
+
+
+def _group_pixels(video: media.ItemPixels, item: PlannedMedia) -> media.ItemPixels:
+    """The pixels of the part of `video` that `item` stands for: the whole video, or one
+    temporal group's rows of `pixel_values_videos` with its grid `(1, h, w)` and identity."""
+    group = item.temporal_group
+    if group is None:
+        return video
+    t, h, w = video.grid_thw
+    if group >= t:
+        raise EngineError(
+            f"the plan names temporal group {group} of a video that decodes to {t} groups"
+        )
+    rows = h * w
+    return media.ItemPixels(
+        mm_hash=_mm.video_group_identity(video.mm_hash, group),
+        pixel_values=video.pixel_values[group * rows : (group + 1) * rows],
+        grid_thw=(1, h, w),
+    )

@@ -147,7 +147,11 @@ class ChatPreprocessor:
         # None for a family whose videos the core does not plan: it refuses their parts.
         self.video_range = (
             VideoRange.of(
-                model.spec, options.mm_processor_kwargs, options.media_io_kwargs, options.video_caps
+                model.spec,
+                options.mm_processor_kwargs,
+                options.media_io_kwargs,
+                options.video_caps,
+                model.tokenizer,
             )
             if model.spec.core.takes_video
             else None
@@ -201,8 +205,8 @@ class ChatPreprocessor:
         plan = planned.plan
         max_tokens = self._completion_budget(request, len(plan.token_ids))
         payloads = await self._payloads(planned, known, precomputed, request_id)
-        for item, ref in zip(plan.media, items, strict=True):
-            part = ref.part
+        for item, source in zip(plan.media, planned.sources, strict=True):
+            part = items[source].part
             if isinstance(part, ImageUrlPart) and part.uuid is not None and part.url is not None:
                 self.media_ids.remember(tenant, part.uuid, KnownMedia(item.mm_hash, item.grid_thw))
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
@@ -412,11 +416,12 @@ class ChatPreprocessor:
         encoded bytes, both by transfer (so a large item never meets the NATS payload limit);
         inline bytes only where no transfer sink is attached. Precomputed embeddings go by
         transfer too, ready for the language hop; an item named by its id alone carries
-        nothing."""
+        nothing, and neither does a video's temporal group after its first (the encoder reads
+        the video's bytes from that one)."""
         sink = self._tensor_sink
         payloads = []
-        items = zip(planned.data, planned.pixel_values, strict=True)
-        for index, (data, pixel_values) in enumerate(items):
+        items = zip(planned.data, planned.pixel_values, planned.sources, strict=True)
+        for data, pixel_values, index in items:
             if index in known:
                 payloads.append(MediaPayload(reuse=True))
             elif index in precomputed and sink is not None:

@@ -18,7 +18,7 @@ from mmserve import _mm
 from mmserve.frontend.errors import ApiError
 from mmserve.media import VideoSettings
 from mmserve.media.processing import PixelBounds
-from mmserve.media.video import checkpoint_video_options, sampling_of
+from mmserve.media.video import checkpoint_video_options, sampling_of, timestamp_tokens
 from mmserve.models.family import ModelSpec
 from mmserve.protocol import MediaIoKwargs, MMProcessorKwargs
 from mmserve.protocol.pipeline import VideoSampling
@@ -286,6 +286,9 @@ class VideoRange:
     default: VideoSampling
     max_fps: float
     max_frames: int
+    # The tokenizer's ids of timestamp texts, for a family that writes one before each
+    # temporal group (`media.video.timestamp_tokens`); None for the others.
+    timestamp_tokens: dict[str, list[int]] | None = None
 
     @classmethod
     def of(
@@ -294,14 +297,17 @@ class VideoRange:
         operator: MMProcessorKwargs | None = None,
         io: MediaIoKwargs | None = None,
         caps: VideoCaps | None = None,
+        tokenizer: Any = None,
     ) -> VideoRange:
         """The range for a checkpoint: its video processor's sampling, else
         `DEFAULT_VIDEO_FPS`; `operator` and `io` (the flags) override the rate and frame
-        counts, within `caps`."""
+        counts, within `caps`. `tokenizer` (the checkpoint's own when None) spells the
+        timestamp texts of a family that writes them."""
         caps = caps or VideoCaps()
         max_fps, max_frames = caps.max_fps, caps.max_frames
         base = checkpoint_video_options(
             spec.path,
+            family=spec.core.family,
             max_duration_s=caps.max_duration_s,
             max_frames_decoded=caps.max_total_frames,
             max_pixels_per_frame=caps.max_frame_pixels,
@@ -324,7 +330,20 @@ class VideoRange:
             raise ValueError(
                 f"{err.message} (bounds: --max-video-fps, --max-video-frames)"
             ) from None
-        return cls(base=base, default=default, max_fps=max_fps, max_frames=limit)
+        timestamps = None
+        if spec.core.video_per_group:
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
+            timestamps = timestamp_tokens(tokenizer, spec.vision_start_token_id)
+        return cls(
+            base=base,
+            default=default,
+            max_fps=max_fps,
+            max_frames=limit,
+            timestamp_tokens=timestamps,
+        )
 
     def settings(self, asked: MMProcessorKwargs | None, io: MediaIoKwargs | None) -> VideoSettings:
         """How a request's videos are planned: the default with the request's options."""
@@ -335,7 +354,9 @@ class VideoRange:
             ("mm_processor_kwargs", "media_io_kwargs"),
         )
         sampling = self._checked(_with(self.default, options), options)
-        return VideoSettings(base=self.base, sampling=sampling)
+        return VideoSettings(
+            base=self.base, sampling=sampling, timestamp_tokens=self.timestamp_tokens
+        )
 
     def _checked(self, sampling: VideoSampling, asked: dict[str, tuple[Any, str]]) -> VideoSampling:
         """`sampling`, once each `asked` value lies in its bounds and the minima are not

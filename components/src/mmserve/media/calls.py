@@ -35,20 +35,26 @@ Modality = Literal["image", "video"]
 @dataclass(frozen=True)
 class VideoSettings:
     """How a request's videos are planned: the checkpoint's options (with the caps their
-    headers must meet) and the request's resolved sampling."""
+    headers must meet), the request's resolved sampling, and for a family that writes a
+    timestamp text before each temporal group the tokenizer's ids of its pieces
+    (`media.video.timestamp_tokens`)."""
 
     base: _mm.VideoOptions
     sampling: VideoSampling
+    timestamp_tokens: dict[str, list[int]] | None = None
 
 
 @dataclass(frozen=True)
 class PlannedRequest:
-    """The driver's result for one request: the plan, and per item what the next stage reads
-    (its encoded bytes when asked to keep them, its pixel values when preprocessed in full)."""
+    """The driver's result for one request: the plan, and per planned item what the next
+    stage reads (its encoded bytes when asked to keep them, its pixel values when
+    preprocessed in full) and the request's media item it comes from (a video planned one
+    item per temporal group is several; its bytes go with the first)."""
 
     plan: RequestPlan
     data: list[bytearray | None]
     pixel_values: list[np.ndarray | None]
+    sources: list[int]
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,9 @@ def plan_request_here(
     model's, and enter their identity. `modalities` names each item's (all images when
     None); a video is always planned from its container's headers under `video`, its
     identity folded with that sampling, and its pixels are left to the encoder (keep its
-    bytes). On the calling thread: `plan_request` is the same in a worker thread."""
+    bytes); a family that writes each temporal group after its timestamp text (Qwen3-VL)
+    gets one planned item per group. On the calling thread: `plan_request` is the same in a
+    worker thread."""
     kinds: Sequence[Modality] = modalities or ["image"] * len(sources)
     output = _mm.process(
         spec_with_bounds(spec, pixel_bounds),
@@ -110,12 +118,12 @@ def plan_request_here(
         keep_bytes=keep_bytes,
         modalities=list(kinds),
         video=None if video is None else video_options(video.base, video.sampling),
+        timestamp_tokens=None if video is None else video.timestamp_tokens,
         **_fetch_options(policy),
     )
     items = []
-    for item, (start, end), source, kind in zip(
-        output.items, output.offsets, sources, kinds, strict=True
-    ):
+    for item, (start, end) in zip(output.items, output.offsets, strict=True):
+        source, kind = sources[item.source], kinds[item.source]
         if kind == "video":  # the core refused it unless `video` is given
             planned = PlannedMedia(
                 modality="video",
@@ -124,6 +132,7 @@ def plan_request_here(
                 length=end - start,
                 grid_thw=_grid(item.image_grid_thw),
                 video=None if video is None else video.sampling,
+                temporal_group=item.temporal_group,
             )
         else:
             bounds = None if isinstance(source, tuple) else pixel_bounds
@@ -139,6 +148,7 @@ def plan_request_here(
         plan=_plan(output, items),
         data=[item.data for item in output.items],
         pixel_values=[item.pixel_values for item in output.items],
+        sources=[item.source for item in output.items],
     )
 
 

@@ -86,6 +86,10 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     pixel_bounds: tuple[int, int] | None = None
     # A video's sampling and sizing (set exactly when `modality` is "video").
     video: VideoSampling | None = None
+    # For a family that plans a video one item per temporal group (Qwen3-VL): which group
+    # of its video this item is (its identity is `_mm.video_group_identity` of the video's);
+    # the video's bytes travel with its group 0, `temporal_group` items before this one.
+    temporal_group: int | None = None
 
     @property
     def end(self) -> int:

@@ -4,6 +4,7 @@
 //! GIL; all work runs with the GIL released; arrays are handed to numpy without a copy.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use super::video::PyVideoOptions;
 use crate::common::par;
 use crate::driver::{self, DriverOptions, MediaInput, MediaItem, Modality, Mode};
 use crate::pipeline::{Family, Positions, ProcessError, Tensor, TensorData, TokenId};
+use crate::video::timestamps::TimestampTokens;
 
 fn tensor_to_numpy(py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
     let (shape, data) = tensor.into_parts();
@@ -114,6 +116,8 @@ pub struct PyProcessedMedia {
     num_tokens: usize,
     pixel_values: Option<Py<PyAny>>,
     data: Option<Py<PyByteArray>>,
+    source: usize,
+    temporal_group: Option<u32>,
 }
 
 /// The driver's output for one request.
@@ -182,7 +186,8 @@ fn with_modalities<'a>(inputs: Vec<MediaInput<'a>>, kinds: &[Modality]) -> Vec<M
 #[pyfunction]
 #[pyo3(signature = (spec, input_ids, images, *, allowed_local_roots = Vec::new(),
                     allowed_domains = Vec::new(), timeout_s = None, count_only = false,
-                    keep_bytes = false, modalities = None, video = None))]
+                    keep_bytes = false, modalities = None, video = None,
+                    timestamp_tokens = None))]
 #[allow(clippy::too_many_arguments)]
 fn process(
     py: Python<'_>,
@@ -196,6 +201,7 @@ fn process(
     keep_bytes: bool,
     modalities: Option<Vec<PyBackedStr>>,
     video: Option<PyRef<'_, PyVideoOptions>>,
+    timestamp_tokens: Option<HashMap<String, Vec<TokenId>>>,
 ) -> PyResult<PyProcessResult> {
     let mut options = DriverOptions::default();
     options.fetch.allowed_local_roots = allowed_local_roots;
@@ -206,6 +212,8 @@ fn process(
         })?;
         options.video_timeout = Some(options.fetch.timeout);
     }
+    options.timestamp_tokens =
+        timestamp_tokens.map(|pieces| TimestampTokens::new(pieces.into_iter().collect()));
     let kinds = self::modalities(modalities, images.len())?;
     #[cfg(feature = "video")]
     {
@@ -256,7 +264,9 @@ fn process(
             .map(|out| (out, fetched))
         })
         .map_err(to_py)?;
-    let mut fetched = fetched.into_iter();
+    // Each fetched item's bytes go with the first planned item it became.
+    let mut fetched: Vec<Option<driver::Fetched<'static>>> =
+        fetched.into_iter().map(Some).collect();
 
     let ids: Vec<i64> = out.input_ids.iter().map(|&t| i64::from(t)).collect();
     let len = ids.len();
@@ -285,8 +295,11 @@ fn process(
                     num_tokens: item.num_tokens,
                     pixel_values,
                     data: fetched
-                        .next()
+                        .get_mut(item.source)
+                        .and_then(Option::take)
                         .and_then(|item| item.bytes().map(|b| PyByteArray::new(py, b).unbind())),
+                    source: item.source,
+                    temporal_group: item.temporal_group,
                 },
             )
         })

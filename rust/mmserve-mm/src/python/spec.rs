@@ -90,6 +90,13 @@ impl PySpec {
         self.family.capabilities().video
     }
 
+    /// Whether the request driver plans a video one item per temporal group, each after its
+    /// timestamp text (Qwen3-VL; `process` then needs the tokenizer's `timestamp_tokens`).
+    #[getter]
+    fn video_per_group(&self) -> bool {
+        self.family.video_per_group()
+    }
+
     #[getter]
     fn patch_size(&self) -> u32 {
         self.spec.patch_size

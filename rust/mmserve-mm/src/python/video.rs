@@ -51,6 +51,13 @@ fn py_video_timestamps(
     Ok(timestamps(&indices, video_fps, temporal_patch_size))
 }
 
+/// The identity of temporal group `group` of the video whose identity is `mm_hash` (a
+/// Qwen3-VL video's items, one per group, as the request driver plans them).
+#[pyfunction]
+fn video_group_identity(mm_hash: u64, group: u32) -> u64 {
+    crate::video::identity::group_identity(mm_hash, group)
+}
+
 /// The frame indices `family`'s video processor samples from a video of `total_frames`
 /// frames at `video_fps`, by `fps` or by `num_frames` (neither: all frames).
 #[pyfunction]
@@ -564,6 +571,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(preprocess_video, m)?)?;
     m.add_function(wrap_pyfunction!(mrope_positions, m)?)?;
     m.add_function(wrap_pyfunction!(py_video_timestamps, m)?)?;
+    m.add_function(wrap_pyfunction!(video_group_identity, m)?)?;
     #[cfg(feature = "video")]
     {
         m.add_function(wrap_pyfunction!(ffmpeg::probe_video, m)?)?;

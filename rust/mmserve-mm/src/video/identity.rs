@@ -8,6 +8,7 @@ use crate::video::sampling::Sampling;
 
 /// Distinguishes these folds from every other use of the hash.
 const TAG: &[u8; 8] = b"vidsamp2";
+const GROUP_TAG: &[u8; 8] = b"vidgroup";
 
 pub fn video_identity(content: u64, sampling: &Sampling, resize: &VideoResize) -> u64 {
     let words = [
@@ -29,6 +30,16 @@ pub fn video_identity(content: u64, sampling: &Sampling, resize: &VideoResize) -
     for word in words {
         bytes.extend_from_slice(&word.to_le_bytes());
     }
+    content_hash(&bytes)
+}
+
+/// The identity of temporal group `group` of the video identified by `video` (Qwen3-VL plans
+/// each group as its own item).
+pub fn group_identity(video: u64, group: u32) -> u64 {
+    let mut bytes = Vec::with_capacity(GROUP_TAG.len() + 12);
+    bytes.extend_from_slice(GROUP_TAG);
+    bytes.extend_from_slice(&video.to_le_bytes());
+    bytes.extend_from_slice(&group.to_le_bytes());
     content_hash(&bytes)
 }
 
@@ -105,5 +116,13 @@ mod tests {
         for (i, v) in variants.iter().enumerate() {
             assert_ne!(*v, base, "variant {i}");
         }
+    }
+
+    #[test]
+    fn each_group_has_its_own_identity() {
+        let groups: Vec<u64> = (0..3).map(|g| group_identity(7, g)).collect();
+        assert_eq!(groups[1], group_identity(7, 1));
+        assert!(groups[0] != groups[1] && groups[1] != groups[2] && groups[0] != 7);
+        assert_ne!(group_identity(8, 0), groups[0]);
     }
 }

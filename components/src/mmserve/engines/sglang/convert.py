@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from mmserve.engines.base import (
+    EngineError,
     EngineRequest,
     ItemEmbedding,
     MediaInput,
@@ -104,7 +105,15 @@ def generate_kwargs(
     holds one item, or images are split (`checks.sglang_splits_images`) and the request has at
     most one video; otherwise SGLang would drop them with a warning anyway. With a video, the
     plan's positions go with the first item: SGLang 0.5.23 reads Qwen2.5-VL's
-    `second_per_grid_ts` from that item alone, so it cannot compute them itself."""
+    `second_per_grid_ts` from that item alone, so it cannot compute them itself. A video planned
+    one item per temporal group (Qwen3-VL, its timestamp text between the groups) is refused:
+    SGLang's Qwen3-VL path writes and positions the timestamps itself from one whole-video
+    item, and taking the groups as precomputed items is not proved here."""
+    if any(item.temporal_group is not None for item in request.media):
+        raise EngineError(
+            "the sglang engine does not take Qwen3-VL videos (planned one item per temporal "
+            "group) yet; serve them with the hf engine"
+        )
     kwargs: dict[str, Any] = {
         "input_ids": list(request.token_ids),
         "sampling_params": sampling_params(request.sampling, request.stop),

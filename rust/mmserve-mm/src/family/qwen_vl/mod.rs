@@ -90,10 +90,12 @@ impl QwenVl {
         Ok((resized_width, resized_height, grid_thw))
     }
 
-    /// Whether this family's videos are planned here (Qwen3-VL's timestamp text is not).
+    /// Whether this family's videos are planned here (Qwen3-VL-MoE's are not).
     fn takes_video(&self) -> bool {
-        matches!(self.spec.family, FamilyName::Qwen2Vl | FamilyName::Qwen25Vl)
-            && self.spec.video_token_id.is_some()
+        matches!(
+            self.spec.family,
+            FamilyName::Qwen2Vl | FamilyName::Qwen25Vl | FamilyName::Qwen3Vl
+        ) && self.spec.video_token_id.is_some()
     }
 }
 
@@ -182,6 +184,51 @@ impl Family for QwenVl {
             grid_thw,
             time_interval,
         })
+    }
+
+    /// `Qwen3VLProcessor`: the video's `<|video_pad|>` becomes, per temporal group,
+    /// `<{t:.1f} seconds>`, `<|vision_start|>`, the group's pads and `<|vision_end|>`, all
+    /// inside the prompt's own vision start and end.
+    fn video_per_group(&self) -> bool {
+        self.spec.family == FamilyName::Qwen3Vl && self.takes_video()
+    }
+
+    fn video_group_prompt(
+        &self,
+        input_ids: &[TokenId],
+        groups: &[Option<Vec<Vec<TokenId>>>],
+    ) -> Result<Vec<TokenId>, ProcessError> {
+        let placeholders = self.placeholder_positions(input_ids)?;
+        if placeholders.len() != groups.len() {
+            return Err(ProcessError::PlaceholderCount {
+                placeholders: placeholders.len(),
+                items: groups.len(),
+            });
+        }
+        let spec = &self.spec;
+        let extra: usize = groups.iter().flatten().flatten().map(|t| t.len() + 2).sum();
+        let mut out = Vec::with_capacity(input_ids.len() + extra);
+        let mut cursor = 0;
+        for (&(at, video), texts) in placeholders.iter().zip(groups) {
+            let Some(texts) = texts else { continue };
+            if !video {
+                return Err(ProcessError::Offsets(format!(
+                    "the image placeholder at prompt position {at} cannot take a video's groups"
+                )));
+            }
+            out.extend_from_slice(&input_ids[cursor..at]);
+            for text in texts {
+                out.extend_from_slice(text);
+                out.extend([
+                    spec.vision_start_token_id,
+                    input_ids[at],
+                    spec.vision_end_token_id,
+                ]);
+            }
+            cursor = at + 1;
+        }
+        out.extend_from_slice(&input_ids[cursor..]);
+        Ok(out)
     }
 
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
@@ -382,11 +429,31 @@ mod tests {
 
     #[test]
     fn families_without_planned_video_refuse_it() {
-        assert!(qwen2().capabilities().video);
+        assert!(qwen2().capabilities().video && !qwen2().video_per_group());
         let qwen3 = qwen_vl("qwen3_vl", "{}");
-        assert!(!qwen3.capabilities().video);
-        let err = qwen3.video_geometry([2, 4, 4], (56, 56), 2.0).unwrap_err();
+        assert!(qwen3.capabilities().video && qwen3.video_per_group());
+        let moe = qwen_vl("qwen3_vl_moe", "{}");
+        assert!(!moe.capabilities().video);
+        let err = moe.video_geometry([2, 4, 4], (56, 56), 2.0).unwrap_err();
         assert_eq!(err.code(), "process.video_unsupported");
+    }
+
+    #[test]
+    fn qwen3_writes_each_temporal_group_after_its_text() {
+        let qwen3 = qwen_vl("qwen3_vl", "{}");
+        let ids = [1, START, VID, END, START, IMG, END, 2];
+        let groups = [Some(vec![vec![7, 8], vec![9]]), None];
+        let out = qwen3.video_group_prompt(&ids, &groups).unwrap();
+        let expected = [
+            1, START, 7, 8, START, VID, END, 9, START, VID, END, END, START, IMG, END, 2,
+        ];
+        assert_eq!(out, expected);
+        // Each group is now an item of its own, in its own vision start and end.
+        assert_eq!(qwen3.placeholder_positions(&out).unwrap().len(), 3);
+        let err = qwen3.video_group_prompt(&ids, &[None, Some(vec![vec![7]])]);
+        assert_eq!(err.unwrap_err().code(), "process.offsets");
+        let err = qwen3.video_group_prompt(&ids, &groups[..1]);
+        assert_eq!(err.unwrap_err().code(), "process.placeholder_count");
     }
 
     #[test]
