@@ -7,7 +7,11 @@ image is the client's 400 with the core's reason; a client that leaves stops the
 same on tiny Qwen2.5-VL and Qwen3-VL checkpoints (random weights: every image changes the
 answer), and with the images planned and encoded by an encode worker apart (E/PD), which alone
 fetches them and whose refusal is the client's 400; until the encode worker is there, the
-frontend holds the model. Behind Dynamo's KV router, two workers
+frontend holds the model. With prefill and decode workers apart (P/D, and E/P/D with the
+encode worker), behind Dynamo's prefill router, the KV handed over by transfer: the same answers
+for text and images, streamed and not, each request prefilled on the one and decoded on the
+other; a decode worker killed mid-stream fails the client's stream. Behind Dynamo's KV router,
+two workers
 (mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with or without an image, goes back to
 the worker holding it; a worker killed mid-stream fails the client's stream."""
 
@@ -353,6 +357,72 @@ def test_dynamos_frontend_serves_a_worker_routing_to_an_encoder_once_one_is_ther
         assert response.status_code == 200, response.text
     finally:
         theirs.stop()
+
+
+@pytest.fixture(scope="module", params=["pd", "epd"])
+def prefill_apart(
+    request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DynamoDeployment]:
+    """P/D: Dynamo's frontend (its prefill router) in front of an mmserve prefill worker and a
+    decode worker ("worker"), on the trained tiny Qwen2-VL, the KV by shared memory; E/P/D: the
+    prefill worker started with `--route-to-encoder`, and an encode worker."""
+    shm = ["--transfer", "shm"]
+    epd = request.param == "epd"
+    theirs = DynamoDeployment(
+        build_trained_model(),
+        nats_url,
+        tmp_path_factory.mktemp(f"dynamo-{request.param}"),
+        worker_flags=["--disaggregation-mode", "decode", *shm],
+        prefills=1,
+        prefill_flags=["--disaggregation-mode", "prefill", *shm]
+        + (["--route-to-encoder"] if epd else []),
+        encoders=int(epd),
+        encoder_flags=["--disaggregation-mode", "encode", *shm],
+    )
+    with theirs.running():
+        yield theirs
+
+
+def test_prefill_and_decode_workers_apart_give_the_same_greedy_tokens(
+    frontends: tuple[Deployment, DynamoDeployment], prefill_apart: DynamoDeployment
+) -> None:
+    ours, _ = frontends
+    theirs = prefill_apart
+    model = ours.model_path.name
+    for options in ({"max_tokens": 8}, {"max_tokens": 24, "extra_body": {"ignore_eos": True}}):
+        expected = _ask(ours.base_url, model, TEXT, **options)
+        assert _ask(theirs.base_url, model, TEXT, **options) == expected, options
+        assert _stream(theirs.base_url, model, TEXT, **options) == expected[:2], options
+    _assert_same_answers_with_images(ours.base_url, theirs.base_url, model)
+    # Every request ran its prompt on the prefill worker and its tokens on the decode worker;
+    # with an encode worker, the image requests' images there.
+    requests = 2 * 2 + 2 * 2 + 1
+    assert theirs.log("prefill1").count(" done: ") == requests
+    assert theirs.log("worker").count(" done: ") == requests
+    if theirs.encoders:
+        assert theirs.log("encode1").count(" done: ") == 2 * 2 + 1
+
+
+def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
+    prefill_apart: DynamoDeployment,
+) -> None:
+    theirs = prefill_apart
+    stream = _client(theirs.base_url).chat.completions.create(
+        model=theirs.model_path.name,
+        messages=TEXT,  # type: ignore[arg-type]
+        max_tokens=20000,  # minutes of decoding on these cores
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    received = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            received += len(chunk.choices)
+            if received == 3:
+                theirs.kill("worker")
+    assert received >= 3
+    assert time.monotonic() - started < 30
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
