@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -48,11 +48,20 @@ REQUEST_DEADLINE_S = 3600.0
 class RequestStopped(asyncio.CancelledError):
     """Dynamo stopped the request: counted and logged as cancelled, then the stream ends."""
 
+    @classmethod
+    def logged(cls, context: StopSignal) -> RequestStopped:
+        log.info("request %s stopped by Dynamo", context.id())
+        return cls(f"request {context.id()} stopped by Dynamo")
+
 
 class StopSignal(Protocol):
     """The part of Dynamo's request `Context` the handler reads."""
 
     def id(self) -> str: ...
+
+    def is_stopped(self) -> bool: ...
+
+    def is_killed(self) -> bool: ...
 
     def async_killed_or_stopped(self) -> Any: ...
 
@@ -132,6 +141,9 @@ class RemoteImages:
         forwarded = {key: request.get(key) for key in ("token_ids", "multi_modal_data")}
         stream = await self.client.round_robin(forwarded, context=context)
         replies = [reply.data() async for reply in stream]
+        if not replies and (context.is_stopped() or context.is_killed()):
+            # Dynamo stopped the encode worker's request too: it ends without a reply.
+            raise RequestStopped.logged(context)
         if len(replies) != 1:
             raise RuntimeError(f"the encode worker sent {len(replies)} replies, not one")
         encoded = msgspec.convert(replies[0], EncodedImages)
@@ -188,10 +200,10 @@ class DynamoHandler:
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncIterator[dict[str, Any]]:
         try:
-            planned = await self.plan(request, context)
+            planned = await unless_stopped(self.plan(request, context), context)
             with tracked(self.component, planned), nvtx.nvtx_range(nvtx.PD_GENERATE):
                 with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
-                    embeddings = await self.embeddings(request, planned)
+                    embeddings = await unless_stopped(self.embeddings(request, planned), context)
                 chunks = self.engine.generate(engine_request(planned), embeddings)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
                 async for chunk in until_stopped(timed, context):
@@ -226,10 +238,10 @@ class DynamoPrefillHandler(DynamoHandler):
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncIterator[dict[str, Any]]:
         try:
-            planned = await self.plan(request, context)
+            planned = await unless_stopped(self.plan(request, context), context)
             with tracked(self.component, planned):
                 with nvtx.nvtx_range(nvtx.PREFILL_LOAD_MULTIMODAL):
-                    embeddings = await self.embeddings(request, planned)
+                    embeddings = await unless_stopped(self.embeddings(request, planned), context)
                 with (
                     nvtx.nvtx_range(nvtx.PREFILL_ENGINE_ASYNC_GENERATE),
                     metrics.timed_stage(self.component, "prefill"),
@@ -237,6 +249,8 @@ class DynamoPrefillHandler(DynamoHandler):
                     kv = await self.engine.prefill(engine_request(planned), embeddings)
                 done, _leases = await hand_over_kv(self.engine, self.transfer, kv)
             yield requests.prefill_output(done)
+        except RequestStopped:
+            return
         except Exception as exc:
             raise dynamo_error(exc) from exc
 
@@ -301,11 +315,13 @@ class DynamoEncodeHandler:
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncIterator[dict[str, Any]]:
         try:
-            planned = await self.images.plan(request, context)
+            planned = await unless_stopped(self.images.plan(request, context), context)
             with tracked(self.component, planned), nvtx.nvtx_range(nvtx.ENC_GENERATE):
-                embeddings = await self.images.encode(planned)
+                embeddings = await unless_stopped(self.images.encode(planned), context)
                 handles, _leases = await offer_embeddings(self.transfer, embeddings)
             yield msgspec.to_builtins(EncodedImages(plan=planned.plan, embeddings=handles))
+        except RequestStopped:
+            return
         except Exception as exc:
             raise dynamo_error(exc) from exc
 
@@ -338,16 +354,8 @@ async def until_stopped(items: AsyncIterator[T], context: StopSignal) -> AsyncIt
     stopped = asyncio.ensure_future(context.async_killed_or_stopped())
     try:
         while True:
-            step = asyncio.ensure_future(anext(items))
-            await asyncio.wait({step, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():
-                log.info("request %s stopped by Dynamo", context.id())
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await step
-                raise RequestStopped(f"request {context.id()} stopped by Dynamo")
             try:
-                item = step.result()
+                item = await _first_unless_stopped(anext(items), stopped, context)
             except StopAsyncIteration:
                 return
             yield item
@@ -356,3 +364,27 @@ async def until_stopped(items: AsyncIterator[T], context: StopSignal) -> AsyncIt
         aclose = getattr(items, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+async def unless_stopped(step: Awaitable[T], context: StopSignal) -> T:
+    """What `step` returns, unless Dynamo stops the request first: then `step` is cancelled (an
+    encode in flight, the encode worker's reply awaited) and `RequestStopped` raised."""
+    stopped = asyncio.ensure_future(context.async_killed_or_stopped())
+    try:
+        return await _first_unless_stopped(step, stopped, context)
+    finally:
+        stopped.cancel()
+
+
+async def _first_unless_stopped(
+    step: Awaitable[T], stopped: asyncio.Future[Any], context: StopSignal
+) -> T:
+    """What `step` returns, or `RequestStopped` (`step` cancelled) once `stopped` is done."""
+    running = asyncio.ensure_future(step)
+    await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not running.done():
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await running
+        raise RequestStopped.logged(context)
+    return running.result()
