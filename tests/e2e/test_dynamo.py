@@ -7,14 +7,14 @@ image is the client's 400 with the core's reason; a client that leaves stops the
 same on tiny Qwen2.5-VL and Qwen3-VL checkpoints (random weights: every image changes the
 answer), and with the images planned and encoded by an encode worker apart (E/PD), which alone
 fetches them and whose refusal is the client's 400; until the encode worker is there, the
-frontend holds the model; a client that leaves mid-encode stops the encode worker's encode. With prefill and decode workers apart (P/D, and E/P/D with the
-encode worker), behind Dynamo's prefill router, the KV handed over by transfer: the same answers
-for text and images, streamed and not, each request prefilled on the one and decoded on the
-other, with the prefill's cached tokens and its refusals; a decode worker killed mid-stream
-fails the client's stream. Behind Dynamo's KV router,
-two workers
-(mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with or without an image, goes back to
-the worker holding it; a worker killed mid-stream fails the client's stream."""
+frontend holds the model; a client that leaves mid-encode stops the encode worker's encode.
+With prefill and decode workers apart (P/D, and E/P/D with the encode worker), behind Dynamo's
+prefill router, the KV handed over by transfer: the same answers for text and images, streamed
+and not, each request prefilled on the one and decoded on the other, with the prefill's cached
+tokens and its refusals; a decode worker killed mid-stream fails the client's stream. Behind
+Dynamo's KV router, two workers (mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with
+or without an image, goes back to the worker holding it; a worker killed mid-stream fails the
+client's stream."""
 
 from __future__ import annotations
 

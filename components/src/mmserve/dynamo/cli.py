@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args.role = MODES[args.disaggregation_mode]
     if args.route_to_encoder and args.role in (Role.ENCODE, Role.DECODE):
         print(
-            f"mmserve.dynamo: cannot start: a {args.role.value} worker routes to no encoder "
-            "(--route-to-encoder is for agg and prefill workers)",
+            "mmserve.dynamo: cannot start: --route-to-encoder is for agg and prefill workers, "
+            f"not --disaggregation-mode {args.disaggregation_mode}",
             file=sys.stderr,
         )
         return 2
