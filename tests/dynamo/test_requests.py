@@ -1,12 +1,17 @@
 """Dynamo's preprocessed requests (as its 1.6.1 frontend sends them, recorded from one) to
-mmserve's types, and mmserve's token chunks to Dynamo's output dicts."""
+mmserve's types, mmserve's token chunks to Dynamo's output dicts, and a prefill worker's KV
+handover through Dynamo's prefill router to a decode worker."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from mmserve import protocol
 from mmserve.dynamo import requests
-from mmserve.protocol import TokenChunk, Usage
+from mmserve.protocol import PrefillDone, TensorHandle, TokenChunk, Usage
+from mmserve.runtime import RemoteError
 
 # A request Dynamo 1.6.1's frontend sent for a chat with one image (the data URL shortened).
 RECORDED = {
@@ -109,3 +114,29 @@ def test_dynamos_image_hashes_are_read_one_per_image() -> None:
     assert requests.routing_mm_hashes(request, images=1) is None
     assert requests.routing_mm_hashes({"extra_args": {"mm_hashes": ["zz"]}}, images=1) is None
     assert requests.routing_mm_hashes({}, images=0) is None
+
+
+def test_a_prefill_handover_reaches_decode_through_dynamos_json() -> None:
+    handle = TensorHandle(shape=(2, 3), dtype="bfloat16", backend="shm", descriptor=b"\x00\xffk")
+    done = PrefillDone(
+        request_id="r", first_token_id=7, prompt_tokens=40, cached_tokens=16, kv={"keys": handle}
+    )
+    output = requests.prefill_output(done)
+    # No tokens and no finish reason: Dynamo's router takes either for the request's end.
+    assert output["token_ids"] == [] and "finish_reason" not in output
+    # Dynamo's router keeps `disaggregated_params` as a JSON value and hands it on.
+    params = json.loads(json.dumps(output["disaggregated_params"]))
+    request = {"token_ids": [1], "prefill_result": {"disaggregated_params": params}}
+    assert requests.prefill_handover(request) == done
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [{"token_ids": [1]}, {"token_ids": [1], "prefill_result": {"disaggregated_params": {}}}],
+)
+def test_a_decode_request_without_an_mmserve_handover_is_a_protocol_error(
+    request_: dict,
+) -> None:
+    with pytest.raises(RemoteError) as raised:
+        requests.prefill_handover(request_)
+    assert raised.value.code == protocol.ERROR_PROTOCOL

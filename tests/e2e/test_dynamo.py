@@ -7,9 +7,14 @@ image is the client's 400 with the core's reason; a client that leaves stops the
 same on tiny Qwen2.5-VL and Qwen3-VL checkpoints (random weights: every image changes the
 answer), and with the images planned and encoded by an encode worker apart (E/PD), which alone
 fetches them and whose refusal is the client's 400; until the encode worker is there, the
-frontend holds the model. Behind Dynamo's KV router, two workers
-(mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with or without an image, goes back to
-the worker holding it; a worker killed mid-stream fails the client's stream."""
+frontend holds the model; a client that leaves mid-encode stops the encode worker's encode.
+With prefill and decode workers apart (P/D, and E/P/D with the encode worker), behind Dynamo's
+prefill router, the KV handed over by transfer: the same answers for text and images, streamed
+and not, each request prefilled on the one and decoded on the other, with the prefill's cached
+tokens and its refusals; a decode worker killed mid-stream fails the client's stream. Behind
+Dynamo's KV router, two workers (mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with
+or without an image, goes back to the worker holding it; a worker killed mid-stream fails the
+client's stream."""
 
 from __future__ import annotations
 
@@ -325,13 +330,15 @@ def test_dynamos_frontend_serves_a_worker_routing_to_an_encoder_once_one_is_ther
     nats_url: str, tmp_path: Path
 ) -> None:
     mock = ["--engine", "mock", "--transfer", "shm"]
+    # An image takes the encode worker 4 s (16 tokens), time for a client to leave mid-encode.
+    slow_encode = ["--mock-encode-us-per-token", "250000"]
     theirs = DynamoDeployment(
         build_trained_model(),
         nats_url,
         tmp_path,
         worker_flags=[*mock, "--route-to-encoder"],
         encoders=1,
-        encoder_flags=[*mock, "--disaggregation-mode", "encode"],
+        encoder_flags=[*mock, *slow_encode, "--disaggregation-mode", "encode"],
     )
     body = {"model": theirs.model_path.name, "messages": TEXT, "max_tokens": 2}
     try:
@@ -351,8 +358,112 @@ def test_dynamos_frontend_serves_a_worker_routing_to_an_encoder_once_one_is_ther
         theirs.wait_ready()
         response = httpx.post(f"{theirs.base_url}/v1/chat/completions", json=body, timeout=60)
         assert response.status_code == 200, response.text
+
+        # A client that leaves while the encode worker encodes its image stops the encode and
+        # the worker's wait for it; the next image request is answered.
+        first, second = (scenes.question("colour", seed).images[0] for seed in (3, 5))
+        leaving = {**body, "messages": _image_messages([png_data_url(first)], "what?")}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{theirs.base_url}/v1/chat/completions",
+                json={**leaving, "stream": True},
+                timeout=httpx.Timeout(60, read=1),
+            )
+        wait_until(
+            lambda: " cancelled: " in theirs.log("encode1"), timeout=20, what="the encode's stop"
+        )
+        assert " stopped by Dynamo" in theirs.log("worker")
+        assert "Error" not in theirs.log("worker")
+        assert " done: " not in theirs.log("encode1")
+        answered = {**body, "messages": _image_messages([png_data_url(second)], "what?")}
+        response = httpx.post(f"{theirs.base_url}/v1/chat/completions", json=answered, timeout=60)
+        assert response.status_code == 200, response.text
+        assert theirs.log("encode1").count(" done: ") == 1
     finally:
         theirs.stop()
+
+
+@pytest.fixture(scope="module", params=["pd", "epd"])
+def prefill_apart(
+    request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DynamoDeployment]:
+    """P/D: Dynamo's frontend (its prefill router) in front of an mmserve prefill worker and a
+    decode worker ("worker"), on the trained tiny Qwen2-VL, the KV by shared memory; E/P/D: the
+    prefill worker started with `--route-to-encoder`, and an encode worker."""
+    shm = ["--transfer", "shm"]
+    epd = request.param == "epd"
+    theirs = DynamoDeployment(
+        build_trained_model(),
+        nats_url,
+        tmp_path_factory.mktemp(f"dynamo-{request.param}"),
+        worker_flags=["--disaggregation-mode", "decode", *shm],
+        prefills=1,
+        prefill_flags=["--disaggregation-mode", "prefill", *shm]
+        + (["--route-to-encoder"] if epd else []),
+        encoders=int(epd),
+        encoder_flags=["--disaggregation-mode", "encode", *shm],
+    )
+    with theirs.running():
+        yield theirs
+
+
+def test_prefill_and_decode_workers_apart_give_the_same_greedy_tokens(
+    frontends: tuple[Deployment, DynamoDeployment], prefill_apart: DynamoDeployment
+) -> None:
+    ours, _ = frontends
+    theirs = prefill_apart
+    model = ours.model_path.name
+    for options in ({"max_tokens": 8}, {"max_tokens": 24, "extra_body": {"ignore_eos": True}}):
+        expected = _ask(ours.base_url, model, TEXT, **options)
+        assert _ask(theirs.base_url, model, TEXT, **options) == expected, options
+        assert _stream(theirs.base_url, model, TEXT, **options) == expected[:2], options
+    _assert_same_answers_with_images(ours.base_url, theirs.base_url, model)
+    # Every request ran its prompt on the prefill worker and its tokens on the decode worker;
+    # with an encode worker, the image requests' images there.
+    requests = 2 * 2 + 2 * 2 + 1
+    assert theirs.log("prefill1").count(" done: ") == requests
+    assert theirs.log("worker").count(" done: ") == requests
+    if theirs.encoders:
+        assert theirs.log("encode1").count(" done: ") == 2 * 2 + 1
+    # The decode worker reports the prompt tokens the prefill worker's prefix cache held.
+    response = httpx.post(
+        f"{theirs.base_url}/v1/chat/completions",
+        json={"model": model, "messages": TEXT, "max_tokens": 2},
+        timeout=60,
+    )
+    assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+    # A refusal where the images are planned (the prefill or the encode worker) is the
+    # client's 400 with its reason, through Dynamo's prefill router.
+    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
+    response = httpx.post(
+        f"{theirs.base_url}/v1/chat/completions",
+        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "aspect ratio" in response.json()["message"]
+
+
+def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
+    prefill_apart: DynamoDeployment,
+) -> None:
+    theirs = prefill_apart
+    stream = _client(theirs.base_url).chat.completions.create(
+        model=theirs.model_path.name,
+        messages=TEXT,  # type: ignore[arg-type]
+        max_tokens=20000,  # minutes of decoding on these cores
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    received = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            received += len(chunk.choices)
+            if received == 3:
+                theirs.kill("worker")
+    assert received >= 3
+    assert time.monotonic() - started < 30
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])

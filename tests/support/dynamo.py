@@ -53,8 +53,8 @@ def dynamo_missing() -> str | None:
 
 @dataclass
 class DynamoDeployment:
-    """Dynamo's frontend, mmserve workers and encode workers; `running()` starts them and waits
-    until the frontend lists the workers' model."""
+    """Dynamo's frontend, mmserve workers, encode workers and prefill workers; `running()`
+    starts them and waits until the frontend lists the workers' model."""
 
     model_path: Path
     nats_url: str
@@ -65,6 +65,10 @@ class DynamoDeployment:
     # with `--route-to-encoder`.
     encoders: int = 0
     encoder_flags: list[str] = field(default_factory=list)
+    # Prefill workers (`--disaggregation-mode prefill`, with `prefill_flags`) for workers
+    # started with `--disaggregation-mode decode`.
+    prefills: int = 0
+    prefill_flags: list[str] = field(default_factory=list)
     frontend_flags: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
     namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
@@ -100,7 +104,12 @@ class DynamoDeployment:
         )
 
     def start_worker(self, name: str = "worker") -> None:
-        flags = self.encoder_flags if name in self.encoder_names else self.worker_flags
+        if name in self.encoder_names:
+            flags = self.encoder_flags
+        elif name in self.prefill_names:
+            flags = self.prefill_flags
+        else:
+            flags = self.worker_flags
         metrics_port = self.metrics_ports.setdefault(name, free_port())
         self._spawn(
             name,
@@ -127,8 +136,17 @@ class DynamoDeployment:
     def encoder_names(self) -> list[str]:
         return [f"encode{n}" for n in range(1, self.encoders + 1)]
 
+    @property
+    def prefill_names(self) -> list[str]:
+        return [f"prefill{n}" for n in range(1, self.prefills + 1)]
+
+    @property
+    def names(self) -> list[str]:
+        """Every worker process's name."""
+        return [*self.encoder_names, *self.prefill_names, *self.worker_names]
+
     def start(self) -> DynamoDeployment:
-        for name in [*self.encoder_names, *self.worker_names]:
+        for name in self.names:
             self.start_worker(name)
         self.start_frontend()
         return self
@@ -157,8 +175,7 @@ class DynamoDeployment:
             for name, process in self.processes.items():
                 if process.poll() is not None:
                     raise RuntimeError(f"{name} exited early:\n{self.log(name)[-3000:]}")
-            names = [*self.encoder_names, *self.worker_names]
-            if not all(" ready: instance " in self.log(name) for name in names):
+            if not all(" ready: instance " in self.log(name) for name in self.names):
                 time.sleep(0.25)
                 continue
             try:

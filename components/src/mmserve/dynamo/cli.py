@@ -1,13 +1,16 @@
 """`python -m mmserve.dynamo`: mmserve's aggregated worker (encode, prefill and decode in one
 process) served as an endpoint of a Dynamo deployment through `ai-dynamo-runtime`; or, for E/PD,
-an encode worker (`--disaggregation-mode encode`) that the aggregated workers started with
-`--route-to-encoder` call for their images.
+an encode worker (`--disaggregation-mode encode`) that the workers started with
+`--route-to-encoder` call for their images; or, for P/D (E/P/D with `--route-to-encoder`), a
+prefill worker and a decode worker (`--disaggregation-mode prefill|decode`) that Dynamo's
+prefill router calls in turn, the KV handed over by mmserve's transfer.
 
-The aggregated worker registers the model for Dynamo's discovery with a card that asks Dynamo's
-frontend for token ids (`ModelInput.Tokens`, chat and completions), so `python -m
-dynamo.frontend` routes requests to it, and serves `generate` until SIGINT/SIGTERM. The encode
-worker registers a card without an OpenAI surface (`WorkerType.Encode`), as Dynamo's own encode
-workers do, so the frontend's readiness gate counts it.
+The aggregated and decode workers register the model for Dynamo's discovery with a card that
+asks Dynamo's frontend for token ids (`ModelInput.Tokens`, chat and completions), so `python -m
+dynamo.frontend` routes requests to them, and serve `generate` until SIGINT/SIGTERM. The encode
+and prefill workers register cards without an OpenAI surface (`WorkerType.Encode`,
+`WorkerType.Prefill`), as Dynamo's own do, so the frontend's readiness gate and prefill router
+count them; each card `needs` the workers it serves or calls.
 """
 
 from __future__ import annotations
@@ -27,9 +30,14 @@ from mmserve.worker.options import add_worker_arguments
 log = logging.getLogger("mmserve.dynamo")
 
 DEFAULT_MAX_TOKENS = 1024  # mmserve's frontend's default, for a request that gives none
-# Dynamo's names of the two disaggregation modes served here.
+# Dynamo's names of the disaggregation modes, and the role each serves.
 AGGREGATED = "agg"
-ENCODE = "encode"
+MODES = {
+    AGGREGATED: Role.WORKER,
+    "encode": Role.ENCODE,
+    "prefill": Role.PREFILL,
+    "decode": Role.DECODE,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,11 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dynamo.add_argument(
         "--disaggregation-mode",
-        choices=[AGGREGATED, ENCODE],
+        choices=list(MODES),
         default=AGGREGATED,
         help="agg: the aggregated worker Dynamo's frontend calls; encode: an encode worker "
         f"(dyn://<--namespace>.{Role.ENCODE.value}.{GENERATE}) for workers started with "
-        "--route-to-encoder (default: %(default)s)",
+        "--route-to-encoder; prefill, decode: the two halves Dynamo's prefill router calls "
+        "in turn, the KV handed over by --transfer (default: %(default)s)",
     )
     dynamo.add_argument(
         "--route-to-encoder",
@@ -96,14 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     from mmserve.runtime import run_component
 
     args = build_parser().parse_args(argv)
-    encodes = args.disaggregation_mode == ENCODE
-    args.role = Role.ENCODE if encodes else Role.WORKER
-    if encodes and args.route_to_encoder:
+    args.role = MODES[args.disaggregation_mode]
+    if args.route_to_encoder and args.role in (Role.ENCODE, Role.DECODE):
         print(
-            "mmserve.dynamo: cannot start: an encode worker routes to no encoder", file=sys.stderr
+            "mmserve.dynamo: cannot start: --route-to-encoder is for agg and prefill workers, "
+            f"not --disaggregation-mode {args.disaggregation_mode}",
+            file=sys.stderr,
         )
         return 2
-    if args.transfer is None and not (encodes or args.route_to_encoder):
+    if args.transfer is None and args.role is Role.WORKER and not args.route_to_encoder:
         # Images reach this process as bytes and never leave it: no transfer backend is needed.
         args.transfer = "inline"
     if args.engine == "sglang":
@@ -122,8 +132,10 @@ async def _serve(args: argparse.Namespace) -> int:
     from dynamo.runtime import DistributedRuntime
 
     from mmserve.dynamo.handler import (
+        DynamoDecodeHandler,
         DynamoEncodeHandler,
         DynamoHandler,
+        DynamoPrefillHandler,
         Images,
         LocalImages,
         RemoteImages,
@@ -147,38 +159,59 @@ async def _serve(args: argparse.Namespace) -> int:
         endpoint = runtime.endpoint(path)
         name = args.served_model_name or model_path.name
         serve_metrics(args.metrics_port)
-        local = LocalImages(
-            EncodeStage(engine, transfer, model_path, args.role.value),
-            MediaPolicy.from_args(args),
-            name,
-        )
-        if args.role is Role.ENCODE:
-            generate = DynamoEncodeHandler(local, transfer).generate
-            model_type = ModelType.Empty
-            card: dict[str, Any] = {
-                "worker_type": WorkerType.Encode,
-                "needs": [[WorkerType.Aggregated]],
-            }
-        else:
-            kv_events = DynamoKvEvents(
-                KvEventPublisher(endpoint, kv_block_size=args.block_size),
-                args.block_size,
-                PadScheme(args.pad_scheme),
-            )
-            engine.subscribe_kv_events(kv_events.sink)
-            images: Images = local
-            needs = None
-            if args.route_to_encoder:
-                encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
-                images = RemoteImages(await encoder.client(), transfer, local)
-                needs = [[WorkerType.Encode]]
-            generate = DynamoHandler(engine, images, args.default_max_tokens, kv_events).generate
+        card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
+        generate: Any
+        if args.role is Role.DECODE:
+            # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
+            generate = DynamoDecodeHandler(engine, transfer, args.default_max_tokens, name).generate
             model_type = ModelType.Chat | ModelType.Completions
-            card = {
-                "worker_type": WorkerType.Aggregated,
-                "needs": needs,
-                "kv_cache_block_size": args.block_size,
-            }
+            card |= {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
+        else:
+            local = LocalImages(
+                EncodeStage(engine, transfer, model_path, args.role.value),
+                MediaPolicy.from_args(args),
+                name,
+            )
+            if args.role is Role.ENCODE:
+                generate = DynamoEncodeHandler(local, transfer).generate
+                model_type = ModelType.Empty
+                # It serves the workers that run prompts: aggregated ones or prefill ones.
+                card = {
+                    "worker_type": WorkerType.Encode,
+                    "needs": [[WorkerType.Aggregated], [WorkerType.Prefill]],
+                }
+            else:
+                kv_events = DynamoKvEvents(
+                    KvEventPublisher(endpoint, kv_block_size=args.block_size),
+                    args.block_size,
+                    PadScheme(args.pad_scheme),
+                )
+                engine.subscribe_kv_events(kv_events.sink)
+                images: Images = local
+                encoders = []
+                if args.route_to_encoder:
+                    encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
+                    images = RemoteImages(await encoder.client(), transfer, local)
+                    encoders = [WorkerType.Encode]
+                if args.role is Role.PREFILL:
+                    generate = DynamoPrefillHandler(
+                        engine, images, transfer, args.default_max_tokens, kv_events
+                    ).generate
+                    # Dynamo's marker of a prefill worker's card, as its SGLang prefill sets.
+                    model_type = ModelType.Prefill
+                    card |= {
+                        "worker_type": WorkerType.Prefill,
+                        "needs": [[WorkerType.Decode, *encoders]],
+                    }
+                else:
+                    generate = DynamoHandler(
+                        engine, images, args.default_max_tokens, kv_events
+                    ).generate
+                    model_type = ModelType.Chat | ModelType.Completions
+                    card |= {
+                        "worker_type": WorkerType.Aggregated,
+                        "needs": [encoders] if encoders else None,
+                    }
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runtime.shutdown)
         serving = asyncio.ensure_future(endpoint.serve_endpoint(generate, graceful_shutdown=True))

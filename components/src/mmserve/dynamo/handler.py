@@ -3,7 +3,10 @@ a preprocessed request with mmserve's Rust driver (expanded ids, media runs, M-R
 encode its images, run the engine, stream Dynamo's output dicts; stop when Dynamo stops the
 request; raise errors as Dynamo's. The images are planned and encoded in this process
 (`LocalImages`) or by an encode worker (`RemoteImages`, `--route-to-encoder`), which serves
-`DynamoEncodeHandler`: it plans and encodes and offers the embeddings by transfer."""
+`DynamoEncodeHandler`: it plans and encodes and offers the embeddings by transfer. With prefill
+and decode apart, `DynamoPrefillHandler` plans, encodes and prefills like `DynamoHandler` and
+hands the KV over (mmserve's `PrefillDone`, by transfer) to `DynamoDecodeHandler`, which
+streams the tokens."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -24,13 +27,14 @@ from mmserve.encode.embeddings import load_embeddings, offer_embeddings
 from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import Engine, ItemEmbedding
 from mmserve.media.policy import MediaPolicy
-from mmserve.observability import nvtx
+from mmserve.observability import metrics, nvtx
 from mmserve.protocol import EmbeddingsHandle, MediaPayload, PreprocessedRequest, RequestPlan
 from mmserve.roles import Role
 from mmserve.runtime import RemoteError
 from mmserve.transfer import TransferAgent
 from mmserve.worker.base import engine_request, stream_tokens
 from mmserve.worker.errors import as_remote_error
+from mmserve.worker.handover import fetch_kv, hand_over_kv
 from mmserve.worker.tracking import tracked
 
 log = logging.getLogger("mmserve.dynamo")
@@ -44,11 +48,20 @@ REQUEST_DEADLINE_S = 3600.0
 class RequestStopped(asyncio.CancelledError):
     """Dynamo stopped the request: counted and logged as cancelled, then the stream ends."""
 
+    @classmethod
+    def logged(cls, context: StopSignal) -> RequestStopped:
+        log.info("request %s stopped by Dynamo", context.id())
+        return cls(f"request {context.id()} stopped by Dynamo")
+
 
 class StopSignal(Protocol):
     """The part of Dynamo's request `Context` the handler reads."""
 
     def id(self) -> str: ...
+
+    def is_stopped(self) -> bool: ...
+
+    def is_killed(self) -> bool: ...
 
     def async_killed_or_stopped(self) -> Any: ...
 
@@ -128,6 +141,9 @@ class RemoteImages:
         forwarded = {key: request.get(key) for key in ("token_ids", "multi_modal_data")}
         stream = await self.client.round_robin(forwarded, context=context)
         replies = [reply.data() async for reply in stream]
+        if not replies and (context.is_stopped() or context.is_killed()):
+            # Dynamo stopped the encode worker's request too: it ends without a reply.
+            raise RequestStopped.logged(context)
         if len(replies) != 1:
             raise RuntimeError(f"the encode worker sent {len(replies)} replies, not one")
         encoded = msgspec.convert(replies[0], EncodedImages)
@@ -162,23 +178,119 @@ class DynamoHandler:
         self.images = images
         self.default_max_tokens = default_max_tokens
 
+    async def plan(self, request: dict[str, Any], context: StopSignal) -> PreprocessedRequest:
+        """The request planned, with its sampling and limits."""
+        return msgspec.structs.replace(
+            await self.images.plan(request, context),
+            sampling=requests.sampling(request),
+            stop=requests.stop_conditions(request, self.default_max_tokens),
+        )
+
+    async def embeddings(
+        self, request: dict[str, Any], planned: PreprocessedRequest
+    ) -> list[ItemEmbedding]:
+        """The planned request's embeddings; its blocks remembered for the KV events."""
+        embeddings = await self.images.encode(planned)
+        if self.kv_events is not None:
+            routing = requests.routing_mm_hashes(request, len(planned.plan.media))
+            self.kv_events.remember(planned.plan, routing)
+        return embeddings
+
     async def generate(
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncIterator[dict[str, Any]]:
         try:
-            planned = msgspec.structs.replace(
-                await self.images.plan(request, context),
-                sampling=requests.sampling(request),
-                stop=requests.stop_conditions(request, self.default_max_tokens),
-            )
+            planned = await unless_stopped(self.plan(request, context), context)
             with tracked(self.component, planned), nvtx.nvtx_range(nvtx.PD_GENERATE):
                 with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
-                    embeddings = await self.images.encode(planned)
-                if self.kv_events is not None:
-                    routing = requests.routing_mm_hashes(request, len(planned.plan.media))
-                    self.kv_events.remember(planned.plan, routing)
+                    embeddings = await unless_stopped(self.embeddings(request, planned), context)
                 chunks = self.engine.generate(engine_request(planned), embeddings)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
+                async for chunk in until_stopped(timed, context):
+                    yield requests.output(chunk)
+        except RequestStopped:
+            return
+        except Exception as exc:
+            raise dynamo_error(exc) from exc
+
+
+class DynamoPrefillHandler(DynamoHandler):
+    """Serves a prefill worker's `generate` (`--disaggregation-mode prefill`) for Dynamo's
+    prefill router: plans and encodes as the aggregated worker does, runs the prompt, offers
+    its KV by transfer and answers once with the handover, then ends the stream (the router
+    reads it to the end before it calls a decode worker); the buffers stay offered until the
+    decode worker has read them, or the lease times out."""
+
+    component = Role.PREFILL.value
+
+    def __init__(
+        self,
+        engine: Engine,
+        images: Images,
+        transfer: TransferAgent,
+        default_max_tokens: int,
+        kv_events: DynamoKvEvents | None = None,
+    ) -> None:
+        super().__init__(engine, images, default_max_tokens, kv_events)
+        self.transfer = transfer
+
+    async def generate(
+        self, request: dict[str, Any], context: StopSignal
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            planned = await unless_stopped(self.plan(request, context), context)
+            with tracked(self.component, planned):
+                with nvtx.nvtx_range(nvtx.PREFILL_LOAD_MULTIMODAL):
+                    embeddings = await unless_stopped(self.embeddings(request, planned), context)
+                with (
+                    nvtx.nvtx_range(nvtx.PREFILL_ENGINE_ASYNC_GENERATE),
+                    metrics.timed_stage(self.component, "prefill"),
+                ):
+                    kv = await self.engine.prefill(engine_request(planned), embeddings)
+                done, _leases = await hand_over_kv(self.engine, self.transfer, kv)
+            yield requests.prefill_output(done)
+        except RequestStopped:
+            return
+        except Exception as exc:
+            raise dynamo_error(exc) from exc
+
+
+class DynamoDecodeHandler:
+    """Serves a decode worker's `generate` (`--disaggregation-mode decode`), which Dynamo's
+    prefill router calls with a prefill worker's handover: reads the prompt's KV by transfer,
+    imports it and streams the completion from the prefill's first token. It plans nothing
+    and never sees the images (their tokens are in the KV)."""
+
+    component = Role.DECODE.value
+
+    def __init__(
+        self, engine: Engine, transfer: TransferAgent, default_max_tokens: int, model_name: str
+    ) -> None:
+        self.engine = engine
+        self.transfer = transfer
+        self.default_max_tokens = default_max_tokens
+        self.model_name = model_name
+
+    async def generate(
+        self, request: dict[str, Any], context: StopSignal
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            handover = requests.prefill_handover(request)
+            # What the bookkeeping reads: the id, and the prompt as Dynamo sent it (its plan
+            # stayed with the prefill worker).
+            tracked_as = PreprocessedRequest(
+                request_id=context.id(),
+                deadline=time.time() + REQUEST_DEADLINE_S,
+                model=self.model_name,
+                plan=RequestPlan(token_ids=requests.token_ids(request)),
+            )
+            sampling = requests.sampling(request)
+            stop = requests.stop_conditions(request, self.default_max_tokens)
+            with tracked(self.component, tracked_as), nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
+                tensors = await fetch_kv(self.transfer, handover, self.component)
+                kv = await self.engine.import_kv(context.id(), tensors)
+                chunks = self.engine.decode(kv, sampling, stop)
+                timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=False)
                 async for chunk in until_stopped(timed, context):
                     yield requests.output(chunk)
         except RequestStopped:
@@ -203,11 +315,13 @@ class DynamoEncodeHandler:
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncIterator[dict[str, Any]]:
         try:
-            planned = await self.images.plan(request, context)
+            planned = await unless_stopped(self.images.plan(request, context), context)
             with tracked(self.component, planned), nvtx.nvtx_range(nvtx.ENC_GENERATE):
-                embeddings = await self.images.encode(planned)
+                embeddings = await unless_stopped(self.images.encode(planned), context)
                 handles, _leases = await offer_embeddings(self.transfer, embeddings)
             yield msgspec.to_builtins(EncodedImages(plan=planned.plan, embeddings=handles))
+        except RequestStopped:
+            return
         except Exception as exc:
             raise dynamo_error(exc) from exc
 
@@ -240,16 +354,8 @@ async def until_stopped(items: AsyncIterator[T], context: StopSignal) -> AsyncIt
     stopped = asyncio.ensure_future(context.async_killed_or_stopped())
     try:
         while True:
-            step = asyncio.ensure_future(anext(items))
-            await asyncio.wait({step, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():
-                log.info("request %s stopped by Dynamo", context.id())
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await step
-                raise RequestStopped(f"request {context.id()} stopped by Dynamo")
             try:
-                item = step.result()
+                item = await _first_unless_stopped(anext(items), stopped, context)
             except StopAsyncIteration:
                 return
             yield item
@@ -258,3 +364,27 @@ async def until_stopped(items: AsyncIterator[T], context: StopSignal) -> AsyncIt
         aclose = getattr(items, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+async def unless_stopped(step: Awaitable[T], context: StopSignal) -> T:
+    """What `step` returns, unless Dynamo stops the request first: then `step` is cancelled (an
+    encode in flight, the encode worker's reply awaited) and `RequestStopped` raised."""
+    stopped = asyncio.ensure_future(context.async_killed_or_stopped())
+    try:
+        return await _first_unless_stopped(step, stopped, context)
+    finally:
+        stopped.cancel()
+
+
+async def _first_unless_stopped(
+    step: Awaitable[T], stopped: asyncio.Future[Any], context: StopSignal
+) -> T:
+    """What `step` returns, or `RequestStopped` (`step` cancelled) once `stopped` is done."""
+    running = asyncio.ensure_future(step)
+    await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not running.done():
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await running
+        raise RequestStopped.logged(context)
+    return running.result()

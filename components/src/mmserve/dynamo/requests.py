@@ -7,6 +7,11 @@ stop_token_ids_hidden (the EOS ids), min_tokens, ignore_eos}, `sampling_options`
 top_p, top_k, seed, ...}, and for images `multi_modal_data` {"image_url": [{"Url": url}]} in
 prompt order. Stop strings stay with Dynamo: its own detokenizer matches them on the tokens this
 worker streams.
+
+With prefill and decode workers apart, Dynamo's prefill router sends the request first to a
+prefill worker with `max_tokens` 1, reads the `disaggregated_params` of its first output (and
+the rest of its stream), and sends the request on to a decode worker with those params in
+`prefill_result.disaggregated_params`: here, mmserve's KV handover (`PrefillDone`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mmserve.protocol import SamplingParams, StopConditions, TokenChunk
+import msgspec
+
+from mmserve import protocol
+from mmserve.protocol import PrefillDone, SamplingParams, StopConditions, TokenChunk
+from mmserve.runtime import RemoteError
 
 IMAGE_URL = "image_url"
 # Dynamo's media keys this worker does not take: refused by name rather than dropped.
@@ -103,6 +112,30 @@ def routing_mm_hashes(request: Mapping[str, Any], images: int) -> list[int] | No
         return [int(value, 16) for value in hashes]
     except (TypeError, ValueError):
         return None
+
+
+def prefill_output(done: PrefillDone) -> dict[str, Any]:
+    """A prefill worker's one output: no tokens (decode streams the first), and the handover
+    in `disaggregated_params`, which Dynamo's router hands the decode worker. No finish reason:
+    the router would take one for the whole request's end and answer the client with it."""
+    return {"token_ids": [], "disaggregated_params": msgspec.to_builtins(done)}
+
+
+def prefill_handover(request: Mapping[str, Any]) -> PrefillDone:
+    """The handover of the prefill worker Dynamo's router sent the request to first."""
+    params = (request.get("prefill_result") or {}).get("disaggregated_params")
+    if params is None:
+        raise RemoteError(
+            protocol.ERROR_PROTOCOL,
+            "the request reached a decode worker without a prefill_result: Dynamo's prefill "
+            "router sends it to a prefill worker first (--disaggregation-mode prefill)",
+        )
+    try:
+        return msgspec.convert(params, PrefillDone)
+    except msgspec.ValidationError as exc:
+        raise RemoteError(
+            protocol.ERROR_PROTOCOL, f"the prefill_result is not an mmserve prefill's: {exc}"
+        ) from None
 
 
 def output(chunk: TokenChunk) -> dict[str, Any]:

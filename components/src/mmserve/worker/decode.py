@@ -11,7 +11,7 @@ import torch
 
 from mmserve import protocol
 from mmserve.engines.base import KvHandle
-from mmserve.observability import metrics, nvtx
+from mmserve.observability import nvtx
 from mmserve.protocol import (
     BootstrapInfo,
     PrefillDone,
@@ -24,6 +24,7 @@ from mmserve.roles import GENERATE, Role
 from mmserve.router.route import stream_routed
 from mmserve.runtime import RemoteError, RequestContext
 from mmserve.worker.base import RoleHandler, stream_tokens
+from mmserve.worker.handover import fetch_kv
 from mmserve.worker.tracking import tracked
 
 
@@ -63,14 +64,7 @@ class DecodeHandler(RoleHandler):
                 if isinstance(reply, BootstrapInfo):
                     bootstrap = reply
                 elif isinstance(reply, PrefillDone):
-                    with (
-                        nvtx.nvtx_range(nvtx.NIXL_BEGIN_READ),
-                        metrics.timed_stage(self.component, "transfer"),
-                    ):
-                        tensors = {
-                            name: await self.transfer.fetch(handle)
-                            for name, handle in reply.kv.items()
-                        }
+                    tensors = await fetch_kv(self.transfer, reply, self.component)
         if tensors is None:
             raise RemoteError(
                 protocol.ERROR_PROTOCOL, "prefill ended without handing over the KV cache"

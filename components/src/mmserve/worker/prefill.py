@@ -25,6 +25,7 @@ from mmserve.roles import GENERATE, Role
 from mmserve.runtime import RequestContext
 from mmserve.transfer import Lease
 from mmserve.worker.base import RoleHandler, engine_request
+from mmserve.worker.handover import hand_over_kv
 from mmserve.worker.tracking import tracked
 
 
@@ -65,20 +66,4 @@ class PrefillHandler(RoleHandler):
             kv = await self.run_prompt(
                 request, embeddings, lambda given: self.engine.prefill(prompt, given, bootstrap)
             )
-        try:
-            tensors = await self.engine.export_kv(kv)
-        finally:
-            self.engine.release(kv)
-        handles = {}
-        leases = []
-        for name, tensor in tensors.items():
-            handles[name], lease = await self.transfer.offer(tensor)
-            leases.append(lease)
-        done = PrefillDone(
-            request_id=request.request_id,
-            first_token_id=kv.first_token,
-            prompt_tokens=kv.prompt_tokens,
-            cached_tokens=kv.cached_tokens,
-            kv=handles,
-        )
-        return done, leases
+        return await hand_over_kv(self.engine, self.transfer, kv)
