@@ -2,7 +2,7 @@
 
 Equal tokens across patterns (test_patterns.py) cannot tell an image that arrived from one that
 was dropped or scrambled the same way everywhere; right answers can. The questions are the kind
-the shipped model answers at its target accuracy (colour: 100% held out, docs/models.md), and
+the shipped model answers at its target accuracy (colour and count, docs/models.md), and
 two-image questions in both orders, each asked about images whose answers differ, so an image
 dropped, swapped between requests (16 at once) or between the two images of one request, or
 scrambled in transfer gives a wrong answer.
@@ -44,10 +44,9 @@ async def _ask(client: openai.AsyncOpenAI, model: str, images: tuple, text: str)
     return response.choices[0].message.content or ""
 
 
-def _pair(shape: str) -> tuple[scenes.Question, scenes.Question]:
-    """The first two held-out questions about the colour of `shape`, with different answers."""
-    text = scenes.COLOUR_TEXT.format(shape=shape)
-    found = [q for q in map(_colour_question, range(100)) if q.text == text]
+def _pair(kind: str, text: str) -> tuple[scenes.Question, scenes.Question]:
+    """The first two held-out questions of `kind` asking `text`, with different answers."""
+    found = [q for q in (scenes.question(kind, seed) for seed in range(100)) if q.text == text]
     second = next(q for q in found if q.answer != found[0].answer)
     return found[0], second
 
@@ -57,9 +56,10 @@ def _colour_question(seed: int) -> scenes.Question:
 
 
 async def _check(client: openai.AsyncOpenAI, model: str) -> None:
-    # The same question about two images: two right answers, for each shape.
-    for shape in scenes.SHAPES:
-        for question in _pair(shape):
+    # The same question about two images: two right answers, for each shape, and for a count.
+    texts = [("colour", scenes.COLOUR_TEXT.format(shape=shape)) for shape in scenes.SHAPES]
+    for kind, text in [*texts, ("count", scenes.COUNT_TEXT.format(shape="square"))]:
+        for question in _pair(kind, text):
             got = await _ask(client, model, question.images, question.text)
             assert got == question.answer, (question.text, question.answer, got)
     # Two images in one request, in both orders: an image swapped with the other one of its

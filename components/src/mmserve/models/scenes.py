@@ -1,7 +1,7 @@
 """Synthetic scenes and plain-English questions about them, for the trained tiny model.
 
-A scene is a small RGB picture drawn in code: coloured circles, squares and triangles on a 3x3
-grid of cells, or one word in large block letters. Each `Question` pairs one or two scenes with
+A scene is a small RGB picture drawn in code: coloured circles, squares and triangles on a 4x4
+grid of cells (one image token each), or one word in large block letters. Each `Question` pairs one or two scenes with
 a question whose one right answer follows from the pixels. The same generator makes the training
 set, the held-out set and the images the tests and the README ask about, so a seed names a
 scene exactly (Pillow draws the shapes; the letters are a bitmap font defined here, so no font
@@ -20,7 +20,11 @@ SCENE_SIZE = 112  # pixels a side: 8x8 patches of 14, 16 tokens after the 2x2 me
 TOKEN_PIXELS = 28  # a side of one image token: a 14-pixel patch times the 2 x 2 merge
 LETTER_SCALE = 4  # pixels per bitmap-font dot: a 5 x 7 letter is 20 x 28, one token tall
 LETTER_INSET = (TOKEN_PIXELS - 5 * LETTER_SCALE) // 2  # centres a letter in its token
-CELLS = 3  # shapes sit in a CELLS x CELLS grid, one per cell
+# Shapes sit in a CELLS x CELLS grid, at most one per cell, each cell one merged image token:
+# a shape that straddles tokens is counted at under 90% by a model this size, one per token at
+# well over 95% (docs/models.md).
+CELLS = SCENE_SIZE // TOKEN_PIXELS
+RADII = (8, 13)  # a shape's radius in pixels, drawn from [8, 13): it stays inside its cell
 # Shapes in a scene besides the ones a question is about. The shipped model is trained with
 # none: with up to two more, training on 2 CPU cores takes hours instead of minutes.
 MAX_OTHERS = 0
@@ -67,7 +71,7 @@ _GLYPHS: dict[str, tuple[str, ...]] = {
 class Shape:
     kind: str  # one of SHAPES
     colour: str  # a key of COLOURS
-    cell: int  # 0..8, row-major in the 3x3 grid
+    cell: int  # 0..CELLS * CELLS - 1, row-major
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ def draw_shapes(rng: np.random.Generator, shapes: list[Shape]) -> Image.Image:
     draw = ImageDraw.Draw(image)
     cell = SCENE_SIZE / CELLS
     for shape in shapes:
-        radius = int(rng.integers(9, 15))
+        radius = int(rng.integers(*RADII))
         slack = cell / 2 - radius - 1
         cx = (shape.cell % CELLS + 0.5) * cell + rng.uniform(-slack, slack)
         cy = (shape.cell // CELLS + 0.5) * cell + rng.uniform(-slack, slack)
