@@ -40,8 +40,12 @@ use crate::video::timeline::{PacketTime, Timeline};
 
 /// Bytes handed to FFmpeg per read.
 const IO_BUFFER: usize = 64 * 1024;
-/// Bytes the container is named from.
+/// Bytes the container is named from: the first 2 KiB, doubled up to 1 MiB while no demuxer
+/// is sure (libavformat's `av_probe_input_buffer2` steps and scores).
+const PROBE_MIN_BYTES: usize = 2048;
 const PROBE_BYTES: usize = 1 << 20;
+/// `AVPROBE_SCORE_RETRY`: below the full probe, a demuxer must score above it to be taken.
+const PROBE_SCORE_RETRY: c_int = ffi::AVPROBE_SCORE_MAX / 4;
 /// Demuxers that may open the data (libavformat's names).
 const CONTAINERS: [&str; 2] = ["mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"];
 /// Packets read for a frame size the headers leave to the bitstream: its VOL header comes
@@ -152,12 +156,12 @@ pub fn decode_frames_with(
         None => demuxer.scan_packets(limits)?,
     };
     // The scan read the packets; start again from the top.
-    demuxer = Demuxer::open(data, limits)?;
+    demuxer = demuxer.reopen(limits)?;
     let mut done = 0;
     if let Some(timeline) = scan.packets.as_deref().and_then(Timeline::new) {
         done = demuxer.decode_sampled(&info, indices, &timeline, limits, &mut on_frame)?;
         if done < indices.len() {
-            demuxer = Demuxer::open(data, limits)?;
+            demuxer = demuxer.reopen(limits)?;
         }
     }
     if done < indices.len() {
@@ -230,8 +234,10 @@ struct Demuxer<'a> {
     avio: *mut ffi::AVIOContext,
     _reader: Box<Reader<'a>>,
     _deadline: Box<Option<Instant>>,
-    /// The bytes `_reader` reads from (for a second, independent pass over them).
+    /// The bytes `_reader` reads from and their probed demuxer (static), for opening them
+    /// again without probing again.
     data: &'a [u8],
+    format: *const ffi::AVInputFormat,
     container: String,
     /// The packet pass, when reading the headers needed it (to count the frames).
     scanned: Option<Scan>,
@@ -266,20 +272,32 @@ fn quiet_logs() {
     QUIET.call_once(|| ff::util::log::set_level(ff::util::log::Level::Quiet));
 }
 
-/// Names the container from the first bytes without opening a demuxer.
+/// Names the container from the first bytes without opening a demuxer, as libavformat's
+/// own probing does: every demuxer's probe runs over the head, so a short one that a demuxer
+/// is sure of spares reading the rest of the first MiB.
 fn probe_container(data: &[u8]) -> Result<*const ffi::AVInputFormat, VideoError> {
-    let head = &data[..data.len().min(PROBE_BYTES)];
-    let mut padded = Vec::with_capacity(head.len() + ffi::AVPROBE_PADDING_SIZE as usize);
-    padded.extend_from_slice(head);
-    padded.resize(head.len() + ffi::AVPROBE_PADDING_SIZE as usize, 0);
-    let probe = ffi::AVProbeData {
-        filename: c"".as_ptr(),
-        buf: padded.as_mut_ptr(),
-        buf_size: head.len() as c_int,
-        mime_type: ptr::null(),
+    let mut size = PROBE_MIN_BYTES;
+    let format = loop {
+        let head = &data[..data.len().min(size)];
+        let last = head.len() == data.len() || size >= PROBE_BYTES;
+        let mut padded = Vec::with_capacity(head.len() + ffi::AVPROBE_PADDING_SIZE as usize);
+        padded.extend_from_slice(head);
+        padded.resize(head.len() + ffi::AVPROBE_PADDING_SIZE as usize, 0);
+        let probe = ffi::AVProbeData {
+            filename: c"".as_ptr(),
+            buf: padded.as_mut_ptr(),
+            buf_size: head.len() as c_int,
+            mime_type: ptr::null(),
+        };
+        let mut score = if last { 0 } else { PROBE_SCORE_RETRY };
+        // SAFETY: `probe` points at `head.len()` bytes plus the zero padding FFmpeg
+        // requires; av_probe_input_format2 returns a demuxer scoring above `score` or null.
+        let format = unsafe { ffi::av_probe_input_format2(&probe, 1, &mut score) };
+        if !format.is_null() || last {
+            break format;
+        }
+        size *= 2;
     };
-    // SAFETY: `probe` points at `head.len()` bytes plus the zero padding FFmpeg requires.
-    let format = unsafe { ffi::av_probe_input_format(&probe, 1) };
     if format.is_null() {
         return Err(VideoError::UnknownContainer);
     }
@@ -317,7 +335,20 @@ fn error_text(code: c_int) -> String {
 impl<'a> Demuxer<'a> {
     fn open(data: &'a [u8], limits: &VideoLimits) -> Result<Demuxer<'a>, VideoError> {
         quiet_logs();
-        let format = probe_container(data)?;
+        Self::open_as(data, probe_container(data)?, limits)
+    }
+
+    /// The same bytes from the top, with the demuxer already probed (probing every demuxer
+    /// over the first MiB is most of an open's cost).
+    fn reopen(&self, limits: &VideoLimits) -> Result<Demuxer<'a>, VideoError> {
+        Self::open_as(self.data, self.format, limits)
+    }
+
+    fn open_as(
+        data: &'a [u8],
+        format: *const ffi::AVInputFormat,
+        limits: &VideoLimits,
+    ) -> Result<Demuxer<'a>, VideoError> {
         let mut reader = Box::new(Reader { data, pos: 0 });
         let deadline = Box::new(limits.deadline);
         let oom = || VideoError::Corrupt("out of memory".into());
@@ -375,6 +406,7 @@ impl<'a> Demuxer<'a> {
                 _reader: reader,
                 _deadline: deadline,
                 data,
+                format,
                 container,
                 scanned: None,
             })
@@ -520,7 +552,7 @@ impl<'a> Demuxer<'a> {
         index: usize,
         limits: &VideoLimits,
     ) -> Result<(c_int, c_int), VideoError> {
-        let mut fresh = Demuxer::open(self.data, limits)?;
+        let mut fresh = self.reopen(limits)?;
         let stream = fresh.input.stream(index).ok_or(VideoError::NoVideoStream)?;
         let mut context = ff::codec::context::Context::from_parameters(stream.parameters())
             .map_err(ff_error("reading the codec parameters"))?;
