@@ -235,6 +235,7 @@ mod ffmpeg {
         let d = PyDict::new(py);
         d.set_item("width", info.width)?;
         d.set_item("height", info.height)?;
+        d.set_item("rotation", info.rotation)?;
         d.set_item("total_frames", info.total_frames)?;
         d.set_item("fps", info.fps)?;
         d.set_item("duration_s", info.duration_s)?;
