@@ -1,6 +1,7 @@
 """mmserve's worker as a Dynamo backend: Dynamo's frontend (1.6.1) in front of
 `python -m mmserve.dynamo` answers what mmserve's own frontend answers in front of mmserve's
-aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not, one image
+aggregated worker, greedy, on the trained tiny Qwen2-VL (the openai client, and curl with 0, 1
+and 3 images): text, streamed and not, one image
 (about which the model answers right, so a dropped or swapped image cannot pass) and three, by
 `data:` URL and by http URL (fetched by Dynamo's frontend and again by the worker); a refused
 image is the client's 400 with the core's reason; a client that leaves stops the engine. The
@@ -19,7 +20,9 @@ client's stream."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +169,31 @@ def test_images_give_the_same_greedy_tokens(
 ) -> None:
     ours, theirs = frontends
     _assert_same_answers_with_images(ours.base_url, theirs.base_url, ours.model_path.name)
+
+
+def _curl_content(base_url: str, body: dict) -> str:
+    done = subprocess.run(
+        ["curl", "-sS", "--fail-with-body", f"{base_url}/v1/chat/completions",
+         "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)["choices"][0]["message"]["content"]
+
+
+def test_curl_with_0_1_and_3_images_gets_mmserves_answer(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    ours, theirs = frontends
+    question = scenes.question("colour", 34)  # the README's red circle
+    image = png_data_url(question.images[0])
+    for urls in ([], [image], [image] * 3):
+        body = {
+            "model": ours.model_path.name,
+            "messages": _image_messages(urls, question.text),
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+        assert _curl_content(theirs.base_url, body) == _curl_content(ours.base_url, body), urls
 
 
 def test_an_image_by_http_url_is_fetched_by_dynamos_frontend_and_again_by_the_worker(
