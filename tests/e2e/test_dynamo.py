@@ -254,11 +254,15 @@ def test_a_refused_image_is_the_clients_400_with_the_reason(
     frontends: tuple[Deployment, DynamoDeployment],
 ) -> None:
     _, theirs = frontends
+    _assert_a_sliver_is_refused(theirs.base_url, theirs.model_path.name)
+
+
+def _assert_a_sliver_is_refused(base_url: str, model: str) -> None:
+    """An image the core refuses (aspect ratio over 200) is the client's 400 with the reason."""
     sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
-    messages = _image_messages([sliver], "what?")
     response = httpx.post(
-        f"{theirs.base_url}/v1/chat/completions",
-        json={"model": theirs.model_path.name, "messages": messages, "max_tokens": 4},
+        f"{base_url}/v1/chat/completions",
+        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
         timeout=60,
     )
     assert response.status_code == 400, response.text
@@ -344,14 +348,7 @@ def test_an_encode_worker_apart_gives_the_same_greedy_tokens(
         server.server_close()
     assert theirs.log("encode1").count(" done: ") == encoded + 1
     # The encode worker's refusal is the client's 400 with its reason.
-    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
-    response = httpx.post(
-        f"{theirs.base_url}/v1/chat/completions",
-        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
-        timeout=60,
-    )
-    assert response.status_code == 400, response.text
-    assert "aspect ratio" in response.json()["message"]
+    _assert_a_sliver_is_refused(theirs.base_url, model)
 
 
 def test_dynamos_frontend_serves_a_worker_routing_to_an_encoder_once_one_is_there(
@@ -462,14 +459,7 @@ def test_prefill_and_decode_workers_apart_give_the_same_greedy_tokens(
     assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
     # A refusal where the images are planned (the prefill or the encode worker) is the
     # client's 400 with its reason, through Dynamo's prefill router.
-    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
-    response = httpx.post(
-        f"{theirs.base_url}/v1/chat/completions",
-        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
-        timeout=60,
-    )
-    assert response.status_code == 400, response.text
-    assert "aspect ratio" in response.json()["message"]
+    _assert_a_sliver_is_refused(theirs.base_url, model)
 
 
 def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
