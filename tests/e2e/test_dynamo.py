@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -473,15 +474,7 @@ def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
         stream=True,
         extra_body={"ignore_eos": True},
     )
-    received = 0
-    started = time.monotonic()
-    with pytest.raises(openai.APIError):
-        for chunk in stream:
-            received += len(chunk.choices)
-            if received == 3:
-                theirs.kill("worker")
-    assert received >= 3
-    assert time.monotonic() - started < 30
+    _assert_a_kill_fails_the_stream(theirs, "worker", stream)
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
@@ -511,6 +504,21 @@ def _instance(deployment: DynamoDeployment, worker: str) -> int:
     found = re.search(r" ready: instance ([0-9a-f]+)", deployment.log(worker))
     assert found is not None
     return int(found[1], 16)
+
+
+def _assert_a_kill_fails_the_stream(
+    deployment: DynamoDeployment, worker: str, stream: Iterator[Any]
+) -> None:
+    """Killing `worker` after the stream's third chunk fails the stream within 30 s."""
+    received = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            received += len(chunk.choices)
+            if received == 3:
+                deployment.kill(worker)
+    assert received >= 3
+    assert time.monotonic() - started < 30
 
 
 def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
@@ -570,12 +578,4 @@ def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
         stream=True,
         extra_body={"ignore_eos": True, "nvext": {"backend_instance_id": instance}},
     )
-    received = 0
-    started = time.monotonic()
-    with pytest.raises(openai.APIError):
-        for chunk in stream:
-            received += len(chunk.choices)
-            if received == 3:
-                theirs.kill("worker2")
-    assert received >= 3
-    assert time.monotonic() - started < 30
+    _assert_a_kill_fails_the_stream(theirs, "worker2", stream)
