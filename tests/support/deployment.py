@@ -23,9 +23,12 @@ from typing import Any, TypeVar
 
 import httpx
 
+from tests.support import forked
 from tests.support.hosts import SimulatedHost
 
 T = TypeVar("T")
+# A component: its own interpreter, or forked from the preloaded forkserver.
+Process = subprocess.Popen[bytes] | forked.ForkedProcess
 
 # Each pattern as (process name, role, role flags); the frontend comes on top.
 PATTERNS: dict[str, list[tuple[str, str, list[str]]]] = {
@@ -124,7 +127,7 @@ class Deployment:
     components: list[tuple[str, str, list[str]]] = field(default_factory=list)
     namespace: str = field(default_factory=lambda: f"e2e-{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    processes: dict[str, Process] = field(default_factory=dict)
     # process name ("frontend" included) -> the simulated host it runs on; others run here
     hosts: dict[str, SimulatedHost] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
@@ -154,7 +157,11 @@ class Deployment:
     def _spawn(self, name: str, args: list[str]) -> None:
         env = {**os.environ, "NATS_URL": self.nats_url, "HF_HUB_OFFLINE": "1", **self.env}
         env.update(self.process_env.get(name, {}))
-        log = open(self.log_dir / f"{self.pattern}-{name}.log", "wb")
+        log_path = self.log_dir / f"{self.pattern}-{name}.log"
+        if name not in self.hosts and forked.can_fork(env):
+            self.processes[name] = forked.ForkedProcess(args, env, log_path)
+            return
+        log = open(log_path, "wb")
         argv = [sys.executable, "-m", "mmserve.cli", *args]
         if name in self.hosts:
             self.processes[name] = self.hosts[name].popen(argv, env=env, log=log)
@@ -238,7 +245,7 @@ class Deployment:
         stop_processes(self.processes.values())
 
 
-def stop_processes(processes: Iterable[subprocess.Popen[bytes]]) -> None:
+def stop_processes(processes: Iterable[Process]) -> None:
     """SIGTERM every process still running, then wait for each (20 s, then SIGKILL its group)."""
     processes = list(processes)
     for process in processes:

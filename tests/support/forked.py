@@ -1,0 +1,162 @@
+"""`mmserve` components forked from a process that has already imported torch, transformers and
+mmserve (multiprocessing's forkserver with those modules preloaded), instead of each starting a
+fresh interpreter: the same `mmserve.cli.main` runs in the child, without the seconds of imports
+that every component otherwise pays. The e2e tests start hundreds of components, on two cores.
+
+The server process imports modules but runs nothing (no torch op, no thread, no event loop), so
+a fork of it is a clean start. What it cannot give a child is a different value of a variable
+read while those modules were imported; `can_fork` says when a component needs its own
+interpreter instead (`tests/support/deployment.py` falls back to one).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import multiprocessing
+import multiprocessing.context
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy
+
+from mmserve.runtime.lifetime import set_parent_death_signal
+
+# The heavy third-party modules every component imports: what the forkserver imports once.
+# mmserve's own modules (a fraction of a second) are imported in each child, so state they
+# draw at import (a frontend's request-id prefix) is each process's own, as in production.
+PRELOAD = [
+    "torch",
+    "numpy",
+    "transformers",
+    "transformers.activations",
+    "transformers.masking_utils",
+    "transformers.modeling_utils",
+    "transformers.models.qwen2_vl.modeling_qwen2_vl",
+    "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
+    "transformers.models.qwen3_vl.modeling_qwen3_vl",
+    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
+    "transformers.models.gemma3.modeling_gemma3",
+    "httpx",
+    "msgspec",
+    "nats",
+    "uvicorn",
+]
+# Read while the modules above are imported (so fixed in the forkserver): a component whose
+# value differs from the forkserver's gets an interpreter of its own.
+IMPORT_TIME_VARIABLES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "DYN_NVTX",
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_HUB_OFFLINE",
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        "MKL_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "PYTHONHASHSEED",
+        "PYTHONPATH",
+    }
+)
+FORKSERVER_ENV = {"HF_HUB_OFFLINE": "1"}
+
+
+@functools.cache
+def _context() -> multiprocessing.context.ForkServerContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    # The forkserver starts with this process's environment at its first use.
+    saved = {name: os.environ.get(name) for name in FORKSERVER_ENV}
+    os.environ.update(FORKSERVER_ENV)
+    try:
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return context
+
+
+@functools.cache
+def _forkserver_env() -> dict[str, str]:
+    return {**os.environ, **FORKSERVER_ENV}
+
+
+def can_fork(env: Mapping[str, str]) -> bool:
+    """Whether a component with this environment can start as a fork of the forkserver."""
+    server = _forkserver_env()
+    return all(env.get(name) == server.get(name) for name in IMPORT_TIME_VARIABLES)
+
+
+def _run_cli(argv: list[str], env: dict[str, str], log_path: str) -> None:
+    """The child: a session of its own (as `start_new_session`), ending with the forkserver,
+    output to the (emptied) log, the component's environment, then `mmserve <argv>`."""
+    os.setsid()
+    set_parent_death_signal(signal.SIGTERM)
+    numpy.random.seed()  # the forkserver's global state would be every child's
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["mmserve", *argv]
+    from mmserve.cli import main
+
+    try:
+        code = main(argv)
+    finally:
+        # multiprocessing's children leave with os._exit, which skips these.
+        atexit._run_exitfuncs()
+    sys.exit(code)
+
+
+class ForkedProcess:
+    """A forked component behind the part of `subprocess.Popen`'s interface the tests use."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        # Emptied here, not in the child: whoever reads the log next must not find the
+        # previous process's lines in it.
+        log_path.write_bytes(b"")
+        self._process = _context().Process(
+            target=_run_cli, args=(argv, dict(env), str(log_path)), daemon=True
+        )
+        self._process.start()
+        self.args = argv
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return self._process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
