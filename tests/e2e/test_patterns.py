@@ -19,12 +19,21 @@ from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import data_url
 from tests.support.waiting import wait_until
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3"]
+FAMILIES = [
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma3",
+]
 PATTERNS = ["agg", "ep_d", "e_pd", "e_p_d"]
-# Qwen3-VL-MoE is Qwen3-VL with an MoE language model: the aggregated worker and the pattern
-# with every hop apart (embeddings to prefill, its KV to decode) cover what differs; Qwen3-VL
-# goes through all four.
-FAMILY_PATTERNS = {"qwen3_vl_moe": ["agg", "e_p_d"]}
+# Qwen3-VL-MoE is Qwen3-VL with an MoE language model, Qwen3.5-MoE is Qwen3.5 with one: the
+# aggregated worker and the pattern with every hop apart (embeddings to prefill, its KV and
+# linear-attention states to decode) cover what differs; Qwen3-VL and Qwen3.5 go through all
+# four.
+FAMILY_PATTERNS = {"qwen3_vl_moe": ["agg", "e_p_d"], "qwen3_5_moe": ["agg", "e_p_d"]}
 MAX_TOKENS = 10
 
 

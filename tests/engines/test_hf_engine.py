@@ -1,4 +1,4 @@
-"""The hf engine against transformers' own `generate`, on the three tiny families."""
+"""The hf engine against transformers' own `generate`, on every tiny family."""
 
 from __future__ import annotations
 
@@ -39,6 +39,15 @@ def replace_rows(positions):
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> HfEngine:
     return HfEngine(tiny_model)
+
+
+def prefix_reusing_engine(tiny_model: Path, **options) -> HfEngine:
+    """A fresh engine for a prefix-cache test, skipped for a hybrid model, which reuses no
+    prefix blocks (`test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block`)."""
+    engine = HfEngine(tiny_model, **options)
+    if not engine.spec.reuses_prefix_blocks:
+        pytest.skip("a model with linear-attention layers reuses no prefix blocks")
+    return engine
 
 
 async def collect(stream) -> list[TokenChunk]:
@@ -105,7 +114,7 @@ async def test_encoder_cache_key_separates_grids_under_one_hash(engine: HfEngine
 
 
 async def test_prefix_cache_reuses_blocks_with_identical_output(tiny_model: Path):
-    engine = HfEngine(tiny_model)
+    engine = prefix_reusing_engine(tiny_model)
     events: list = []
     engine.subscribe_kv_events(events.append)
     items = preprocess(tiny_model, [make_image(84, 56, seed=3)])
@@ -134,8 +143,39 @@ async def test_prefix_cache_reuses_blocks_with_identical_output(tiny_model: Path
     assert changed[-1].usage.cached_tokens <= image_start // 16 * 16
 
 
+async def test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block(tiny_model: Path):
+    """Qwen3.5's linear-attention states exist only at the end of the prompt that made them, so
+    a repeat runs cold to the same tokens, no KV event announces a block, an item named by its
+    id alone is refused, and a KV export without the states does not import."""
+    engine = HfEngine(tiny_model)
+    if engine.spec.reuses_prefix_blocks:
+        pytest.skip("an attention-only model reuses prefix blocks (the tests above)")
+    events: list = []
+    engine.subscribe_kv_events(events.append)
+    items = preprocess(tiny_model, [make_image(84, 56, seed=3)])
+    ids = expand_prompt(engine.tokenizer, ["First question about it."], items)
+    assert len(ids) > 2 * engine.prefix_cache.block_size
+
+    first = await run(engine, ids, items)
+    again = await run(engine, ids, items)
+    assert first[-1].usage.cached_tokens == again[-1].usage.cached_tokens == 0
+    assert tokens_of(again) == tokens_of(first)
+    assert events == [] and engine.kv_cache_snapshot() == []
+    request = planned_request("s", ids, items, GREEDY, EIGHT_TOKENS, model=engine.model)
+    with pytest.raises(MediaGone, match="media item 0"):
+        await engine.prefill(request, [None])
+
+    kv = await engine.prefill(request, await engine.encode(items))
+    tensors = await engine.export_kv(kv)
+    engine.release(kv)
+    assert tensors["conv_states"].shape[0] == tensors["recurrent_states"].shape[0] == 1
+    stateless = {k: v for k, v in tensors.items() if k != "recurrent_states"}
+    with pytest.raises(EngineError, match="linear-attention layers' states"):
+        await engine.import_kv("i", stateless)
+
+
 async def test_eviction_under_a_small_budget_emits_removed_events(tiny_model: Path):
-    engine = HfEngine(tiny_model, prefix_cache_blocks=2)
+    engine = prefix_reusing_engine(tiny_model, prefix_cache_blocks=2)
     events: list = []
     engine.subscribe_kv_events(events.append)
     ids = expand_prompt(engine.tokenizer, ["word " * 60], [])
@@ -154,7 +194,7 @@ async def test_eviction_under_a_small_budget_emits_removed_events(tiny_model: Pa
 
 
 async def test_clear_caches_empties_both_caches_and_says_so(tiny_model: Path):
-    engine = HfEngine(tiny_model)
+    engine = prefix_reusing_engine(tiny_model)
     events: list = []
     engine.subscribe_kv_events(events.append)
     items = preprocess(tiny_model, [make_image(84, 56, seed=5)])
@@ -181,7 +221,7 @@ async def test_an_item_without_its_embedding_is_served_from_the_prefix_cache(tin
     """Items named by their media id alone whose embeddings no encoder cache holds (None) need
     none while the prefix cache holds all their tokens: the same tokens as with them. Once the
     prefix cache dropped them the engine refuses them (MediaGone)."""
-    engine = HfEngine(tiny_model)
+    engine = prefix_reusing_engine(tiny_model)
     items = preprocess(tiny_model, [make_image(84, 56, seed=6), make_image(56, 56, seed=7)])
     ids = expand_prompt(engine.tokenizer, ["Compare these two."], items)
     embeddings = await engine.encode(items)

@@ -175,7 +175,8 @@ def reference(engine: HfEngine, items: list[Item]) -> tuple[dict[str, torch.Tens
     )
     inputs.pop("mm_token_type_ids", None)
     ids = inputs["input_ids"]
-    mm_token_type_ids = (ids == IMAGE_TOKEN_ID).int() + 2 * (ids == VIDEO_TOKEN_ID).int()
+    spec = engine.spec
+    mm_token_type_ids = (ids == spec.image_token_id).int() + 2 * (ids == spec.video_token_id).int()
     out = engine.model.generate(
         **inputs,
         mm_token_type_ids=mm_token_type_ids,
@@ -401,9 +402,9 @@ async def test_an_image_only_family_refuses_a_video(video: bytes) -> None:
     await gemma.close()
 
 
-@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe"])
+@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe", "qwen3_5"])
 def qwen3(request: pytest.FixtureRequest) -> HfEngine:
-    """Qwen3-VL and Qwen3-VL-MoE: one vision side, one processor."""
+    """Qwen3-VL, Qwen3-VL-MoE and Qwen3.5: one vision side, one processor."""
     return HfEngine(build_tiny_model(request.param))
 
 
@@ -460,7 +461,8 @@ async def test_qwen3_vl_video_greedy_tokens_equal_transformers(
     assert np.array_equal(pixel_values_videos, inputs["pixel_values_videos"].numpy())
     rows, delta = qwen3.model.model.get_rope_index(
         input_ids,
-        (input_ids == IMAGE_TOKEN_ID).int() + 2 * (input_ids == VIDEO_TOKEN_ID).int(),
+        (input_ids == qwen3.spec.image_token_id).int()
+        + 2 * (input_ids == qwen3.spec.video_token_id).int(),
         image_grid_thw=inputs.get("image_grid_thw"),
         video_grid_thw=inputs["video_grid_thw"],
     )

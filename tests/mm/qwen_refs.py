@@ -50,9 +50,10 @@ PREPROCESSOR_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "default": {},
 }
-# Qwen3-VL-MoE ships Qwen3-VL's preprocessor_config.json.
+# Qwen3-VL-MoE and Qwen3.5 ship Qwen3-VL's preprocessor_config.json.
 PREPROCESSOR_CONFIGS["qwen3_vl_moe"] = PREPROCESSOR_CONFIGS["qwen3_vl"]
-MODEL_TYPE = {f: f for f in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")}
+PREPROCESSOR_CONFIGS["qwen3_5"] = PREPROCESSOR_CONFIGS["qwen3_vl"]
+MODEL_TYPE = {f: f for f in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5")}
 PROCESSOR_TYPES = {"pil": "Qwen2VLImageProcessorPil", "torch": "Qwen2VLImageProcessor"}
 BACKENDS = ("pil", "torch")
 
@@ -63,7 +64,7 @@ def model_config(family: str) -> dict[str, Any]:
         "image_token_id": IMAGE_TOKEN,
         "vision_start_token_id": VISION_START,
         "vision_end_token_id": VISION_END,
-        "vision_config": {"patch_size": 16 if family.startswith("qwen3_vl") else 14},
+        "vision_config": {"patch_size": 16 if family.startswith("qwen3") else 14},
     }
 
 

@@ -85,9 +85,10 @@ def random_size(rng: np.random.Generator, largest: int) -> tuple[int, int]:
     return w, h
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5"])
 def test_random_rgb_png_sizes(family: str) -> None:
-    rng = np.random.default_rng({"qwen2_vl": 11, "qwen3_vl": 12, "qwen3_vl_moe": 24}[family])
+    seeds = {"qwen2_vl": 11, "qwen3_vl": 12, "qwen3_vl_moe": 24, "qwen3_5": 25}
+    rng = np.random.default_rng(seeds[family])
     for _ in range(RANDOM_PER_FAMILY * parity_scale()):
         w, h = random_size(rng, 700)
         data = encode(Image.fromarray(photo(rng, w, h)), "PNG")
@@ -180,7 +181,7 @@ def smart_resize_sizes(rng: np.random.Generator, count: int) -> list[tuple[int, 
 
 
 @pytest.mark.parametrize(
-    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "default"]
+    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "default"]
 )
 def test_smart_resize_matches_transformers(family: str) -> None:
     spec = mm_spec(family, "torch")
@@ -204,7 +205,9 @@ def test_smart_resize_matches_transformers(family: str) -> None:
 # spec from HF config files ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+@pytest.mark.parametrize(
+    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5"]
+)
 def test_spec_from_hf_configs_reads_every_value(family: str) -> None:
     spec = json.loads(mm_spec(family, "pil").to_json())
     processor = hf_processor(family, "pil")

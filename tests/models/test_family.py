@@ -21,7 +21,7 @@ def _texts(checkpoint: Path) -> tuple[str, str, str]:
     )
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5"])
 def test_model_spec_is_the_core_spec(family: str) -> None:
     checkpoint = build_tiny_model(family)
     spec = _mm.spec_from_hf_configs(*_texts(checkpoint))

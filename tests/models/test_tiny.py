@@ -69,12 +69,19 @@ QWEN_FAMILIES = tuple(family for family in TINY_FAMILIES if family != "gemma3")
 def test_family_facts_come_from_the_config_files(family: str):
     spec = resolve_model_spec(build_tiny_model(family))
     assert spec.family.name == family
-    qwen3_vision = family in ("qwen3_vl", "qwen3_vl_moe")
-    assert spec.family.has_deepstack == qwen3_vision
-    assert (spec.image_token_id, spec.video_token_id) == (151655, 151656)
-    assert (spec.vision_start_token_id, spec.vision_end_token_id) == (151652, 151653)
-    assert spec.eos_token_ids == (151645, 151643)
-    assert spec.vocab_size > max(REAL_SPECIAL_IDS.values())
+    qwen3_5 = family in ("qwen3_5", "qwen3_5_moe")
+    qwen3_vision = qwen3_5 or family in ("qwen3_vl", "qwen3_vl_moe")
+    assert spec.family.has_deepstack == (qwen3_vision and not qwen3_5)
+    # Qwen3.5 numbers the same special tokens from 248044 (tests/frontend/test_qwen3_5_prompt).
+    shift = 248044 - 151643 if qwen3_5 else 0
+    assert (spec.image_token_id, spec.video_token_id) == (151655 + shift, 151656 + shift)
+    assert (spec.vision_start_token_id, spec.vision_end_token_id) == (
+        151652 + shift,
+        151653 + shift,
+    )
+    assert spec.eos_token_ids == (151645 + shift, 151643 + shift)
+    assert spec.vocab_size > max(REAL_SPECIAL_IDS.values()) + shift
+    assert bool(spec.linear_attention_layers) == qwen3_5
     assert spec.spatial_merge_size == 2
     assert spec.image_factor == (32 if qwen3_vision else 28)
     assert spec.min_pixels == (65536 if qwen3_vision else 3136)

@@ -127,3 +127,43 @@ def test_a_gemma3_plan_pads_only_its_soft_tokens_and_hashes_as_dynamo() -> None:
     ]
     expected = compute_block_hash_for_seq(view, 16, infos)
     assert routing_view(expanded, media).block_hashes(16) == expected
+
+
+def test_a_qwen3_5_plan_pads_its_image_runs_above_its_vocabulary_and_hashes_as_dynamo() -> None:
+    """Qwen3.5's plan expands `<|image_pad|>` (248056) between its vision start and end
+    (248053, 248054), as Qwen3-VL's does at Qwen2's ids: only the run is padded, with values
+    above its 248,320-row vocabulary, and the block hashes over that view are Dynamo's."""
+    import json
+
+    from mmserve import _mm
+
+    start, end, image = 248_053, 248_054, 248_056
+    config = {
+        "model_type": "qwen3_5",
+        "image_token_id": image,
+        "video_token_id": 248_057,
+        "vision_start_token_id": start,
+        "vision_end_token_id": end,
+        "vision_config": {"patch_size": 16, "spatial_merge_size": 2},
+    }
+    preprocessor = {"patch_size": 16, "merge_size": 2, "min_pixels": 65536}
+    spec = _mm.spec_from_hf_configs(json.dumps(preprocessor), json.dumps(config))
+    ids = [248_045, 7, start, image, end, 9, start, image, end, 248_046]
+    hashes = (A, B)
+    grids = [(1, 16, 24), (1, 32, 16)]
+    plan = _mm.process(spec, ids, list(zip(hashes, grids, strict=True)), count_only=True)
+    expanded = list(plan.input_ids)
+    media = [
+        item(mm_hash, offset, stop - offset)
+        for mm_hash, (offset, stop) in zip(hashes, plan.offsets, strict=True)
+    ]
+    view = routing_view(expanded, media)
+    for (offset, stop), mm_hash in zip(plan.offsets, hashes, strict=True):
+        assert (expanded[offset - 1], expanded[stop]) == (start, end)
+        assert view.ids.tolist()[offset:stop] == [pad_value(mm_hash)] * (stop - offset)
+        assert pad_value(mm_hash) >= 248_320
+    infos = [
+        {"mm_objects": [{"mm_hash": h, "offsets": []} for h in block]} if block else None
+        for block in view.block_mm_infos(16)
+    ]
+    assert view.block_hashes(16) == compute_block_hash_for_seq(view.ids.tolist(), 16, infos)

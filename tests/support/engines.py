@@ -22,7 +22,10 @@ def _model_type(model_path: Path | str) -> str:
 
 
 def image_token_id(model_path: Path | str) -> int:
-    return GEMMA3_IMAGE_TOKEN_ID if _model_type(model_path) == "gemma3" else IMAGE_TOKEN_ID
+    """The checkpoint's image placeholder (Qwen3.5: 248056, Gemma 3: its soft token)."""
+    if _model_type(model_path) == "gemma3":
+        return GEMMA3_IMAGE_TOKEN_ID
+    return int(json.loads((Path(model_path) / "config.json").read_text())["image_token_id"])
 
 
 def make_image(width: int, height: int, seed: int) -> Image.Image:
@@ -87,10 +90,11 @@ def expand_prompt(
         # As the processor's own apply_chat_template: the template already wrote `<bos>`.
         return processor(text=text, images=images, add_special_tokens=False)["input_ids"][0]
     ids = tokenizer(text)["input_ids"]
+    image_token = image_token_id(tokenizer.name_or_path)
     counts = iter([int(np.prod(item.grid_thw)) // merge**2 for item in items])
     expanded: list[int] = []
     for token in ids:
-        expanded.extend([token] * next(counts) if token == IMAGE_TOKEN_ID else [token])
+        expanded.extend([token] * next(counts) if token == image_token else [token])
     return expanded
 
 
@@ -107,7 +111,7 @@ def reference_generate(model, ids: list[int], items: Sequence[MediaInput], max_n
         kwargs = {
             "pixel_values": torch.cat([item.pixel_values for item in items]),
             "image_grid_thw": torch.tensor([item.grid_thw for item in items]),
-            "mm_token_type_ids": (input_ids == IMAGE_TOKEN_ID).int(),
+            "mm_token_type_ids": (input_ids == model.config.image_token_id).int(),
         }
     out = model.generate(
         input_ids=input_ids,
@@ -163,13 +167,14 @@ def planned_request(
     from mmserve.protocol import MRopePositions, StopConditions
 
     gemma3 = model is not None and model.config.model_type == "gemma3"
-    media = placements(ids, items, image_token=GEMMA3_IMAGE_TOKEN_ID if gemma3 else IMAGE_TOKEN_ID)
+    image_token = model.config.image_token_id if model is not None else IMAGE_TOKEN_ID
+    media = placements(ids, items, image_token=image_token)
     positions = None  # Gemma 3's are 1-D
     if model is not None and items and not gemma3:
         input_ids = torch.tensor([list(ids)])
         rows, delta = model.model.get_rope_index(
             input_ids,
-            (input_ids == IMAGE_TOKEN_ID).int(),
+            (input_ids == image_token).int(),
             image_grid_thw=torch.tensor([item.grid_thw for item in items]),
         )
         positions = MRopePositions(rows=rows.reshape(-1).tolist(), delta=int(delta.flatten()[0]))

@@ -40,7 +40,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 
 
 # The families whose processor writes each temporal group after its timestamp text.
-QWEN3 = ("qwen3_vl", "qwen3_vl_moe")
+QWEN3 = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 
 CASES = [
     # (media in prompt order, request options)
@@ -55,8 +55,9 @@ CASES = [
 @pytest.mark.parametrize(
     "family, names, asked",
     [(family, *case) for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for case in CASES]
-    # Qwen3-VL-MoE plans as Qwen3-VL does: a video, and a video between images, suffice.
-    + [("qwen3_vl_moe", *case) for case in CASES[:2]],
+    # Qwen3-VL-MoE and Qwen3.5 plan as Qwen3-VL does: a video, and a video between images,
+    # suffice.
+    + [(family, *case) for family in ("qwen3_vl_moe", "qwen3_5") for case in CASES[:2]],
 )
 def test_plan_equals_the_processor_and_get_rope_index(
     family: str, names: list[str], asked: dict[str, Any], clips: dict[str, bytes]

@@ -6,10 +6,12 @@ The engine drives the model's parts itself rather than `generate`: the vision to
 embedding table, the language model with explicit positions (the request plan's M-RoPE
 positions, which tests prove equal to the model's own `get_rope_index`; Gemma 3: 1-D, through
 the model's own forward so that its bidirectional image mask is the model's) and a
-`DynamicCache`, and the LM head. That is what lets a prefill start from precomputed embeddings
-and from cached prefix blocks, and a decode continue from a cache made in another process,
-while giving the tokens of `generate(pixel_values=...)` (and of `pixel_values_videos`: a
-video's run of `<|video_pad|>` tokens takes its rows as an image's run does).
+cache (attention KV per layer; Qwen3.5's linear-attention layers hold their convolution and
+recurrent states instead, in transformers' `LinearAttentionLayer`), and the LM head. That is
+what lets a prefill start from precomputed embeddings and from cached prefix blocks, and a
+decode continue from a cache made in another process, while giving the tokens of
+`generate(pixel_values=...)` (and of `pixel_values_videos`: a video's run of `<|video_pad|>`
+tokens takes its rows as an image's run does).
 
 Every model call runs on one dedicated thread per engine, so the asyncio loop never blocks and
 the model, the prefix cache and the encoder cache have a single owner. Decode streams submit one
@@ -73,7 +75,7 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 class _KvState:
     """What decode needs beyond the handle: the cache, the M-RoPE offset, the random source."""
 
-    cache: Any  # transformers DynamicCache
+    cache: Any  # transformers Cache
     rope_delta: int
     generator: torch.Generator | None
 
@@ -112,6 +114,12 @@ class HfEngine(Engine):
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.spec.path)
         self._inner = self.model.model
         self._text_config = self.model.config.get_text_config()
+        self._linear_layers = frozenset(self.spec.linear_attention_layers)
+        self._attention_layers = [
+            index
+            for index in range(self._text_config.num_hidden_layers)
+            if index not in self._linear_layers
+        ]
         self.prefix_cache: PrefixCache[torch.Tensor] = PrefixCache(
             block_size,
             max_bytes=prefix_cache_bytes,
@@ -311,7 +319,11 @@ class HfEngine(Engine):
 
         block_size = self.prefix_cache.block_size
         keys = prompt_block_keys(request.token_ids, request.media, block_size, self.pad_scheme)
-        blocks = self.prefix_cache.match(keys.seq_hashes, reusable_blocks(len(ids), block_size))
+        blocks = (
+            self.prefix_cache.match(keys.seq_hashes, reusable_blocks(len(ids), block_size))
+            if self.spec.reuses_prefix_blocks
+            else []
+        )
         cached = len(blocks) * block_size
 
         cache = self._new_cache()
@@ -337,12 +349,13 @@ class HfEngine(Engine):
         output = self._text_model(inputs_embeds, positions[:, :, cached:], cache, extra)
         logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
 
-        full_blocks = len(ids) // block_size
-        self.prefix_cache.store(
-            keys,
-            len(blocks),
-            [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
-        )
+        if self.spec.reuses_prefix_blocks:
+            full_blocks = len(ids) // block_size
+            self.prefix_cache.store(
+                keys,
+                len(blocks),
+                [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
+            )
         generator = make_generator(request.sampling, self.device)
         banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
         first_token = sample_token(logits, request.sampling, generator, banned)
@@ -372,12 +385,21 @@ class HfEngine(Engine):
         return {"visual_pos_masks": suffix_mask[None], "deepstack_visual_embeds": features}
 
     def _new_cache(self) -> Any:
-        """An empty cache whose every layer keeps the whole sequence. transformers' own caches
-        keep only a window in sliding-window layers; the attention mask applies the window
-        either way, and whole layers are what a prefix block or a KV export must hold."""
+        """An empty cache whose every attention layer keeps the whole sequence, and whose
+        linear-attention layers keep their states. transformers' own caches keep only a window
+        in sliding-window layers; the attention mask applies the window either way, and whole
+        layers are what a prefix block or a KV export must hold."""
         from transformers import DynamicCache
+        from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
 
-        return DynamicCache()
+        if not self._linear_layers:
+            return DynamicCache()
+        return Cache(
+            layers=[
+                LinearAttentionLayer() if index in self._linear_layers else DynamicLayer()
+                for index in range(self._text_config.num_hidden_layers)
+            ]
+        )
 
     def _text_model(
         self, inputs_embeds: torch.Tensor, positions: torch.Tensor, cache: Any, extra: dict
@@ -460,16 +482,28 @@ class HfEngine(Engine):
         return await self._call(self._export_sync, kv)
 
     def _export_sync(self, kv: KvHandle) -> dict[str, torch.Tensor]:
+        """The attention layers' KV (`keys`, `values`: `[attention layers, kv_heads, len,
+        head_dim]`) and, for a hybrid model, each linear layer's states at the prompt's end
+        (`conv_states`: `[linear layers, conv_dim, kernel]`, `recurrent_states`: `[linear
+        layers, value heads, key head dim, value head dim]`), with what decode resumes from."""
         state = self._state(kv)
-        layers = state.cache.layers
+        layers = [state.cache.layers[index] for index in self._attention_layers]
         generator_state = (
             state.generator.get_state()
             if state.generator is not None
             else torch.empty(0, dtype=torch.uint8)
         )
+        linear_states: dict[str, torch.Tensor] = {}
+        if self._linear_layers:
+            linear = [state.cache.layers[index] for index in sorted(self._linear_layers)]
+            linear_states = {
+                "conv_states": torch.stack([layer.conv_states[0][0] for layer in linear]),
+                "recurrent_states": torch.stack([layer.recurrent_states[0][0] for layer in linear]),
+            }
         return {
             "keys": torch.stack([layer.keys[0] for layer in layers]).cpu().contiguous(),
             "values": torch.stack([layer.values[0] for layer in layers]).cpu().contiguous(),
+            **{name: t.cpu().contiguous() for name, t in linear_states.items()},
             "prompt_token_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.int64),
             "first_token": torch.tensor([kv.first_token], dtype=torch.int64),
             "cached_tokens": torch.tensor([kv.cached_tokens], dtype=torch.int64),
@@ -492,18 +526,20 @@ class HfEngine(Engine):
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
-        expected = (config.num_hidden_layers, config.num_key_value_heads, len(prompt), head_dim)
+        attention = self._attention_layers
+        expected = (len(attention), config.num_key_value_heads, len(prompt), head_dim)
         if tuple(keys.shape) != expected or tuple(values.shape) != expected:
             raise EngineError(
                 f"imported KV of shape {tuple(keys.shape)} does not fit this model {expected}"
             )
         cache = self._new_cache()
-        for layer in range(keys.shape[0]):
+        for layer, index in enumerate(attention):
             cache.update(
                 keys[layer][None].to(self.device, self.dtype),
                 values[layer][None].to(self.device, self.dtype),
-                layer,
+                index,
             )
+        self._import_linear_states(cache, tensors)
         generator = None
         generator_state = tensors.get("generator_state")
         if generator_state is not None and generator_state.numel():
@@ -516,6 +552,28 @@ class HfEngine(Engine):
             cached_tokens=int(tensors["cached_tokens"][0]),
             state=_KvState(cache, int(tensors["rope_delta"][0]), generator),
         )
+
+    def _import_linear_states(self, cache: Any, tensors: dict[str, torch.Tensor]) -> None:
+        """Each linear layer's convolution and recurrent states, as `_export_sync` wrote them
+        (kept in the exporter's dtype: the recurrent state may be wider than the model's)."""
+        if not self._linear_layers:
+            return
+        conv, recurrent = tensors.get("conv_states"), tensors.get("recurrent_states")
+        linear = sorted(self._linear_layers)
+        modules = [self._inner.language_model.layers[index].linear_attn for index in linear]
+        first = modules[0]
+        conv_shape = (len(linear), first.conv_dim, first.conv_kernel_size)
+        recurrent_shape = (len(linear), first.num_v_heads, first.head_k_dim, first.head_v_dim)
+        if conv is None or recurrent is None:
+            raise EngineError("imported KV lacks the linear-attention layers' states")
+        if tuple(conv.shape) != conv_shape or tuple(recurrent.shape) != recurrent_shape:
+            raise EngineError(
+                f"imported linear-attention states of shapes {tuple(conv.shape)} and "
+                f"{tuple(recurrent.shape)} do not fit this model {conv_shape}, {recurrent_shape}"
+            )
+        for position, index in enumerate(linear):
+            cache.update_conv_state(conv[position][None].to(self.device), index)
+            cache.update_recurrent_state(recurrent[position][None].to(self.device), index)
 
     # -- events and lifecycle -------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ It serves the router, the frontend and every deployment pattern at scale without
 - decode sleeps `decode_ms_per_token` per token, streams running side by side (as a batch);
 - the prefix cache is `engines.prefix_cache.PrefixCache` with no payloads, keyed by the same
   block hashes as the hf engine (pad values included), with LRU eviction under `cache_blocks`,
-  so its KV events are the ones a real engine would publish for the same prompts;
+  so its KV events are the ones a real engine would publish for the same prompts (none, and
+  no hits, for a model with linear-attention layers, as the hf engine);
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
   prompt gives the same completion on any worker and in any pattern;
 - encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
@@ -210,12 +211,16 @@ class MockEngine(Engine):
         try:
             async with self._prefill_turn:
                 limit = reusable_blocks(len(request.token_ids), cache.block_size)
-                cached = len(cache.match(keys.seq_hashes, limit)) * cache.block_size
+                # As the hf engine: a hybrid model neither reuses nor announces blocks.
+                reuses = self.spec.reuses_prefix_blocks
+                hits = cache.match(keys.seq_hashes, limit) if reuses else []
+                cached = len(hits) * cache.block_size
                 # An item that came without its embedding must lie in the cached prefix.
                 request.live_embeddings(embeddings, cached)
                 await asyncio.sleep((len(request.token_ids) - cached) * self.prefill_s_per_token)
-                stored = cached // cache.block_size
-                cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
+                if reuses:
+                    stored = cached // cache.block_size
+                    cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
         finally:
             self._admitted -= 1
         seed = prompt_seed(request.token_ids, [item.mm_hash for item in request.media])

@@ -52,6 +52,11 @@ FAMILIES: dict[str, FamilyInfo] = {
     "qwen2_5_vl": FamilyInfo("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False),
     "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
     "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
+    # Qwen3-VL's vision without deepstack, a hybrid language model (docs/engines.md).
+    "qwen3_5": FamilyInfo("qwen3_5", "Qwen3_5ForConditionalGeneration", has_deepstack=False),
+    "qwen3_5_moe": FamilyInfo(
+        "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", has_deepstack=False
+    ),
     "gemma3": FamilyInfo(
         "gemma3",
         "Gemma3ForConditionalGeneration",
@@ -93,6 +98,16 @@ class ModelSpec:
     spec_id: str
     # Vision layers whose features Qwen3-VL adds to the first decoder layers (0: none).
     deepstack_layers: int = 0
+    # Indices of the language model's linear-attention layers (Qwen3.5's Gated DeltaNet,
+    # `text_config.layer_types`): each holds a state of the whole prefix, not a per-token KV.
+    linear_attention_layers: tuple[int, ...] = ()
+
+    @property
+    def reuses_prefix_blocks(self) -> bool:
+        """Whether a prefill may resume from cached prefix blocks (and announce them). A
+        recurrent state exists only at the token where it was taken, so a model with
+        linear-attention layers reuses none (docs/engines.md, "Hybrid models")."""
+        return not self.linear_attention_layers
 
     @property
     def image_factor(self) -> int:
@@ -168,7 +183,15 @@ def resolve_model_spec(path: str | Path, *, unserved: bool = False) -> ModelSpec
         max_position_embeddings=spec.max_position_embeddings,
         spec_id=spec.spec_id,
         deepstack_layers=_deepstack_layers(config) if family.has_deepstack else 0,
+        linear_attention_layers=_linear_attention_layers(config),
     )
+
+
+def _linear_attention_layers(config: str) -> tuple[int, ...]:
+    parsed = json.loads(config)
+    text = parsed.get("text_config") or parsed
+    kinds = text.get("layer_types") or []
+    return tuple(index for index, kind in enumerate(kinds) if kind == "linear_attention")
 
 
 def _deepstack_layers(config: str) -> int:

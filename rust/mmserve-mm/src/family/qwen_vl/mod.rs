@@ -7,7 +7,7 @@ mod positions;
 pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
 pub use positions::{mrope_blocks, VisionBlock};
 
-use crate::family::registry::{FamilyName, Spec, SpecError};
+use crate::family::registry::{Spec, SpecError};
 use crate::image::resize::{resize, ResizeError};
 use crate::image::transforms::{patchify, NormalizeLut, PatchGeometry};
 use crate::pipeline::{
@@ -183,14 +183,11 @@ impl Family for QwenVl {
         })
     }
 
-    /// `Qwen3VLProcessor` (Qwen3-VL-MoE's too): the video's `<|video_pad|>` becomes, per temporal group,
+    /// `Qwen3VLProcessor` (Qwen3-VL-MoE's and Qwen3.5's too): the video's `<|video_pad|>` becomes, per temporal group,
     /// `<{t:.1f} seconds>`, `<|vision_start|>`, the group's pads and `<|vision_end|>`, all
     /// inside the prompt's own vision start and end.
     fn video_per_group(&self) -> bool {
-        matches!(
-            self.spec.family,
-            FamilyName::Qwen3Vl | FamilyName::Qwen3VlMoe
-        ) && self.takes_video()
+        self.spec.family.is_qwen3_vision() && self.takes_video()
     }
 
     fn video_group_prompt(
@@ -430,7 +427,7 @@ mod tests {
     #[test]
     fn qwen3_families_plan_video_per_group_and_a_checkpoint_without_a_video_pad_refuses_it() {
         assert!(qwen2().capabilities().video && !qwen2().video_per_group());
-        for model_type in ["qwen3_vl", "qwen3_vl_moe"] {
+        for model_type in ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"] {
             let qwen3 = qwen_vl(model_type, "{}");
             assert!(
                 qwen3.capabilities().video && qwen3.video_per_group(),
