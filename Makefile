@@ -27,9 +27,9 @@ test: test-rust test-py
 test-fast:
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
-## test-py: the Python suite alone
+## test-py: the Python suite alone (the 25 slowest tests listed at the end, to keep CI's time in view)
 test-py:
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 ## test-rust: the Rust tests alone
 test-rust:

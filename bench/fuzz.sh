@@ -77,12 +77,16 @@ PY
 # Video seeds: a few frames of each codec and container the core takes.
 mkdir -p "$fuzz/corpus/video"
 for seed in "h264 mp4 libx264" "hevc mp4 libx265" "vp9 webm libvpx-vp9" "vp8 webm libvpx" \
-  "av1 mkv libaom-av1" "mpeg4 mkv mpeg4"; do
+  "av1 mkv libaom-av1" "mpeg4 mkv mpeg4" "mpeg4 mp4 mpeg4"; do
   read -r name ext codec <<<"$seed"
   out="$fuzz/corpus/video/$name.$ext"
   [ -e "$out" ] || ffmpeg -v error -f lavfi -i testsrc2=size=32x24:rate=10 -t 0.4 \
     -c:v "$codec" -pix_fmt yuv420p "$out" || exit 1
 done
+# A display matrix (the frames are turned) on the H.264 seed.
+out="$fuzz/corpus/video/h264-rotated.mp4"
+[ -e "$out" ] || ffmpeg -v error -i "$fuzz/corpus/video/h264.mp4" -c copy \
+  -metadata:s:v rotate=90 "$out" || exit 1
 
 cd "$crate" || exit 1
 cargo +nightly fuzz build || exit 1

@@ -1,6 +1,7 @@
 """mmserve's worker as a Dynamo backend: Dynamo's frontend (1.6.1) in front of
 `python -m mmserve.dynamo` answers what mmserve's own frontend answers in front of mmserve's
-aggregated worker, greedy, on the trained tiny Qwen2-VL: text, streamed and not, one image
+aggregated worker, greedy, on the trained tiny Qwen2-VL (the openai client, and curl with 0, 1
+and 3 images): text, streamed and not, one image
 (about which the model answers right, so a dropped or swapped image cannot pass) and three, by
 `data:` URL and by http URL (fetched by Dynamo's frontend and again by the worker); a refused
 image is the client's 400 with the core's reason; a client that leaves stops the engine. The
@@ -19,10 +20,13 @@ client's stream."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -168,6 +172,31 @@ def test_images_give_the_same_greedy_tokens(
     _assert_same_answers_with_images(ours.base_url, theirs.base_url, ours.model_path.name)
 
 
+def _curl_content(base_url: str, body: dict) -> str:
+    done = subprocess.run(
+        ["curl", "-sS", "--fail-with-body", f"{base_url}/v1/chat/completions",
+         "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)["choices"][0]["message"]["content"]
+
+
+def test_curl_with_0_1_and_3_images_gets_mmserves_answer(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    ours, theirs = frontends
+    question = scenes.question("colour", 34)  # the README's red circle
+    image = png_data_url(question.images[0])
+    for urls in ([], [image], [image] * 3):
+        body = {
+            "model": ours.model_path.name,
+            "messages": _image_messages(urls, question.text),
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+        assert _curl_content(theirs.base_url, body) == _curl_content(ours.base_url, body), urls
+
+
 def test_an_image_by_http_url_is_fetched_by_dynamos_frontend_and_again_by_the_worker(
     frontends: tuple[Deployment, DynamoDeployment], tmp_path: Path
 ) -> None:
@@ -226,11 +255,15 @@ def test_a_refused_image_is_the_clients_400_with_the_reason(
     frontends: tuple[Deployment, DynamoDeployment],
 ) -> None:
     _, theirs = frontends
+    _assert_a_sliver_is_refused(theirs.base_url, theirs.model_path.name)
+
+
+def _assert_a_sliver_is_refused(base_url: str, model: str) -> None:
+    """An image the core refuses (aspect ratio over 200) is the client's 400 with the reason."""
     sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
-    messages = _image_messages([sliver], "what?")
     response = httpx.post(
-        f"{theirs.base_url}/v1/chat/completions",
-        json={"model": theirs.model_path.name, "messages": messages, "max_tokens": 4},
+        f"{base_url}/v1/chat/completions",
+        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
         timeout=60,
     )
     assert response.status_code == 400, response.text
@@ -316,14 +349,7 @@ def test_an_encode_worker_apart_gives_the_same_greedy_tokens(
         server.server_close()
     assert theirs.log("encode1").count(" done: ") == encoded + 1
     # The encode worker's refusal is the client's 400 with its reason.
-    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
-    response = httpx.post(
-        f"{theirs.base_url}/v1/chat/completions",
-        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
-        timeout=60,
-    )
-    assert response.status_code == 400, response.text
-    assert "aspect ratio" in response.json()["message"]
+    _assert_a_sliver_is_refused(theirs.base_url, model)
 
 
 def test_dynamos_frontend_serves_a_worker_routing_to_an_encoder_once_one_is_there(
@@ -434,14 +460,7 @@ def test_prefill_and_decode_workers_apart_give_the_same_greedy_tokens(
     assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
     # A refusal where the images are planned (the prefill or the encode worker) is the
     # client's 400 with its reason, through Dynamo's prefill router.
-    sliver = png_data_url(Image.new("RGB", (1000, 4), (200, 30, 30)))
-    response = httpx.post(
-        f"{theirs.base_url}/v1/chat/completions",
-        json={"model": model, "messages": _image_messages([sliver], "what?"), "max_tokens": 4},
-        timeout=60,
-    )
-    assert response.status_code == 400, response.text
-    assert "aspect ratio" in response.json()["message"]
+    _assert_a_sliver_is_refused(theirs.base_url, model)
 
 
 def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
@@ -455,15 +474,7 @@ def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
         stream=True,
         extra_body={"ignore_eos": True},
     )
-    received = 0
-    started = time.monotonic()
-    with pytest.raises(openai.APIError):
-        for chunk in stream:
-            received += len(chunk.choices)
-            if received == 3:
-                theirs.kill("worker")
-    assert received >= 3
-    assert time.monotonic() - started < 30
+    _assert_a_kill_fails_the_stream(theirs, "worker", stream)
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
@@ -493,6 +504,21 @@ def _instance(deployment: DynamoDeployment, worker: str) -> int:
     found = re.search(r" ready: instance ([0-9a-f]+)", deployment.log(worker))
     assert found is not None
     return int(found[1], 16)
+
+
+def _assert_a_kill_fails_the_stream(
+    deployment: DynamoDeployment, worker: str, stream: Iterator[Any]
+) -> None:
+    """Killing `worker` after the stream's third chunk fails the stream within 30 s."""
+    received = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            received += len(chunk.choices)
+            if received == 3:
+                deployment.kill(worker)
+    assert received >= 3
+    assert time.monotonic() - started < 30
 
 
 def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
@@ -552,12 +578,4 @@ def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
         stream=True,
         extra_body={"ignore_eos": True, "nvext": {"backend_instance_id": instance}},
     )
-    received = 0
-    started = time.monotonic()
-    with pytest.raises(openai.APIError):
-        for chunk in stream:
-            received += len(chunk.choices)
-            if received == 3:
-                theirs.kill("worker2")
-    assert received >= 3
-    assert time.monotonic() - started < 30
+    _assert_a_kill_fails_the_stream(theirs, "worker2", stream)

@@ -1,10 +1,10 @@
 """Video through the encode stage and the hf engine against transformers' own model.
 
-For tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints and a video made here with FFmpeg: the
-reference is transformers' processor (given the frames mmserve's `decode_video` returns at the
-sampled indices) for `pixel_values_videos`, `video_grid_thw` and the expanded ids, and the
-model's own `generate`; mmserve's side is the encode stage from the video's bytes and the
-engine, given a request plan built from those ids, the Rust M-RoPE positions and the
+For tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE checkpoints and a video made here with
+FFmpeg: the reference is transformers' processor (given the frames mmserve's `decode_video`
+returns at the sampled indices) for `pixel_values_videos`, `video_grid_thw` and the expanded
+ids, and the model's own `generate`; mmserve's side is the encode stage from the video's bytes
+and the engine, given a request plan built from those ids, the Rust M-RoPE positions and the
 count-only video plan (Qwen3-VL: the driver's plan, one item per temporal group)."""
 
 from __future__ import annotations
@@ -401,9 +401,10 @@ async def test_an_image_only_family_refuses_a_video(video: bytes) -> None:
     await gemma.close()
 
 
-@pytest.fixture(scope="module")
-def qwen3() -> HfEngine:
-    return HfEngine(build_tiny_model("qwen3_vl"))
+@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe"])
+def qwen3(request: pytest.FixtureRequest) -> HfEngine:
+    """Qwen3-VL and Qwen3-VL-MoE: one vision side, one processor."""
+    return HfEngine(build_tiny_model(request.param))
 
 
 def driver_plan(engine: HfEngine, items: list[Item]) -> tuple[RequestPlan, list[MediaPayload]]:
@@ -435,12 +436,13 @@ def driver_plan(engine: HfEngine, items: list[Item]) -> tuple[RequestPlan, list[
 async def test_qwen3_vl_video_greedy_tokens_equal_transformers(
     qwen3: HfEngine, video: bytes, num_images: int
 ) -> None:
-    """Qwen3-VL writes each temporal group of a video as its own run of `<|video_pad|>`
-    tokens after the group's timestamp text: the driver plans one item per group (grid
-    `(1, h, w)`), with ids equal to `Qwen3VLProcessor`'s and positions equal to the model's
-    `get_rope_index`; the encode stage decodes the video once and gives each group its rows
-    of `pixel_values_videos` (deepstack included), from which the engine gives transformers'
-    greedy tokens; the same video again is read from the encoder cache, group by group."""
+    """Qwen3-VL (and Qwen3-VL-MoE) writes each temporal group of a video as its own run of
+    `<|video_pad|>` tokens after the group's timestamp text: the driver plans one item per
+    group (grid `(1, h, w)`), with ids equal to `Qwen3VLProcessor`'s and positions equal to the
+    model's `get_rope_index`; the encode stage decodes the video once and gives each group its
+    rows of `pixel_values_videos` (deepstack included), from which the engine gives
+    transformers' greedy tokens; the same video again is read from the encoder cache, group by
+    group."""
     images = [Item(png(make_image(56 + 32 * i, 96 - 32 * i, seed=i))) for i in range(num_images)]
     items = [*images[:1], Item(video, SAMPLING), *images[1:]]
     inputs, expected = reference(qwen3, items)

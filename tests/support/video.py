@@ -52,11 +52,11 @@ def make_video(
 
 
 def hf_processor(path: Path) -> Any:
-    """transformers' processor of the tiny checkpoint at `path`. The tiny Qwen3-VL checkpoint
-    has no video_preprocessor_config.json, where transformers finds Qwen2-VL's video
+    """transformers' processor of the tiny checkpoint at `path`. The tiny Qwen3-VL(-MoE)
+    checkpoint has no video_preprocessor_config.json, where transformers finds Qwen2-VL's video
     processor: it gets Qwen3-VL's own (class defaults, as the core reads the checkpoint)."""
     processor = AutoProcessor.from_pretrained(path)
-    if AutoConfig.from_pretrained(path).model_type == "qwen3_vl":
+    if AutoConfig.from_pretrained(path).model_type in ("qwen3_vl", "qwen3_vl_moe"):
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
         processor.video_processor = Qwen3VLVideoProcessor(cap_pixels_per_frame=False)
@@ -67,13 +67,14 @@ def hf_processor(path: Path) -> Any:
 def checkpoint(family: str) -> tuple[ModelSpec, Any, Any]:
     """The tiny checkpoint's spec, its transformers processor and a model (random weights)
     for `get_rope_index`."""
-    from transformers import Qwen2_5_VLModel, Qwen2VLModel, Qwen3VLModel
+    from transformers import Qwen2_5_VLModel, Qwen2VLModel, Qwen3VLModel, Qwen3VLMoeModel
 
     path = build_tiny_model(family)
     model_class = {
         "qwen2_vl": Qwen2VLModel,
         "qwen2_5_vl": Qwen2_5_VLModel,
         "qwen3_vl": Qwen3VLModel,
+        "qwen3_vl_moe": Qwen3VLMoeModel,
     }[family]
     model = model_class(AutoConfig.from_pretrained(path)).eval()
     return resolve_model_spec(path), hf_processor(path), model

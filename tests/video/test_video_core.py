@@ -31,9 +31,14 @@ SAMPLER = Qwen2VLVideoProcessor()
 
 
 def media_code(call) -> str:  # type: ignore[no-untyped-def]
+    return media_error(call)[0]
+
+
+def media_error(call) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """(code, message) of the MediaError `call` raises."""
     with pytest.raises(_mm.MediaError) as err:
         call()
-    return str(err.value.args[0])
+    return str(err.value.args[0]), str(err.value.args[1])
 
 
 @pytest.mark.parametrize(
@@ -47,6 +52,7 @@ def media_code(call) -> str:  # type: ignore[no-untyped-def]
         ("vp9.webm", "libvpx-vp9", "64x48", "25", 0.6, "yuv420p"),
         ("vp8.webm", "libvpx", "50x34", "30", 0.5, "yuv420p"),
         ("mpeg4.mkv", "mpeg4", "80x60", "24", 0.5, "yuv420p"),
+        ("mpeg4.mp4", "mpeg4", "80x60", "24", 0.5, "yuv420p"),
     ],
 )
 def test_frames_equal_ffmpeg_and_headers_count_them(
@@ -143,8 +149,10 @@ def test_refusals_have_stable_codes(tmp_path: Path) -> None:
     with pytest.raises(_mm.MediaError, match="mjpeg"):
         _mm.probe_video(mjpeg)
     assert media_code(lambda: _mm.probe_video(mjpeg)) == "video.unsupported_codec"
-    # moov at the end: a cut file has no index.
-    assert media_code(lambda: _mm.probe_video(good[: len(good) // 2])) == "video.corrupt"
+    # moov at the end: a cut file has no index; the message says what FFmpeg found.
+    code, message = media_error(lambda: _mm.probe_video(good[: len(good) // 2]))
+    assert code == "video.corrupt"
+    assert message.endswith("reading the headers: Invalid data found when processing input")
     assert media_code(lambda: _mm.probe_video(good, max_frames=10)) == "video.too_many_frames"
     assert media_code(lambda: _mm.probe_video(good, max_pixels=1000)) == "video.too_many_pixels"
     assert media_code(lambda: _mm.probe_video(good, max_duration_s=1.0)) == "video.too_long"
@@ -310,6 +318,7 @@ def test_sampled_decoding_seeks_and_skips_to_the_same_frames(
         ("vp8.webm", "libvpx", ("-g", "4")),
         ("av1.mkv", "libaom-av1", ("-g", "5")),
         ("mpeg4.mkv", "mpeg4", ("-g", "5", "-bf", "2")),
+        ("mpeg4.mp4", "mpeg4", ("-g", "5", "-bf", "2")),
     ],
 )
 def test_frames_equal_torchcodec(
@@ -328,3 +337,64 @@ def test_frames_equal_torchcodec(
         _, ours = _mm.decode_video(data, indices)
         decoder = VideoDecoder(data, dimension_order="NHWC", num_ffmpeg_threads=1)
         assert np.array_equal(ours, decoder.get_frames_at(indices).data.numpy()), options
+
+
+def test_mpeg4_in_mp4_takes_its_size_from_the_vol_header(tmp_path: Path) -> None:
+    """mov clears MPEG-4 Part 2's size from the sample entry (libavformat leaves it to the
+    decoder); the plan reads it from the VOL header, in the extradata or in-band, without
+    decoding, and the frames equal torchcodec's."""
+    from torchcodec.decoders import VideoDecoder
+
+    for name, extra in [("global.mp4", ()), ("in_band.mp4", ("-flags", "-global_header"))]:
+        data = make_video(
+            tmp_path / name,
+            size="80x46",
+            rate="24",
+            seconds=1.0,
+            codec="mpeg4",
+            extra=("-g", "5", "-bf", "2", *extra),
+        )
+        metadata = VideoDecoder(data).metadata
+        info = _mm.probe_video(data)
+        assert (info["width"], info["height"]) == (metadata.width, metadata.height) == (80, 46)
+        options = _mm.VideoOptions(fps=7.0)
+        plan, _ = _mm.process_video(data, options)
+        assert plan == _mm.plan_video(data, options)
+        decoder = VideoDecoder(data, dimension_order="NHWC", num_ffmpeg_threads=1)
+        _, ours = _mm.decode_video(data, plan["indices"])
+        assert np.array_equal(ours, decoder.get_frames_at(plan["indices"]).data.numpy())
+    # Without a VOL header (its start code 00 00 01 20 broken where it occurs) there is no
+    # size, and the message says so.
+    data = (tmp_path / "global.mp4").read_bytes().replace(b"\x00\x00\x01\x20", b"\x00\x00\x01\xff")
+    code, message = media_error(lambda: _mm.plan_video(data, _mm.VideoOptions(fps=2.0)))
+    assert (code, message.split(": ")[-1]) == (
+        "video.corrupt",
+        "the video stream has no frame size",
+    )
+
+
+@pytest.mark.parametrize("rotate", [90, 180, 270])
+def test_rotation_is_applied_as_torchcodec_applies_it(tmp_path: Path, rotate: int) -> None:
+    """torchcodec 0.17 turns each frame by the stream's display matrix (quarter turns), so
+    the frames, the reported size and the plan follow it."""
+    from torchcodec.decoders import VideoDecoder
+
+    make_video(tmp_path / "v.mp4", size="80x46", rate="24", seconds=1.0, extra=("-g", "6"))
+    rotated = tmp_path / "rotated.mp4"
+    command = [FFMPEG or "ffmpeg", "-v", "error", "-y", "-i", str(tmp_path / "v.mp4")]
+    command += ["-c", "copy", "-metadata:s:v", f"rotate={rotate}", str(rotated)]
+    subprocess.run(command, check=True)
+    data = rotated.read_bytes()
+    decoder = VideoDecoder(data, dimension_order="NHWC", num_ffmpeg_threads=1)
+    info = _mm.probe_video(data)
+    assert info["rotation"] == round(decoder.metadata.rotation) % 360 == rotate
+    assert (info["width"], info["height"]) == (decoder.metadata.width, decoder.metadata.height)
+    indices = [0, 5, 6, 23]
+    _, ours = _mm.decode_video(data, indices)
+    expected = decoder.get_frames_at(indices).data.numpy()
+    assert np.array_equal(ours, expected)
+    # Upright is the source turned: not the unrotated frames.
+    _, upright = _mm.decode_video((tmp_path / "v.mp4").read_bytes(), indices)
+    assert np.array_equal(np.rot90(upright, k=rotate // 90, axes=(1, 2)), expected)
+    plan, _ = _mm.process_video(data, _mm.VideoOptions(fps=4.0))
+    assert plan == _mm.plan_video(data, _mm.VideoOptions(fps=4.0))

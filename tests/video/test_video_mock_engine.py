@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program
 BLOCK = 16
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe"])
 async def test_usage_and_prefix_keys_cover_the_video(tmp_path: Any, family: str) -> None:
     spec, processor, _ = checkpoint(family)
     clip = make_video(tmp_path / "v.mp4", rate="30", seconds=3.0)
@@ -65,7 +65,7 @@ async def test_usage_and_prefix_keys_cover_the_video(tmp_path: Any, family: str)
     video = cold.media[0]
     videos = [item for item in cold.media if item.modality == "video"]
     assert video.modality == "video" and sum(item.length for item in videos) > BLOCK
-    # Qwen3-VL: one item per temporal group (more than one here).
+    # Qwen3-VL(-MoE): one item per temporal group (more than one here).
     groups = [None] if family == "qwen2_vl" else list(range(max(len(videos), 2)))
     assert [item.temporal_group for item in videos] == groups
     usage = await run("a", cold)

@@ -39,6 +39,9 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     }
 
 
+# The families whose processor writes each temporal group after its timestamp text.
+QWEN3 = ("qwen3_vl", "qwen3_vl_moe")
+
 CASES = [
     # (media in prompt order, request options)
     (["h264"], {}),
@@ -49,13 +52,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-@pytest.mark.parametrize("names, asked", CASES)
+@pytest.mark.parametrize(
+    "family, names, asked",
+    [(family, *case) for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for case in CASES]
+    # Qwen3-VL-MoE plans as Qwen3-VL does: a video, and a video between images, suffice.
+    + [("qwen3_vl_moe", *case) for case in CASES[:2]],
+)
 def test_plan_equals_the_processor_and_get_rope_index(
     family: str, names: list[str], asked: dict[str, Any], clips: dict[str, bytes]
 ) -> None:
     spec, processor, _ = checkpoint(family)
-    if family == "qwen3_vl" and "max_pixels" in asked:
+    if family in QWEN3 and "max_pixels" in asked:
         # Qwen3-VL's bound counts the whole clip, and starts higher.
         asked = {**asked, "max_pixels": 4 * asked["max_pixels"]}
     sizes = iter([(64, 48), (40, 90)])
@@ -93,7 +100,7 @@ def test_plan_equals_the_processor_and_get_rope_index(
         if kind == "video":
             assert item.video == settings.sampling
             own = _mm.plan_video(data, video_options(settings.base, settings.sampling))
-            if family != "qwen3_vl":
+            if family not in QWEN3:
                 assert item.temporal_group is None
                 assert (item.mm_hash, item.grid_thw) == (own["mm_hash"], own["grid_thw"])
                 continue
@@ -113,8 +120,8 @@ def test_plan_equals_the_processor_and_get_rope_index(
 
 
 def own_groups(family: str, data: bytes, settings: VideoSettings) -> int:
-    """The planned items of a video: one per temporal group for Qwen3-VL, else one."""
-    if family != "qwen3_vl":
+    """The planned items of a video: one per temporal group for Qwen3-VL(-MoE), else one."""
+    if family not in QWEN3:
         return 1
     plan = _mm.plan_video(data, video_options(settings.base, settings.sampling))
     return int(plan["grid_thw"][0])

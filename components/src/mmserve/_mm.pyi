@@ -70,6 +70,7 @@ def normalize_patchify(
 class _VideoInfo(TypedDict):
     width: int
     height: int
+    rotation: int
     total_frames: int
     fps: float
     duration_s: float

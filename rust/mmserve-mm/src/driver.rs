@@ -664,10 +664,10 @@ mod tests {
 
     #[test]
     fn a_video_for_a_family_without_video_is_refused_before_any_fetch() {
-        let config = r#"{"model_type": "qwen3_vl_moe", "image_token_id": 151655,
-            "video_token_id": 151656, "vision_start_token_id": 151652,
-            "vision_end_token_id": 151653}"#;
-        let family = family_from_spec(&spec_from_hf_configs("{}", config).unwrap()).unwrap();
+        let config = r#"{"model_type": "gemma3", "mm_tokens_per_image": 256,
+            "vision_config": {"image_size": 896, "patch_size": 14}}"#;
+        let pp = r#"{"size": {"height": 896, "width": 896}, "resample": 2}"#;
+        let family = family_from_spec(&spec_from_hf_configs(pp, config).unwrap()).unwrap();
         // The source would be refused by the fetch policy: the family check comes first.
         let media = [MediaItem::video(MediaInput::Source("/nowhere/v.mp4"))];
         let err = run(

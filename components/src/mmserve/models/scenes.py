@@ -1,11 +1,11 @@
 """Synthetic scenes and plain-English questions about them, for the trained tiny model.
 
 A scene is a small RGB picture drawn in code: coloured circles, squares and triangles on a 4x4
-grid of cells (one image token each), or one word in large block letters. Each `Question` pairs one or two scenes with
-a question whose one right answer follows from the pixels. The same generator makes the training
-set, the held-out set and the images the tests and the README ask about, so a seed names a
-scene exactly (Pillow draws the shapes; the letters are a bitmap font defined here, so no font
-file is involved).
+grid of cells (one image token each), or one word in large block letters. Each `Question` pairs
+one or two scenes with a question whose one right answer follows from the pixels. The same
+generator makes the training set, the held-out set and the images the tests and the README ask
+about, so a seed names a scene exactly (Pillow draws the shapes; the letters are a bitmap font
+defined here, so no font file is involved).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::pipeline::DecodedImage;
 
 mod bmp;
-mod exif;
+pub(crate) mod exif;
 mod gif;
 mod jpeg;
 mod png;

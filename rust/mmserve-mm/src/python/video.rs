@@ -18,11 +18,11 @@ use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
 use crate::video::timestamps::{group_timestamps, timestamp_text};
 use crate::video::{VideoError, VideoFamily};
 
-/// The video rules of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`).
+/// The video rules of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`).
 fn family(name: &str) -> PyResult<VideoFamily> {
     VideoFamily::from_model_type(name).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "no video processor for family {name:?} (qwen2_vl, qwen2_5_vl, qwen3_vl)"
+            "no video processor for family {name:?} (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe)"
         ))
     })
 }
@@ -235,6 +235,7 @@ mod ffmpeg {
         let d = PyDict::new(py);
         d.set_item("width", info.width)?;
         d.set_item("height", info.height)?;
+        d.set_item("rotation", info.rotation)?;
         d.set_item("total_frames", info.total_frames)?;
         d.set_item("fps", info.fps)?;
         d.set_item("duration_s", info.duration_s)?;

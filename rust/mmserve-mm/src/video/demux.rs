@@ -5,11 +5,12 @@
 //! probing the first bytes first, then opened with that demuxer alone), and only H.264,
 //! HEVC, VP8, VP9, AV1 and MPEG-4 streams in 8-bit YUV are decoded (the pixel format is
 //! checked from the headers where the container names it, else on the first decoded
-//! frame, before any conversion). Frame count, rate and
-//! size come from the headers (a stream without a frame count has its packets counted,
-//! which reads but does not decode them), and every cap is checked before the first frame
-//! is decoded. Decoders run single-threaded; a deadline reaches FFmpeg through its
-//! interrupt callback.
+//! frame, before any conversion). Frame count, rate and size come from the headers (a
+//! stream without a frame count has its packets counted, which reads but does not decode
+//! them; MPEG-4 Part 2 in mp4, whose size mov leaves to the decoder, has its VOL header
+//! parsed by libavcodec's parser), and every cap is checked before the first frame is
+//! decoded. Decoders run single-threaded; a deadline reaches FFmpeg through its interrupt
+//! callback.
 //!
 //! Decoding does only what the sampled frames need: one pass over the packets (no
 //! decoding) gives the stream's [`Timeline`]; decoding seeks to the last clean start before
@@ -19,7 +20,8 @@
 //! expect, it decodes every frame from the top instead, counting them in output order.
 //!
 //! Frames are converted to RGB24 by swscale with bilinear flags and the frame's own matrix
-//! and range (BT.601 when unspecified), as torchcodec's CPU path does.
+//! and range (BT.601 when unspecified), then turned by the stream's display matrix in
+//! quarter turns, as torchcodec's CPU path does.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::mem::ManuallyDrop;
@@ -30,6 +32,7 @@ use std::time::Instant;
 use ff::ffi;
 use ffmpeg_next as ff;
 
+use crate::image::decode::exif::{self, Orientation};
 use crate::pipeline::DecodedImage;
 use crate::video::error::VideoError;
 use crate::video::sampling::VideoMeta;
@@ -37,10 +40,17 @@ use crate::video::timeline::{PacketTime, Timeline};
 
 /// Bytes handed to FFmpeg per read.
 const IO_BUFFER: usize = 64 * 1024;
-/// Bytes the container is named from.
+/// Bytes the container is named from: the first 2 KiB, doubled up to 1 MiB while no demuxer
+/// is sure (libavformat's `av_probe_input_buffer2` steps and scores).
+const PROBE_MIN_BYTES: usize = 2048;
 const PROBE_BYTES: usize = 1 << 20;
+/// `AVPROBE_SCORE_RETRY`: below the full probe, a demuxer must score above it to be taken.
+const PROBE_SCORE_RETRY: c_int = ffi::AVPROBE_SCORE_MAX / 4;
 /// Demuxers that may open the data (libavformat's names).
 const CONTAINERS: [&str; 2] = ["mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"];
+/// Packets read for a frame size the headers leave to the bitstream: its VOL header comes
+/// before the first picture.
+const SIZE_PACKETS: usize = 4;
 
 /// Limits checked from the headers before anything is decoded.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,8 +78,12 @@ impl Default for VideoLimits {
 /// What the headers say about the video stream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VideoInfo {
+    /// The frames' size as returned: after `rotation`.
     pub width: u32,
     pub height: u32,
+    /// Degrees counter-clockwise (0, 90, 180 or 270) each decoded frame is turned by: the
+    /// stream's display matrix, rounded to quarter turns as torchcodec applies it.
+    pub rotation: u32,
     pub total_frames: u64,
     pub fps: f64,
     pub duration_s: f64,
@@ -81,6 +95,15 @@ pub struct VideoInfo {
 }
 
 impl VideoInfo {
+    /// The decoder's frame size, before the rotation.
+    fn decoded_size(&self) -> (u32, u32) {
+        if self.rotation % 180 == 90 {
+            (self.height, self.width)
+        } else {
+            (self.width, self.height)
+        }
+    }
+
     pub fn meta(&self) -> VideoMeta {
         VideoMeta {
             total_frames: self.total_frames,
@@ -133,12 +156,12 @@ pub fn decode_frames_with(
         None => demuxer.scan_packets(limits)?,
     };
     // The scan read the packets; start again from the top.
-    demuxer = Demuxer::open(data, limits)?;
+    demuxer = demuxer.reopen(limits)?;
     let mut done = 0;
     if let Some(timeline) = scan.packets.as_deref().and_then(Timeline::new) {
         done = demuxer.decode_sampled(&info, indices, &timeline, limits, &mut on_frame)?;
         if done < indices.len() {
-            demuxer = Demuxer::open(data, limits)?;
+            demuxer = demuxer.reopen(limits)?;
         }
     }
     if done < indices.len() {
@@ -211,6 +234,10 @@ struct Demuxer<'a> {
     avio: *mut ffi::AVIOContext,
     _reader: Box<Reader<'a>>,
     _deadline: Box<Option<Instant>>,
+    /// The bytes `_reader` reads from and their probed demuxer (static), for opening them
+    /// again without probing again.
+    data: &'a [u8],
+    format: *const ffi::AVInputFormat,
     container: String,
     /// The packet pass, when reading the headers needed it (to count the frames).
     scanned: Option<Scan>,
@@ -245,20 +272,32 @@ fn quiet_logs() {
     QUIET.call_once(|| ff::util::log::set_level(ff::util::log::Level::Quiet));
 }
 
-/// Names the container from the first bytes without opening a demuxer.
+/// Names the container from the first bytes without opening a demuxer, as libavformat's
+/// own probing does: every demuxer's probe runs over the head, so a short one that a demuxer
+/// is sure of spares reading the rest of the first MiB.
 fn probe_container(data: &[u8]) -> Result<*const ffi::AVInputFormat, VideoError> {
-    let head = &data[..data.len().min(PROBE_BYTES)];
-    let mut padded = Vec::with_capacity(head.len() + ffi::AVPROBE_PADDING_SIZE as usize);
-    padded.extend_from_slice(head);
-    padded.resize(head.len() + ffi::AVPROBE_PADDING_SIZE as usize, 0);
-    let probe = ffi::AVProbeData {
-        filename: c"".as_ptr(),
-        buf: padded.as_mut_ptr(),
-        buf_size: head.len() as c_int,
-        mime_type: ptr::null(),
+    let mut size = PROBE_MIN_BYTES;
+    let format = loop {
+        let head = &data[..data.len().min(size)];
+        let last = head.len() == data.len() || size >= PROBE_BYTES;
+        let mut padded = Vec::with_capacity(head.len() + ffi::AVPROBE_PADDING_SIZE as usize);
+        padded.extend_from_slice(head);
+        padded.resize(head.len() + ffi::AVPROBE_PADDING_SIZE as usize, 0);
+        let probe = ffi::AVProbeData {
+            filename: c"".as_ptr(),
+            buf: padded.as_mut_ptr(),
+            buf_size: head.len() as c_int,
+            mime_type: ptr::null(),
+        };
+        let mut score = if last { 0 } else { PROBE_SCORE_RETRY };
+        // SAFETY: `probe` points at `head.len()` bytes plus the zero padding FFmpeg
+        // requires; av_probe_input_format2 returns a demuxer scoring above `score` or null.
+        let format = unsafe { ffi::av_probe_input_format2(&probe, 1, &mut score) };
+        if !format.is_null() || last {
+            break format;
+        }
+        size *= 2;
     };
-    // SAFETY: `probe` points at `head.len()` bytes plus the zero padding FFmpeg requires.
-    let format = unsafe { ffi::av_probe_input_format(&probe, 1) };
     if format.is_null() {
         return Err(VideoError::UnknownContainer);
     }
@@ -270,17 +309,46 @@ fn probe_container(data: &[u8]) -> Result<*const ffi::AVInputFormat, VideoError>
     Ok(format)
 }
 
-fn ff_error(e: ff::Error) -> VideoError {
-    match e {
+/// An FFmpeg error met while `doing` something: the deadline's own, or FFmpeg's words.
+fn ff_error(doing: &'static str) -> impl Fn(ff::Error) -> VideoError {
+    move |e| match e {
         ff::Error::Exit => VideoError::Deadline,
-        other => VideoError::Corrupt(other.to_string()),
+        other => VideoError::Corrupt(format!("{doing}: {}", error_text(c_int::from(other)))),
+    }
+}
+
+/// FFmpeg's own words for an error code. ffmpeg-next's `Display` reads a table that only
+/// `ffmpeg_next::init` fills (empty strings otherwise), so av_strerror is asked directly.
+fn error_text(code: c_int) -> String {
+    let mut buf = [0 as std::ffi::c_char; ffi::AV_ERROR_MAX_STRING_SIZE];
+    // SAFETY: av_strerror writes at most `buf.len()` bytes, NUL-terminated.
+    let known = unsafe { ffi::av_strerror(code, buf.as_mut_ptr(), buf.len()) } >= 0;
+    // SAFETY: `buf` is NUL-terminated (zeroed, and av_strerror terminates what it writes).
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+    if known && !text.is_empty() {
+        text.into_owned()
+    } else {
+        format!("FFmpeg error {code}")
     }
 }
 
 impl<'a> Demuxer<'a> {
     fn open(data: &'a [u8], limits: &VideoLimits) -> Result<Demuxer<'a>, VideoError> {
         quiet_logs();
-        let format = probe_container(data)?;
+        Self::open_as(data, probe_container(data)?, limits)
+    }
+
+    /// The same bytes from the top, with the demuxer already probed (probing every demuxer
+    /// over the first MiB is most of an open's cost).
+    fn reopen(&self, limits: &VideoLimits) -> Result<Demuxer<'a>, VideoError> {
+        Self::open_as(self.data, self.format, limits)
+    }
+
+    fn open_as(
+        data: &'a [u8],
+        format: *const ffi::AVInputFormat,
+        limits: &VideoLimits,
+    ) -> Result<Demuxer<'a>, VideoError> {
         let mut reader = Box::new(Reader { data, pos: 0 });
         let deadline = Box::new(limits.deadline);
         let oom = || VideoError::Corrupt("out of memory".into());
@@ -327,7 +395,7 @@ impl<'a> Demuxer<'a> {
                         limit: limits.max_streams,
                     });
                 }
-                return Err(ff_error(ff::Error::from(ret)));
+                return Err(ff_error("reading the headers")(ff::Error::from(ret)));
             }
             let container = CStr::from_ptr((*format).name)
                 .to_string_lossy()
@@ -337,6 +405,8 @@ impl<'a> Demuxer<'a> {
                 avio,
                 _reader: reader,
                 _deadline: deadline,
+                data,
+                format,
                 container,
                 scanned: None,
             })
@@ -373,10 +443,15 @@ impl<'a> Demuxer<'a> {
             return Err(VideoError::UnsupportedCodec(codec.name().to_owned()));
         }
         // SAFETY: the parameters pointer is valid while the stream is.
-        let (width, height, format) = unsafe {
+        let (mut width, mut height, format) = unsafe {
             let p = parameters.as_ptr();
             ((*p).width, (*p).height, (*p).format)
         };
+        if (width <= 0 || height <= 0) && codec == Id::MPEG4 {
+            // mov clears the sample entry's size for MPEG-4 Part 2 ("let decoder init
+            // width/height"); the bitstream's VOL header holds it.
+            (width, height) = self.bitstream_size(stream.index(), limits)?;
+        }
         let (width, height) = match (u32::try_from(width), u32::try_from(height)) {
             (Ok(w), Ok(h)) if w > 0 && h > 0 => (w, h),
             _ => {
@@ -384,6 +459,12 @@ impl<'a> Demuxer<'a> {
                     "the video stream has no frame size".into(),
                 ))
             }
+        };
+        let rotation = display_rotation(&stream);
+        let (width, height) = if rotation % 180 == 90 {
+            (height, width)
+        } else {
+            (width, height)
         };
         if u64::from(width) * u64::from(height) > limits.max_pixels {
             return Err(VideoError::TooManyPixels {
@@ -416,6 +497,9 @@ impl<'a> Demuxer<'a> {
             self.scanned = Some(scan);
             count
         };
+        if total_frames == 0 {
+            return Err(VideoError::Corrupt("the video stream has no frames".into()));
+        }
         if total_frames > limits.max_frames {
             return Err(VideoError::TooManyFrames {
                 frames: total_frames,
@@ -450,6 +534,7 @@ impl<'a> Demuxer<'a> {
         Ok(VideoInfo {
             width,
             height,
+            rotation,
             total_frames,
             fps,
             duration_s,
@@ -459,6 +544,56 @@ impl<'a> Demuxer<'a> {
         })
     }
 
+    /// The frame size as libavcodec's parser reads it from the stream's VOL header (in the
+    /// extradata, else in-band before the first picture): a fresh pass over the first
+    /// [`SIZE_PACKETS`] packets, parsed, not decoded; `(0, 0)` when none holds it.
+    fn bitstream_size(
+        &self,
+        index: usize,
+        limits: &VideoLimits,
+    ) -> Result<(c_int, c_int), VideoError> {
+        let mut fresh = self.reopen(limits)?;
+        let stream = fresh.input.stream(index).ok_or(VideoError::NoVideoStream)?;
+        let mut context = ff::codec::context::Context::from_parameters(stream.parameters())
+            .map_err(ff_error("reading the codec parameters"))?;
+        let parser = Parser::new(context.id())?;
+        for _ in 0..SIZE_PACKETS {
+            let Some(packet) = fresh.next_packet(index, limits)? else {
+                break;
+            };
+            let Some(bytes) = packet.data().filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let Ok(len) = c_int::try_from(bytes.len()) else {
+                continue;
+            };
+            // SAFETY: the parser and the context are live; the packet's buffer holds `len`
+            // bytes and FFmpeg's padding; the parser's output points into that buffer (a
+            // whole frame per call) and is not kept.
+            let (width, height) = unsafe {
+                let ctx = context.as_mut_ptr();
+                let mut out: *mut u8 = ptr::null_mut();
+                let mut out_len: c_int = 0;
+                ffi::av_parser_parse2(
+                    parser.0,
+                    ctx,
+                    &mut out,
+                    &mut out_len,
+                    bytes.as_ptr(),
+                    len,
+                    ffi::AV_NOPTS_VALUE,
+                    ffi::AV_NOPTS_VALUE,
+                    0,
+                );
+                ((*ctx).width, (*ctx).height)
+            };
+            if width > 0 && height > 0 {
+                return Ok((width, height));
+            }
+        }
+        Ok((0, 0))
+    }
+
     /// The video stream: its index and a decoder for it, FFmpeg's own threads off.
     fn video_decoder(&self) -> Result<(usize, ff::decoder::Video), VideoError> {
         let stream = self
@@ -466,15 +601,18 @@ impl<'a> Demuxer<'a> {
             .streams()
             .best(ff::media::Type::Video)
             .ok_or(VideoError::NoVideoStream)?;
-        let mut context =
-            ff::codec::context::Context::from_parameters(stream.parameters()).map_err(ff_error)?;
+        let mut context = ff::codec::context::Context::from_parameters(stream.parameters())
+            .map_err(ff_error("reading the codec parameters"))?;
         // FFmpeg's own frame and slice threads stay off: fan-out belongs to common::par.
         context.set_threading(ff::codec::threading::Config {
             kind: ff::codec::threading::Type::None,
             count: 1,
             ..Default::default()
         });
-        let decoder = context.decoder().video().map_err(ff_error)?;
+        let decoder = context
+            .decoder()
+            .video()
+            .map_err(ff_error("opening the decoder"))?;
         Ok((stream.index(), decoder))
     }
 
@@ -575,10 +713,10 @@ impl<'a> Demuxer<'a> {
                         } else {
                             ff::Discard::NonReference
                         });
-                        decoder.send_packet(&packet).map_err(ff_error)?;
+                        decoder.send_packet(&packet).map_err(ff_error("decoding"))?;
                     }
                     None => {
-                        decoder.send_eof().map_err(ff_error)?;
+                        decoder.send_eof().map_err(ff_error("decoding"))?;
                         flushed = true;
                     }
                 }
@@ -596,7 +734,7 @@ impl<'a> Demuxer<'a> {
                 }
                 if shown == indices[done] {
                     check_frame_size(&frame, shown, info)?;
-                    let rgb = to_rgb(&frame, &mut scaler)?;
+                    let rgb = rotate(to_rgb(&frame, &mut scaler)?, info.rotation)?;
                     while indices.get(done) == Some(&shown) {
                         done += 1;
                         on_frame(&rgb)?;
@@ -624,7 +762,7 @@ impl<'a> Demuxer<'a> {
                 Ok(()) if packet.stream() == index => return Ok(Some(packet)),
                 Ok(()) => Self::check_deadline(limits)?,
                 Err(ff::Error::Eof) => return Ok(None),
-                Err(e) => return Err(ff_error(e)),
+                Err(e) => return Err(ff_error("reading a packet")(e)),
             }
         }
     }
@@ -663,9 +801,9 @@ impl<'a> Demuxer<'a> {
             Self::check_deadline(limits)?;
             if !flushed {
                 match self.next_packet(index, limits)? {
-                    Some(packet) => decoder.send_packet(&packet).map_err(ff_error)?,
+                    Some(packet) => decoder.send_packet(&packet).map_err(ff_error("decoding"))?,
                     None => {
-                        decoder.send_eof().map_err(ff_error)?;
+                        decoder.send_eof().map_err(ff_error("decoding"))?;
                         flushed = true;
                     }
                 }
@@ -675,7 +813,7 @@ impl<'a> Demuxer<'a> {
                 got_any = true;
                 check_frame_size(&frame, frame_index, info)?;
                 if wanted.peek() == Some(&&frame_index) {
-                    let rgb = to_rgb(&frame, &mut scaler)?;
+                    let rgb = rotate(to_rgb(&frame, &mut scaler)?, info.rotation)?;
                     while wanted.peek() == Some(&&frame_index) {
                         wanted.next();
                         on_frame(&rgb)?;
@@ -694,6 +832,66 @@ impl<'a> Demuxer<'a> {
     }
 }
 
+/// A libavcodec parser, told that each packet is one whole frame.
+struct Parser(*mut ffi::AVCodecParserContext);
+
+impl Parser {
+    fn new(codec: ff::codec::Id) -> Result<Parser, VideoError> {
+        let id: ffi::AVCodecID = codec.into();
+        // SAFETY: av_parser_init takes any codec id and returns null when it has no parser.
+        let parser = unsafe { ffi::av_parser_init(id as c_int) };
+        if parser.is_null() {
+            return Err(VideoError::Unavailable(
+                "libavcodec has no parser to read the frame size with",
+            ));
+        }
+        // SAFETY: `parser` is live; the flag only skips the frame-boundary search.
+        unsafe { (*parser).flags |= ffi::PARSER_FLAG_COMPLETE_FRAMES };
+        Ok(Parser(parser))
+    }
+}
+
+impl Drop for Parser {
+    fn drop(&mut self) {
+        // SAFETY: the parser is live and closed exactly once.
+        unsafe { ffi::av_parser_close(self.0) };
+    }
+}
+
+/// The stream's display matrix as quarter turns counter-clockwise, in degrees: what
+/// torchcodec reads (`av_display_rotation_get`, rounded to the nearest multiple of 90) and
+/// turns each frame by; 0 without one.
+fn display_rotation(stream: &ff::format::stream::Stream<'_>) -> u32 {
+    let mut size = 0usize;
+    // SAFETY: the stream is live; the side data, when present, is `size` bytes it owns.
+    let degrees = unsafe {
+        let matrix = ffi::av_stream_get_side_data(
+            stream.as_ptr(),
+            ffi::AVPacketSideDataType::AV_PKT_DATA_DISPLAYMATRIX,
+            &mut size,
+        );
+        if matrix.is_null() || size < 9 * std::mem::size_of::<i32>() {
+            return 0;
+        }
+        ffi::av_display_rotation_get(matrix as *const i32)
+    };
+    if !degrees.is_finite() {
+        return 0;
+    }
+    ((degrees / 90.0).round() as i64).rem_euclid(4) as u32 * 90
+}
+
+/// A decoded frame turned by the stream's rotation (exact: pixels are only moved).
+fn rotate(frame: DecodedImage, rotation: u32) -> Result<DecodedImage, VideoError> {
+    let orientation = match rotation {
+        90 => Orientation::Rotate90,
+        180 => Orientation::Rotate180,
+        270 => Orientation::Rotate270,
+        _ => return Ok(frame),
+    };
+    exif::apply(frame, orientation).map_err(|e| VideoError::Corrupt(e.to_string()))
+}
+
 fn ends_early(frames: u64, info: &VideoInfo) -> VideoError {
     VideoError::Corrupt(format!(
         "the video ends after {frames} frames, its header claims {}",
@@ -706,7 +904,7 @@ fn check_frame_size(
     index: u64,
     info: &VideoInfo,
 ) -> Result<(), VideoError> {
-    if (frame.width(), frame.height()) == (info.width, info.height) {
+    if (frame.width(), frame.height()) == info.decoded_size() {
         return Ok(());
     }
     Err(VideoError::FrameSizeChanged {
@@ -782,7 +980,7 @@ fn to_rgb(
             height,
             ff::software::scaling::Flags::BILINEAR,
         )
-        .map_err(ff_error)?;
+        .map_err(ff_error("setting up the RGB conversion"))?;
         set_colorspace(&mut context, frame);
         *scaler = Some(context);
     }
@@ -790,7 +988,9 @@ fn to_rgb(
         return Err(VideoError::Corrupt("no scaler".into()));
     };
     let mut rgb = ff::frame::Video::empty();
-    context.run(frame, &mut rgb).map_err(ff_error)?;
+    context
+        .run(frame, &mut rgb)
+        .map_err(ff_error("converting to RGB"))?;
     let row = width as usize * 3;
     let stride = rgb.stride(0);
     let plane = rgb.data(0);
@@ -832,5 +1032,26 @@ fn set_colorspace(context: &mut ff::software::scaling::Context, frame: &ff::fram
             1 << 16,
             1 << 16,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ffmpeg_errors_keep_their_words() {
+        assert_eq!(
+            error_text(ffi::AVERROR_INVALIDDATA),
+            "Invalid data found when processing input"
+        );
+        let VideoError::Corrupt(why) = ff_error("reading a packet")(ff::Error::Eof) else {
+            panic!("not corrupt");
+        };
+        assert_eq!(why, "reading a packet: End of file");
+        assert!(matches!(
+            ff_error("decoding")(ff::Error::Exit),
+            VideoError::Deadline
+        ));
     }
 }

@@ -18,7 +18,7 @@ pub use error::VideoError;
 
 /// Whose video processor the rules follow: sampling, the resize budget and the prompt text
 /// differ between transformers' `Qwen2VLVideoProcessor` (Qwen2-VL, Qwen2.5-VL) and
-/// `Qwen3VLVideoProcessor`.
+/// `Qwen3VLVideoProcessor` (Qwen3-VL, Qwen3-VL-MoE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VideoFamily {
     Qwen2Vl,
@@ -26,11 +26,11 @@ pub enum VideoFamily {
 }
 
 impl VideoFamily {
-    /// The family of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`).
+    /// The family of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`).
     pub fn from_model_type(name: &str) -> Option<VideoFamily> {
         match name {
             "qwen2_vl" | "qwen2_5_vl" => Some(VideoFamily::Qwen2Vl),
-            "qwen3_vl" => Some(VideoFamily::Qwen3Vl),
+            "qwen3_vl" | "qwen3_vl_moe" => Some(VideoFamily::Qwen3Vl),
             _ => None,
         }
     }

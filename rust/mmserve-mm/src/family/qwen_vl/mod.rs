@@ -90,12 +90,9 @@ impl QwenVl {
         Ok((resized_width, resized_height, grid_thw))
     }
 
-    /// Whether this family's videos are planned here (Qwen3-VL-MoE's are not).
+    /// Whether this family's videos are planned here: every Qwen-VL family with a video pad.
     fn takes_video(&self) -> bool {
-        matches!(
-            self.spec.family,
-            FamilyName::Qwen2Vl | FamilyName::Qwen25Vl | FamilyName::Qwen3Vl
-        ) && self.spec.video_token_id.is_some()
+        self.spec.video_token_id.is_some()
     }
 }
 
@@ -186,11 +183,14 @@ impl Family for QwenVl {
         })
     }
 
-    /// `Qwen3VLProcessor`: the video's `<|video_pad|>` becomes, per temporal group,
+    /// `Qwen3VLProcessor` (Qwen3-VL-MoE's too): the video's `<|video_pad|>` becomes, per temporal group,
     /// `<{t:.1f} seconds>`, `<|vision_start|>`, the group's pads and `<|vision_end|>`, all
     /// inside the prompt's own vision start and end.
     fn video_per_group(&self) -> bool {
-        self.spec.family == FamilyName::Qwen3Vl && self.takes_video()
+        matches!(
+            self.spec.family,
+            FamilyName::Qwen3Vl | FamilyName::Qwen3VlMoe
+        ) && self.takes_video()
     }
 
     fn video_group_prompt(
@@ -428,13 +428,22 @@ mod tests {
     }
 
     #[test]
-    fn families_without_planned_video_refuse_it() {
+    fn qwen3_families_plan_video_per_group_and_a_checkpoint_without_a_video_pad_refuses_it() {
         assert!(qwen2().capabilities().video && !qwen2().video_per_group());
-        let qwen3 = qwen_vl("qwen3_vl", "{}");
-        assert!(qwen3.capabilities().video && qwen3.video_per_group());
-        let moe = qwen_vl("qwen3_vl_moe", "{}");
-        assert!(!moe.capabilities().video);
-        let err = moe.video_geometry([2, 4, 4], (56, 56), 2.0).unwrap_err();
+        for model_type in ["qwen3_vl", "qwen3_vl_moe"] {
+            let qwen3 = qwen_vl(model_type, "{}");
+            assert!(
+                qwen3.capabilities().video && qwen3.video_per_group(),
+                "{model_type}"
+            );
+        }
+        let config = r#"{"model_type": "qwen3_vl_moe", "image_token_id": 151655,
+            "vision_start_token_id": 151652, "vision_end_token_id": 151653}"#;
+        let padless = QwenVl::new(spec_from_hf_configs("{}", config).unwrap()).unwrap();
+        assert!(!padless.capabilities().video && !padless.video_per_group());
+        let err = padless
+            .video_geometry([2, 4, 4], (56, 56), 2.0)
+            .unwrap_err();
         assert_eq!(err.code(), "process.video_unsupported");
     }
 
