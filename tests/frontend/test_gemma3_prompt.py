@@ -1,5 +1,6 @@
 """Gemma 3 prompts: the frontend's expanded ids (chat template, the processor's "\n\n" around
-each image, the request plan's soft tokens) equal transformers' Gemma3Processor's."""
+each image, the request plan's soft tokens) equal transformers' Gemma3Processor's, with
+pan-and-scan too (its crops each an item after the image, the processor's texts between)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from PIL import Image
 from transformers import AutoProcessor
 
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.tiny import build_tiny_model
-from mmserve.protocol import ChatCompletionRequest
+from mmserve.protocol import ChatCompletionRequest, MMProcessorKwargs
 from tests.support.engines import make_image
 from tests.support.images import png_data_url
 
@@ -85,3 +87,92 @@ async def test_expanded_ids_equal_gemma3_processors(num_images: int) -> None:
             for i, token in enumerate(reference["input_ids"][0])
             if token == SOFT and reference["input_ids"][0][i - 1] != SOFT
         ]
+
+
+# Wide, tall and odd-width crops (2, 2, 3, 4 of them) and an image below the activation
+# ratio (none), for Gemma3Processor's default knobs (crops of at least 256 pixels).
+PANNED_SIZES = {(700, 350): 2, (300, 620): 2, (800, 260): 3, (1100, 270): 4, (300, 280): 0}
+
+
+async def test_pan_and_scan_ids_equal_gemma3_processors() -> None:
+    """Pan-and-scan asked per request and set by the operator: the ids equal the processor's
+    with `do_pan_and_scan` (each image with crops announced, its crops after it, each crop
+    an item of its own with its own identity); an image the knobs do not crop is written as
+    without pan-and-scan."""
+    path = build_tiny_model("gemma3")
+    model = ServedModel.load(path)
+    processor = AutoProcessor.from_pretrained(path)
+    sizes = list(PANNED_SIZES)
+    images = [make_image(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
+    asked = {"mm_processor_kwargs": {"do_pan_and_scan": True}}
+    operator = ChatOptions(
+        policy=MediaPolicy(), mm_processor_kwargs=MMProcessorKwargs(do_pan_and_scan=True)
+    )
+    preprocessors = [
+        (ChatPreprocessor(model, ChatOptions(policy=MediaPolicy())), asked),
+        (ChatPreprocessor(model, operator), {}),
+    ]
+    crops = list(PANNED_SIZES.values())
+    for index, messages in enumerate(_conversations(images)):
+        text = processor.tokenizer.apply_chat_template(
+            _template_messages(messages), tokenize=False, add_generation_prompt=True
+        )
+        reference = processor(
+            text=text, images=images, add_special_tokens=False, do_pan_and_scan=True
+        )
+        assert len(reference["pixel_values"]) == len(images) + sum(crops)
+        for preprocessor, extra in preprocessors:
+            request = msgspec.convert(
+                {"model": model.name, "messages": messages, **extra}, ChatCompletionRequest
+            )
+            ours = await preprocessor.preprocess(request, f"r{index}", 1e12)
+            assert list(ours.plan.token_ids) == reference["input_ids"][0], messages
+            media = ours.plan.media
+            assert [m.crop for m in media] == [c for n in crops for c in (None, *range(1, n + 1))]
+            # A crop's identity is its image's folded with the crop and the knobs; its
+            # bytes travel with the image.
+            assert len({m.mm_hash for m in media}) == len(media)
+            assert all(m.pan_and_scan == (256, 4, 1.2) for m in media)
+            assert [p.data is None for p in ours.payloads] == [m.crop is not None for m in media]
+    # Turned off per request, the images are written whole.
+    off = msgspec.convert(
+        {
+            "model": model.name,
+            "messages": _conversations(images)[0],
+            "mm_processor_kwargs": {"do_pan_and_scan": False},
+        },
+        ChatCompletionRequest,
+    )
+    plain = await ChatPreprocessor(model, operator).preprocess(off, "off", 1e12)
+    assert len(plain.plan.media) == len(images)
+    assert all(m.pan_and_scan is None and m.crop is None for m in plain.plan.media)
+
+
+async def test_pan_and_scan_knobs_change_the_crops_and_their_identity() -> None:
+    """Knobs asked per request reach the crops (fewer of them, other identities), and a
+    request may not ask for more crops than the server makes."""
+    path = build_tiny_model("gemma3")
+    model = ServedModel.load(path)
+    preprocessor = ChatPreprocessor(model, ChatOptions(policy=MediaPolicy()))
+    image = make_image(1100, 270, seed=3)
+    messages = [{"role": "user", "content": [_image_part(image)]}]
+
+    async def plan(**kwargs: Any) -> list[Any]:
+        request = msgspec.convert(
+            {"model": model.name, "messages": messages, "mm_processor_kwargs": kwargs},
+            ChatCompletionRequest,
+        )
+        return list((await preprocessor.preprocess(request, "r", 1e12)).plan.media)
+
+    four = await plan(do_pan_and_scan=True)
+    two = await plan(do_pan_and_scan=True, pan_and_scan_max_num_crops=2)
+    assert [m.crop for m in four] == [None, 1, 2, 3, 4] and [m.crop for m in two] == [None, 1, 2]
+    assert four[0].mm_hash == two[0].mm_hash  # the image itself is the same pixels
+    assert four[1].mm_hash != two[1].mm_hash
+    assert [m.crop for m in await plan(pan_and_scan_max_num_crops=2)] == [None]  # still off
+    ratio = await plan(do_pan_and_scan=True, pan_and_scan_min_ratio_to_activate=5.0)
+    assert [m.crop for m in ratio] == [None]
+    with pytest.raises(ApiError) as refused:
+        await plan(do_pan_and_scan=True, pan_and_scan_max_num_crops=5)
+    assert refused.value.code == "invalid_value"
+    assert refused.value.param == "mm_processor_kwargs.pan_and_scan_max_num_crops"

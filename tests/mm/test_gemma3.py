@@ -2,8 +2,8 @@
 `Gemma3ImageProcessorPil` (PIL backend) and `Gemma3ImageProcessor` (torchvision backend) for
 generated images of many sizes, aspect ratios and formats; the request plan's ids (begin of
 image, 256 soft tokens, end of image) and 1-D positions; the spec read from the config files
-as Gemma 3 checkpoints ship them; pan-and-scan's crops, resized as the main image is, and
-its refusal until the prompt side is in."""
+as Gemma 3 checkpoints ship them; pan-and-scan's crops, resized as the main image is (also
+as `preprocess_with_crops` cuts them)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProces
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
 from mmserve import _mm
+from mmserve.media.processing import spec_with_pan_and_scan
 
 from .images import pipeline_image
 from .qwen_refs import encode, photo
@@ -192,9 +193,15 @@ def test_pan_and_scan_crops_resize_as_the_main_image(references: dict[str, Any])
                 (item,) = _mm.process(spec(backend), [2, BOI], [item_data]).items
                 diff = float(np.abs(np.asarray(item.pixel_values) - ref[index]).max())
                 assert diff == 0.0, f"{w}x{h} {backend} crop {index}: max difference {diff}"
+            # The core's own crops of the image, as the encode stage cuts them.
+            panning = spec_with_pan_and_scan(spec(backend), (256, 4, 1.2))
+            cut = _mm.preprocess_with_crops(panning, data)
+            assert len(cut) == 1 + num_crops
+            for index, (pixels, _, _) in enumerate(cut):
+                assert np.array_equal(pixels, ref[index]), f"{w}x{h} {backend} cut {index}"
 
 
-def test_spec_reads_every_value_and_refuses_pan_and_scan() -> None:
+def test_spec_reads_every_value_and_pan_and_scan() -> None:
     for backend, reference in (("pil", processor("pil")), ("torch", processor("torch"))):
         values = json.loads(spec(backend).to_json())
         assert values["family"] == "gemma3" and values["backend"] == backend
@@ -205,8 +212,12 @@ def test_spec_reads_every_value_and_refuses_pan_and_scan() -> None:
         assert values["resample"] == "bilinear"
         assert (values["patch_size"], values["merge_size"]) == (14, 4)
         assert spec(backend).plan(123, 4567) == ((1, 64, 64), 256)
-    panned = dict(PREPROCESSOR, do_pan_and_scan=True)
+        assert not values.get("do_pan_and_scan") and spec(backend).pan_and_scan == (256, 4, 1.2)
+    panned = dict(PREPROCESSOR, do_pan_and_scan=True, pan_and_scan_max_num_crops=2)
+    knobs = _mm.spec_from_hf_configs(json.dumps(panned), json.dumps(CONFIG))
+    assert knobs.do_pan_and_scan and knobs.pan_and_scan == (256, 2, 1.2)
+    bad = dict(PREPROCESSOR, pan_and_scan_min_crop_size=0)
     with pytest.raises(_mm.MediaError) as refused:
-        _mm.spec_from_hf_configs(json.dumps(panned), json.dumps(CONFIG))
+        _mm.spec_from_hf_configs(json.dumps(bad), json.dumps(CONFIG))
     assert refused.value.args[0] == "spec.invalid"
-    assert "pan-and-scan" in refused.value.args[1]
+    assert "pan_and_scan_min_crop_size" in refused.value.args[1]
