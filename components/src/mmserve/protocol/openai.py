@@ -124,6 +124,7 @@ _INT64_MAX = 2**63 - 1
 
 
 _Positive = Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
+_PositiveU32 = Annotated[int, msgspec.Meta(ge=1, le=2**32 - 1)]  # what the core holds as u32
 
 
 class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -140,8 +141,8 @@ class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     min_frames: _Positive | None = None
     max_frames: _Positive | None = None
     do_pan_and_scan: bool | None = None
-    pan_and_scan_min_crop_size: _Positive | None = None
-    pan_and_scan_max_num_crops: _Positive | None = None
+    pan_and_scan_min_crop_size: _PositiveU32 | None = None
+    pan_and_scan_max_num_crops: _PositiveU32 | None = None
     pan_and_scan_min_ratio_to_activate: Annotated[float, msgspec.Meta(ge=0, le=1e6)] | None = None
 
 
