@@ -4,7 +4,9 @@ pan-and-scan too (its crops each an item after the image, the processor's texts 
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -146,6 +148,30 @@ async def test_pan_and_scan_ids_equal_gemma3_processors() -> None:
     plain = await ChatPreprocessor(model, operator).preprocess(off, "off", 1e12)
     assert len(plain.plan.media) == len(images)
     assert all(m.pan_and_scan is None and m.crop is None for m in plain.plan.media)
+
+
+async def test_the_checkpoints_preprocessor_config_turns_pan_and_scan_on(tmp_path: Path) -> None:
+    """A checkpoint whose preprocessor config sets `do_pan_and_scan` and a knob pans and
+    scans every request by them, unless the request turns it off."""
+    source = build_tiny_model("gemma3")
+    for file in source.iterdir():
+        (tmp_path / file.name).symlink_to(file)
+    config = json.loads((source / "preprocessor_config.json").read_text())
+    config |= {"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 2}
+    (tmp_path / "preprocessor_config.json").unlink()
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    model = ServedModel.load(tmp_path)
+    preprocessor = ChatPreprocessor(model, ChatOptions(policy=MediaPolicy()))
+    messages = [{"role": "user", "content": [_image_part(make_image(1100, 270, seed=3))]}]
+
+    async def crops(**extra: Any) -> list[int | None]:
+        request = msgspec.convert(
+            {"model": model.name, "messages": messages, **extra}, ChatCompletionRequest
+        )
+        return [m.crop for m in (await preprocessor.preprocess(request, "r", 1e12)).plan.media]
+
+    assert await crops() == [None, 1, 2]
+    assert await crops(mm_processor_kwargs={"do_pan_and_scan": False}) == [None]
 
 
 async def test_pan_and_scan_knobs_change_the_crops_and_their_identity() -> None:
