@@ -378,13 +378,16 @@ class PanAndScanRange:
     checkpoint's preprocessor config, else the processor's defaults, then
     `--mm-processor-kwargs`); a request may turn it on or off and set the knobs, with at
     most `max_num_crops` crops per image (the server's own). A family that cannot pan and
-    scan (`supported` false) ignores the options, as one without video ignores the video
+    scan (`knobs` None) ignores the options, as one without video ignores the video
     options."""
 
-    supported: bool
     enabled: bool
-    knobs: PanAndScanKnobs
+    knobs: PanAndScanKnobs | None
     max_num_crops: int
+
+    @property
+    def supported(self) -> bool:
+        return self.knobs is not None
 
     @classmethod
     def of(cls, spec: ModelSpec, operator: MMProcessorKwargs | None = None) -> PanAndScanRange:
@@ -394,17 +397,17 @@ class PanAndScanRange:
         if model is None:
             if operator is not None and _asks_pan_and_scan(operator):
                 raise ValueError(f"--mm-processor-kwargs: {spec.family.name} does not pan and scan")
-            return cls(supported=False, enabled=False, knobs=(1, 1, 0.0), max_num_crops=0)
+            return cls(enabled=False, knobs=None, max_num_crops=0)
         enabled = spec.core.do_pan_and_scan
         if operator is not None and operator.do_pan_and_scan is not None:
             enabled = operator.do_pan_and_scan
         knobs = _with_knobs(model, operator)
-        return cls(supported=True, enabled=enabled, knobs=knobs, max_num_crops=knobs[1])
+        return cls(enabled=enabled, knobs=knobs, max_num_crops=knobs[1])
 
     def knobs_for(self, asked: MMProcessorKwargs | None) -> PanAndScanKnobs | None:
         """The knobs a request's images are cropped by (None: not cropped): the server's,
         with the request's options; a request's max crops over the server's is refused."""
-        if not self.supported:
+        if self.knobs is None:
             return None
         if asked is not None:
             crops = asked.pan_and_scan_max_num_crops
