@@ -10,17 +10,22 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 from PIL import Image
 from transformers import AutoProcessor
 
+from mmserve import _mm
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
+from mmserve.media.processing import spec_with_pan_and_scan
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import ChatCompletionRequest, MMProcessorKwargs
 from tests.support.engines import make_image
-from tests.support.images import png_data_url
+from tests.support.images import png_bytes, png_data_url
+
+from .conftest import InlineTensorSink
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -202,3 +207,29 @@ async def test_pan_and_scan_knobs_change_the_crops_and_their_identity() -> None:
         await plan(do_pan_and_scan=True, pan_and_scan_max_num_crops=5)
     assert refused.value.code == "invalid_value"
     assert refused.value.param == "mm_processor_kwargs.pan_and_scan_max_num_crops"
+
+
+async def test_frontend_decoding_ships_each_crops_pixels() -> None:
+    """With frontend decoding the image and each of its crops ship their own pixels (the
+    core's, as the encode stage would cut them) and no bytes."""
+    model = ServedModel.load(build_tiny_model("gemma3"))
+    sink = InlineTensorSink()
+    options = ChatOptions(policy=MediaPolicy(), frontend_decoding=True)
+    preprocessor = ChatPreprocessor(model, options, sink)
+    image = make_image(700, 350, seed=4)
+    request = msgspec.convert(
+        {
+            "model": model.name,
+            "messages": [{"role": "user", "content": [_image_part(image)]}],
+            "mm_processor_kwargs": {"do_pan_and_scan": True},
+        },
+        ChatCompletionRequest,
+    )
+    sent = await preprocessor.preprocess(request, "r", 1e12)
+    assert [m.crop for m in sent.plan.media] == [None, 1, 2]
+    assert all(p.data is None and p.pixel_values is not None for p in sent.payloads)
+    panning = spec_with_pan_and_scan(model.spec.core, (256, 4, 1.2))
+    expected = _mm.preprocess_with_crops(panning, png_bytes(image))
+    shipped = [array for _, array in sink.shipped]
+    for (pixels, _, identity), array, item in zip(expected, shipped, sent.plan.media, strict=True):
+        assert np.array_equal(np.asarray(array), pixels) and identity == item.mm_hash
