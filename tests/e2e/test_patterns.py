@@ -376,3 +376,58 @@ def test_an_image_named_by_its_id_gives_the_images_tokens(
         for deployment in deployments:
             deployment.stop()
     assert all(result == results["agg"] for result in results.values()), results
+
+
+def test_pan_and_scan_gives_the_aggregated_tokens(
+    nats_url: str, tmp_path: Path, image_server: str, image_dir: Path, image_gets: Counter[str]
+) -> None:
+    """Gemma 3 with pan-and-scan asked per request (`mm_processor_kwargs` through the openai
+    client): E/P/D, where the encode worker cuts the crops from the bytes it is sent, answers
+    what the aggregated worker answers; the crops add their tokens to the prompt; a knob out
+    of the server's bounds is a 400."""
+    model_path = build_tiny_model("gemma3")
+    deployments = [
+        Deployment("agg", model_path, nats_url, tmp_path),
+        Deployment("e_p_d", model_path, nats_url, tmp_path, transfer="nixl"),
+    ]
+    # Crops of at least 100 pixels: two of the photo, two of the tall image, none of the
+    # small one.
+    panned = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 100}
+    content = [
+        {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}},
+        {"type": "image_url", "image_url": {"url": data_url(image_dir / "tall.png")}},
+        {"type": "image_url", "image_url": {"url": data_url(image_dir / "small.png")}},
+        {"type": "text", "text": "Compare them."},
+    ]
+    messages: Any = [{"role": "user", "content": content}]
+    answers: dict[str, list[tuple]] = {}
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
+
+            def ask(kwargs: dict[str, Any] | None, client: openai.OpenAI = client) -> tuple:
+                response = client.chat.completions.create(
+                    model=model_path.name,
+                    messages=messages,
+                    max_tokens=MAX_TOKENS,
+                    temperature=0,
+                    extra_body=None if kwargs is None else {"mm_processor_kwargs": kwargs},
+                )
+                assert response.usage is not None
+                return response.choices[0].message.content, response.usage.prompt_tokens
+
+            answers[deployment.pattern] = [ask(panned), ask(panned), ask(None)]
+            with pytest.raises(openai.BadRequestError) as refused:
+                ask({"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 5})
+            assert refused.value.code == "invalid_value"
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+    (text, prompt), again, (_, plain_prompt) = answers["agg"]
+    assert text and again == (text, prompt)
+    # Four crops of 256 soft tokens between their begin and end of image, and the texts.
+    assert prompt > plain_prompt + 4 * 258
+    assert answers["e_p_d"] == answers["agg"]

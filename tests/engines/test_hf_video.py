@@ -28,7 +28,8 @@ from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.hf import HfEngine
 from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
-from mmserve.media.video import checkpoint_video_options, timestamp_tokens, video_options
+from mmserve.media.text_pieces import text_pieces
+from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import ModelSpec
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
@@ -414,11 +415,7 @@ def driver_plan(engine: HfEngine, items: list[Item]) -> tuple[RequestPlan, list[
     spec = engine.spec
     tokenizer = AutoTokenizer.from_pretrained(spec.path)
     media = "".join(IMAGE_PART if item.sampling is None else VIDEO_PART for item in items)
-    settings = VideoSettings(
-        base=base_options(spec),
-        sampling=SAMPLING,
-        timestamp_tokens=timestamp_tokens(tokenizer, spec.vision_start_token_id),
-    )
+    settings = VideoSettings(base=base_options(spec), sampling=SAMPLING)
     planned = plan_request_here(
         spec.core,
         tokenizer(PROMPT.format(media=media))["input_ids"],
@@ -428,6 +425,7 @@ def driver_plan(engine: HfEngine, items: list[Item]) -> tuple[RequestPlan, list[
         keep_bytes=True,
         modalities=["image" if item.sampling is None else "video" for item in items],
         video=settings,
+        text_pieces=text_pieces(tokenizer, spec),
     )
     payloads = [MediaPayload(data=None if d is None else bytes(d)) for d in planned.data]
     return planned.plan, payloads

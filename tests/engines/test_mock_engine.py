@@ -1,5 +1,6 @@
 """The mock engine: cache hits shorten prefill, its KV events key like the hf engine's, its
-tokens depend on the prompt only, and a prefill continues in another mock engine."""
+tokens depend on the prompt only (Gemma 3's pan-and-scan crops counted as items of their
+own), and a prefill continues in another mock engine."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, Medi
 from mmserve.engines.mock import MockEngine
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
+from mmserve.media.processing import spec_with_pan_and_scan
+from mmserve.media.text_pieces import text_pieces
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     KvCleared,
@@ -95,6 +98,19 @@ async def test_encode_rows_are_the_plans_token_count_for_every_family(tiny_model
     assert [e.num_tokens for e in encoded] == [item.num_tokens for item in plan.items]
     image_token = engine.spec.image_token_id
     assert sum(e.num_tokens for e in encoded) == list(plan.input_ids).count(image_token)
+    if engine.spec.core.pan_and_scan is not None:  # Gemma 3: each crop is an item too
+        panning = spec_with_pan_and_scan(engine.spec.core, (32, 4, 1.2))
+        pieces = text_pieces(tokenizer, engine.spec)
+        panned = _mm.process(
+            panning, ids, images, count_only=True, text_pieces=pieces, panned_input_ids=ids
+        )
+        assert [item.crop for item in panned.items] == [None, None, 1, 2, 3, None, 1, 2, 3, 4]
+        inputs = [
+            MediaInput(item.hash, torch.zeros(1, 1), tuple(int(v) for v in item.image_grid_thw[0]))
+            for item in panned.items
+        ]
+        encoded = await engine.encode(inputs)
+        assert sum(e.num_tokens for e in encoded) == list(panned.input_ids).count(image_token)
 
 
 async def test_cached_prefix_skips_prefill_time_and_counts_in_usage(model_path: Path) -> None:

@@ -158,6 +158,22 @@ def test_pixel_bounds_change_the_grid_and_the_identity(frontend: RunningFrontend
             "mm_processor_kwargs.min_pixels",
         ),
         ({"do_resize": False}, "invalid_value", None),
+        (
+            {"pan_and_scan_min_crop_size": 0},
+            "invalid_value",
+            "mm_processor_kwargs.pan_and_scan_min_crop_size",
+        ),
+        (
+            {"pan_and_scan_min_crop_size": 2**32},
+            "invalid_value",
+            "mm_processor_kwargs.pan_and_scan_min_crop_size",
+        ),
+        (
+            {"pan_and_scan_min_ratio_to_activate": -1.0},
+            "invalid_value",
+            "mm_processor_kwargs.pan_and_scan_min_ratio_to_activate",
+        ),
+        ({"do_pan_and_scan": "yes"}, "invalid_value", "mm_processor_kwargs.do_pan_and_scan"),
     ],
 )
 def test_pixel_bounds_outside_the_servers_are_refused(

@@ -2,7 +2,8 @@
 `Gemma3ImageProcessorPil` (PIL backend) and `Gemma3ImageProcessor` (torchvision backend) for
 generated images of many sizes, aspect ratios and formats; the request plan's ids (begin of
 image, 256 soft tokens, end of image) and 1-D positions; the spec read from the config files
-as Gemma 3 checkpoints ship them."""
+as Gemma 3 checkpoints ship them; pan-and-scan's crops, resized as the main image is (also
+as `preprocess_with_crops` cuts them)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProces
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
 from mmserve import _mm
+from mmserve.media.processing import spec_with_pan_and_scan
 
 from .images import pipeline_image
 from .qwen_refs import encode, photo
@@ -155,7 +157,51 @@ def test_plan_wraps_256_soft_tokens_and_has_1d_positions() -> None:
     assert count.value.args[0] == "process.placeholder_count"
 
 
-def test_spec_reads_every_value_and_refuses_pan_and_scan() -> None:
+# Gemma3Processor's pan-and-scan knobs; wide, tall, odd-width crops, below the activation
+# ratio, and elongated but too small to crop.
+PAN_AND_SCAN = {
+    "pan_and_scan_min_crop_size": 256,
+    "pan_and_scan_max_num_crops": 4,
+    "pan_and_scan_min_ratio_to_activate": 1.2,
+}
+PAN_AND_SCAN_SIZES = {(1200, 600): 2, (600, 1200): 2, (3000, 300): 4, (1023, 257): 3}
+PAN_AND_SCAN_SIZES |= {(1000, 900): 0, (30, 10): 0}
+
+
+def test_pan_and_scan_crops_resize_as_the_main_image(references: dict[str, Any]) -> None:
+    """Each crop the processors make (transformers' own slices) goes through the same
+    resize and normalisation as a whole image: mmserve's pixels for the crop as an image
+    equal the processor's crop pixel_values, bit for bit, in both backends."""
+    rng = np.random.default_rng(44)
+    slicer = references["pil"]
+    for (w, h), num_crops in PAN_AND_SCAN_SIZES.items():
+        data = encode(Image.fromarray(photo(rng, w, h)), "PNG")
+        chw = np.asarray(pipeline_image(data)).transpose(2, 0, 1)
+        crops = slicer.pan_and_scan(image=chw, **PAN_AND_SCAN)
+        assert len(crops) == num_crops, (w, h)
+        for backend, reference in references.items():
+            panned = reference(
+                images=[pipeline_image(data)],
+                do_pan_and_scan=True,
+                return_tensors="np",
+                **PAN_AND_SCAN,
+            )
+            assert panned["num_crops"].tolist() == [num_crops]
+            ref = np.asarray(panned["pixel_values"])
+            items = [data] + [encode(Image.fromarray(c.transpose(1, 2, 0)), "PNG") for c in crops]
+            for index, item_data in enumerate(items):
+                (item,) = _mm.process(spec(backend), [2, BOI], [item_data]).items
+                diff = float(np.abs(np.asarray(item.pixel_values) - ref[index]).max())
+                assert diff == 0.0, f"{w}x{h} {backend} crop {index}: max difference {diff}"
+            # The core's own crops of the image, as the encode stage cuts them.
+            panning = spec_with_pan_and_scan(spec(backend), (256, 4, 1.2))
+            cut = _mm.preprocess_with_crops(panning, data)
+            assert len(cut) == 1 + num_crops
+            for index, (pixels, _, _) in enumerate(cut):
+                assert np.array_equal(pixels, ref[index]), f"{w}x{h} {backend} cut {index}"
+
+
+def test_spec_reads_every_value_and_pan_and_scan() -> None:
     for backend, reference in (("pil", processor("pil")), ("torch", processor("torch"))):
         values = json.loads(spec(backend).to_json())
         assert values["family"] == "gemma3" and values["backend"] == backend
@@ -166,8 +212,12 @@ def test_spec_reads_every_value_and_refuses_pan_and_scan() -> None:
         assert values["resample"] == "bilinear"
         assert (values["patch_size"], values["merge_size"]) == (14, 4)
         assert spec(backend).plan(123, 4567) == ((1, 64, 64), 256)
-    panned = dict(PREPROCESSOR, do_pan_and_scan=True)
+        assert not values.get("do_pan_and_scan") and spec(backend).pan_and_scan == (256, 4, 1.2)
+    panned = dict(PREPROCESSOR, do_pan_and_scan=True, pan_and_scan_max_num_crops=2)
+    knobs = _mm.spec_from_hf_configs(json.dumps(panned), json.dumps(CONFIG))
+    assert knobs.do_pan_and_scan and knobs.pan_and_scan == (256, 2, 1.2)
+    bad = dict(PREPROCESSOR, pan_and_scan_min_crop_size=0)
     with pytest.raises(_mm.MediaError) as refused:
-        _mm.spec_from_hf_configs(json.dumps(panned), json.dumps(CONFIG))
+        _mm.spec_from_hf_configs(json.dumps(bad), json.dumps(CONFIG))
     assert refused.value.args[0] == "spec.invalid"
-    assert "pan-and-scan" in refused.value.args[1]
+    assert "pan_and_scan_min_crop_size" in refused.value.args[1]

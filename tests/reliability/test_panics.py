@@ -70,6 +70,7 @@ class _PanickingPreprocessor:
     model = SimpleNamespace(name="m")  # the app names it in its OpenAPI document
     pixel_range = PixelRange(3136, 12845056, model=(3136, 12845056))  # and the pixel bounds
     video_range = None  # and that it takes no video
+    pan_and_scan = None  # nor pans and scans
 
     def validate(self, request: p.ChatCompletionRequest) -> None:
         raise PanicException("attempt to multiply with overflow")

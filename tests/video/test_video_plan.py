@@ -19,7 +19,8 @@ from mmserve.frontend.mm_options import VideoRange
 from mmserve.kv.pad import pad_value
 from mmserve.kv.view import BlockKeys, prompt_block_keys, routing_view
 from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
-from mmserve.media.video import TIMESTAMP_PIECES, timestamp_tokens, video_options
+from mmserve.media.text_pieces import TIMESTAMP_PIECES, text_pieces, timestamp_tokens
+from mmserve.media.video import video_options
 from mmserve.protocol import MMProcessorKwargs, PlannedMedia
 from tests.support.local_media import encode_image
 from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, hf_reference, make_video
@@ -86,6 +87,7 @@ def test_plan_equals_the_processor_and_get_rope_index(
         keep_bytes=True,
         modalities=[kind for kind, _ in media],
         video=settings,
+        text_pieces=text_pieces(processor.tokenizer, spec),
     )
     ids, positions, delta = hf_reference(family, text, media, settings)
     plan = planned.plan

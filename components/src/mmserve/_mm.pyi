@@ -271,6 +271,16 @@ class Spec:
         """Whether it plans a video one item per temporal group, each after its timestamp
         text (Qwen3-VL)."""
     @property
+    def pan_and_scan(self) -> tuple[int, int, float] | None:
+        """(min_crop_size, max_num_crops, min_ratio_to_activate): the pan-and-scan knobs of
+        a family that can pan and scan (Gemma 3), whether or not do_pan_and_scan is set."""
+    @property
+    def do_pan_and_scan(self) -> bool: ...
+    @property
+    def text_pieces(self) -> list[str]:
+        """The texts the driver writes into this family's prompts (between an image and its
+        crops), for which `process` takes the tokenizer's ids as `text_pieces`."""
+    @property
     def patch_size(self) -> int: ...
     @property
     def merge_size(self) -> int: ...
@@ -340,6 +350,19 @@ def qwen_vl_preprocess_batch(
 ]:
     """qwen_vl_preprocess of each image, fanned out over the pool, in input order."""
 
+def preprocess_with_crops(
+    spec: Spec, data: bytes
+) -> list[
+    tuple[
+        numpy.ndarray[tuple[int, int, int], numpy.dtype[numpy.float32]],
+        numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]],
+        int,
+    ]
+]:
+    """An encoded image, then each of its pan-and-scan crops where the spec pans and scans,
+    to (pixel_values, image_grid_thw [1, 3], identity): the image's content hash, each
+    crop's identity folded from it."""
+
 @final
 class ProcessedMedia:
     """One item of a request: hash, decoded size, grid, token count and pixel values."""
@@ -361,6 +384,10 @@ class ProcessedMedia:
     def temporal_group(self) -> int | None:
         """Which temporal group of its video this item is, for a family that plans a video
         one item per group (Qwen3-VL; the hash is then `video_group_identity`'s)."""
+    @property
+    def crop(self) -> int | None:
+        """Which pan-and-scan crop of its image this item is, 1 for the first (the hash is
+        then the crop's identity); None for the image itself and everything else."""
     @property
     def pixel_values(
         self,
@@ -400,7 +427,8 @@ def process(
     keep_bytes: bool = False,
     modalities: list[str] | None = None,
     video: VideoOptions | None = None,
-    timestamp_tokens: dict[str, list[int]] | None = None,
+    text_pieces: dict[str, list[int]] | None = None,
+    panned_input_ids: list[int] | None = None,
 ) -> ProcessResult:
     """The request driver: one placeholder per item in input_ids, items as references
     (URL, data: URL, base64, local path), already-fetched bytes, or (hash, (t, h, w)) for an
@@ -411,8 +439,12 @@ def process(
     planned from its headers under `video` (plan_video; its hash is its identity, its
     pixel_values None), its placeholder the video pad; for a family that writes each temporal
     group after its timestamp text (Spec.video_per_group) one item per group, the text spelled
-    with `timestamp_tokens` (each piece's ids) and the bytes with the group 0 item. timeout_s
-    bounds each http(s) fetch, and reading the videos' headers once fetched."""
+    with `text_pieces` (each piece's ids) and the bytes with the group 0 item. For a spec
+    that pans and scans (Spec.do_pan_and_scan) an image it crops is followed by one item per
+    crop, the text before the image taken from `panned_input_ids` (the prompt with every
+    image written as one with crops) and the texts between them from `text_pieces`, the
+    bytes with the image. timeout_s bounds each http(s) fetch, and reading the videos'
+    headers once fetched."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""

@@ -5,8 +5,10 @@
 //! expanded ids + per-item offsets -> positions. A video is planned from its container's
 //! headers alone (with the `video` feature): its sampled frames, grid, token count and
 //! identity; its pixels are the encoder's work. A family that writes a video one temporal
-//! group at a time (Qwen3-VL) gets one item per group, each after its timestamp text. Any
-//! failure rejects the whole request; an item's failure carries its index.
+//! group at a time (Qwen3-VL) gets one item per group, each after its timestamp text; a
+//! family that pans and scans (Gemma 3 with `do_pan_and_scan`) gets one item per crop after
+//! its image, the processor's texts between them. Any failure rejects the whole request; an
+//! item's failure carries its index.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -15,12 +17,13 @@ use thiserror::Error;
 
 use crate::common::hash::content_hash;
 use crate::common::par;
+use crate::common::text_pieces::TextPieces;
 use crate::family::token_layout::expand;
 use crate::image::decode::{decode_image, probe_image, DecodeLimits};
+use crate::image::pan_and_scan::crop;
 use crate::pipeline::{Family, Geometry, Positions, ProcessError, ProcessedItem, TokenId};
 use crate::source::fetch::{fetch_bytes, FetchError, FetchPolicy};
 use crate::video::identity::group_identity;
-use crate::video::timestamps::TimestampTokens;
 use crate::video::VideoError;
 use crate::Error;
 
@@ -142,9 +145,14 @@ pub struct DriverOptions {
     /// Reading the request's videos' headers ends with `video.deadline` this long after
     /// they were fetched.
     pub video_timeout: Option<Duration>,
-    /// The tokenizer's ids of timestamp texts, for families that write one before each
-    /// temporal group of a video.
-    pub timestamp_tokens: Option<TimestampTokens>,
+    /// The tokenizer's ids of the texts the driver writes into the prompt: timestamp texts,
+    /// for families that write one before each temporal group of a video; the texts between
+    /// an image and its crops, for families that pan and scan ([`Family::text_pieces`]).
+    pub text_pieces: Option<TextPieces>,
+    /// For a family that pans and scans: the prompt tokenized with each image's text
+    /// announcing crops, as the processor writes an image that has them (an image that has
+    /// none takes its text from the plain prompt).
+    pub panned_input_ids: Option<Vec<TokenId>>,
 }
 
 /// What the driver produced for one item.
@@ -165,6 +173,9 @@ pub struct ItemOutput {
     /// Which temporal group of its video this item is, for a family that plans a video one
     /// group per item (its `hash` then `video::identity::group_identity`); `None` otherwise.
     pub temporal_group: Option<u32>,
+    /// Which pan-and-scan crop of its image this item is, 1 for the first (its `hash` then
+    /// `PanAndScan::crop_identity`); `None` for the image itself and everything else.
+    pub crop: Option<u32>,
 }
 
 /// The whole request, ready for the model.
@@ -174,7 +185,8 @@ pub struct RequestOutput {
     /// `offsets[i] = (start, end)` of item `i` in `input_ids`.
     pub offsets: Vec<(usize, usize)>,
     /// The planned items, in prompt order: one per media item of the request, or one per
-    /// temporal group of a video (see [`ItemOutput::temporal_group`]).
+    /// temporal group of a video (see [`ItemOutput::temporal_group`]); an image's crops
+    /// after it (see [`ItemOutput::crop`]).
     pub items: Vec<ItemOutput>,
     pub positions: Positions,
 }
@@ -210,7 +222,8 @@ pub fn run(
         prepare_item(family, index, modality, item, options, mode)
     })
     .map_err(|(index, e)| e.at_item(index))?;
-    let (input_ids, items) = split_video_groups(family, input_ids, prepared, options)?;
+    let (input_ids, prepared) = with_crops(family, input_ids, prepared, options)?;
+    let (input_ids, items) = split_video_groups(family, &input_ids, prepared, options)?;
 
     let geometries: Vec<Geometry> = items.iter().map(|item| item.geometry).collect();
     let layout = family.layout(&input_ids, &geometries)?;
@@ -224,11 +237,57 @@ pub fn run(
     })
 }
 
-/// One request item as prepared: its plan, and for a video that the family writes one
-/// temporal group at a time, each group's timestamp text.
+/// One request item as prepared: its plan, for a video that the family writes one
+/// temporal group at a time each group's timestamp text, and for an image that the family
+/// pans and scans its crops' plans.
 struct Prepared {
     item: ItemOutput,
     group_texts: Vec<String>,
+    crops: Vec<ItemOutput>,
+}
+
+impl Prepared {
+    fn whole(item: ItemOutput) -> Self {
+        Prepared {
+            item,
+            group_texts: Vec::new(),
+            crops: Vec::new(),
+        }
+    }
+}
+
+/// The prompt and items with each image that has crops followed by them, the prompt as
+/// [`Family::crop_prompt`] writes it.
+fn with_crops<'a>(
+    family: &dyn Family,
+    input_ids: &'a [TokenId],
+    prepared: Vec<Prepared>,
+    options: &DriverOptions,
+) -> Result<(Cow<'a, [TokenId]>, Vec<Prepared>), Error> {
+    if prepared.iter().all(|p| p.crops.is_empty()) {
+        return Ok((Cow::Borrowed(input_ids), prepared));
+    }
+    let panned = options
+        .panned_input_ids
+        .as_deref()
+        .ok_or(ProcessError::PanAndScan(
+            "the prompt announcing each image's crops was not given",
+        ))?;
+    let pieces = options
+        .text_pieces
+        .as_ref()
+        .ok_or(ProcessError::PanAndScan(
+            "the tokenizer's ids of the texts between an image and its crops were not given",
+        ))?;
+    let counts: Vec<usize> = prepared.iter().map(|p| p.crops.len()).collect();
+    let input_ids = family.crop_prompt(input_ids, panned, &counts, pieces)?;
+    let mut items = Vec::with_capacity(prepared.len() + counts.iter().sum::<usize>());
+    for mut p in prepared {
+        let crops = std::mem::take(&mut p.crops);
+        items.push(p);
+        items.extend(crops.into_iter().map(Prepared::whole));
+    }
+    Ok((Cow::Owned(input_ids), items))
 }
 
 /// The prompt and items with each video that carries group texts split into one item per
@@ -245,15 +304,15 @@ fn split_video_groups<'a>(
             prepared.into_iter().map(|p| p.item).collect(),
         ));
     }
-    let tokens = options
-        .timestamp_tokens
-        .as_ref()
-        .ok_or(VideoError::Unavailable(
-            "the tokenizer's timestamp tokens were not given",
-        ))?;
+    let tokens = options.text_pieces.as_ref().ok_or(VideoError::Unavailable(
+        "the tokenizer's timestamp tokens were not given",
+    ))?;
     let mut groups = Vec::with_capacity(prepared.len());
     let mut items = Vec::with_capacity(prepared.len());
-    for Prepared { item, group_texts } in prepared {
+    for Prepared {
+        item, group_texts, ..
+    } in prepared
+    {
         if group_texts.is_empty() {
             groups.push(None);
             items.push(item);
@@ -380,10 +439,7 @@ fn prepare_item(
     options: &DriverOptions,
     mode: Mode,
 ) -> Result<Prepared, Error> {
-    let whole = |item: ItemOutput| Prepared {
-        item,
-        group_texts: Vec::new(),
-    };
+    let whole = Prepared::whole;
     let bytes = match (item, modality) {
         (Fetched::Bytes(bytes), Modality::Image) => bytes,
         (Fetched::Bytes(bytes), Modality::Video) => {
@@ -419,32 +475,81 @@ fn prepare_item(
                 processed: None,
                 source,
                 temporal_group: None,
+                crop: None,
             }));
         }
     };
+    let mut items = image_and_crops(family, bytes, source, &options.decode, mode)?.into_iter();
+    let mut prepared = items
+        .next()
+        .map(whole)
+        .ok_or(ProcessError::PanAndScan("an image planned to nothing"))?;
+    prepared.crops = items.collect();
+    Ok(prepared)
+}
+
+/// An image's plan (its pixels too in [`Mode::Full`]), then its crops' where the family
+/// pans and scans: each crop's identity is its image's folded by `PanAndScan::crop_identity`.
+pub fn image_and_crops(
+    family: &dyn Family,
+    bytes: &[u8],
+    source: usize,
+    limits: &DecodeLimits,
+    mode: Mode,
+) -> Result<Vec<ItemOutput>, Error> {
     let hash = content_hash(bytes);
-    let (width, height, geometry, processed) = match mode {
-        Mode::CountOnly => {
-            let info = probe_image(bytes, &options.decode)?;
-            let geometry = family.plan(info.width, info.height)?;
-            (info.width, info.height, geometry, None)
-        }
-        Mode::Full => {
-            let image = decode_image(bytes, &options.decode)?;
-            let item = family.process_item(&image)?;
-            (image.width, image.height, item.geometry, Some(item))
+    let knobs = family.pan_and_scan();
+    let crops_of = |width, height| {
+        let crops = knobs.map(|k| k.crops(width, height)).unwrap_or_default();
+        // The processor cannot resize an empty crop either.
+        match crops.iter().find(|c| c.width == 0 || c.height == 0) {
+            Some(c) => Err(ProcessError::EmptyImage {
+                width: c.width,
+                height: c.height,
+            }),
+            None => Ok(crops),
         }
     };
-    Ok(whole(ItemOutput {
-        hash,
-        width,
-        height,
-        geometry,
-        num_tokens: family.num_tokens(&geometry),
-        processed,
-        source,
-        temporal_group: None,
-    }))
+    // The image, then each of its crops: (size, geometry, pixels).
+    let mut parts = Vec::new();
+    match mode {
+        Mode::CountOnly => {
+            let info = probe_image(bytes, limits)?;
+            let geometry = family.plan(info.width, info.height)?;
+            parts.push((info.width, info.height, geometry, None));
+            for c in crops_of(info.width, info.height)? {
+                parts.push((c.width, c.height, family.plan(c.width, c.height)?, None));
+            }
+        }
+        Mode::Full => {
+            let image = decode_image(bytes, limits)?;
+            let crops = crops_of(image.width, image.height)?;
+            let item = family.process_item(&image)?;
+            parts.push((image.width, image.height, item.geometry, Some(item)));
+            for c in crops {
+                let item = family.process_item(&crop(&image, c)?)?;
+                parts.push((c.width, c.height, item.geometry, Some(item)));
+            }
+        }
+    }
+    Ok(parts
+        .into_iter()
+        .zip(0u32..)
+        .map(|((width, height, geometry, processed), index)| ItemOutput {
+            hash: match (index, knobs) {
+                (1.., Some(knobs)) => knobs.crop_identity(hash, index),
+                _ => hash,
+            },
+            width,
+            height,
+            geometry,
+            num_tokens: family.num_tokens(&geometry),
+            processed,
+            source,
+            temporal_group: None,
+            crop: (index > 0).then_some(index),
+        })
+        .collect())
 }
 
 /// A video's plan from its headers: sampled frames, grid, token count and identity, and
@@ -491,8 +596,10 @@ fn prepare_video(
             processed: None,
             source,
             temporal_group: None,
+            crop: None,
         },
         group_texts,
+        crops: Vec::new(),
     })
 }
 
@@ -698,11 +805,13 @@ mod tests {
             processed: None,
             source: 0,
             temporal_group: None,
+            crop: None,
         };
         let prepared = || {
             vec![Prepared {
                 item: video.clone(),
                 group_texts: vec!["<0.2 seconds>".into(), "<1.0 seconds>".into()],
+                crops: Vec::new(),
             }]
         };
         let ids = [1, START, VID, END, 2];
@@ -715,7 +824,7 @@ mod tests {
         pieces.extend([("<".into(), vec![27]), (".".into(), vec![13])]);
         pieces.push((" seconds>".into(), vec![6486, 29]));
         let options = DriverOptions {
-            timestamp_tokens: Some(TimestampTokens::new(pieces)),
+            text_pieces: Some(TextPieces::new(pieces)),
             ..DriverOptions::default()
         };
         let (out, items) = split_video_groups(family.as_ref(), &ids, prepared(), &options).unwrap();
@@ -748,6 +857,78 @@ mod tests {
         let layout = family.layout(&out, &geometries).unwrap();
         let expanded = expand(&layout, &out, items.len()).unwrap();
         assert_eq!(expanded.offsets, vec![(9, 15), (23, 29)]);
+    }
+
+    #[test]
+    fn a_panned_image_is_followed_by_its_crops_each_an_item() {
+        use crate::family::gemma3::{BETWEEN_CROPS, CROPS_INTRO};
+        use crate::image::pan_and_scan::PanAndScan;
+        const BOI: TokenId = 255_999;
+        let config = r#"{"model_type": "gemma3", "mm_tokens_per_image": 4,
+            "vision_config": {"image_size": 28, "patch_size": 7}}"#;
+        let pp = r#"{"do_pan_and_scan": true, "pan_and_scan_min_crop_size": 8}"#;
+        let family = family_from_spec(&spec_from_hf_configs(pp, config).unwrap()).unwrap();
+        // 60x20: three 20x20 crops; 20x20: none.
+        let (wide, square) = (png(60, 20), png(20, 20));
+        let media = [
+            MediaItem::image(MediaInput::Bytes(&wide)),
+            MediaItem::image(MediaInput::Bytes(&square)),
+        ];
+        let pieces = vec![
+            (CROPS_INTRO.to_string(), vec![108, 40, 108]),
+            (BETWEEN_CROPS.to_string(), vec![108, 41, 108]),
+        ];
+        let options = DriverOptions {
+            text_pieces: Some(TextPieces::new(pieces)),
+            panned_input_ids: Some(vec![1, 11, BOI, 2, 21, BOI, 3]),
+            ..DriverOptions::default()
+        };
+        let ids = [1, BOI, 2, BOI, 3];
+        let full = run(family.as_ref(), &ids, &media, &options, Mode::Full).unwrap();
+        let cheap = run(family.as_ref(), &ids, &media, &options, Mode::CountOnly).unwrap();
+        assert_eq!(
+            (&full.input_ids, &full.offsets),
+            (&cheap.input_ids, &cheap.offsets)
+        );
+        let image = content_hash(&wide);
+        let knobs = PanAndScan::new(8, 4, 1.2).unwrap();
+        let items: Vec<_> = full
+            .items
+            .iter()
+            .map(|i| (i.hash, i.source, i.crop, (i.width, i.height)))
+            .collect();
+        assert_eq!(
+            items,
+            [
+                (image, 0, None, (60, 20)),
+                (knobs.crop_identity(image, 1), 0, Some(1), (20, 20)),
+                (knobs.crop_identity(image, 2), 0, Some(2), (20, 20)),
+                (knobs.crop_identity(image, 3), 0, Some(3), (20, 20)),
+                (content_hash(&square), 1, None, (20, 20)),
+            ]
+        );
+        assert!(full.items.iter().all(|i| i.processed.is_some()));
+        let image_tokens = |after: &[TokenId]| {
+            let mut run = vec![BOI];
+            run.extend([262_144; 4]);
+            run.push(256_000);
+            run.extend_from_slice(after);
+            run
+        };
+        let mut expected = vec![1, 11];
+        expected.extend(image_tokens(&[108, 40, 108]));
+        expected.extend(image_tokens(&[108, 41, 108]));
+        expected.extend(image_tokens(&[108, 41, 108]));
+        expected.extend(image_tokens(&[2]));
+        expected.extend(image_tokens(&[3]));
+        assert_eq!(full.input_ids, expected);
+        // Without the panned prompt the plan cannot be written.
+        let bare = DriverOptions {
+            panned_input_ids: None,
+            ..options
+        };
+        let err = run(family.as_ref(), &ids, &media, &bare, Mode::CountOnly).unwrap_err();
+        assert_eq!(err.code(), "process.pan_and_scan");
     }
 
     #[test]

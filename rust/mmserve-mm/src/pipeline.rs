@@ -5,6 +5,9 @@ use std::ops::Range;
 
 use thiserror::Error;
 
+use crate::common::text_pieces::TextPieces;
+use crate::image::pan_and_scan::PanAndScan;
+
 /// A decoded image: interleaved RGB8, row-major (HWC).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodedImage {
@@ -255,6 +258,35 @@ pub trait Family: Send + Sync {
         Ok(input_ids.to_vec())
     }
 
+    /// The pan-and-scan knobs this family crops elongated images by (Gemma 3 with
+    /// `do_pan_and_scan`), each crop then an item of its own after its image; None where
+    /// images are not cropped.
+    fn pan_and_scan(&self) -> Option<PanAndScan> {
+        None
+    }
+
+    /// The texts the driver writes into prompts for this family (between an image and its
+    /// crops), which the caller gives as [`TextPieces`].
+    fn text_pieces(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The prompt with each image `k` for which `crops[k]` is non-zero written as the
+    /// processor writes an image with that many crops: the text before it taken from
+    /// `panned_ids` (the same prompt tokenized as if every image had crops), then one
+    /// placeholder for the image and one for each crop, with the texts between them spelled
+    /// by `pieces`. Only for families whose [`Family::pan_and_scan`] is set.
+    fn crop_prompt(
+        &self,
+        input_ids: &[TokenId],
+        panned_ids: &[TokenId],
+        crops: &[usize],
+        pieces: &TextPieces,
+    ) -> Result<Vec<TokenId>, ProcessError> {
+        let _ = (panned_ids, crops, pieces);
+        Ok(input_ids.to_vec())
+    }
+
     /// Resize, normalise and lay out one image as the model's input feature.
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error>;
 
@@ -323,6 +355,8 @@ pub enum ProcessError {
     TensorShape { shape: Vec<usize>, elements: usize },
     #[error("pixel buffer of {len} bytes does not match a {width}x{height} RGB image")]
     PixelBuffer { width: u32, height: u32, len: usize },
+    #[error("pan-and-scan cannot be planned: {0}")]
+    PanAndScan(&'static str),
 }
 
 impl ProcessError {
@@ -338,6 +372,7 @@ impl ProcessError {
             ProcessError::Offsets(_) => "process.offsets",
             ProcessError::TensorShape { .. } => "process.tensor_shape",
             ProcessError::PixelBuffer { .. } => "process.pixel_buffer",
+            ProcessError::PanAndScan(_) => "process.pan_and_scan",
         }
     }
 }

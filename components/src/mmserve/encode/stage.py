@@ -2,7 +2,8 @@
 the bytes the frontend fetched, or sent by the frontend with `--frontend-decoding`), then the
 vision tower. A video is decoded at the frames its planned sampling picks
 (`media.video.video_options`) into `pixel_values_videos`, once per video: a video planned one
-item per temporal group (Qwen3-VL) gives each group its rows.
+item per temporal group (Qwen3-VL) gives each group its rows. An image planned with its
+pan-and-scan crops (Gemma 3) is decoded once, and each crop cut from it and resized here.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
 what it decoded agrees with it. Items whose payload already carries embeddings (precomputed
@@ -22,7 +23,7 @@ import torch
 from mmserve import _mm, media
 from mmserve.encode.peer_pull import PeerPuller, worth_pulling
 from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
-from mmserve.media.processing import item_identity
+from mmserve.media.processing import item_identity, spec_with_pan_and_scan
 from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
@@ -58,7 +59,7 @@ class EncodeStage:
         cheaper, else encoded here; read from the encoder cache for an item named by its media
         id (left out when the cache no longer holds it). Items the language worker's prefix
         cache holds (`request.skip_encode`) are left out, but for the temporal groups of a
-        video another group of which is encoded here."""
+        video another group of which is encoded here (and so for an image's crops)."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
@@ -70,7 +71,7 @@ class EncodeStage:
             for i, payload in enumerate(request.payloads)
             if payload.embeddings is None and not payload.reuse and i not in request.skip_encode
         ]
-        todo = _with_whole_videos(request, todo)
+        todo = _with_whole_sources(request, todo)
         pulled = await self._pulled(request, todo)
         todo = [i for i in todo if i not in pulled]
         reused |= pulled
@@ -138,14 +139,14 @@ class EncodeStage:
     ) -> list[MediaInput]:
         """Pixels for the request's items at `indices` from their bytes; a video planned one
         item per temporal group is decoded once, its bytes read from its group 0's payload,
-        and each group gets its rows."""
+        and each group gets its rows; an image's crops read the image's bytes."""
         planned = [request.plan.media[i] for i in indices]
-        carriers = [
-            i - (item.temporal_group or 0) for i, item in zip(indices, planned, strict=True)
-        ]
+        carriers = [i - item.part for i, item in zip(indices, planned, strict=True)]
         for index, carrier in zip(indices, carriers, strict=True):
-            if request.plan.media[carrier].temporal_group not in (None, 0):
-                raise EngineError(f"media item {index}: its video's first group is not planned")
+            if carrier < 0 or request.plan.media[carrier].part != 0:
+                raise EngineError(
+                    f"media item {index}: the item that carries its bytes is not planned"
+                )
         distinct = sorted(set(carriers))
         with metrics.timed_stage(self.component, "transfer"):
             fetched = await asyncio.gather(
@@ -159,7 +160,11 @@ class EncodeStage:
                 if item.modality == "video":
                     videos.setdefault(carriers[position], []).append(position)
             image_pixels, video_pixels = await asyncio.gather(
-                self._images([planned[i] for i in images], [data[carriers[i]] for i in images]),
+                self._images(
+                    [planned[i] for i in images],
+                    [data[carriers[i]] for i in images],
+                    [carriers[i] for i in images],
+                ),
                 asyncio.gather(
                     *(
                         self._video(planned[places[0]], data[carrier], request.deadline)
@@ -192,13 +197,33 @@ class EncodeStage:
         return inputs
 
     async def _images(
-        self, planned: list[PlannedMedia], data: list[bytes]
+        self, planned: list[PlannedMedia], data: list[bytes], carriers: list[int]
     ) -> list[media.ItemPixels]:
         """Pixels of the `planned` images, each with its identity as `mm_hash`: one batch per
-        pixel bounds (a request's images share them)."""
+        pixel bounds (a request's images share them); an image planned with pan-and-scan on
+        is preprocessed with its crops, once per image (`carriers`: the request's index of
+        the image each item is, or is a crop of)."""
         processed: dict[int, media.ItemPixels] = {}
-        for bounds in {item.pixel_bounds for item in planned}:
-            group = [i for i, item in enumerate(planned) if item.pixel_bounds == bounds]
+        panned = [i for i, item in enumerate(planned) if item.pan_and_scan is not None]
+        by_image: dict[int, list[media.ItemPixels]] = {}
+        for i in panned:
+            knobs, carrier = planned[i].pan_and_scan, carriers[i]
+            if carrier not in by_image:
+                spec = spec_with_pan_and_scan(self.spec, knobs)
+                by_image[carrier] = await media.preprocess_with_crops(spec, data[i])
+            parts = by_image[carrier]
+            part = planned[i].part
+            if part >= len(parts):
+                raise EngineError(
+                    f"the plan names crop {part} of an image that has {len(parts) - 1} crops"
+                )
+            processed[i] = parts[part]
+        for bounds in {item.pixel_bounds for item in planned if item.pan_and_scan is None}:
+            group = [
+                i
+                for i, item in enumerate(planned)
+                if item.pixel_bounds == bounds and item.pan_and_scan is None
+            ]
             done = await media.preprocess_items(self.spec, [data[i] for i in group], bounds)
             for i, pixels in zip(group, done, strict=True):
                 identity = item_identity(pixels.mm_hash, bounds)
@@ -250,21 +275,24 @@ class EncodeStage:
         )
 
 
-def _with_whole_videos(request: PreprocessedRequest, todo: list[int]) -> list[int]:
-    """`todo` and every skipped temporal group of a video one of whose groups it holds: the
-    video is decoded here from bytes a transfer may not give twice, so a group the prefix
-    cache drops later could not be encoded again."""
+def _with_whole_sources(request: PreprocessedRequest, todo: list[int]) -> list[int]:
+    """`todo` and every skipped item planned from the same source as one it holds (a video's
+    temporal groups, an image and its crops): the source is decoded here from bytes a
+    transfer may not give twice, so an item the prefix cache drops later could not be
+    encoded again."""
     media = request.plan.media
 
     def carrier(index: int) -> int | None:
-        group = media[index].temporal_group
-        return None if group is None else index - group
+        item = media[index]
+        if item.temporal_group is None and item.pan_and_scan is None:
+            return None
+        return index - item.part
 
-    videos = {carrier(i) for i in todo} - {None}
+    sources = {carrier(i) for i in todo} - {None}
     skipped = [
         i
         for i in request.skip_encode
-        if i not in todo and carrier(i) in videos and request.payloads[i].embeddings is None
+        if i not in todo and carrier(i) in sources and request.payloads[i].embeddings is None
     ]
     return sorted([*todo, *skipped])
 

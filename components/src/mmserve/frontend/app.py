@@ -127,7 +127,12 @@ class FrontendApp:
         self.http = http or HttpOptions()
         pixels = preprocessor.pixel_range.min_pixels, preprocessor.pixel_range.max_pixels
         self._openapi = _encoder.encode(
-            openapi_document(preprocessor.model.name, pixels, preprocessor.video_range)
+            openapi_document(
+                preprocessor.model.name,
+                pixels,
+                preprocessor.video_range,
+                preprocessor.pan_and_scan,
+            )
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

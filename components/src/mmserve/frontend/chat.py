@@ -24,6 +24,7 @@ from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_e
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.media_ids import KnownMedia, MediaIds
 from mmserve.frontend.mm_options import (
+    PanAndScanRange,
     PixelRange,
     VideoCaps,
     VideoRange,
@@ -32,6 +33,8 @@ from mmserve.frontend.mm_options import (
 )
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
 from mmserve.media import MediaPolicy, PixelBounds
+from mmserve.media.processing import PanAndScanKnobs
+from mmserve.media.text_pieces import text_pieces
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     DEEPSTACK,
@@ -144,6 +147,7 @@ class ChatPreprocessor:
         self.model = model
         self.options = options
         self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
+        self.pan_and_scan = PanAndScanRange.of(model.spec, options.mm_processor_kwargs)
         # None for a family whose videos the core does not plan: it refuses their parts.
         self.video_range = (
             VideoRange.of(
@@ -151,11 +155,12 @@ class ChatPreprocessor:
                 options.mm_processor_kwargs,
                 options.media_io_kwargs,
                 options.video_caps,
-                model.tokenizer,
             )
             if model.spec.core.takes_video
             else None
         )
+        # The ids of the texts the driver writes into prompts, checked against the tokenizer.
+        self.text_pieces = text_pieces(model.tokenizer, model.spec)
         self.media_ids = MediaIds()
         self._tensor_sink = tensor_sink
         self._token_cache = (
@@ -163,12 +168,14 @@ class ChatPreprocessor:
             if options.token_cache_bytes > 0
             else None
         )
-        # (placeholder, what the family's processor writes in its place), if it pads it.
-        self._image_text: tuple[str, str] | None = None
-        padding = model.spec.family.image_text_padding
-        if padding:
+        # (placeholder, what the family's processor writes in its place, and what it writes
+        # for an image with pan-and-scan crops), if it pads it.
+        self._image_text: tuple[str, str, str] | None = None
+        family = model.spec.family
+        if family.image_text_padding:
             placeholder = model.tokenizer.convert_ids_to_tokens(model.spec.vision_start_token_id)
-            self._image_text = (placeholder, f"{padding}{placeholder}{padding}")
+            image = f"{family.image_text_padding}{placeholder}{family.image_text_padding}"
+            self._image_text = (placeholder, image, family.panned_image_text + image)
 
     async def preprocess(
         self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""
@@ -188,6 +195,7 @@ class ChatPreprocessor:
             self.options.limit_mm_per_prompt, {"image": len(items) - videos, "video": videos}
         )
         bounds = self.pixel_range.bounds(request.mm_processor_kwargs)
+        pan_and_scan = self.pan_and_scan.knobs_for(request.mm_processor_kwargs)
         video = None
         if self.video_range is not None and (
             videos or asks_video_options(request.mm_processor_kwargs, request.media_io_kwargs)
@@ -198,8 +206,12 @@ class ChatPreprocessor:
         precomputed = await self._precomputed(items)
         loop = asyncio.get_running_loop()
         if items:
-            token_ids = await loop.run_in_executor(_tokenizer_threads(), self._tokenize, request)
-            planned = await self._plan(token_ids, items, known, precomputed, bounds, video)
+            token_ids, panned_ids = await loop.run_in_executor(
+                _tokenizer_threads(), self._tokenize, request, pan_and_scan is not None
+            )
+            planned = await self._plan(
+                token_ids, items, known, precomputed, bounds, video, pan_and_scan, panned_ids
+            )
         else:  # nothing to fetch: the driver's run is CPU work like tokenizing, in the same hop
             planned = await loop.run_in_executor(_tokenizer_threads(), self._plan_text, request)
         plan = planned.plan
@@ -207,6 +219,8 @@ class ChatPreprocessor:
         payloads = await self._payloads(planned, known, precomputed, request_id)
         for item, source in zip(plan.media, planned.sources, strict=True):
             part = items[source].part
+            if item.crop is not None:  # the uuid names the image, not its crops
+                continue
             if isinstance(part, ImageUrlPart) and part.uuid is not None and part.url is not None:
                 self.media_ids.remember(tenant, part.uuid, KnownMedia(item.mm_hash, item.grid_thw))
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
@@ -299,7 +313,12 @@ class ChatPreprocessor:
                 param=name,
             )
 
-    def _tokenize(self, request: ChatCompletionRequest) -> list[int]:
+    def _tokenize(
+        self, request: ChatCompletionRequest, panned: bool = False
+    ) -> tuple[list[int], list[int] | None]:
+        """The prompt's ids, and with `panned` (pan-and-scan is on) its ids with every image
+        written as the processor writes one with crops (the driver takes the text before
+        each image that has them from there)."""
         from jinja2 import TemplateError
 
         messages = [_template_message(message) for message in request.messages]
@@ -312,8 +331,15 @@ class ChatPreprocessor:
             raise ApiError(
                 "chat_template", f"the model's chat template rejected the messages: {err}"
             ) from err
-        if self._image_text is not None:
-            text = text.replace(*self._image_text)
+        if self._image_text is None:
+            return self._cached_encode(text), None
+        placeholder, image, panned_image = self._image_text
+        panned_ids = (
+            self._cached_encode(text.replace(placeholder, panned_image)) if panned else None
+        )
+        return self._cached_encode(text.replace(placeholder, image)), panned_ids
+
+    def _cached_encode(self, text: str) -> list[int]:
         if self._token_cache is None:
             return self._encode(text)
         return self._token_cache.tokens(text, self._encode)
@@ -359,7 +385,7 @@ class ChatPreprocessor:
     def _plan_text(self, request: ChatCompletionRequest) -> media.PlannedRequest:
         """Tokenize and plan a request without media, on the calling thread. Text goes through
         the driver too: it refuses text that spells the image placeholder token."""
-        token_ids = self._tokenize(request)
+        token_ids, _ = self._tokenize(request)
         policy = self.options.policy
         try:
             return media.plan_request_here(
@@ -376,11 +402,15 @@ class ChatPreprocessor:
         precomputed: dict[int, PrecomputedImage],
         bounds: PixelBounds | None,
         video: media.VideoSettings | None,
+        pan_and_scan: PanAndScanKnobs | None,
+        panned_ids: list[int] | None,
     ) -> media.PlannedRequest:
         """The request plan, from one run of the Rust driver: it fetches each item once and
         keeps its bytes to ship on (or, with frontend decoding, preprocesses an image in full;
         a video is planned from its headers and its bytes ship on); an item named by its id
-        alone, and a precomputed one, is planned from its identity and grid."""
+        alone, and a precomputed one, is planned from its identity and grid; with
+        `pan_and_scan` an image it crops is followed by its crops (`panned_ids`: the prompt
+        announcing them)."""
         decoding = self.options.frontend_decoding
         sources: list[str | bytes | media.Precomputed] = []
         for index, item in enumerate(items):
@@ -401,6 +431,9 @@ class ChatPreprocessor:
                 pixel_bounds=bounds,
                 modalities=[item.modality for item in items],
                 video=video,
+                text_pieces=self.text_pieces,
+                pan_and_scan=pan_and_scan,
+                panned_input_ids=panned_ids,
             )
         except MediaError as err:
             raise ApiError.from_media_error(err, [item.param for item in items]) from err

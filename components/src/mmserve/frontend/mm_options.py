@@ -3,7 +3,9 @@ prompt and modality (vLLM's `--limit-mm-per-prompt`), the pixel bounds images ar
 under (vLLM's `--mm-processor-kwargs`, narrowed per request by `mm_processor_kwargs`), and how
 videos are sampled and sized (defaults from the checkpoint's video processor config, then
 `--mm-processor-kwargs` / `--media-io-kwargs`; per request `mm_processor_kwargs` /
-`media_io_kwargs` within the `--max-video-*` bounds)."""
+`media_io_kwargs` within the `--max-video-*` bounds), and Gemma 3's pan-and-scan (the
+checkpoint's setting, then `--mm-processor-kwargs`; per request `mm_processor_kwargs` with
+at most the server's crops per image)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ import msgspec
 from mmserve import _mm
 from mmserve.frontend.errors import ApiError
 from mmserve.media import VideoSettings
-from mmserve.media.processing import PixelBounds
-from mmserve.media.video import checkpoint_video_options, sampling_of, timestamp_tokens
+from mmserve.media.processing import PanAndScanKnobs, PixelBounds
+from mmserve.media.video import checkpoint_video_options, sampling_of
 from mmserve.models.family import ModelSpec
-from mmserve.protocol import MediaIoKwargs, MMProcessorKwargs
+from mmserve.protocol import PAN_AND_SCAN_OPTIONS, MediaIoKwargs, MMProcessorKwargs
 from mmserve.protocol.pipeline import VideoSampling
 
 # The sampling rate where neither the checkpoint nor the operator names one: Qwen's own
@@ -286,9 +288,6 @@ class VideoRange:
     default: VideoSampling
     max_fps: float
     max_frames: int
-    # The tokenizer's ids of timestamp texts, for a family that writes one before each
-    # temporal group (`media.video.timestamp_tokens`); None for the others.
-    timestamp_tokens: dict[str, list[int]] | None = None
 
     @classmethod
     def of(
@@ -297,12 +296,10 @@ class VideoRange:
         operator: MMProcessorKwargs | None = None,
         io: MediaIoKwargs | None = None,
         caps: VideoCaps | None = None,
-        tokenizer: Any = None,
     ) -> VideoRange:
         """The range for a checkpoint: its video processor's sampling, else
         `DEFAULT_VIDEO_FPS`; `operator` and `io` (the flags) override the rate and frame
-        counts, within `caps`. `tokenizer` (the checkpoint's own when None) spells the
-        timestamp texts of a family that writes them."""
+        counts, within `caps`."""
         caps = caps or VideoCaps()
         max_fps, max_frames = caps.max_fps, caps.max_frames
         base = checkpoint_video_options(
@@ -330,20 +327,7 @@ class VideoRange:
             raise ValueError(
                 f"{err.message} (bounds: --max-video-fps, --max-video-frames)"
             ) from None
-        timestamps = None
-        if spec.core.video_per_group:
-            if tokenizer is None:
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
-            timestamps = timestamp_tokens(tokenizer, spec.vision_start_token_id)
-        return cls(
-            base=base,
-            default=default,
-            max_fps=max_fps,
-            max_frames=limit,
-            timestamp_tokens=timestamps,
-        )
+        return cls(base=base, default=default, max_fps=max_fps, max_frames=limit)
 
     def settings(self, asked: MMProcessorKwargs | None, io: MediaIoKwargs | None) -> VideoSettings:
         """How a request's videos are planned: the default with the request's options."""
@@ -354,9 +338,7 @@ class VideoRange:
             ("mm_processor_kwargs", "media_io_kwargs"),
         )
         sampling = self._checked(_with(self.default, options), options)
-        return VideoSettings(
-            base=self.base, sampling=sampling, timestamp_tokens=self.timestamp_tokens
-        )
+        return VideoSettings(base=self.base, sampling=sampling)
 
     def _checked(self, sampling: VideoSampling, asked: dict[str, tuple[Any, str]]) -> VideoSampling:
         """`sampling`, once each `asked` value lies in its bounds and the minima are not
@@ -390,6 +372,76 @@ class VideoRange:
         return sampling
 
 
+@dataclass(frozen=True)
+class PanAndScanRange:
+    """Gemma 3's pan-and-scan as the server runs it: on or off and its knobs (the
+    checkpoint's preprocessor config, else the processor's defaults, then
+    `--mm-processor-kwargs`); a request may turn it on or off and set the knobs, with at
+    most `max_num_crops` crops per image (the server's own). A family that cannot pan and
+    scan (`knobs` None) ignores the options, as one without video ignores the video
+    options."""
+
+    enabled: bool
+    knobs: PanAndScanKnobs | None
+    max_num_crops: int
+
+    @property
+    def supported(self) -> bool:
+        return self.knobs is not None
+
+    @classmethod
+    def of(cls, spec: ModelSpec, operator: MMProcessorKwargs | None = None) -> PanAndScanRange:
+        """The range of a checkpoint whose family can pan and scan; refuses (ValueError) a
+        family that cannot, when `operator` sets a pan-and-scan option."""
+        model = spec.core.pan_and_scan
+        if model is None:
+            if operator is not None and _asks_pan_and_scan(operator):
+                raise ValueError(f"--mm-processor-kwargs: {spec.family.name} does not pan and scan")
+            return cls(enabled=False, knobs=None, max_num_crops=0)
+        enabled = spec.core.do_pan_and_scan
+        if operator is not None and operator.do_pan_and_scan is not None:
+            enabled = operator.do_pan_and_scan
+        knobs = _with_knobs(model, operator)
+        return cls(enabled=enabled, knobs=knobs, max_num_crops=knobs[1])
+
+    def knobs_for(self, asked: MMProcessorKwargs | None) -> PanAndScanKnobs | None:
+        """The knobs a request's images are cropped by (None: not cropped): the server's,
+        with the request's options; a request's max crops over the server's is refused."""
+        if self.knobs is None:
+            return None
+        if asked is not None:
+            crops = asked.pan_and_scan_max_num_crops
+            if crops is not None and crops > self.max_num_crops:
+                raise ApiError(
+                    "invalid_value",
+                    "mm_processor_kwargs.pan_and_scan_max_num_crops must lie in "
+                    f"[1, {self.max_num_crops}], the crops per image of this server",
+                    param="mm_processor_kwargs.pan_and_scan_max_num_crops",
+                )
+        enabled = self.enabled
+        if asked is not None and asked.do_pan_and_scan is not None:
+            enabled = asked.do_pan_and_scan
+        return _with_knobs(self.knobs, asked) if enabled else None
+
+
+def _asks_pan_and_scan(kwargs: MMProcessorKwargs) -> bool:
+    return any(getattr(kwargs, name) is not None for name in PAN_AND_SCAN_OPTIONS)
+
+
+def _with_knobs(knobs: PanAndScanKnobs, kwargs: MMProcessorKwargs | None) -> PanAndScanKnobs:
+    """`knobs` with those `kwargs` sets."""
+    if kwargs is None:
+        return knobs
+    min_crop, max_crops, min_ratio = knobs
+    return (
+        kwargs.pan_and_scan_min_crop_size or min_crop,
+        kwargs.pan_and_scan_max_num_crops or max_crops,
+        min_ratio
+        if kwargs.pan_and_scan_min_ratio_to_activate is None
+        else kwargs.pan_and_scan_min_ratio_to_activate,
+    )
+
+
 T = TypeVar("T")
 
 
@@ -403,8 +455,9 @@ def _json_flag(text: str, kind: type[T]) -> T:
 
 
 def parse_mm_processor_kwargs(text: str) -> MMProcessorKwargs:
-    """`--mm-processor-kwargs` JSON: `{"min_pixels": N, "max_pixels": M}` for images, and
-    `fps` or `num_frames`, `min_frames`, `max_frames` for videos."""
+    """`--mm-processor-kwargs` JSON: `{"min_pixels": N, "max_pixels": M}` for images,
+    `fps` or `num_frames`, `min_frames`, `max_frames` for videos, and Gemma 3's
+    `do_pan_and_scan` and `pan_and_scan_*` knobs."""
     return _json_flag(text, MMProcessorKwargs)
 
 

@@ -9,6 +9,7 @@ import msgspec
 from mmserve import __version__
 from mmserve.protocol import (
     DEFAULT_ONLY_OPTIONS,
+    PAN_AND_SCAN_OPTIONS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -17,7 +18,7 @@ from mmserve.protocol import (
 )
 
 if TYPE_CHECKING:
-    from mmserve.frontend.mm_options import VideoRange
+    from mmserve.frontend.mm_options import PanAndScanRange, VideoRange
 
 _REF = "#/components/schemas/{name}"
 
@@ -98,6 +99,22 @@ def _restrict_video_sampling(schemas: list[dict[str, Any]], video: VideoRange | 
             )
 
 
+def _restrict_pan_and_scan(schema: dict[str, Any], pan_and_scan: PanAndScanRange | None) -> None:
+    """Gemma 3's pan-and-scan options: at most the server's crops per image; for a model
+    that does not pan and scan, ignored."""
+    for name, prop in schema["properties"].items():
+        if name not in PAN_AND_SCAN_OPTIONS:
+            continue
+        if pan_and_scan is None or not pan_and_scan.supported:
+            prop["description"] = "Ignored: this model does not pan and scan"
+            continue
+        prop["description"] = "Gemma 3's pan-and-scan, as its image processor names it"
+        if name == "pan_and_scan_max_num_crops":
+            (number,) = (kind for kind in prop["anyOf"] if kind.get("type") != "null")
+            number["maximum"] = pan_and_scan.max_num_crops
+            prop["description"] += f"; at most {pan_and_scan.max_num_crops}"
+
+
 def _require_url_or_uuid(schema: dict[str, Any]) -> None:
     """An image_url part names its image by URL, or by the uuid of one sent before."""
     schema["anyOf"] = [
@@ -135,10 +152,14 @@ def _health(status: str, description: str) -> dict[str, Any]:
 
 
 def openapi_document(
-    model: str, pixels: tuple[int, int], video: VideoRange | None = None
+    model: str,
+    pixels: tuple[int, int],
+    video: VideoRange | None = None,
+    pan_and_scan: PanAndScanRange | None = None,
 ) -> dict[str, Any]:
     """The document of a server that serves `model` with images resized within `pixels`
-    (min_pixels, max_pixels), and videos sampled within `video` (None: no video)."""
+    (min_pixels, max_pixels), videos sampled within `video` (None: no video) and images
+    panned and scanned within `pan_and_scan` (None: not at all)."""
     (_, components) = msgspec.json.schema_components(
         [
             ChatCompletionRequest,
@@ -152,6 +173,7 @@ def openapi_document(
     _restrict_chat_request(components["ChatCompletionRequest"], model)
     _restrict_pixel_bounds(components["MMProcessorKwargs"], pixels, video)
     _restrict_video_sampling([components["MMProcessorKwargs"], components["VideoIoKwargs"]], video)
+    _restrict_pan_and_scan(components["MMProcessorKwargs"], pan_and_scan)
     _require_url_or_uuid(components["ImageUrlPart"])
     # A key is needed only when the server sets one.
     security: list[dict[str, list[str]]] = [{"bearer": []}, {}]

@@ -10,6 +10,7 @@ from mmserve.media.calls import (
     plan_request,
     plan_request_here,
     preprocess_items,
+    preprocess_with_crops,
 )
 from mmserve.media.policy import MediaPolicy
 from mmserve.media.processing import PixelBounds
@@ -26,4 +27,5 @@ __all__ = [
     "plan_request",
     "plan_request_here",
     "preprocess_items",
+    "preprocess_with_crops",
 ]

@@ -18,7 +18,13 @@ import numpy as np
 
 from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
-from mmserve.media.processing import PixelBounds, item_identity, spec_with_bounds
+from mmserve.media.processing import (
+    PanAndScanKnobs,
+    PixelBounds,
+    item_identity,
+    spec_with_bounds,
+    spec_with_pan_and_scan,
+)
 from mmserve.media.video import video_options
 from mmserve.protocol import MRopePositions, PlannedMedia, RequestPlan
 from mmserve.protocol.pipeline import VideoSampling
@@ -35,13 +41,10 @@ Modality = Literal["image", "video"]
 @dataclass(frozen=True)
 class VideoSettings:
     """How a request's videos are planned: the checkpoint's options (with the caps their
-    headers must meet), the request's resolved sampling, and for a family that writes a
-    timestamp text before each temporal group the tokenizer's ids of its pieces
-    (`media.video.timestamp_tokens`)."""
+    headers must meet) and the request's resolved sampling."""
 
     base: _mm.VideoOptions
     sampling: VideoSampling
-    timestamp_tokens: dict[str, list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class PlannedRequest:
     """The driver's result for one request: the plan, and per planned item what the next
     stage reads (its encoded bytes when asked to keep them, its pixel values when
     preprocessed in full) and the request's media item it comes from (a video planned one
-    item per temporal group is several; its bytes go with the first)."""
+    item per temporal group is several, and so is an image with its pan-and-scan crops; the
+    bytes go with the first)."""
 
     plan: RequestPlan
     data: list[bytearray | None]
@@ -95,6 +99,9 @@ def plan_request_here(
     pixel_bounds: PixelBounds | None = None,
     modalities: Sequence[Modality] | None = None,
     video: VideoSettings | None = None,
+    text_pieces: dict[str, list[int]] | None = None,
+    pan_and_scan: PanAndScanKnobs | None = None,
+    panned_input_ids: list[int] | None = None,
 ) -> PlannedRequest:
     """Runs the request driver once: fetches every item (`sources` are references - URL,
     `data:` URL, base64, local path - or bytes already fetched; a precomputed item is planned
@@ -107,9 +114,15 @@ def plan_request_here(
     None); a video is always planned from its container's headers under `video`, its
     identity folded with that sampling, and its pixels are left to the encoder (keep its
     bytes); a family that writes each temporal group after its timestamp text (Qwen3-VL)
-    gets one planned item per group. On the calling thread: `plan_request` is the same in a
-    worker thread."""
+    gets one planned item per group. `text_pieces` are the tokenizer's ids of the texts the
+    driver writes (`media.text_pieces`). For a family that can pan and scan, `pan_and_scan`
+    are the knobs (None: off): an image they crop is followed by its crops, each its own
+    planned item, the text before the image taken from `panned_input_ids` (the prompt
+    tokenized with each image written as one with crops). On the calling thread:
+    `plan_request` is the same in a worker thread."""
     kinds: Sequence[Modality] = modalities or ["image"] * len(sources)
+    if spec.pan_and_scan is not None:
+        spec = spec_with_pan_and_scan(spec, pan_and_scan)
     output = _mm.process(
         spec_with_bounds(spec, pixel_bounds),
         input_ids,
@@ -118,7 +131,8 @@ def plan_request_here(
         keep_bytes=keep_bytes,
         modalities=list(kinds),
         video=None if video is None else video_options(video.base, video.sampling),
-        timestamp_tokens=None if video is None else video.timestamp_tokens,
+        text_pieces=text_pieces,
+        panned_input_ids=panned_input_ids,
         **_fetch_options(policy),
     )
     items = []
@@ -142,6 +156,8 @@ def plan_request_here(
                 length=end - start,
                 grid_thw=_grid(item.image_grid_thw),
                 pixel_bounds=bounds,
+                pan_and_scan=None if isinstance(source, tuple) else pan_and_scan,
+                crop=item.crop,
             )
         items.append(planned)
     return PlannedRequest(
@@ -162,6 +178,17 @@ def _plan(output: _mm.ProcessResult, items: list[PlannedMedia]) -> RequestPlan:
             rows=output.positions.reshape(-1).tolist(), delta=int(output.rope_delta)
         )
     return RequestPlan(token_ids=output.input_ids.tolist(), media=items, positions=positions)
+
+
+async def preprocess_with_crops(spec: _mm.Spec, data: bytes) -> list[ItemPixels]:
+    """Decodes and preprocesses an image, then each of its pan-and-scan crops where `spec`
+    pans and scans (`media.processing.spec_with_pan_and_scan`); `mm_hash` is the image's
+    content hash, each crop's identity."""
+    processed = await asyncio.to_thread(_mm.preprocess_with_crops, spec, data)
+    return [
+        ItemPixels(mm_hash=int(mm_hash), pixel_values=pixel_values, grid_thw=_grid(grid))
+        for pixel_values, grid, mm_hash in processed
+    ]
 
 
 async def preprocess_items(

@@ -6,7 +6,6 @@ so all of them see the same frames."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from mmserve import _mm
 from mmserve.protocol.pipeline import VideoSampling
@@ -63,40 +62,3 @@ def sampling_of(options: _mm.VideoOptions) -> VideoSampling:
         min_pixels=options.min_pixels,
         max_pixels=options.max_pixels,
     )
-
-
-# The pieces Qwen3-VL's timestamp texts (`<{t:.1f} seconds>`) are made of.
-TIMESTAMP_PIECES = ("<", *"0123456789", ".", " seconds>")
-
-
-def timestamp_tokens(tokenizer: Any, vision_start: int) -> dict[str, list[int]]:
-    """The ids `tokenizer` (transformers' fast tokenizer) gives each piece of a timestamp
-    text, for the request driver to spell each group's text with (`_mm.process`'s
-    `timestamp_tokens`). The text sits between special tokens in the prompt, so it is
-    tokenized on its own; checked here to be its pieces' ids in order for every time up to
-    100 s by tenths, and some longer, as Qwen2's tokenizer writes digits one by one. A
-    tokenizer that writes them otherwise is refused (ValueError)."""
-    backend = tokenizer.backend_tokenizer
-    start = tokenizer.convert_ids_to_tokens(vision_start)
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        # In the context the prompt gives them, between two special tokens.
-        encodings = backend.encode_batch(
-            [start + text + start for text in texts], add_special_tokens=False
-        )
-        return [encoding.ids[1:-1] for encoding in encodings]
-
-    pieces = dict(zip(TIMESTAMP_PIECES, encode(list(TIMESTAMP_PIECES)), strict=True))
-    seconds = [tenths / 10 for tenths in range(1000)] + [123.4, 1234.5, 3599.9, 86399.9]
-    texts = [f"<{t:.1f} seconds>" for t in seconds]
-    for text, ids in zip(texts, encode(texts), strict=True):
-        spelled = [*pieces["<"]]
-        for char in text[1 : -len(" seconds>")]:
-            spelled += pieces[char]
-        spelled += pieces[" seconds>"]
-        if spelled != ids:
-            raise ValueError(
-                f"the tokenizer writes the timestamp text {text!r} as {ids}, not piece by "
-                f"piece ({spelled}); its Qwen3-VL videos cannot be planned"
-            )
-    return pieces

@@ -45,6 +45,10 @@ class FamilyInfo:
     # tokenizing (Gemma3Processor: "\n\n"); the frontend writes it into the rendered prompt
     # so the ids are the processor's.
     image_text_padding: str = ""
+    # Text the processor writes before an image that has pan-and-scan crops (its
+    # `replace_image_token`), before the padding; the texts between the image and its crops
+    # are the core's (`_mm.Spec.text_pieces`).
+    panned_image_text: str = ""
 
 
 FAMILIES: dict[str, FamilyInfo] = {
@@ -65,6 +69,7 @@ FAMILIES: dict[str, FamilyInfo] = {
         vision_input="image",
         text_forward="own_forward",
         image_text_padding="\n\n",
+        panned_image_text="Here is the original image ",
     ),
 }
 

@@ -53,6 +53,7 @@ from mmserve.protocol.kv import (
 )
 from mmserve.protocol.openai import (
     DEFAULT_ONLY_OPTIONS,
+    PAN_AND_SCAN_OPTIONS,
     AssistantMessage,
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -139,6 +140,7 @@ __all__ = [
     "ERROR_PROTOCOL",
     "ERROR_SLOW_CONSUMER",
     "ERROR_UNAVAILABLE",
+    "PAN_AND_SCAN_OPTIONS",
     "PROTOCOL_VERSION",
     "AssistantMessage",
     "BootstrapInfo",

@@ -158,6 +158,8 @@ CATALOGUE: dict[str, ErrorCode] = _catalogue(
     ErrorCode("process.offsets", 500, "the prompt layout and the items' grids disagree"),
     ErrorCode("process.tensor_shape", 500, "a preprocessed tensor has the wrong shape"),
     ErrorCode("process.pixel_buffer", 500, "a pixel buffer has the wrong size"),
+    ErrorCode("process.pan_and_scan", 500, "pan-and-scan planned without the prompt or "
+              "texts it needs"),
     ErrorCode("resize.empty_image", 400, "the image has no pixels"),
     ErrorCode("resize.empty_target", 500, "a resize was asked for an empty target"),
     ErrorCode("resize.target_too_large", 500, "a resize target is over the allowed size"),

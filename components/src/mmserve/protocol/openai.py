@@ -124,13 +124,15 @@ _INT64_MAX = 2**63 - 1
 
 
 _Positive = Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
+_PositiveU32 = Annotated[int, msgspec.Meta(ge=1, le=2**32 - 1)]  # what the core holds as u32
 
 
 class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """vLLM's per-request processor options, under the names of transformers' Qwen2-VL image
     and video processors, each inside the server's own bounds: the pixel bounds this
     request's images, and each frame of its videos, are resized under; how its videos are
-    sampled (`fps` or `num_frames`, `min_frames` / `max_frames`)."""
+    sampled (`fps` or `num_frames`, `min_frames` / `max_frames`); Gemma 3's pan-and-scan, under
+    the names of its image processor (`do_pan_and_scan`, `pan_and_scan_*`)."""
 
     min_pixels: _Positive | None = None
     max_pixels: _Positive | None = None
@@ -138,6 +140,19 @@ class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     num_frames: _Positive | None = None
     min_frames: _Positive | None = None
     max_frames: _Positive | None = None
+    do_pan_and_scan: bool | None = None
+    pan_and_scan_min_crop_size: _PositiveU32 | None = None
+    pan_and_scan_max_num_crops: _PositiveU32 | None = None
+    pan_and_scan_min_ratio_to_activate: Annotated[float, msgspec.Meta(ge=0, le=1e6)] | None = None
+
+
+# Gemma 3's pan-and-scan options of `MMProcessorKwargs`.
+PAN_AND_SCAN_OPTIONS = (
+    "do_pan_and_scan",
+    "pan_and_scan_min_crop_size",
+    "pan_and_scan_max_num_crops",
+    "pan_and_scan_min_ratio_to_activate",
+)
 
 
 class VideoIoKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

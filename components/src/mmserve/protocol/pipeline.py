@@ -90,6 +90,19 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     # of its video this item is (its identity is `_mm.video_group_identity` of the video's);
     # the video's bytes travel with its group 0, `temporal_group` items before this one.
     temporal_group: int | None = None
+    # Gemma 3's pan-and-scan knobs `(min_crop_size, max_num_crops, min_ratio_to_activate)`
+    # the image was planned under (set on an image and its crops when pan-and-scan is on).
+    pan_and_scan: tuple[int, int, float] | None = None
+    # Which pan-and-scan crop of its image this item is, 1 for the first (its identity is
+    # the image's folded with the crop and the knobs); the image's bytes travel with the
+    # image, `crop` items before this one.
+    crop: int | None = None
+
+    @property
+    def part(self) -> int:
+        """How many items before this one is the item whose payload carries its bytes (a
+        video's group 0, a crop's image); 0 for that item itself."""
+        return self.temporal_group or self.crop or 0
 
     @property
     def end(self) -> int:

@@ -1,5 +1,7 @@
-//! What every stage shares: the fan-out seam (`par`) and the identity of a media item's bytes
-//! (`hash`). Nothing here knows about a model family.
+//! What every stage shares: the fan-out seam (`par`), the identity of a media item's bytes
+//! (`hash`) and the tokenizer's ids of texts written into prompts (`text_pieces`). Nothing
+//! here knows about a model family.
 
 pub mod hash;
 pub mod par;
+pub mod text_pieces;

@@ -1,16 +1,26 @@
 //! Gemma 3: every image resized to the SigLIP tower's fixed square input, normalised, as one
 //! `[3, height, width]` tensor; in the prompt, the begin-of-image placeholder the chat
 //! template writes is followed by the image's soft tokens and an end-of-image token. 1-D
-//! rope. Mirrors transformers' `Gemma3ImageProcessor(Pil)` and `Gemma3Processor` (without
-//! pan-and-scan, which the registry refuses).
+//! rope. With `do_pan_and_scan`, an elongated image is followed by its crops
+//! (`image::pan_and_scan`), each an item of its own, with the processor's texts between them.
+//! Mirrors transformers' `Gemma3ImageProcessor(Pil)` and `Gemma3Processor`.
 
+use crate::common::text_pieces::TextPieces;
 use crate::family::registry::{Spec, SpecError};
+use crate::image::pan_and_scan::PanAndScan;
 use crate::image::resize::resize;
 use crate::image::transforms::NormalizeLut;
 use crate::pipeline::{
     Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
     ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
 };
+
+/// What `Gemma3Processor.replace_image_token` writes between an image and its first crop,
+/// and between two crops: `" and here are some crops to help you see better "` and `" "`,
+/// each with the `"\n\n"` the processor writes on both sides of every image (the text before
+/// the image, `"Here is the original image "`, is the caller's: it joins the prompt's text).
+pub const CROPS_INTRO: &str = "\n\n and here are some crops to help you see better \n\n";
+pub const BETWEEN_CROPS: &str = "\n\n \n\n";
 
 /// The Gemma 3 family configured by its spec (which has an `image_size`).
 #[derive(Debug, Clone)]
@@ -106,6 +116,67 @@ impl Family for Gemma3 {
             aux: Vec::new(),
             geometry,
         })
+    }
+
+    fn pan_and_scan(&self) -> Option<PanAndScan> {
+        self.spec.pan_and_scan.filter(|_| self.spec.do_pan_and_scan)
+    }
+
+    fn text_pieces(&self) -> &'static [&'static str] {
+        &[CROPS_INTRO, BETWEEN_CROPS]
+    }
+
+    /// Each image with crops keeps its begin-of-image id, after the text `panned_ids` has
+    /// before it; each crop gets its text and a begin-of-image id of its own (the layout
+    /// then writes every image's soft tokens and end-of-image id).
+    fn crop_prompt(
+        &self,
+        input_ids: &[TokenId],
+        panned_ids: &[TokenId],
+        crops: &[usize],
+        pieces: &TextPieces,
+    ) -> Result<Vec<TokenId>, ProcessError> {
+        let begin = self.spec.vision_start_token_id;
+        let placeholders = |ids: &[TokenId]| -> Vec<usize> {
+            ids.iter()
+                .enumerate()
+                .filter(|(_, &id)| id == begin)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let (plain, panned) = (placeholders(input_ids), placeholders(panned_ids));
+        for found in [plain.len(), panned.len()] {
+            if found != crops.len() {
+                return Err(ProcessError::PlaceholderCount {
+                    placeholders: found,
+                    items: crops.len(),
+                });
+            }
+        }
+        let spell = |text| {
+            pieces.ids(text).ok_or(ProcessError::PanAndScan(
+                "the tokenizer's ids of the texts between an image and its crops were not given",
+            ))
+        };
+        let (intro, between) = (spell(CROPS_INTRO)?, spell(BETWEEN_CROPS)?);
+        let mut out = Vec::with_capacity(panned_ids.len());
+        let (mut plain_from, mut panned_from) = (0, 0);
+        for (k, &count) in crops.iter().enumerate() {
+            // Both spellings agree up to the text before the image, which only announces
+            // crops in `panned_ids`.
+            if count == 0 {
+                out.extend_from_slice(&input_ids[plain_from..=plain[k]]);
+            } else {
+                out.extend_from_slice(&panned_ids[panned_from..=panned[k]]);
+            }
+            for crop in 0..count {
+                out.extend_from_slice(if crop == 0 { &intro } else { &between });
+                out.push(begin);
+            }
+            (plain_from, panned_from) = (plain[k] + 1, panned[k] + 1);
+        }
+        out.extend_from_slice(&input_ids[plain_from..]);
+        Ok(out)
     }
 
     /// Each begin-of-image id in `input_ids` is one item: kept, then the item's soft tokens,
@@ -204,6 +275,42 @@ mod tests {
         assert_eq!(err.code(), "process.placeholder_count");
         let positions = family.positions(out.ids.len(), &out.offsets, &[g, g]);
         assert_eq!(positions.unwrap(), Positions::Rope1D { len: 519 });
+    }
+
+    #[test]
+    fn an_image_with_crops_takes_its_text_from_the_panned_prompt() {
+        let family = gemma3();
+        // "\n\n" between specials is 108; the crops' texts are spelled whole.
+        let pieces = TextPieces::new(vec![
+            (CROPS_INTRO.to_string(), vec![108, 40, 108]),
+            (BETWEEN_CROPS.to_string(), vec![108, 41, 108]),
+        ]);
+        // Text 10 before the first image, 20 before the second, 30 after; the panned
+        // spelling announces crops before each image (11, 21).
+        let plain = [10, BOI, 20, BOI, 30];
+        let panned = [10, 11, BOI, 20, 21, BOI, 30];
+        let out = family
+            .crop_prompt(&plain, &panned, &[0, 2], &pieces)
+            .unwrap();
+        let expected = [
+            10, BOI, 20, 21, BOI, 108, 40, 108, BOI, 108, 41, 108, BOI, 30,
+        ];
+        assert_eq!(out, expected);
+        let out = family
+            .crop_prompt(&plain, &panned, &[1, 0], &pieces)
+            .unwrap();
+        assert_eq!(out, [10, 11, BOI, 108, 40, 108, BOI, 20, BOI, 30]);
+        let err = family.crop_prompt(&plain, &panned[..3], &[1, 0], &pieces);
+        assert_eq!(err.unwrap_err().code(), "process.placeholder_count");
+        let err = family.crop_prompt(&plain, &panned, &[1, 0], &TextPieces::default());
+        assert_eq!(err.unwrap_err().code(), "process.pan_and_scan");
+        assert_eq!(family.pan_and_scan(), None);
+        let panning = Gemma3::new(Spec {
+            do_pan_and_scan: true,
+            ..family.spec.clone()
+        })
+        .unwrap();
+        assert_eq!(panning.pan_and_scan(), Some(PanAndScan::DEFAULT));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use crate::family::gemma3::Gemma3;
 use crate::family::qwen_vl::QwenVl;
+use crate::image::pan_and_scan::PanAndScan;
 use crate::image::resize::{Backend, Filter};
 use crate::image::transforms::{Convention, NormalizeLut};
 use crate::pipeline::Family;
@@ -141,6 +142,17 @@ pub struct Spec {
     /// `tokens_per_second * temporal_patch_size / sampled fps` positions apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_second: Option<f64>,
+    /// Gemma 3's pan-and-scan knobs (the preprocessor config's, else the processor's
+    /// defaults), which a request turning `do_pan_and_scan` on crops by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pan_and_scan: Option<PanAndScan>,
+    /// Whether elongated images are cut into `pan_and_scan` crops.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub do_pan_and_scan: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
 }
 
 #[derive(Debug, Error)]
@@ -273,6 +285,16 @@ impl Spec {
                     format!("{tps} is not positive"),
                 ));
             }
+        }
+        match (self.pan_and_scan, self.do_pan_and_scan) {
+            (Some(knobs), _) => knobs.validate()?,
+            (None, true) => {
+                return Err(invalid(
+                    "do_pan_and_scan",
+                    "pan-and-scan needs its knobs (pan_and_scan)",
+                ))
+            }
+            (None, false) => {}
         }
         if let Some([height, width]) = self.image_size {
             let fits = |side: u32| side > 0 && side.is_multiple_of(self.factor());
@@ -585,6 +607,8 @@ fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
         image_size: None,
         video_token_id: config_video_token(cfg)?,
         tokens_per_second: tokens_per_second(family, cfg)?,
+        pan_and_scan: None,
+        do_pan_and_scan: false,
     };
     spec.validate()?;
     Ok(spec)
@@ -690,17 +714,43 @@ mod gemma3_defaults {
     pub const IMAGE_TOKEN_INDEX: u64 = 262_144;
 }
 
+/// `do_pan_and_scan` and the `pan_and_scan_*` knobs (null or left out: the processor's
+/// defaults, `Gemma3Processor.images_kwargs`).
+fn gemma3_pan_and_scan(pp: &Object) -> Result<(PanAndScan, bool), SpecError> {
+    let enabled = match pp.get("do_pan_and_scan") {
+        None | Some(Value::Null) => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| invalid("do_pan_and_scan", format!("expected a boolean, got {v}")))?,
+    };
+    let d = PanAndScan::DEFAULT;
+    let count = |key: &'static str, default: u32| match pp.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => as_u32(v, key),
+    };
+    let ratio = match pp.get("pan_and_scan_min_ratio_to_activate") {
+        None | Some(Value::Null) => d.min_ratio_to_activate,
+        Some(v) => v.as_f64().ok_or_else(|| {
+            invalid(
+                "pan_and_scan_min_ratio_to_activate",
+                format!("expected a number, got {v}"),
+            )
+        })?,
+    };
+    let knobs = PanAndScan::new(
+        count("pan_and_scan_min_crop_size", d.min_crop_size)?,
+        count("pan_and_scan_max_num_crops", d.max_num_crops)?,
+        ratio,
+    )?;
+    Ok((knobs, enabled))
+}
+
 /// Gemma 3: every image resized to the tower's square input; the projector average-pools the
 /// patch grid to `mm_tokens_per_image` tokens, so the pool's kernel is the merge size.
 fn gemma3_spec(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
     use gemma3_defaults as d;
 
-    if pp.get("do_pan_and_scan").and_then(Value::as_bool) == Some(true) {
-        return Err(invalid(
-            "do_pan_and_scan",
-            "pan-and-scan crops are not supported; set it to false or null",
-        ));
-    }
+    let (pan_and_scan, do_pan_and_scan) = gemma3_pan_and_scan(pp)?;
     let vision = cfg.get("vision_config");
     let vision_u64 = |key: &'static str, default: u64| {
         vision
@@ -780,6 +830,8 @@ fn gemma3_spec(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
         image_size: Some([side, side]),
         video_token_id: None,
         tokens_per_second: None,
+        pan_and_scan: Some(pan_and_scan),
+        do_pan_and_scan,
     };
     spec.validate()?;
     Ok(spec)
@@ -920,11 +972,50 @@ mod tests {
     }
 
     #[test]
-    fn gemma3_refusals_name_their_cause() {
-        let pan = r#"{"do_pan_and_scan": true}"#;
-        let err = spec_from_hf_configs(pan, GEMMA3_CONFIG).unwrap_err();
+    fn gemma3_spec_reads_pan_and_scan_and_its_knobs() {
+        let spec = spec_from_hf_configs(GEMMA3_PREPROCESSOR, GEMMA3_CONFIG).unwrap();
+        assert_eq!(
+            (spec.pan_and_scan, spec.do_pan_and_scan),
+            (Some(PanAndScan::DEFAULT), false)
+        );
+        let pp = r#"{"do_pan_and_scan": true, "pan_and_scan_min_crop_size": 32,
+            "pan_and_scan_max_num_crops": 2, "pan_and_scan_min_ratio_to_activate": 1.5}"#;
+        let spec = spec_from_hf_configs(pp, GEMMA3_CONFIG).unwrap();
+        assert!(spec.do_pan_and_scan);
+        assert_eq!(
+            spec.pan_and_scan,
+            Some(PanAndScan::new(32, 2, 1.5).unwrap())
+        );
+        assert_eq!(Spec::from_json(&spec.to_json()).unwrap(), spec);
+        let knobless = Spec {
+            pan_and_scan: None,
+            ..spec
+        };
+        let err = Spec::from_json(&knobless.to_json()).unwrap_err();
         assert_eq!(err.code(), "spec.invalid");
-        assert!(err.to_string().contains("pan-and-scan"), "{err}");
+    }
+
+    #[test]
+    fn gemma3_refusals_name_their_cause() {
+        for (pp, field) in [
+            (r#"{"do_pan_and_scan": "yes"}"#, "do_pan_and_scan"),
+            (
+                r#"{"pan_and_scan_max_num_crops": 0}"#,
+                "pan_and_scan_max_num_crops",
+            ),
+            (
+                r#"{"pan_and_scan_min_crop_size": -1}"#,
+                "pan_and_scan_min_crop_size",
+            ),
+            (
+                r#"{"pan_and_scan_min_ratio_to_activate": "1"}"#,
+                "pan_and_scan_min_ratio",
+            ),
+        ] {
+            let err = spec_from_hf_configs(pp, GEMMA3_CONFIG).unwrap_err();
+            assert_eq!(err.code(), "spec.invalid");
+            assert!(err.to_string().contains(field), "{err}");
+        }
         let other_size = r#"{"size": {"height": 448, "width": 448}}"#;
         let err = spec_from_hf_configs(other_size, GEMMA3_CONFIG).unwrap_err();
         assert_eq!(err.code(), "spec.inconsistent");

@@ -19,9 +19,9 @@ use super::error::to_py;
 use super::spec::PySpec;
 use super::video::PyVideoOptions;
 use crate::common::par;
+use crate::common::text_pieces::TextPieces;
 use crate::driver::{self, DriverOptions, MediaInput, MediaItem, Modality, Mode};
 use crate::pipeline::{Family, Positions, ProcessError, Tensor, TensorData, TokenId};
-use crate::video::timestamps::TimestampTokens;
 
 fn tensor_to_numpy(py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
     let (shape, data) = tensor.into_parts();
@@ -106,6 +106,38 @@ fn qwen_vl_preprocess_batch(
     out.into_iter().map(|o| to_preprocessed(py, o)).collect()
 }
 
+/// One encoded image, then each of its pan-and-scan crops where the spec pans and scans, to
+/// `(pixel_values, image_grid_thw, identity)` (a crop's identity is its own, folded from the
+/// image's content hash).
+#[pyfunction]
+fn preprocess_with_crops(
+    py: Python<'_>,
+    spec: &PySpec,
+    data: PyBackedBytes,
+) -> PyResult<Vec<Preprocessed>> {
+    let family = Arc::clone(&spec.family);
+    let items = py
+        .detach(move || {
+            driver::image_and_crops(family.as_ref(), &data, 0, &Default::default(), Mode::Full)
+        })
+        .map_err(to_py)?;
+    items
+        .into_iter()
+        .map(|item| {
+            let feature = item
+                .processed
+                .map(|p| tensor_to_numpy(py, p.feature))
+                .transpose()?
+                .ok_or_else(|| to_py(ProcessError::PanAndScan("an item came without pixels")))?;
+            Ok((
+                feature,
+                grid_array(py, item.geometry.grid_thw())?,
+                item.hash,
+            ))
+        })
+        .collect()
+}
+
 /// One media item of a [`PyProcessResult`].
 #[pyclass(name = "ProcessedMedia", module = "mmserve._mm", frozen, get_all)]
 pub struct PyProcessedMedia {
@@ -118,6 +150,7 @@ pub struct PyProcessedMedia {
     data: Option<Py<PyByteArray>>,
     source: usize,
     temporal_group: Option<u32>,
+    crop: Option<u32>,
 }
 
 /// The driver's output for one request.
@@ -187,7 +220,7 @@ fn with_modalities<'a>(inputs: Vec<MediaInput<'a>>, kinds: &[Modality]) -> Vec<M
 #[pyo3(signature = (spec, input_ids, images, *, allowed_local_roots = Vec::new(),
                     allowed_domains = Vec::new(), timeout_s = None, count_only = false,
                     keep_bytes = false, modalities = None, video = None,
-                    timestamp_tokens = None))]
+                    text_pieces = None, panned_input_ids = None))]
 #[allow(clippy::too_many_arguments)]
 fn process(
     py: Python<'_>,
@@ -201,7 +234,8 @@ fn process(
     keep_bytes: bool,
     modalities: Option<Vec<PyBackedStr>>,
     video: Option<PyRef<'_, PyVideoOptions>>,
-    timestamp_tokens: Option<HashMap<String, Vec<TokenId>>>,
+    text_pieces: Option<HashMap<String, Vec<TokenId>>>,
+    panned_input_ids: Option<Vec<TokenId>>,
 ) -> PyResult<PyProcessResult> {
     let mut options = DriverOptions::default();
     options.fetch.allowed_local_roots = allowed_local_roots;
@@ -212,8 +246,8 @@ fn process(
         })?;
         options.video_timeout = Some(options.fetch.timeout);
     }
-    options.timestamp_tokens =
-        timestamp_tokens.map(|pieces| TimestampTokens::new(pieces.into_iter().collect()));
+    options.text_pieces = text_pieces.map(|pieces| TextPieces::new(pieces.into_iter().collect()));
+    options.panned_input_ids = panned_input_ids;
     let kinds = self::modalities(modalities, images.len())?;
     #[cfg(feature = "video")]
     {
@@ -300,6 +334,7 @@ fn process(
                         .and_then(|item| item.bytes().map(|b| PyByteArray::new(py, b).unbind())),
                     source: item.source,
                     temporal_group: item.temporal_group,
+                    crop: item.crop,
                 },
             )
         })
@@ -324,6 +359,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyProcessResult>()?;
     m.add_function(wrap_pyfunction!(qwen_vl_preprocess, m)?)?;
     m.add_function(wrap_pyfunction!(qwen_vl_preprocess_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(preprocess_with_crops, m)?)?;
     m.add_function(wrap_pyfunction!(process, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     Ok(())

@@ -97,6 +97,27 @@ impl PySpec {
         self.family.video_per_group()
     }
 
+    /// `(min_crop_size, max_num_crops, min_ratio_to_activate)`: the pan-and-scan knobs of a
+    /// family that can pan and scan (Gemma 3), whether or not `do_pan_and_scan` is set.
+    #[getter]
+    fn pan_and_scan(&self) -> Option<(u32, u32, f64)> {
+        self.spec
+            .pan_and_scan
+            .map(|k| (k.min_crop_size, k.max_num_crops, k.min_ratio_to_activate))
+    }
+
+    #[getter]
+    fn do_pan_and_scan(&self) -> bool {
+        self.spec.do_pan_and_scan
+    }
+
+    /// The texts the driver writes into this family's prompts (between an image and its
+    /// crops), for which `process` takes the tokenizer's ids as `text_pieces`.
+    #[getter]
+    fn text_pieces(&self) -> Vec<&'static str> {
+        self.family.text_pieces().to_vec()
+    }
+
     #[getter]
     fn patch_size(&self) -> u32 {
         self.spec.patch_size
