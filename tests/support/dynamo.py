@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.deployment import STARTUP_TIMEOUT_S, free_port, stop_processes
+from tests.support import forked
+from tests.support.deployment import STARTUP_TIMEOUT_S, Process, free_port, stop_processes
 
 DYNAMO_VERSION = "1.6.1"
 
@@ -73,7 +74,7 @@ class DynamoDeployment:
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
     namespace: str = field(default_factory=lambda: f"dyn{secrets.token_hex(4)}")
     http_port: int = field(default_factory=free_port)
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    processes: dict[str, Process] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -98,7 +99,13 @@ class DynamoDeployment:
             "HF_HUB_OFFLINE": "1",
             **self.env,
         }
-        log = open(self.log_dir / f"dynamo-{name}.log", "wb")
+        log_path = self.log_dir / f"dynamo-{name}.log"
+        if argv[:3] == [sys.executable, "-m", "mmserve.dynamo"] and forked.can_fork(env):
+            self.processes[name] = forked.ForkedProcess(
+                argv[3:], env, log_path, entry="mmserve.dynamo.cli:main"
+            )
+            return
+        log = open(log_path, "wb")
         self.processes[name] = subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

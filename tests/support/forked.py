@@ -1,18 +1,20 @@
-"""`mmserve` components forked from a process that has already imported torch, transformers and
-mmserve (multiprocessing's forkserver with those modules preloaded), instead of each starting a
-fresh interpreter: the same `mmserve.cli.main` runs in the child, without the seconds of imports
-that every component otherwise pays. The e2e tests start hundreds of components, on two cores.
+"""Components forked from a process that has already imported torch and transformers
+(multiprocessing's forkserver with those modules preloaded), instead of each starting a fresh
+interpreter: the child runs the same entry point (`mmserve.cli.main`, or the Dynamo worker's
+`mmserve.dynamo.cli.main`) without the seconds of imports every component otherwise pays. The
+e2e tests start hundreds of components, on two cores.
 
-The server process imports modules but runs nothing (no torch op, no thread, no event loop), so
-a fork of it is a clean start. What it cannot give a child is a different value of a variable
+The forkserver imports modules but runs nothing (no torch op, no thread, no event loop), so a
+fork of it is a clean start. What it cannot give a child is a different value of a variable
 read while those modules were imported; `can_fork` says when a component needs its own
-interpreter instead (`tests/support/deployment.py` falls back to one).
+interpreter instead (the deployments in `tests/support/` fall back to one).
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import importlib
 import multiprocessing
 import multiprocessing.context
 import os
@@ -20,6 +22,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping
+from multiprocessing import forkserver
 from pathlib import Path
 
 import numpy
@@ -41,6 +44,8 @@ PRELOAD = [
     "transformers.models.qwen3_vl.modeling_qwen3_vl",
     "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
     "transformers.models.gemma3.modeling_gemma3",
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
     "httpx",
     "msgspec",
     "nats",
@@ -67,39 +72,34 @@ FORKSERVER_ENV = {"HF_HUB_OFFLINE": "1"}
 
 
 @functools.cache
-def _context() -> multiprocessing.context.ForkServerContext:
+def _forkserver() -> tuple[multiprocessing.context.ForkServerContext, dict[str, str]]:
+    """The context whose processes fork from the preloaded forkserver (started now, with this
+    process's environment plus `FORKSERVER_ENV`), and that environment."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    # The forkserver starts with this process's environment at its first use.
     saved = {name: os.environ.get(name) for name in FORKSERVER_ENV}
     os.environ.update(FORKSERVER_ENV)
     try:
-        from multiprocessing import forkserver
-
+        server_env = dict(os.environ)
         forkserver.ensure_running()
     finally:
         for name, value in saved.items():
             if value is None:
-                os.environ.pop(name, None)
+                del os.environ[name]
             else:
                 os.environ[name] = value
-    return context
-
-
-@functools.cache
-def _forkserver_env() -> dict[str, str]:
-    return {**os.environ, **FORKSERVER_ENV}
+    return context, server_env
 
 
 def can_fork(env: Mapping[str, str]) -> bool:
     """Whether a component with this environment can start as a fork of the forkserver."""
-    server = _forkserver_env()
-    return all(env.get(name) == server.get(name) for name in IMPORT_TIME_VARIABLES)
+    _, server_env = _forkserver()
+    return all(env.get(name) == server_env.get(name) for name in IMPORT_TIME_VARIABLES)
 
 
-def _run_cli(argv: list[str], env: dict[str, str], log_path: str) -> None:
+def _run(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> None:
     """The child: a session of its own (as `start_new_session`), ending with the forkserver,
-    output to the (emptied) log, the component's environment, then `mmserve <argv>`."""
+    output to the (emptied) log, the component's environment, then `entry(argv)`."""
     os.setsid()
     set_parent_death_signal(signal.SIGTERM)
     numpy.random.seed()  # the forkserver's global state would be every child's
@@ -109,9 +109,9 @@ def _run_cli(argv: list[str], env: dict[str, str], log_path: str) -> None:
     os.close(log)
     os.environ.clear()
     os.environ.update(env)
-    sys.argv = ["mmserve", *argv]
-    from mmserve.cli import main
-
+    module, _, function = entry.partition(":")
+    sys.argv = [module, *argv]
+    main = getattr(importlib.import_module(module), function)
     try:
         code = main(argv)
     finally:
@@ -123,12 +123,20 @@ def _run_cli(argv: list[str], env: dict[str, str], log_path: str) -> None:
 class ForkedProcess:
     """A forked component behind the part of `subprocess.Popen`'s interface the tests use."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        entry: str = "mmserve.cli:main",
+    ) -> None:
+        """`entry` ("module:function", the function taking argv and returning an exit code)
+        is what `python -m module argv` would run."""
         # Emptied here, not in the child: whoever reads the log next must not find the
         # previous process's lines in it.
         log_path.write_bytes(b"")
-        self._process = _context().Process(
-            target=_run_cli, args=(argv, dict(env), str(log_path)), daemon=True
+        self._process = _forkserver()[0].Process(
+            target=_run, args=(entry, argv, dict(env), str(log_path)), daemon=True
         )
         self._process.start()
         self.args = argv
