@@ -3,8 +3,10 @@ as the aggregated one, for each tiny model family, with 0, 1 and 3 images."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +15,13 @@ import openai
 import pytest
 
 from mmserve.models.family import resolve_model_spec
-from mmserve.models.tiny import build_tiny_model
+from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import data_url
 from tests.support.waiting import wait_until
 
-FAMILIES = [
-    "qwen2_vl",
-    "qwen2_5_vl",
-    "qwen3_vl",
-    "qwen3_vl_moe",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "gemma3",
-]
+FAMILIES = list(TINY_FAMILIES)
 PATTERNS = ["agg", "ep_d", "e_pd", "e_p_d"]
 # Qwen3-VL-MoE is Qwen3-VL with an MoE language model, Qwen3.5-MoE is Qwen3.5 with one: the
 # aggregated worker and the pattern with every hop apart (embeddings to prefill, its KV and
@@ -110,6 +104,21 @@ def _logged(deployment: Deployment, process: str, request_id: str) -> bool:
     return request_id in deployment.log(process)
 
 
+@contextlib.contextmanager
+def _all_running(deployments: list[Deployment]) -> Iterator[None]:
+    """Every deployment started at once (their start-ups overlap) and ready inside the block;
+    all stopped when it ends, however it ends."""
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+        yield
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+
+
 def _run_patterns(
     deployments: list[Deployment], requests: list, image_gets: Counter[str]
 ) -> tuple[dict, dict, dict]:
@@ -117,20 +126,14 @@ def _run_patterns(
     results: dict[str, list[tuple]] = {}
     streamed: dict[str, list[str]] = {}
     gets: dict[str, Counter[str]] = {}
-    try:
+    with _all_running(deployments):
         for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
             client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
             name = deployment.model_path.name
             before = Counter(image_gets)
             results[deployment.pattern] = [_complete(client, name, m) for m in requests]
             streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
             gets[deployment.pattern] = Counter(image_gets) - before
-    finally:
-        for deployment in deployments:
-            deployment.stop()
     return results, streamed, gets
 
 
@@ -284,11 +287,8 @@ def test_precomputed_embeddings_give_the_images_tokens(
         )
         for p in patterns
     ]
-    try:
+    with _all_running(deployments):
         for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
             client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
             name = deployment.model_path.name
             for with_image, with_embeds in pairs:
@@ -324,9 +324,6 @@ def test_precomputed_embeddings_give_the_images_tokens(
             )
             assert small.usage is not None and small.usage.prompt_tokens < plain_prompt
             bounded[deployment.pattern] = (small.choices[0].message.content, small.usage)
-    finally:
-        for deployment in deployments:
-            deployment.stop()
     assert all(result == bounded["agg"] for result in bounded.values()), bounded
 
 
@@ -350,11 +347,8 @@ def test_an_image_named_by_its_id_gives_the_images_tokens(
         for p in PATTERNS
     ]
     results: dict[str, tuple] = {}
-    try:
+    with _all_running(deployments):
         for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
             base = f"{deployment.base_url}/v1"
             client = openai.OpenAI(base_url=base, api_key="tenant-a", max_retries=0)
             name = deployment.model_path.name
@@ -372,9 +366,6 @@ def test_an_image_named_by_its_id_gives_the_images_tokens(
             with pytest.raises(openai.BadRequestError) as gone:
                 _complete(client, name, by_id)
             assert gone.value.code == "media_id.gone", deployment.pattern
-    finally:
-        for deployment in deployments:
-            deployment.stop()
     assert all(result == results["agg"] for result in results.values()), results
 
 
@@ -401,11 +392,8 @@ def test_pan_and_scan_gives_the_aggregated_tokens(
     ]
     messages: Any = [{"role": "user", "content": content}]
     answers: dict[str, list[tuple]] = {}
-    try:
+    with _all_running(deployments):
         for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
             client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
 
             def ask(kwargs: dict[str, Any] | None, client: openai.OpenAI = client) -> tuple:
@@ -423,9 +411,6 @@ def test_pan_and_scan_gives_the_aggregated_tokens(
             with pytest.raises(openai.BadRequestError) as refused:
                 ask({"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 5})
             assert refused.value.code == "invalid_value"
-    finally:
-        for deployment in deployments:
-            deployment.stop()
     (text, prompt), again, (_, plain_prompt) = answers["agg"]
     assert text and again == (text, prompt)
     # Four crops of 256 soft tokens between their begin and end of image, and the texts.

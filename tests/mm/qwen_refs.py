@@ -50,10 +50,11 @@ PREPROCESSOR_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "default": {},
 }
-# Qwen3-VL-MoE and Qwen3.5 ship Qwen3-VL's preprocessor_config.json.
-PREPROCESSOR_CONFIGS["qwen3_vl_moe"] = PREPROCESSOR_CONFIGS["qwen3_vl"]
-PREPROCESSOR_CONFIGS["qwen3_5"] = PREPROCESSOR_CONFIGS["qwen3_vl"]
-MODEL_TYPE = {f: f for f in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5")}
+# Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE ship Qwen3-VL's preprocessor_config.json.
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+for _family in ("qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"):
+    PREPROCESSOR_CONFIGS[_family] = PREPROCESSOR_CONFIGS["qwen3_vl"]
+MODEL_TYPE = {f: f for f in QWEN_FAMILIES}
 PROCESSOR_TYPES = {"pil": "Qwen2VLImageProcessorPil", "torch": "Qwen2VLImageProcessor"}
 BACKENDS = ("pil", "torch")
 

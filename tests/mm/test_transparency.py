@@ -19,6 +19,7 @@ from .qwen_refs import (
     BACKENDS,
     IMAGE_TOKEN,
     PREPROCESSOR_CONFIGS,
+    QWEN_FAMILIES,
     VISION_END,
     VISION_START,
     hf_processor,
@@ -26,7 +27,6 @@ from .qwen_refs import (
     model_config,
 )
 
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 SIZES = [(1, 1), (23, 14)]
 
 
