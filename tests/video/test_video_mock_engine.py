@@ -14,6 +14,7 @@ from mmserve.engines.mock import MockEngine
 from mmserve.frontend.mm_options import VideoRange
 from mmserve.kv.view import prompt_block_keys
 from mmserve.media import MediaPolicy, plan_request_here
+from mmserve.media.text_pieces import text_pieces
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     KvStored,
@@ -38,12 +39,14 @@ async def test_usage_and_prefix_keys_cover_the_video(tmp_path: Any, family: str)
     text = f"<|im_start|>user\n{'x ' * 20}{VIDEO} and {IMAGE}?<|im_end|>\n"
     ids = processor.tokenizer(text)["input_ids"]
     video_range = VideoRange.of(spec)
+    pieces = text_pieces(processor.tokenizer, spec)
 
     def plan(**asked: Any) -> RequestPlan:
         return plan_request_here(
             spec.core, ids, [clip, image], MediaPolicy(), count_only=True,
             modalities=["video", "image"],
             video=video_range.settings(MMProcessorKwargs(**asked), None),
+            text_pieces=pieces,
         ).plan  # fmt: skip
 
     engine = await MockEngine.load(
