@@ -41,12 +41,11 @@ def engine(tiny_model: Path) -> HfEngine:
     return HfEngine(tiny_model)
 
 
-def prefix_reusing_engine(tiny_model: Path, **options) -> HfEngine:
-    """A fresh engine for a prefix-cache test, skipped for a hybrid model, which reuses no
-    prefix blocks (`test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block`)."""
-    engine = HfEngine(tiny_model, **options)
-    if not engine.spec.reuses_prefix_blocks:
-        pytest.skip("a model with linear-attention layers reuses no prefix blocks")
+def prefix_reusing_engine(model: Path, **options) -> HfEngine:
+    """A fresh engine for a prefix-cache test (a hybrid model reuses no prefix blocks:
+    `test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block`)."""
+    engine = HfEngine(model, **options)
+    assert engine.spec.reuses_prefix_blocks, f"{model.name} is hybrid: list it in HYBRID_FAMILIES"
     return engine
 
 
@@ -113,11 +112,11 @@ async def test_encoder_cache_key_separates_grids_under_one_hash(engine: HfEngine
     assert not torch.equal(first[0].embeddings, second[0].embeddings)
 
 
-async def test_prefix_cache_reuses_blocks_with_identical_output(tiny_model: Path):
-    engine = prefix_reusing_engine(tiny_model)
+async def test_prefix_cache_reuses_blocks_with_identical_output(prefix_reusing_model: Path):
+    engine = prefix_reusing_engine(prefix_reusing_model)
     events: list = []
     engine.subscribe_kv_events(events.append)
-    items = preprocess(tiny_model, [make_image(84, 56, seed=3)])
+    items = preprocess(prefix_reusing_model, [make_image(84, 56, seed=3)])
     ids_a = expand_prompt(engine.tokenizer, ["First question about it."], items)
     ids_b = expand_prompt(engine.tokenizer, ["Another, different question."], items)
 
@@ -137,22 +136,21 @@ async def test_prefix_cache_reuses_blocks_with_identical_output(tiny_model: Path
     assert tokens_of(other) == expected
 
     # A different image with the same token count must not hit the image blocks.
-    other_items = preprocess(tiny_model, [make_image(84, 56, seed=4)])
+    other_items = preprocess(prefix_reusing_model, [make_image(84, 56, seed=4)])
     changed = await run(engine, ids_a, other_items)
     image_start = ids_a.index(engine.spec.image_token_id)
     assert changed[-1].usage.cached_tokens <= image_start // 16 * 16
 
 
-async def test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block(tiny_model: Path):
+async def test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block(hybrid_model: Path):
     """Qwen3.5's linear-attention states exist only at the end of the prompt that made them, so
     a repeat runs cold to the same tokens, no KV event announces a block, an item named by its
     id alone is refused, and a KV export without the states does not import."""
-    engine = HfEngine(tiny_model)
-    if engine.spec.reuses_prefix_blocks:
-        pytest.skip("an attention-only model reuses prefix blocks (the tests above)")
+    engine = HfEngine(hybrid_model)
+    assert not engine.spec.reuses_prefix_blocks
     events: list = []
     engine.subscribe_kv_events(events.append)
-    items = preprocess(tiny_model, [make_image(84, 56, seed=3)])
+    items = preprocess(hybrid_model, [make_image(84, 56, seed=3)])
     ids = expand_prompt(engine.tokenizer, ["First question about it."], items)
     assert len(ids) > 2 * engine.prefix_cache.block_size
 
@@ -174,8 +172,8 @@ async def test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block(tiny_m
         await engine.import_kv("i", stateless)
 
 
-async def test_eviction_under_a_small_budget_emits_removed_events(tiny_model: Path):
-    engine = prefix_reusing_engine(tiny_model, prefix_cache_blocks=2)
+async def test_eviction_under_a_small_budget_emits_removed_events(prefix_reusing_model: Path):
+    engine = prefix_reusing_engine(prefix_reusing_model, prefix_cache_blocks=2)
     events: list = []
     engine.subscribe_kv_events(events.append)
     ids = expand_prompt(engine.tokenizer, ["word " * 60], [])
@@ -193,11 +191,11 @@ async def test_eviction_under_a_small_budget_emits_removed_events(tiny_model: Pa
     assert isinstance(events[-1], KvCleared)
 
 
-async def test_clear_caches_empties_both_caches_and_says_so(tiny_model: Path):
-    engine = prefix_reusing_engine(tiny_model)
+async def test_clear_caches_empties_both_caches_and_says_so(prefix_reusing_model: Path):
+    engine = prefix_reusing_engine(prefix_reusing_model)
     events: list = []
     engine.subscribe_kv_events(events.append)
-    items = preprocess(tiny_model, [make_image(84, 56, seed=5)])
+    items = preprocess(prefix_reusing_model, [make_image(84, 56, seed=5)])
     ids = expand_prompt(engine.tokenizer, ["What is it?"], items)
     first = await run(engine, ids, items)
     blocks = engine.prefix_cache.num_blocks
@@ -217,12 +215,16 @@ async def test_clear_caches_empties_both_caches_and_says_so(tiny_model: Path):
     assert tokens_of(again) == tokens_of(first)
 
 
-async def test_an_item_without_its_embedding_is_served_from_the_prefix_cache(tiny_model: Path):
+async def test_an_item_without_its_embedding_is_served_from_the_prefix_cache(
+    prefix_reusing_model: Path,
+):
     """Items named by their media id alone whose embeddings no encoder cache holds (None) need
     none while the prefix cache holds all their tokens: the same tokens as with them. Once the
     prefix cache dropped them the engine refuses them (MediaGone)."""
-    engine = prefix_reusing_engine(tiny_model)
-    items = preprocess(tiny_model, [make_image(84, 56, seed=6), make_image(56, 56, seed=7)])
+    engine = prefix_reusing_engine(prefix_reusing_model)
+    items = preprocess(
+        prefix_reusing_model, [make_image(84, 56, seed=6), make_image(56, 56, seed=7)]
+    )
     ids = expand_prompt(engine.tokenizer, ["Compare these two."], items)
     embeddings = await engine.encode(items)
     request = planned_request("r", ids, items, GREEDY, EIGHT_TOKENS, model=engine.model)
