@@ -13,6 +13,7 @@ MODEL = "tiny-qwen2_vl-seed0"
 # A fault must end every stream it touches well within this; the frontend's own deadline
 # (300 s) is far beyond it, so only the failure detection can meet it.
 BOUND_S = 30.0
+RETRY_PAUSE_S = 0.1
 
 
 def chat_body(max_tokens: int, text: str = "Tell me a long story.") -> dict[str, object]:
@@ -65,9 +66,14 @@ async def stream_chat(
 async def stream_until(
     client: httpx.AsyncClient, stop: asyncio.Event, body: dict[str, object]
 ) -> list[tuple[float, Outcome]]:
-    """One client's streams back to back until `stop`: (sent at, outcome) of each."""
+    """One client's streams back to back until `stop`: (sent at, outcome) of each. After a
+    refusal it pauses `RETRY_PAUSE_S`, as a client's retry does: six clients re-sending at once
+    would keep two cores busy with 503s while the cluster elects leaders and reconnects."""
     sent: list[tuple[float, Outcome]] = []
     while not stop.is_set():
         started = time.monotonic()
-        sent.append((started, await stream_chat(client, body)))
+        outcome = await stream_chat(client, body)
+        sent.append((started, outcome))
+        if outcome.status != 200:
+            await asyncio.sleep(RETRY_PAUSE_S)
     return sent
