@@ -146,10 +146,6 @@ class ForkedProcess:
         assert self._process.pid is not None
         return self._process.pid
 
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
-
     def poll(self) -> int | None:
         return self._process.exitcode
 
@@ -162,9 +158,3 @@ class ForkedProcess:
     def send_signal(self, signum: int) -> None:
         if self._process.exitcode is None:
             os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
