@@ -6,6 +6,7 @@
 # program; corpora and crash artifacts stay under rust/mmserve-mm/fuzz/ (ignored by git).
 #
 #   bench/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     default: 60 s, all targets
+#   RUNS=1000000 bench/fuzz.sh 7200 video               stop at a million runs (or the time)
 #
 # Needs `cargo install cargo-fuzz` and `rustup toolchain install nightly`. Prints one markdown
 # row per target: runs, corpus size, crashes (a crash keeps its input in fuzz/artifacts/TARGET).
@@ -13,6 +14,7 @@ set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 budget=${1:-60}
+runs_cap=${RUNS:--1}  # libFuzzer's -runs: -1 is no cap
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(decode inline_source driver video)
@@ -96,7 +98,7 @@ for target in "${targets[@]}"; do
     log="$fuzz/artifacts/$target.log"
     mkdir -p "$fuzz/artifacts/$target"
     cargo +nightly fuzz run "$target" "$fuzz/corpus/$target" -- \
-        -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=262144 \
+        -max_total_time="$budget" -runs="$runs_cap" -timeout=10 -rss_limit_mb=2048 -max_len=262144 \
         -print_final_stats=1 >"$log" 2>&1
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
     corpus=$(find "$fuzz/corpus/$target" -type f | wc -l)
