@@ -409,10 +409,9 @@ def qwen3(request: pytest.FixtureRequest) -> HfEngine:
     return HfEngine(build_tiny_model(request.param))
 
 
-def driver_plan(engine: HfEngine, items: list[Item]) -> tuple[RequestPlan, list[MediaPayload]]:
+def driver_plan(spec: ModelSpec, items: list[Item]) -> tuple[RequestPlan, list[MediaPayload]]:
     """The plan the frontend's driver makes of the prompt with `items` (from its bytes, count
     only), and the payloads it sends on (a video's bytes with its first planned item)."""
-    spec = engine.spec
     tokenizer = AutoTokenizer.from_pretrained(spec.path)
     media = "".join(IMAGE_PART if item.sampling is None else VIDEO_PART for item in items)
     settings = VideoSettings(base=base_options(spec), sampling=SAMPLING)
@@ -445,7 +444,7 @@ async def test_qwen3_vl_video_greedy_tokens_equal_transformers(
     images = [Item(png(make_image(56 + 32 * i, 96 - 32 * i, seed=i))) for i in range(num_images)]
     items = [*images[:1], Item(video, SAMPLING), *images[1:]]
     inputs, expected = reference(qwen3, items)
-    plan, payloads = driver_plan(qwen3, items)
+    plan, payloads = driver_plan(qwen3.spec, items)
     input_ids = inputs["input_ids"]
     assert plan.token_ids == input_ids[0].tolist()
     t, h, w = inputs["video_grid_thw"][0].tolist()

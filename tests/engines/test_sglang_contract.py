@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import inspect
 import os
@@ -44,6 +45,8 @@ from mmserve.engines.sglang.kv_events import SglangKvEventBridge
 from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.kv.pad import PadScheme, pad_values
 from mmserve.kv.view import routing_view
+from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     BootstrapInfo,
     KvCleared,
@@ -57,6 +60,9 @@ from mmserve.protocol import (
     mm_hash_hex,
 )
 from mmserve.worker.options import load_engine
+from tests.engines.test_hf_video import SAMPLING, Item, driver_plan, png
+from tests.support.engines import make_image
+from tests.support.video import make_video
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = ROOT / ".venv" / "sglang" / "bin" / "python"
@@ -248,13 +254,55 @@ def test_a_video_goes_in_video_data_with_the_plans_positions() -> None:
     )
 
 
-def test_a_video_planned_per_temporal_group_is_refused() -> None:
-    """Qwen3-VL's videos, one item per temporal group, are not sent to SGLang."""
-    request, embeddings = _video_request(num_images=0)
-    (video,) = request.media
-    grouped = replace(request, media=(msgspec.structs.replace(video, temporal_group=0),))
-    with pytest.raises(EngineError, match="Qwen3-VL videos"):
-        generate_kwargs(grouped, embeddings, None)
+@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe", "qwen3_5"])
+def grouped_video(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[ModelSpec, EngineRequest]:
+    """The driver's plan of a prompt with an image, a Qwen3-VL video (one item per temporal
+    group, its timestamp text between them) and another image, over a tiny checkpoint of a
+    family that plans videos so."""
+    spec = resolve_model_spec(build_tiny_model(request.param))
+    video = make_video(tmp_path_factory.mktemp("video") / "v.mp4", size="100x60", seconds=1.6)
+    images = [Item(png(make_image(56 + 32 * i, 96 - 32 * i, seed=i))) for i in range(2)]
+    plan, _ = driver_plan(spec, [images[0], Item(video, SAMPLING), images[1]])
+    return spec, EngineRequest.from_plan("req-groups", plan, stop=StopConditions())
+
+
+def _deepstack_embeddings(spec: ModelSpec, request: EngineRequest) -> list[ItemEmbedding]:
+    """Random rows for each planned item, with the family's deepstack features beside them."""
+    hidden = 8
+    return [
+        ItemEmbedding(
+            m.mm_hash,
+            m.grid_thw,
+            torch.randn(m.length, hidden),
+            tuple(torch.randn(m.length, hidden) for _ in range(spec.deepstack_layers)),
+        )
+        for m in request.media
+    ]
+
+
+def test_a_video_planned_per_temporal_group_goes_as_its_groups_in_order(
+    grouped_video: tuple[ModelSpec, EngineRequest],
+) -> None:
+    """Qwen3-VL's video goes as its groups' rows, in order and with their `(1, h, w)` grids,
+    in the one video item; the positions ride on the images' item; no `mm_hashes`, since
+    SGLang keeps the groups one item."""
+    spec, request = grouped_video
+    groups = [m for m in request.media if m.modality == "video"]
+    assert len(groups) > 1 and all(g.temporal_group is not None for g in groups)
+    embeddings = _deepstack_embeddings(spec, request)
+    kwargs = generate_kwargs(request, embeddings, None, splits_images=True)
+    (video,) = kwargs["video_data"]
+    in_video = [e for m, e in zip(request.media, embeddings, strict=True) if m in groups]
+    expected = torch.cat([torch.cat([e.embeddings, *e.deepstack], dim=1) for e in in_video])
+    assert torch.equal(video["precomputed_embeddings"], expected)
+    assert video["video_grid_thw"].tolist() == [list(g.grid_thw) for g in groups]
+    assert request.positions is not None
+    assert kwargs["image_data"][0]["mrope_positions"].reshape(-1).tolist() == (
+        request.positions.rows
+    )
+    assert "mm_hashes" not in kwargs
 
 
 def test_stop_rules_the_adapter_maps() -> None:
@@ -500,8 +548,7 @@ else:
         sglang_splits_images,
     )
     from mmserve.engines.sglang.convert import encoder_item
-    from mmserve.models.family import resolve_model_spec
-    from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
+    from mmserve.models.tiny import TINY_FAMILIES
 
     def installed_scheme() -> PadScheme:
         """The scheme of the installed release: 0.5.1x pads with one value, 0.5.2x with four."""
@@ -656,19 +703,18 @@ else:
         assert isinstance(stored, KvStored) and len(stored.blocks) == 2
         assert removed == KvRemoved(block_hashes=[stored.blocks[1].block_hash])
 
-    @pytest.fixture(scope="module")
-    def qwen_vl_processor() -> Any:
-        """SGLang's own Qwen-VL multimodal processor over a tiny Qwen2.5-VL checkpoint, as
-        its tokenizer manager makes it (on the CPU)."""
+    @functools.cache
+    def sglang_processor(family: str) -> Any:
+        """SGLang's own Qwen-VL multimodal processor over a tiny checkpoint of `family`, as its
+        tokenizer manager makes it (on the CPU)."""
         from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor
         from sglang.srt.runtime_context import publish
         from sglang.srt.server_args import ServerArgs
         from transformers import AutoConfig, AutoProcessor
 
-        from mmserve.models.tiny import build_tiny_model
-
-        path = build_tiny_model("qwen2_5_vl")
-        server_args = ServerArgs(model_path=str(path), device="cpu")
+        path = build_tiny_model(family)
+        # No radix cache: on the CPU SGLang refuses the one that keeps Qwen3.5's states.
+        server_args = ServerArgs(model_path=str(path), device="cpu", disable_radix_cache=True)
         publish(server_args, role="tokenizer")
         return QwenVLImageProcessor(
             AutoConfig.from_pretrained(path),
@@ -676,6 +722,10 @@ else:
             AutoProcessor.from_pretrained(path),
             transport_mode=None,
         )
+
+    @pytest.fixture(scope="module")
+    def qwen_vl_processor() -> Any:
+        return sglang_processor("qwen2_5_vl")
 
     async def _sglang_items(processor: Any, kwargs: dict[str, Any]) -> Any:
         """What SGLang's processor makes of one generate call's arguments."""
@@ -710,6 +760,85 @@ else:
         assert out.mrope_position_delta.flatten().tolist() == [request.positions.delta]
         one_to_one = len(out.mm_items) == len(request.media)
         assert ("mm_hashes" in kwargs) == one_to_one
+
+    async def test_sglang_fills_each_temporal_groups_run_with_its_rows(
+        grouped_video: tuple[ModelSpec, EngineRequest],
+    ) -> None:
+        """A Qwen3-VL video planned per temporal group, through SGLang's Qwen-VL processor
+        and the padding and embedding routine of the model class it loads for the checkpoint:
+        one video item over the groups' runs, the plan's positions (which are also SGLang's own
+        `get_rope_index` of the whole video), and each group's rows and deepstack features
+        land on its own run, the timestamp text between runs embedded as text."""
+        from sglang.srt.layers.rotary_embedding import MRotaryEmbedding
+        from sglang.srt.managers.mm_utils import embed_mm_inputs
+        from sglang.srt.managers.schedule_batch import MultimodalInputs
+        from sglang.srt.models.registry import ModelRegistry
+
+        spec, request = grouped_video
+        model_class, _ = ModelRegistry.resolve_model_cls([spec.family.model_class])
+        processor = sglang_processor(spec.family.name)
+        embeddings = _deepstack_embeddings(spec, request)
+        kwargs = generate_kwargs(request, embeddings, None, splits_images=sglang_splits_images())
+        out = await _sglang_items(processor, kwargs)
+        ids = list(request.token_ids)
+        assert out.input_ids == ids
+        groups = [m for m in request.media if m.modality == "video"]
+        (video_item,) = [item for item in out.mm_items if item.modality is Modality.VIDEO]
+        assert video_item.offsets == [(g.offset, g.end - 1) for g in groups]
+        assert request.positions is not None
+        assert out.mrope_positions.reshape(-1).tolist() == request.positions.rows
+        t, h, w = len(groups), *groups[0].grid_thw[1:]
+        images = [m for m in request.media if m.modality == "image"]
+        theirs, delta = MRotaryEmbedding.get_rope_index(
+            spatial_merge_size=spec.spatial_merge_size,
+            image_token_id=spec.image_token_id,
+            video_token_id=spec.video_token_id,
+            vision_start_token_id=spec.vision_start_token_id,
+            model_type=processor.model_type,
+            input_ids=torch.tensor([ids]),
+            image_grid_thw=torch.tensor([m.grid_thw for m in images]),
+            video_grid_thw=torch.tensor([[t, h, w]]),
+        )
+        assert theirs.reshape(-1).tolist() == request.positions.rows
+        assert delta.flatten().tolist() == [request.positions.delta]
+
+        inputs = MultimodalInputs.from_processor_output(out)
+        padded = model_class.pad_input_ids(types.SimpleNamespace(), array("q", ids), inputs)
+        hidden, layers = 8, spec.deepstack_layers
+
+        def not_again(items: list[Any]) -> torch.Tensor:
+            raise AssertionError("precomputed rows are not encoded again")
+
+        model = types.SimpleNamespace(
+            config=types.SimpleNamespace(hidden_size=hidden),
+            num_deepstack_embeddings=layers,
+            deepstack_visual_indexes=list(range(layers)),
+            get_image_feature=not_again,
+            get_video_feature=not_again,
+        )
+        if layers:
+            model.separate_deepstack_embeds = functools.partial(
+                model_class.separate_deepstack_embeds, model
+            )
+        table = torch.nn.Embedding(max(ids) + 1, hidden)
+        placed, other = embed_mm_inputs(
+            [inputs],
+            [0],
+            [len(ids)],
+            torch.tensor(list(padded)),
+            table,
+            multimodal_model=model,
+            use_deepstack={Modality.IMAGE: True, Modality.VIDEO: True} if layers else {},
+        )
+        media_rows = torch.zeros(len(ids), dtype=torch.bool)
+        for m, e in zip(request.media, embeddings, strict=True):
+            assert torch.equal(placed[m.offset : m.end], e.embeddings)
+            if layers:
+                deepstack = other["input_deepstack_embeds"][m.offset : m.end]
+                assert torch.equal(deepstack, torch.cat(e.deepstack, dim=1))
+            media_rows[m.offset : m.end] = True
+        with torch.no_grad():
+            assert torch.equal(placed[~media_rows], table(torch.tensor(ids)[~media_rows]))
 
     def test_encoder_item_of_a_video() -> None:
         from sglang.srt.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from mmserve.engines.base import (
-    EngineError,
     EngineRequest,
     ItemEmbedding,
     MediaInput,
@@ -103,17 +102,13 @@ def generate_kwargs(
     one item per image or video (0.5.23: precomputed rows do not match its patch counts; a
     video's run is not split per temporal patch), so `mm_hashes` go only where each bundle
     holds one item, or images are split (`checks.sglang_splits_images`) and the request has at
-    most one video; otherwise SGLang would drop them with a warning anyway. With a video, the
-    plan's positions go with the first item: SGLang 0.5.23 reads Qwen2.5-VL's
-    `second_per_grid_ts` from that item alone, so it cannot compute them itself. A video planned
-    one item per temporal group (Qwen3-VL, its timestamp text between the groups) is refused:
-    SGLang's Qwen3-VL path writes and positions the timestamps itself from one whole-video
-    item, and taking the groups as precomputed items is not proved here."""
-    if any(item.temporal_group is not None for item in request.media):
-        raise EngineError(
-            "the sglang engine does not take Qwen3-VL videos (planned one item per temporal "
-            "group) yet; serve them with the hf engine"
-        )
+    most one video item; otherwise SGLang would drop them with a warning anyway. With a video,
+    the plan's positions go with the first item: SGLang 0.5.23 reads Qwen2.5-VL's
+    `second_per_grid_ts` from that item alone, so it cannot compute them itself. A Qwen3-VL
+    video, planned one item per temporal group with its timestamp text between the groups'
+    runs, goes as those items in the video bundle: SGLang finds one run per group in the given
+    ids and fills them in order, as its own encoder-disaggregated path (one item per frame
+    group) does, and the timestamp text stays text."""
     kwargs: dict[str, Any] = {
         "input_ids": list(request.token_ids),
         "sampling_params": sampling_params(request.sampling, request.stop),
