@@ -1,8 +1,8 @@
 """A request with a video through every deployment pattern's handlers, in one process over a
-real nats-server: hf engines on the tiny Qwen2.5-VL (one per handler, so no cache is shared)
-and the inline transfer backend. Each pattern gives the aggregated greedy tokens, and those
-equal transformers' own `generate` with `pixel_values_videos` (`tests/engines/test_hf_video.py`
-builds the reference and the plan)."""
+real nats-server: hf engines on each video family's tiny checkpoint (one per handler, so no
+cache is shared) and the inline transfer backend. The plan is the frontend driver's, and
+each pattern gives transformers' own `generate` tokens with `pixel_values_videos`
+(`tests/engines/test_hf_video.py` builds the reference and the plan)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ import pytest_asyncio
 
 from mmserve.engines.hf import HfEngine
 from mmserve.models.tiny import build_tiny_model
-from mmserve.protocol import MediaPayload, PreprocessedRequest, SamplingParams, StopConditions
+from mmserve.protocol import PreprocessedRequest, SamplingParams, StopConditions
 from mmserve.roles import Role
 from tests.engines.test_hf_video import (
     NEW_TOKENS,
     SAMPLING,
     Item,
+    driver_plan,
     png,
     reference,
-    request_plan,
 )
 from tests.support.engines import make_image
 from tests.video.test_video_core import FFMPEG, make_video
@@ -45,9 +45,11 @@ PATTERNS: dict[str, tuple[list[tuple[Role, bool]], Role]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_path() -> Path:
-    return build_tiny_model("qwen2_5_vl")
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def model_path(request: pytest.FixtureRequest) -> Path:
+    """Each way of placing a video: Qwen2-VL's temporal index, Qwen2.5-VL's spacing by time,
+    and Qwen3-VL's and Qwen3.5's timestamp text before each temporal group."""
+    return build_tiny_model(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +88,15 @@ async def test_every_pattern_gives_transformers_tokens_for_a_video(
     images = [Item(png(make_image(56 + 28 * i, 84 - 28 * i, seed=i))) for i in range(num_images)]
     items = [*images[:1], Item(video, SAMPLING), *images[1:]]
     inputs, expected = reference(planner, items)
-    plan = request_plan(planner, inputs["input_ids"][0].tolist(), items)
+    plan, payloads = driver_plan(planner.spec, items)
+    assert plan.token_ids == inputs["input_ids"][0].tolist()
     for name, (_, entry) in PATTERNS.items():
         request = PreprocessedRequest(
             request_id=uuid.uuid4().hex,
             deadline=time.time() + 120,
             model="tiny",
             plan=plan,
-            payloads=[MediaPayload(data=item.data) for item in items],
+            payloads=payloads,
             sampling=SamplingParams(temperature=0.0),
             stop=StopConditions(max_tokens=NEW_TOKENS, ignore_eos=True),
         )
