@@ -172,9 +172,10 @@ def test_every_pattern_gives_the_aggregated_tokens(
 
 @pytest.mark.parametrize(
     "family, patterns",
-    # Qwen3-VL plans a video one item per temporal group: the aggregated worker and the
-    # pattern with every hop apart are enough to show the groups travel (CI's time is short).
-    [("qwen2_5_vl", PATTERNS), ("qwen3_vl", ["agg", "e_p_d"])],
+    # Qwen2-VL places a video by temporal index and Qwen3-VL plans it one item per temporal
+    # group: the aggregated worker and the pattern with every hop apart are enough to show
+    # them travel (CI's time is short; tests/worker/test_video_patterns.py runs all four).
+    [("qwen2_5_vl", PATTERNS), ("qwen2_vl", ["agg", "e_p_d"]), ("qwen3_vl", ["agg", "e_p_d"])],
 )
 def test_every_pattern_gives_the_aggregated_tokens_for_videos(
     family: str,
@@ -187,9 +188,8 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
 ) -> None:
     """A video by URL, and a video by data URL between two images, sampled as the request
     asks: every pattern answers what the aggregated worker answers, fetching each item once.
-    Qwen2.5-VL, whose video positions are spaced by time, and Qwen3-VL, whose timestamp text
-    goes before each temporal group (tests/worker/test_video_patterns.py runs the video
-    families' handlers)."""
+    Qwen2-VL, Qwen2.5-VL, whose video positions are spaced by time, and Qwen3-VL, whose
+    timestamp text goes before each temporal group."""
     model_path = build_tiny_model(family)
     video = {"type": "video_url", "video_url": {"url": f"{image_server}/clip.mp4"}}
     requests = [
