@@ -16,15 +16,14 @@ import torch
 
 from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime import Runtime
-from mmserve.transfer.nixl_backend import NixlTransferAgent
-from mmserve.transfer.probe import ProbeError, ProbeProcess, digest
+from mmserve.transfer.probe import ProbeError, ProbeProcess
 from mmserve.transfer.shm_backend import ShmTransferAgent
 from tests.reliability.streams import BOUND_S, Outcome, chat_body, stream_chat
 from tests.support import hosts as simulated
 from tests.support.deployment import Deployment, spread
 from tests.support.images import data_url, photo_like
 from tests.support.transfer import NIXL_MISSING
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = [
     pytest.mark.skipif(bool(simulated.available()), reason=str(simulated.available())),
@@ -118,31 +117,40 @@ def test_nixl_picks_the_path_per_peer(
     hosts: dict[str, simulated.SimulatedHost], tmp_path: Path
 ) -> None:
     """One NIXL producer, a consumer on its host and one on another: the first copies from
-    shared memory, the second reads through UCX over the network; both get the bytes."""
+    shared memory, the second reads through UCX over the network; both get the bytes. Each
+    peer is a process on its host (UCX state made in one network namespace is not used from
+    another)."""
     nats, url = simulated.start_nats(hosts["nats"], str(tmp_path / "nats.log"))
 
     async def scenario() -> dict[str, dict[str, int]]:
-        agent = NixlTransferAgent(inline_threshold=0)
-        consumers = {
+        peers = {
             where: await ProbeProcess.start(
                 url,
                 f"test.multihost.{where.replace(' ', '-')}",
-                ["--transfer=nixl"],
+                ["--transfer=nixl", "--transfer-inline-threshold=0"],
                 prefix=host.command([]),
             )
-            for where, host in (("same host", hosts["encode"]), ("other host", hosts["decode"]))
+            for where, host in (
+                ("producer", hosts["encode"]),
+                ("same host", hosts["encode"]),
+                ("other host", hosts["decode"]),
+            )
         }
+        producer = peers.pop("producer")
         try:
-            for consumer in consumers.values():
-                tensor = torch.arange(1 << 18, dtype=torch.int32)
-                handle, lease = await agent.offer(tensor)
-                assert (await consumer.fetch([handle])).digests == [digest(tensor)]
-                await asyncio.wait_for(lease.wait(), 10)
-            return {where: await consumer.peer_paths() for where, consumer in consumers.items()}
+            for seed, consumer in enumerate(peers.values()):
+                handle, expected = await producer.offer((1 << 18,), torch.int32, seed)
+                assert (await consumer.fetch([handle])).digests == [expected]
+
+            async def buffers_back() -> bool:
+                return (await producer.stats()).in_use == 0
+
+            # The consumers' notifications complete the producer's leases.
+            await wait_until_async(buffers_back, 10, "the producer's buffers back in its pool")
+            return {where: await consumer.peer_paths() for where, consumer in peers.items()}
         finally:
-            for consumer in consumers.values():
-                await consumer.stop()
-            await agent.close()
+            for peer in (producer, *peers.values()):
+                await peer.stop()
 
     try:
         paths = hosts["encode"].call(asyncio.run, scenario())

@@ -113,6 +113,7 @@ from mmserve.protocol.transfer import (
     ShmBufferDescriptor,
     TransferPoolStats,
     TransferProbeFetch,
+    TransferProbeOffer,
     TransferProbeReply,
     TransferProbeWrite,
 )
@@ -212,6 +213,7 @@ __all__ = [
     "TokenChunk",
     "TransferPoolStats",
     "TransferProbeFetch",
+    "TransferProbeOffer",
     "TransferProbeReply",
     "TransferProbeWrite",
     "Usage",

@@ -69,8 +69,18 @@ class TransferProbeWrite(WireMessage, frozen=True):
     seed: int
 
 
+class TransferProbeOffer(WireMessage, frozen=True):
+    """Probe: offer `seeded_pattern(shape, dtype, seed)` to a peer, answer its handle and
+    digest (the probe as the producer side)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    seed: int
+
+
 class TransferProbeReply(WireMessage, frozen=True):
     digests: list[str] = []
+    handles: list[TensorHandle] = []  # `TransferProbeOffer`: the offered tensor's
     seconds: list[float] = []  # per tensor: the fetch (until the data is here) or the write
     stats: TransferPoolStats | None = None
     peer_paths: dict[str, int] = {}  # with `stats`: `TransferAgent.peer_paths`

@@ -8,6 +8,8 @@ Endpoints (request/reply, msgpack `mmserve.protocol` messages):
   how long each fetch took until the data was here;
 - `<subject>.write` (`TransferProbeWrite`): write `seeded_pattern(shape, dtype, seed + i)` into
   each destination, answer the digests written and how long each write took;
+- `<subject>.offer` (`TransferProbeOffer`): offer `seeded_pattern(shape, dtype, seed)` for a
+  peer to fetch, answer its handle and digest;
 - `<subject>.stats`: answer the agent's pool statistics.
 
 It prints `ready` on stdout once it serves. `ProbeProcess` starts one and drives it (the tests
@@ -32,6 +34,7 @@ from mmserve.protocol import (
     TensorHandle,
     TransferPoolStats,
     TransferProbeFetch,
+    TransferProbeOffer,
     TransferProbeReply,
     TransferProbeWrite,
     decode,
@@ -39,7 +42,7 @@ from mmserve.protocol import (
 )
 from mmserve.runtime.connection import flush_in_order
 
-from .base import TransferAgent, dtype_from_name
+from .base import TransferAgent, dtype_from_name, dtype_name
 from .options import add_transfer_arguments, create_transfer_agent
 
 if TYPE_CHECKING:
@@ -88,6 +91,13 @@ async def _write(agent: TransferAgent, request: TransferProbeWrite) -> TransferP
     return TransferProbeReply(digests=digests, seconds=seconds)
 
 
+async def _offer(agent: TransferAgent, request: TransferProbeOffer) -> TransferProbeReply:
+    tensor = seeded_pattern(request.shape, dtype_from_name(request.dtype), request.seed)
+    # The agent holds the lease until the peer completes or `--transfer-timeout` passes.
+    handle, _ = await agent.offer(tensor)
+    return TransferProbeReply(digests=[digest(tensor)], handles=[handle])
+
+
 async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
     """Serve the probe endpoints until the process is stopped."""
     connection = await nats.connect(nats_url)
@@ -110,11 +120,15 @@ async def serve(nats_url: str, subject: str, agent: TransferAgent) -> None:
     async def write(data: bytes) -> TransferProbeReply:
         return await _write(agent, decode(data, TransferProbeWrite))
 
+    async def offer(data: bytes) -> TransferProbeReply:
+        return await _offer(agent, decode(data, TransferProbeOffer))
+
     async def stats(_: bytes) -> TransferProbeReply:
         return TransferProbeReply(stats=agent.stats(), peer_paths=dict(agent.peer_paths))
 
     await connection.subscribe(f"{subject}.fetch", cb=endpoint(fetch))
     await connection.subscribe(f"{subject}.write", cb=endpoint(write))
+    await connection.subscribe(f"{subject}.offer", cb=endpoint(offer))
     await connection.subscribe(f"{subject}.stats", cb=endpoint(stats))
     await flush_in_order(connection)
     print("ready", flush=True)
@@ -186,6 +200,14 @@ class ProbeProcess:
     ) -> TransferProbeReply:
         request = TransferProbeWrite(destinations=list(destinations), seed=seed)
         return await self._call("write", encode(request), timeout_s)
+
+    async def offer(
+        self, shape: Sequence[int], dtype: torch.dtype, seed: int, *, timeout_s: float = 60.0
+    ) -> tuple[TensorHandle, str]:
+        """Have the probe offer `seeded_pattern(shape, dtype, seed)`: its handle and digest."""
+        request = TransferProbeOffer(shape=tuple(shape), dtype=dtype_name(dtype), seed=seed)
+        reply = await self._call("offer", encode(request), timeout_s)
+        return reply.handles[0], reply.digests[0]
 
     async def peer_paths(self) -> dict[str, int]:
         """How many reads and writes the probe made by each path (`TransferAgent.peer_paths`)."""
