@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import signal
 import subprocess
 import sys
@@ -188,8 +190,9 @@ async def test_sigterm_drains_in_flight_calls_then_deregisters(
 
 
 async def test_nats_server_restart_fails_open_calls_and_later_calls_succeed(
-    private_nats: NatsServer, start_service: StartService
+    private_nats: NatsServer, start_service: StartService, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="mmserve.runtime.connection")
     namespace = fresh_namespace()
     service = start_service(private_nats.url, namespace, "restart")
     async with await Runtime.connect(
@@ -223,6 +226,9 @@ async def test_nats_server_restart_fails_open_calls_and_later_calls_succeed(
         # The service registers again in the new server's (empty) bucket.
         await wait_for_pids(caller, "restart", {service.pid})
     assert service.poll() is None
+    said = [r.getMessage() for r in caplog.records if r.name == "mmserve.runtime.connection"]
+    assert said[0] == "lost the connection to NATS; reconnecting"
+    assert re.fullmatch(r"reconnected to NATS at 127\.0\.0\.1:\d+ after \d+\.\d s", said[1])
 
 
 async def test_mmserve_nats_prints_a_loopback_url_and_stops_on_sigterm() -> None:

@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -81,6 +82,7 @@ class Runtime:
         self._server = Server(self)
         self._caller = Caller(self)
         self._inbox_subscription: Subscription | None = None
+        self._disconnected_at: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -116,6 +118,10 @@ class Runtime:
             if runtime is not None:
                 runtime._on_disconnected()
 
+        async def on_reconnected() -> None:
+            if runtime is not None:
+                runtime._on_reconnected()
+
         refusals: list[Exception] = []  # the server's -ERR says more than "no servers"
 
         async def on_error(exc: Exception) -> None:
@@ -133,6 +139,7 @@ class Runtime:
                 connect_timeout=2,
                 allow_reconnect=True,
                 disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
                 error_cb=on_error,
                 **options,
             )
@@ -298,8 +305,19 @@ class Runtime:
             self._caller.on_reply(msg, no_responders)
 
     def _on_disconnected(self) -> None:
+        if not self._stopping and self._disconnected_at is None:
+            log.warning("lost the connection to NATS; reconnecting")
+            self._disconnected_at = time.monotonic()
         self._caller.fail_all(Disconnected(None, "connection to NATS lost while the call was open"))
         self._server.on_disconnected()
+
+    def _on_reconnected(self) -> None:
+        """Say when and where the connection came back: a component that lost NATS for long
+        (its discovery beats missed meanwhile) shows in its log."""
+        since, self._disconnected_at = self._disconnected_at, None
+        after = "" if since is None else f" after {time.monotonic() - since:.1f} s"
+        server = self.nc.connected_url
+        log.info("reconnected to NATS at %s%s", server.netloc if server else "?", after)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
