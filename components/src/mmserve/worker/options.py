@@ -40,7 +40,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-path",
         default=None,
-        help="local Qwen-VL checkpoint dir (default: the trained tiny Qwen2-VL, built if missing)",
+        help="checkpoint dir of the model (default: the trained tiny Qwen2-VL, built if missing)",
     )
     parser.add_argument(
         "--engine",
