@@ -459,6 +459,30 @@ async def test_decode_joins_with_the_same_video_items_and_positions() -> None:
     assert set(sent[field][0]) == set(joined[field][0])
 
 
+async def test_decode_joins_with_a_grouped_videos_items_deepstack_included(
+    grouped_video: tuple[ModelSpec, EngineRequest],
+) -> None:
+    """P/D with a Qwen3-VL video planned per temporal group: decode's request carries the
+    same items as prefill's, each row's deepstack features included, so SGLang hashes and
+    pads them alike on both sides."""
+    spec, request = grouped_video
+    embeddings = _deepstack_embeddings(spec, request)
+    prefill_fake, decode_fake = FakeSglangEngine([1]), FakeSglangEngine([8])
+    prefill, decode = _engine("prefill", prefill_fake), _engine("decode", decode_fake)
+    bootstrap = prefill.bootstrap_info()
+    kv = await prefill.prefill(request, embeddings, bootstrap)
+    imported = await decode.import_kv("req-groups", await prefill.export_kv(kv), bootstrap)
+    assert [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=1))]
+    await asyncio.sleep(0)
+    sent, joined = prefill_fake.calls[0], decode_fake.calls[0]
+    assert set(sent) == set(joined) and "mm_hashes" not in sent
+    for field in ("image_data", "video_data"):
+        assert set(sent[field][0]) == set(joined[field][0])
+        for name, value in sent[field][0].items():
+            other = joined[field][0][name]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+
+
 async def test_clear_caches_flushes_sglang_and_refuses_while_busy() -> None:
     fake = FakeSglangEngine([1])
     engine = _engine("null", fake)

@@ -31,22 +31,26 @@ from mmserve.protocol import (
 )
 
 
+def sglang_rows(embedding: ItemEmbedding) -> torch.Tensor:
+    """An item's embedding rows as SGLang takes them: Qwen3-VL's deepstack features follow
+    each row (`[tokens, hidden x (1 + layers)]`), the layout its `separate_deepstack_embeds`
+    splits again; other families' rows alone."""
+    return torch.cat([embedding.embeddings, *embedding.deepstack], dim=1)
+
+
 def media_item(
     modality: MediaModality,
     embeddings: Sequence[ItemEmbedding],
     positions: MRopePositions | None = None,
 ) -> dict[str, Any]:
-    """The request's items of one modality as one SGLang `processor_output` item. Qwen3-VL's
-    deepstack features follow each row's embedding (`[tokens, hidden x (1 + layers)]`), the
-    layout its `separate_deepstack_embeds` splits again. With `positions`, the plan's M-RoPE
+    """The request's items of one modality as one SGLang `processor_output` item (rows as
+    `sglang_rows` lays them out). With `positions`, the plan's M-RoPE
     positions, which SGLang's Qwen-VL processor takes from the request's first item instead of
     computing its own (`mrope_positions`, `mrope_position_delta`)."""
     item: dict[str, Any] = {
         "format": "processor_output",
         "modality": modality.upper(),
-        "precomputed_embeddings": torch.cat(
-            [torch.cat([e.embeddings, *e.deepstack], dim=1) for e in embeddings]
-        ),
+        "precomputed_embeddings": torch.cat([sglang_rows(e) for e in embeddings]),
         f"{modality}_grid_thw": torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long),
     }
     if positions is not None:

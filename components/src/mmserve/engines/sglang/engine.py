@@ -62,7 +62,12 @@ from mmserve.engines.sglang.checks import (
     check_sglang_padding,
     sglang_splits_images,
 )
-from mmserve.engines.sglang.convert import encoder_item, finish_reason, generate_kwargs
+from mmserve.engines.sglang.convert import (
+    encoder_item,
+    finish_reason,
+    generate_kwargs,
+    sglang_rows,
+)
 from mmserve.engines.sglang.kv_events import SglangKvEventBridge, zmq_reader
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
@@ -329,7 +334,8 @@ class SglangEngine(Engine):
             "token_counts": torch.tensor([e.num_tokens for e in embeddings], dtype=torch.long),
         }
         if embeddings:
-            tensors["embeddings"] = torch.cat([e.embeddings for e in embeddings]).contiguous()
+            # As SGLang took them (deepstack included), so decode's items equal prefill's.
+            tensors["embeddings"] = torch.cat([sglang_rows(e) for e in embeddings]).contiguous()
         positions: MRopePositions | None = kv.state["positions"]
         if positions is not None:
             tensors["positions"] = torch.tensor(positions.rows, dtype=torch.long)
