@@ -284,11 +284,12 @@ def test_refuses_processor_configs_it_cannot_follow() -> None:
         ("no_keyframes_after_the_first.mp4", "libx264", "25", ("-g", "1000", "-bf", "2")),
     ],
 )
-def test_sampled_decoding_seeks_and_skips_to_the_same_frames(
+def test_sampled_decoding_reads_past_and_skips_to_the_same_frames(
     tmp_path: Path, name: str, codec: str, rate: str, extra: tuple[str, ...]
 ) -> None:
-    """Decoding only what sampled frames need (seeking to clean keyframes, dropping unsampled
-    non-reference frames) gives exactly the frames of decoding all of them."""
+    """Decoding only what sampled frames need (reading past packets before clean keyframes,
+    dropping unsampled non-reference frames) gives exactly the frames of decoding all of
+    them."""
     data = make_video(
         tmp_path / name, size="64x48", rate=rate, seconds=2.0, codec=codec, extra=extra
     )

@@ -1,6 +1,6 @@
 //! Any bytes through `probe_video` and then `decode_frames` of frames spread over the video
-//! (so decoding seeks and skips): an error value, or frames of the probed size, each buffer
-//! matching it.
+//! (so decoding reads past packets and skips frames): an error value, or frames of the
+//! probed size, each buffer matching it.
 #![no_main]
 
 use std::time::{Duration, Instant};

@@ -13,9 +13,9 @@
 //! callback.
 //!
 //! Decoding does only what the sampled frames need: one pass over the packets (no
-//! decoding) gives the stream's [`Timeline`]; decoding seeks to the last clean start before
-//! each sampled frame when that skips packets, and asks the decoder to drop non-reference
-//! frames that are not sampled. Frames are told apart by presentation timestamp. Where the
+//! decoding) gives the stream's [`Timeline`]; decoding reads past the packets before the
+//! last clean start of each sampled frame without decoding them, and asks the decoder to
+//! drop non-reference frames that are not sampled. Frames are told apart by presentation timestamp. Where the
 //! timestamps cannot tell them apart, or the decoder shows a frame the timeline did not
 //! expect, it decodes every frame from the top instead, counting them in output order.
 //!
@@ -638,7 +638,6 @@ impl<'a> Demuxer<'a> {
             match (packet.pts(), packets.as_mut()) {
                 (Some(pts), Some(list)) => list.push(PacketTime {
                     pts,
-                    dts: packet.dts(),
                     key: packet.is_key(),
                 }),
                 _ => packets = None,
@@ -647,10 +646,11 @@ impl<'a> Demuxer<'a> {
         Ok(Scan { count, packets })
     }
 
-    /// Decodes the frames at `indices` by the timeline: seeking past packets no sampled
-    /// frame needs and dropping unsampled non-reference frames. Returns how many entries of
-    /// `indices` were handed to `on_frame`; fewer than all means the decoder did not show
-    /// the frames the timeline expected, and the rest must be decoded from the top.
+    /// Decodes the frames at `indices` by the timeline: reading past the packets no sampled
+    /// frame needs without decoding them, and dropping unsampled non-reference frames.
+    /// Returns how many entries of `indices` were handed to `on_frame`; fewer than all means
+    /// the decoder did not show the frames the timeline expected, and the rest must be
+    /// decoded from the top.
     fn decode_sampled(
         &mut self,
         info: &VideoInfo,
@@ -661,12 +661,12 @@ impl<'a> Demuxer<'a> {
     ) -> Result<usize, VideoError> {
         let (index, mut decoder) = self.video_decoder()?;
         let mut done = 0;
-        // Decode-order position of the next packet; `None` right after a seek, until the
-        // first packet says where it landed.
-        let mut position = Some(0usize);
-        // The start last sought to: seeks only go forward, so one that lands early (on an
-        // earlier keyframe of the container's index) is not repeated.
-        let mut landing_limit = 0usize;
+        // Decode-order position of the next packet.
+        let mut position = 0usize;
+        // Packets before this clean start are read but not decoded. Reading is cheap next to
+        // decoding, and unlike a seek it cannot land elsewhere than asked (mov's index, for
+        // one, is keyed by timestamps its edit list has shifted).
+        let mut decode_from = 0usize;
         let mut frame = ff::frame::Video::empty();
         let mut scaler: Option<ff::software::scaling::Context> = None;
         let mut flushed = false;
@@ -676,44 +676,38 @@ impl<'a> Demuxer<'a> {
             if target >= timeline.frames() {
                 return Err(ends_early(timeline.frames() as u64, info));
             }
-            if let (Some(start), Some(at)) = (timeline.start_for(target), position) {
-                if start.packet > at && start.packet > landing_limit {
+            if let Some(start) = timeline.start_for(target) {
+                if start > position && start > decode_from {
+                    // Whatever the decoder still holds shows before the start: not sampled.
                     decoder.flush();
-                    if !self.seek(index, start.seek_ts) {
-                        return Ok(done);
-                    }
-                    position = None;
-                    landing_limit = start.packet;
+                    decode_from = start;
                 }
             }
             if !flushed {
                 match self.next_packet(index, limits)? {
                     Some(packet) => {
                         if !is_discarded(&packet) {
-                            let Some(at) = packet.pts().and_then(|pts| timeline.packet_of(pts))
-                            else {
-                                return Ok(done);
-                            };
-                            let expected = match position {
-                                Some(expected) => at == expected,
-                                // A seek must land on a clean start no later than asked.
-                                None => at <= landing_limit && timeline.is_start(at),
-                            };
-                            if !expected {
+                            let at = packet.pts().and_then(|pts| timeline.packet_of(pts));
+                            if at != Some(position) {
                                 return Ok(done);
                             }
-                            position = Some(at + 1);
+                            position += 1;
                         }
-                        let sampled = packet
-                            .pts()
-                            .and_then(|pts| timeline.frame_of(pts))
-                            .is_some_and(|f| indices[done..].binary_search(&(f as u64)).is_ok());
-                        decoder.skip_frame(if sampled {
-                            ff::Discard::Default
-                        } else {
-                            ff::Discard::NonReference
-                        });
-                        decoder.send_packet(&packet).map_err(ff_error("decoding"))?;
+                        // A discarded packet goes with the next one counted.
+                        if position > decode_from {
+                            let sampled = packet
+                                .pts()
+                                .and_then(|pts| timeline.frame_of(pts))
+                                .is_some_and(|f| {
+                                    indices[done..].binary_search(&(f as u64)).is_ok()
+                                });
+                            decoder.skip_frame(if sampled {
+                                ff::Discard::Default
+                            } else {
+                                ff::Discard::NonReference
+                            });
+                            decoder.send_packet(&packet).map_err(ff_error("decoding"))?;
+                        }
                     }
                     None => {
                         decoder.send_eof().map_err(ff_error("decoding"))?;
@@ -765,18 +759,6 @@ impl<'a> Demuxer<'a> {
                 Err(e) => return Err(ff_error("reading a packet")(e)),
             }
         }
-    }
-
-    /// Seeks stream `index` to the keyframe at or before `ts`; false if the demuxer cannot.
-    fn seek(&mut self, index: usize, ts: i64) -> bool {
-        let Ok(stream) = c_int::try_from(index) else {
-            return false;
-        };
-        // SAFETY: the format context is live; avformat_seek_file takes any timestamps.
-        let ret = unsafe {
-            ffi::avformat_seek_file(self.input.as_mut_ptr(), stream, i64::MIN, ts, ts, 0)
-        };
-        ret >= 0
     }
 
     /// Decodes every frame from the top up to the last of `indices`, counting frames in the

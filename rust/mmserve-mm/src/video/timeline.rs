@@ -12,21 +12,7 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PacketTime {
     pub pts: i64,
-    pub dts: Option<i64>,
     pub key: bool,
-}
-
-/// A packet decoding may start from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Start {
-    /// Its position in decode order, which is also its frame index (everything before it
-    /// shows earlier, everything after it later).
-    pub packet: usize,
-    pub pts: i64,
-    /// The timestamp to seek to: the container's index is keyed by decode time in mp4 and
-    /// presentation time in matroska, and the earlier of the two lands at or before it in
-    /// both.
-    pub seek_ts: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +21,9 @@ pub struct Timeline {
     frame_pts: Vec<i64>,
     /// Presentation timestamp -> decode-order position, sorted by timestamp.
     packet_by_pts: Vec<(i64, usize)>,
-    starts: Vec<Start>,
+    /// Decode-order positions of the clean starts, ascending. A clean start's position is
+    /// also its frame index (everything before it shows earlier, everything after it later).
+    starts: Vec<usize>,
 }
 
 impl Timeline {
@@ -60,11 +48,7 @@ impl Timeline {
         let mut starts = Vec::new();
         for (position, packet) in packets.iter().enumerate() {
             if packet.key && earlier_max < packet.pts && later_min[position] == packet.pts {
-                starts.push(Start {
-                    packet: position,
-                    pts: packet.pts,
-                    seek_ts: packet.dts.map_or(packet.pts, |dts| dts.min(packet.pts)),
-                });
+                starts.push(position);
             }
             earlier_max = earlier_max.max(packet.pts);
         }
@@ -90,16 +74,10 @@ impl Timeline {
         found.ok().map(|i| self.packet_by_pts[i].1)
     }
 
-    /// The last clean start at or before frame `frame`.
-    pub fn start_for(&self, frame: usize) -> Option<&Start> {
-        let after = self.starts.partition_point(|s| s.packet <= frame);
-        after.checked_sub(1).map(|i| &self.starts[i])
-    }
-
-    pub fn is_start(&self, packet: usize) -> bool {
-        self.starts
-            .binary_search_by_key(&packet, |s| s.packet)
-            .is_ok()
+    /// The decode-order position of the last clean start at or before frame `frame`.
+    pub fn start_for(&self, frame: usize) -> Option<usize> {
+        let after = self.starts.partition_point(|&packet| packet <= frame);
+        after.checked_sub(1).map(|i| self.starts[i])
     }
 }
 
@@ -109,11 +87,7 @@ mod tests {
 
     fn packets(list: &[(i64, bool)]) -> Vec<PacketTime> {
         list.iter()
-            .map(|&(pts, key)| PacketTime {
-                pts,
-                dts: Some(pts - 1),
-                key,
-            })
+            .map(|&(pts, key)| PacketTime { pts, key })
             .collect()
     }
 
@@ -147,15 +121,12 @@ mod tests {
             (10, false),
         ];
         let t = Timeline::new(&packets(&list)).expect("distinct timestamps");
-        assert!(t.is_start(0) && t.is_start(4));
-        assert!(!t.is_start(7));
-        assert_eq!(t.start_for(3).map(|s| s.packet), Some(0));
-        assert_eq!(
-            t.start_for(4).map(|s| (s.packet, s.pts, s.seek_ts)),
-            Some((4, 4, 3))
-        );
-        // Frame 10 must decode from the closed GOP at 4, not from the open one at 9.
-        assert_eq!(t.start_for(10).map(|s| s.packet), Some(4));
+        assert_eq!(t.start_for(0), Some(0));
+        assert_eq!(t.start_for(3), Some(0));
+        assert_eq!(t.start_for(4), Some(4));
+        // Frames 9 and 10 must decode from the closed GOP at 4, not from the open one at 9.
+        assert_eq!(t.start_for(9), Some(4));
+        assert_eq!(t.start_for(10), Some(4));
     }
 
     #[test]
