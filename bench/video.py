@@ -12,7 +12,9 @@ Compares, in one run and on the same clips (testsrc2 content made with the `ffmp
   installed (`pip install torchcodec av decord`) is left out with a note.
 
 Single-thread rows are process CPU time (user + system) with one thread everywhere (torch,
-the decoders); the pool rows are wall-clock throughput over a batch of videos processed from
+the decoders). The anchor column is the `ffmpeg` program decoding every frame of the clip to
+nothing (`-threads 1 -f null`, its start-up included): the floor a reader that decodes every
+frame cannot go under. The pool rows are wall-clock throughput over a batch of videos processed from
 a thread pool of 1 and of `os.cpu_count()` threads (mmserve only: the Rust call releases the
 GIL). Each path runs in its own subprocess so its peak RSS is its own.
 
@@ -163,6 +165,18 @@ def measure_single(path: str, clip_path: Path, runs: int) -> dict[str, Any]:
     return {"ms": statistics.median(times) * 1e3, "rss_mib": peak_rss_mib()}
 
 
+def ffmpeg_decode_all_ms(clip_path: Path, runs: int) -> float:
+    """CPU time of the ffmpeg program decoding every frame single-threaded (median)."""
+    times = []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        command = ["ffmpeg", "-v", "error", "-threads", "1", "-i", str(clip_path), "-f", "null"]
+        subprocess.run([*command, "-"], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return statistics.median(times) * 1e3
+
+
 def measure_pool(clip_path: Path, threads: int, batch: int) -> dict[str, Any]:
     data = clip_path.read_bytes()
     run = mmserve_path()
@@ -213,14 +227,16 @@ def main() -> None:
     if missing:
         print(f"not installed, left out: {', '.join(missing)}")
     print()
-    print("| clip | mmserve ms | " + " | ".join(f"{r} ms (x)" for r in readers), end="")
+    print("| clip | ffmpeg decodes all ms | mmserve ms | ", end="")
+    print(" | ".join(f"{r} ms (x)" for r in readers), end="")
     print(" | mmserve peak RSS | pool 1 -> N videos/s |")
-    print("|---" * (4 + len(readers)) + "|")
+    print("|---" * (5 + len(readers)) + "|")
     threads = os.cpu_count() or 1
     for seconds, size, codec in clips:
         path = str(clip(seconds, size, codec))
         ours = child(["single", "mmserve", path, str(runs)])
-        cells = [f"{seconds} s {size} {codec}", f"{ours['ms']:.0f}"]
+        floor = ffmpeg_decode_all_ms(Path(path), runs)
+        cells = [f"{seconds} s {size} {codec}", f"{floor:.0f}", f"{ours['ms']:.0f}"]
         for reader in readers:
             theirs = child(["single", reader, path, str(runs)])
             ratio = theirs["ms"] / ours["ms"]
