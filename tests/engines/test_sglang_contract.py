@@ -473,7 +473,6 @@ async def test_decode_joins_with_a_grouped_videos_items_deepstack_included(
     kv = await prefill.prefill(request, embeddings, bootstrap)
     imported = await decode.import_kv("req-groups", await prefill.export_kv(kv), bootstrap)
     assert [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=1))]
-    await asyncio.sleep(0)
     sent, joined = prefill_fake.calls[0], decode_fake.calls[0]
     assert set(sent) == set(joined) and "mm_hashes" not in sent
     for field in ("image_data", "video_data"):
