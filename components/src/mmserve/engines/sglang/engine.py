@@ -362,6 +362,7 @@ class SglangEngine(Engine):
             strict=True,
         ):
             grid_thw = (grid[0], grid[1], grid[2])
+            # As prefill sent them: an item's deepstack columns stay beside its rows.
             rows = tensors["embeddings"][row : row + count]
             embeddings.append(ItemEmbedding(mm_hash & _U64, grid_thw, rows))
             media.append(
