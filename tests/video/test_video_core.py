@@ -374,6 +374,35 @@ def test_mpeg4_in_mp4_takes_its_size_from_the_vol_header(tmp_path: Path) -> None
     )
 
 
+@pytest.mark.parametrize("start_s", ["0.45", "1.05"])
+def test_an_mp4_cut_without_reencoding_counts_and_decodes_only_its_shown_frames(
+    tmp_path: Path, start_s: str
+) -> None:
+    """An mp4 cut with `-ss` and `-c copy` keeps the packets from the keyframe before the cut,
+    which its edit list marks discarded: the decoder needs them but shows none. The frame
+    count leaves them out, as torchcodec's exact mode does, and the sampled frames (decoding
+    those packets first) equal torchcodec's and the ffmpeg program's."""
+    from torchcodec.decoders import VideoDecoder
+
+    source = tmp_path / "v.mp4"
+    make_video(source, size="64x48", rate="10", seconds=3.0, extra=("-g", "10", "-bf", "2"))
+    cut = tmp_path / "cut.mp4"
+    command = [FFMPEG or "ffmpeg", "-v", "error", "-y", "-ss", start_s, "-i", str(source)]
+    subprocess.run([*command, "-c", "copy", str(cut)], check=True)
+    data = cut.read_bytes()
+    decoder = VideoDecoder(data, dimension_order="NHWC", num_ffmpeg_threads=1)
+    reference = ffmpeg_rgb(cut, 64, 48)
+    info = _mm.probe_video(data)
+    assert info["total_frames"] == decoder.metadata.num_frames == len(reference) < 30
+    options = _mm.VideoOptions(fps=4.0)
+    plan, _ = _mm.process_video(data, options)
+    assert plan == _mm.plan_video(data, options)
+    for indices in [plan["indices"], [0], [len(reference) - 1], list(range(len(reference)))]:
+        _, ours = _mm.decode_video(data, indices)
+        assert np.array_equal(ours, reference[indices]), indices
+        assert np.array_equal(ours, decoder.get_frames_at(indices).data.numpy()), indices
+
+
 @pytest.mark.parametrize("rotate", [90, 180, 270])
 def test_rotation_is_applied_as_torchcodec_applies_it(tmp_path: Path, rotate: int) -> None:
     """torchcodec 0.17 turns each frame by the stream's display matrix (quarter turns), so

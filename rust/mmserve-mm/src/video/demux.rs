@@ -15,9 +15,10 @@
 //! Decoding does only what the sampled frames need: one pass over the packets (no
 //! decoding) gives the stream's [`Timeline`]; decoding reads past the packets before the
 //! last clean start of each sampled frame without decoding them, and asks the decoder to
-//! drop non-reference frames that are not sampled. Frames are told apart by presentation timestamp. Where the
-//! timestamps cannot tell them apart, or the decoder shows a frame the timeline did not
-//! expect, it decodes every frame from the top instead, counting them in output order.
+//! drop non-reference frames that are not sampled. Frames are told apart by presentation
+//! timestamp. Where the timestamps cannot tell them apart, or the decoder shows a frame the
+//! timeline did not expect, it decodes every frame from the top instead, counting them in
+//! output order.
 //!
 //! Frames are converted to RGB24 by swscale with bilinear flags and the frame's own matrix
 //! and range (BT.601 when unspecified), then turned by the stream's display matrix in
@@ -488,7 +489,7 @@ impl<'a> Demuxer<'a> {
             .map(f64::from);
         let time_base = f64::from(stream.time_base());
         let stream_duration = stream.duration();
-        let header_frames = u64::try_from(stream.frames()).unwrap_or(0);
+        let header_frames = header_frame_count(&stream);
         let total_frames = if header_frames > 0 {
             header_frames
         } else {
@@ -628,12 +629,13 @@ impl<'a> Demuxer<'a> {
         let mut packets = Some(Vec::new());
         while let Some(packet) = self.next_packet(index, limits)? {
             Self::check_deadline(limits)?;
+            // The decoder drops a discarded packet's frame: it is not one of the video's.
+            if is_discarded(&packet) {
+                continue;
+            }
             count += 1;
             if count > limits.max_frames {
                 break;
-            }
-            if is_discarded(&packet) {
-                continue;
             }
             match (packet.pts(), packets.as_mut()) {
                 (Some(pts), Some(list)) => list.push(PacketTime {
@@ -686,15 +688,16 @@ impl<'a> Demuxer<'a> {
             if !flushed {
                 match self.next_packet(index, limits)? {
                     Some(packet) => {
+                        // Its decode-order position; a discarded packet (the timeline leaves
+                        // it out) goes with the next one counted.
+                        let at = position;
                         if !is_discarded(&packet) {
-                            let at = packet.pts().and_then(|pts| timeline.packet_of(pts));
-                            if at != Some(position) {
+                            if packet.pts().and_then(|pts| timeline.packet_of(pts)) != Some(at) {
                                 return Ok(done);
                             }
                             position += 1;
                         }
-                        // A discarded packet goes with the next one counted.
-                        if position > decode_from {
+                        if at >= decode_from {
                             let sampled = packet
                                 .pts()
                                 .and_then(|pts| timeline.frame_of(pts))
@@ -897,6 +900,26 @@ fn check_frame_size(
 }
 
 /// Whether the container marks the packet's frame as one to drop (an mp4 edit list does).
+/// The frame count the container's headers give: mp4's sample count less the samples its
+/// edit list discards (a file cut with `-c copy` keeps the packets from the keyframe before
+/// the cut, marked discarded in the index), which is what torchcodec's exact mode counts.
+/// 0 where the headers give none (matroska).
+fn header_frame_count(stream: &ff::format::stream::Stream) -> u64 {
+    let samples = u64::try_from(stream.frames()).unwrap_or(0);
+    // SAFETY: the stream is live while the format context is; the index is only read.
+    let discarded = unsafe {
+        let st = stream.as_ptr().cast_mut();
+        let entries = ffi::avformat_index_get_entries_count(st);
+        (0..entries)
+            .filter(|&i| {
+                let entry = ffi::avformat_index_get_entry(st, i);
+                !entry.is_null() && (*entry).flags() & ffi::AVINDEX_DISCARD_FRAME != 0
+            })
+            .count()
+    };
+    samples.saturating_sub(discarded as u64)
+}
+
 fn is_discarded(packet: &ff::Packet) -> bool {
     // SAFETY: the packet is live.
     unsafe { (*ff::packet::Ref::as_ptr(packet)).flags & ffi::AV_PKT_FLAG_DISCARD as c_int != 0 }
