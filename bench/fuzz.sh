@@ -89,6 +89,10 @@ done
 out="$fuzz/corpus/video/h264-rotated.mp4"
 [ -e "$out" ] || ffmpeg -v error -i "$fuzz/corpus/video/h264.mp4" -c copy \
   -metadata:s:v rotate=90 "$out" || exit 1
+# Cut without re-encoding: the edit list marks the packets before the cut discarded.
+out="$fuzz/corpus/video/h264-cut.mp4"
+[ -e "$out" ] || ffmpeg -v error -ss 0.15 -i "$fuzz/corpus/video/h264.mp4" -c copy "$out" \
+  || exit 1
 
 cd "$crate" || exit 1
 cargo +nightly fuzz build || exit 1
