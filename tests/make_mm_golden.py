@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import blake3
 import numpy as np
@@ -57,7 +58,8 @@ def prompt(n: int) -> list[int]:
 def case(family: str, backend: str, files: dict[str, bytes]) -> dict:
     processor = hf_processor(family, backend)
     merge = processor.merge_size
-    items, expanded = [], []
+    items: list[dict[str, Any]] = []
+    expanded: list[int] = []
     ids = prompt(len(files))
     for data in files.values():
         pixels, grid = hf_pixels(processor, data)

@@ -182,8 +182,9 @@ def test_openai_responses_serialise_like_openai() -> None:
 
 
 def all_wire_messages(cls: type = p.WireMessage) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
+    found: list[type] = []
+    subclasses: list[type] = cls.__subclasses__()
+    for sub in subclasses:
         found += [sub, *all_wire_messages(sub)]
     return found
 

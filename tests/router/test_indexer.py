@@ -98,7 +98,7 @@ def test_removed_worker_leaves_with_its_blocks_and_the_tree_shrinks() -> None:
 def test_dump_rebuilds_the_worker_in_an_empty_index() -> None:
     rng = random.Random(3)
     index = KvIndexer()
-    sequences = []
+    sequences: list[list[int]] = []
     for _ in range(20):
         # Sequences share prefixes of random length, so the tree branches.
         base = rng.choice(sequences) if sequences else []

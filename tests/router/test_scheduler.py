@@ -142,7 +142,7 @@ def test_blocks_that_requests_in_flight_share_count_once() -> None:
 
 def test_ties_are_broken_at_random() -> None:
     router = Router(RouterMode.KV, rng=random.Random(2))
-    picks = Counter()
+    picks: Counter[str] = Counter()
     for i in range(400):
         request = RouteRequest(f"r{i}", num_blocks=1)
         picks[router.select(request, WORKERS).worker_id] += 1
@@ -155,7 +155,7 @@ def test_temperature_samples_but_prefers_the_cheapest() -> None:
     router = Router(RouterMode.KV, cost=KvCostConfig(temperature=0.5), rng=random.Random(3))
     cached = prompt(SYSTEM, CAT, [])
     worker_caches(router, "w3", cached)
-    picks = Counter()
+    picks: Counter[str] = Counter()
     for _ in range(400):
         request = prompt(SYSTEM, CAT, [])
         picks[router.select(request, WORKERS).worker_id] += 1

@@ -235,7 +235,7 @@ async def test_only_a_call_to_any_instance_opens_with_a_keepalive_naming_it(
                 request_id="r", deadline=time.time() + 10, payload=msgspec.Raw(p.encode(chunk()))
             )
             await caller.nc.publish(to, p.encode(request), reply=inbox)
-            received = []
+            received: list[p.ServerFrame] = []
             while not received or not isinstance(received[-1], p.EndFrame):
                 data = await asyncio.wait_for(frames.get(), 5.0)
                 received.append(p.decode(data, p.ServerFrame))

@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import nats.errors
 from nats.aio.subscription import Subscription
@@ -31,6 +31,9 @@ from mmserve.protocol import WireMessage
 from mmserve.runtime.connection import Runtime
 from mmserve.runtime.discovery import InstanceWatcher
 from mmserve.runtime.errors import Disconnected
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11+; annotations are not evaluated
 
 log = logging.getLogger(__name__)
 
