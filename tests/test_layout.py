@@ -1,9 +1,14 @@
-"""The package layout the architecture relies on: no import cycle between mmserve's packages,
-and the engines reach the router's concepts only through `kv/`."""
+"""The package layout the architecture relies on: no import cycle between mmserve's packages;
+the engines reach the router's concepts only through `kv/`, and neither the engines nor that
+contract depend on the NATS runtime; the runtime is transport alone (its retry policy included),
+the deployment's topology (roles, endpoints, next hop) the ground everyone stands on, and only
+the frontend routes."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "components" / "src" / "mmserve"
@@ -50,3 +55,31 @@ def test_no_import_cycle_between_packages() -> None:
 
 def test_engines_do_not_import_the_router() -> None:
     assert "router" not in _imports()["engines"]
+
+
+def test_the_engines_and_the_kv_contract_do_not_reach_the_runtime() -> None:
+    edges = _imports()
+    for package in ("engines", "kv"):
+        assert not _reaches(edges, package, "runtime"), f"{package} reaches mmserve.runtime"
+
+
+def test_importing_the_engine_base_does_not_load_nats() -> None:
+    probe = "import sys, mmserve.engines.base; print('nats' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_the_runtime_imports_only_the_protocol() -> None:
+    assert _imports()["runtime"] == {"protocol"}
+
+
+def test_the_topology_imports_no_other_package() -> None:
+    assert (PACKAGE / "topology.py").is_file()
+    assert "topology" not in _imports()
+
+
+def test_only_the_frontend_imports_the_router() -> None:
+    importers = {owner for owner, targets in _imports().items() if "router" in targets}
+    assert importers == {"frontend"}

@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.encode_router import scrape_encoders
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import EmbeddingPullReply, EmbeddingPullRequest, EncoderItem
-from mmserve.roles import PULL_EMBEDDINGS, Role
 from mmserve.runtime import Runtime
+from mmserve.topology import PULL_EMBEDDINGS, Role
 from tests.support.deployment import Deployment, free_port
-from tests.support.images import data_url
+from tests.support.images import file_data_url
 
 MOCK = ["--engine", "mock", "--mock-prefill-us-per-token", "50", "--mock-decode-ms-per-token", "1"]
 KV = ["--router-mode", "kv"]
@@ -120,7 +120,7 @@ def test_kv_routing_follows_cached_images_and_text_and_drops_a_dead_worker(
     # The same bytes by another URL: the router sends it where the image is cached.
     first = client.chat(image_request(f"{image_server}/photo.jpg"))
     holder = client.served_by(first, names)
-    again = client.chat(image_request(data_url(image_dir / "photo.jpg")))
+    again = client.chat(image_request(file_data_url(image_dir / "photo.jpg")))
     assert client.served_by(again, names) == holder
     image_tokens = first["usage"]["prompt_tokens"] - 30
     assert cached(again) > image_tokens
@@ -170,7 +170,7 @@ def test_e_p_d_routes_prefill_to_the_instance_holding_the_prefix(
     first = client.chat(image_request(f"{image_server}/photo.jpg"))
     holder = client.served_by(first, prefills)
     for question in ("And the colours?", "What is in this picture?"):
-        answer = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
+        answer = client.chat(image_request(file_data_url(image_dir / "photo.jpg"), question))
         assert client.served_by(answer, prefills) == holder
         assert cached(answer) > 64
 
@@ -188,7 +188,7 @@ def test_encode_routing_follows_the_encoder_cache_and_drops_a_dead_encoder(
     first = client.chat(image_request(f"{image_server}/photo.jpg"))
     holder = client.served_by(first, names)
     for question in ("And now?", "Once more?"):
-        again = client.chat(image_request(data_url(image_dir / "photo.jpg"), question))
+        again = client.chat(image_request(file_data_url(image_dir / "photo.jpg"), question))
         assert client.served_by(again, names) == holder
     # The frontend counts the image tokens it sent to each encoder, held there or new.
     holder_id = instance_id(deployment, holder)

@@ -12,11 +12,12 @@ import torch
 
 from mmserve.engines.base import ItemEmbedding
 from mmserve.engines.encoder_cache import EncoderCache
-from mmserve.kv.encoder_events import EncoderEventPublisher, encoder_key
+from mmserve.kv.encoder_events import encoder_key
 from mmserve.protocol import EncoderCleared, EncoderDumpRequest, EncoderEvicted, EncoderStored
 from mmserve.router.encoder_index import EncoderEventSubscriber, EncoderIndex
 from mmserve.runtime import Runtime
 from mmserve.runtime.cache_events import follow_discovery
+from mmserve.worker.publishers import EncoderEventPublisher
 from tests.router.test_kv_events import eventually
 
 COMPONENT = "encode"

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from mmserve.kv.events import KvEventPublisher, dump_events, kv_dump_topic, kv_events_topic
+from mmserve.kv.events import dump_events, kv_dump_topic, kv_events_topic
 from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.protocol import KvBlock, KvCleared, KvDumpRequest, KvEvent, KvRemoved, KvStored
 from mmserve.router.indexer import KvIndexer
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
 from mmserve.runtime import Runtime
+from mmserve.worker.publishers import KvEventPublisher
 
 COMPONENT = "worker"
 

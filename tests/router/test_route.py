@@ -6,19 +6,19 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.frontend.nats_dispatch import NatsDispatcher
-from mmserve.kv.events import KvEventPublisher
 from mmserve.kv.view import prompt_block_keys
 from mmserve.protocol import PlannedMedia, PreprocessedRequest, RequestPlan, TokenChunk
-from mmserve.router.route import stream_routed
 from mmserve.router.scheduler import RouterMode
 from mmserve.router.settings import RouterSettings
 from mmserve.runtime import RequestContext, Runtime
+from mmserve.runtime.retry import stream_routed
+from mmserve.worker.publishers import KvEventPublisher
 
 from .test_kv_events import eventually
 
@@ -123,7 +123,7 @@ async def test_a_routed_call_to_a_gone_instance_goes_to_another(
     client = caller_rt.client("worker", "generate")
     routed = request(7)
     for instance_id in (server_rt.instance_id, "gone0123456789ab"):
-        replies = stream_routed(
+        replies: AsyncGenerator[TokenChunk, None] = stream_routed(
             client,
             routed,
             TokenChunk,

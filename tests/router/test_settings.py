@@ -24,7 +24,7 @@ def test_defaults() -> None:
 def test_options_reach_the_router() -> None:
     settings = parse(
         "--router-mode=kv",
-        "--kv-block-size=32",
+        "--block-size=32",
         "--pad-scheme=sglang-wide",
         "--kv-overlap-weight=2",
         "--router-queue-weight=4",
@@ -44,11 +44,19 @@ def test_options_reach_the_router() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--kv-block-size=0"], ["--router-temperature=-1"], ["--kv-overlap-weight=-2"]]
+    "argv", [["--block-size=0"], ["--router-temperature=-1"], ["--kv-overlap-weight=-2"]]
 )
 def test_bad_values_exit_with_a_reason(argv: list[str]) -> None:
     with pytest.raises(SystemExit, match="must be"):
         parse(*argv)
+
+
+def test_the_old_block_size_flag_still_works_with_a_warning() -> None:
+    parser = argparse.ArgumentParser()
+    RouterSettings.add_cli_args(parser)
+    assert "--block-size TOKENS, --kv-block-size TOKENS" in parser.format_help()
+    with pytest.warns(FutureWarning, match="--kv-block-size is deprecated; use --block-size"):
+        assert parse("--kv-block-size=24").block_size == 24
 
 
 def test_the_encode_router_mode_reaches_the_encode_router() -> None:

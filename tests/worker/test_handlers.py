@@ -27,8 +27,6 @@ from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import EngineOverloaded, EngineRequest, ItemEmbedding
 from mmserve.engines.mock import MockEngine
 from mmserve.frontend.nats_dispatch import NatsDispatcher
-from mmserve.kv.encoder_events import EncoderEventPublisher
-from mmserve.kv.events import KvEventPublisher
 from mmserve.kv.view import reusable_blocks
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
@@ -42,15 +40,20 @@ from mmserve.protocol import (
     StopConditions,
     TokenChunk,
 )
-from mmserve.roles import GENERATE, Role
 from mmserve.runtime import RemoteError, Runtime, Unavailable
+from mmserve.topology import GENERATE, Role
 from mmserve.transfer import DEFAULT_INLINE_THRESHOLD, TransferAgent, create_transfer_agent
 from mmserve.worker.aggregated import AggregatedHandler
 from mmserve.worker.base import RoleHandler
 from mmserve.worker.decode import DecodeHandler
 from mmserve.worker.encode import EncodeHandler
-from mmserve.worker.options import publish_encoder_events, publish_kv_events
 from mmserve.worker.prefill import PrefillHandler
+from mmserve.worker.publishers import (
+    EncoderEventPublisher,
+    KvEventPublisher,
+    publish_encoder_events,
+    publish_kv_events,
+)
 from tests.support.images import photo_like, png_bytes
 from tests.support.waiting import wait_until_async
 

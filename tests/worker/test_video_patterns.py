@@ -17,7 +17,7 @@ import pytest_asyncio
 from mmserve.engines.hf import HfEngine
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, SamplingParams, StopConditions
-from mmserve.roles import Role
+from mmserve.topology import Role
 from tests.engines.test_hf_video import (
     NEW_TOKENS,
     SAMPLING,

@@ -1,9 +1,9 @@
-"""`python -m mmserve.dynamo`: mmserve's aggregated worker (encode, prefill and decode in one
-process) served as an endpoint of a Dynamo deployment through `ai-dynamo-runtime`; or, for E/PD,
-an encode worker (`--disaggregation-mode encode`) that the workers started with
-`--route-to-encoder` call for their images; or, for P/D (E/P/D with `--route-to-encoder`), a
-prefill worker and a decode worker (`--disaggregation-mode prefill|decode`) that Dynamo's
-prefill router calls in turn, the KV handed over by mmserve's transfer.
+"""`python -m mmserve.dynamo`: mmserve's workers served as endpoints of a Dynamo deployment through
+`ai-dynamo-runtime`. By default the aggregated worker (encode, prefill and decode in one process);
+or, for E/PD, an encode worker (`--disaggregation-mode encode`) that the workers started with
+`--route-to-encoder` call for their images; or, for P/D (E/P/D with `--route-to-encoder`), a prefill
+worker and a decode worker (`--disaggregation-mode prefill|decode`) that Dynamo's prefill router
+calls in turn, the KV handed over by mmserve's transfer.
 
 The aggregated and decode workers register the model for Dynamo's discovery with a card that
 asks Dynamo's frontend for token ids (`ModelInput.Tokens`, chat and completions), so `python -m
@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from mmserve.media.policy import MediaPolicy
-from mmserve.roles import GENERATE, Role
+from mmserve.topology import GENERATE, Role
 from mmserve.worker.options import add_worker_arguments
 
 log = logging.getLogger("mmserve.dynamo")

@@ -29,8 +29,8 @@ from mmserve.engines.base import Engine, ItemEmbedding
 from mmserve.media.policy import MediaPolicy
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import EmbeddingsHandle, MediaPayload, PreprocessedRequest, RequestPlan
-from mmserve.roles import Role
 from mmserve.runtime import RemoteError
+from mmserve.topology import Role
 from mmserve.transfer import TransferAgent
 from mmserve.worker.base import engine_request, stream_tokens
 from mmserve.worker.errors import as_remote_error

@@ -28,8 +28,8 @@ from mmserve.protocol import (
     MediaPayload,
     PlannedMedia,
 )
-from mmserve.roles import PULL_EMBEDDINGS, Role
 from mmserve.runtime import Runtime
+from mmserve.topology import PULL_EMBEDDINGS, Role
 from mmserve.transfer import TransferAgent
 
 log = logging.getLogger("mmserve.encode")

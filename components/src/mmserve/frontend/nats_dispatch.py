@@ -1,5 +1,5 @@
 """The frontend's pipeline over NATS: discovers which workers are deployed and sends each
-request to its first hop (`router.hops`: an encode worker for requests with media when there is
+request to its first hop (`topology`: an encode worker for requests with media when there is
 one, else the language hop).
 
 Within a role the router (`--router-mode`, `mmserve.router`) picks the instance of every hop
@@ -12,7 +12,7 @@ against the encode work sent to it. The chosen ids travel in `PreprocessedReques
 the encode worker and decode address those instances. The routers learn the workers' caches
 from their KV and embedding-cache events and forget a worker as soon as discovery drops it. A
 call to an instance that is gone (or overloaded) before it answered is routed again to another
-one (`router.route`).
+one (`runtime.retry`).
 
 `reset_prefix_cache` calls `<role>.reset_prefix_cache` on every instance discovery knows, one
 call each, so every instance answers for itself.
@@ -42,7 +42,6 @@ from mmserve.protocol import (
     TensorHandle,
     TokenChunk,
 )
-from mmserve.roles import GENERATE, KV_CACHING_ROLES, RESET_PREFIX_CACHE, Role
 from mmserve.router.encode_scheduler import (
     EncodeRouter,
     EncodeRouterMode,
@@ -50,12 +49,21 @@ from mmserve.router.encode_scheduler import (
     encoded_indices,
 )
 from mmserve.router.encoder_index import EncoderEventSubscriber
-from mmserve.router.hops import kv_roles, language_hop, missing_language_hop_message, next_hop
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
-from mmserve.router.route import stream_with_retry
 from mmserve.router.scheduler import NoWorkersError, Router, RouteRequest, RouterMode
 from mmserve.router.settings import RouterSettings
 from mmserve.runtime import InstanceWatcher, RemoteError, Runtime, Unavailable
+from mmserve.runtime.retry import stream_with_retry
+from mmserve.topology import (
+    GENERATE,
+    KV_CACHING_ROLES,
+    RESET_PREFIX_CACHE,
+    Role,
+    kv_roles,
+    language_hop,
+    missing_language_hop_message,
+    next_hop,
+)
 from mmserve.transfer import TransferAgent, create_transfer_agent
 
 log = logging.getLogger(__name__)

@@ -1,15 +1,16 @@
 """Embedding-cache events: what the encoders and the router share about each encoder's cache
 of vision-tower outputs (`engines.encoder_cache.EncoderCache`).
 
-They are cache events (`mmserve.runtime.cache_events`: numbered per worker, dumps for a router
-that lost track), as KV events are, on two topics per component:
+They are cache events (numbered per worker, dumps for a router that lost track; the machinery is
+`mmserve.runtime.cache_events`), as KV events are, on two topics per component:
 
 - `encoder_events-<component>` (`protocol.EncoderEvent`): every worker of the component that
   encodes (`encode`, `worker --encode`, `prefill --encode`) publishes its events here;
 - `encoder_dump-<component>` (`protocol.EncoderDumpRequest`): a router asks a worker for a
   dump: a cleared event, then every entry in one stored event.
 
-This module is the workers' side (`EncoderEventPublisher`); the router follows the topics with
+This module holds what both sides agree on, and imports no transport. The workers publish with
+`mmserve.worker.publishers.EncoderEventPublisher`; the router follows the topics with
 `mmserve.router.encoder_index.EncoderEventSubscriber`.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from mmserve.protocol import (
+    CacheEventTopics,
     EncoderCleared,
     EncoderDumpRequest,
     EncoderEntry,
@@ -25,8 +27,6 @@ from mmserve.protocol import (
     EncoderEvicted,
     EncoderStored,
 )
-from mmserve.runtime import Runtime
-from mmserve.runtime.cache_events import CacheEventPublisher, CacheEventTopics
 
 EncoderEventData = EncoderStored | EncoderEvicted | EncoderCleared
 EncoderEventSink = Callable[[EncoderEventData], None]
@@ -64,11 +64,3 @@ def dump_data(entries: Sequence[EncoderEntry]) -> list[EncoderEventData]:
     if entries:
         data.append(EncoderStored(entries=list(entries)))
     return data
-
-
-class EncoderEventPublisher(CacheEventPublisher[EncoderEventData]):
-    """A worker's side: numbers and publishes its encoder-cache events (thread-safe
-    `publish`), answers dump requests with `snapshot`."""
-
-    def __init__(self, runtime: Runtime, component: str, snapshot: EncoderSnapshot) -> None:
-        super().__init__(runtime, encoder_topics(component), lambda: dump_data(snapshot()))

@@ -1,14 +1,16 @@
 """KV events: what the engines and the router share about a worker's prefix cache.
 
-They are cache events (`mmserve.runtime.cache_events`: numbered per worker, dumps for a router
-that lost track) on two topics per component:
+They are cache events (numbered per worker, dumps for a router that lost track; the machinery is
+`mmserve.runtime.cache_events`) on two topics per component:
 
 - `kv_events-<component>` (`protocol.KvEvent`): every worker of the component publishes its
   events here;
 - `kv_dump-<component>` (`protocol.KvDumpRequest`): a router asks a worker for a dump, which
   `dump_events` builds: a cleared event, then its whole cache as stored events.
 
-This module is the workers' side (`KvEventPublisher`); the router follows the topics with
+This module holds what both sides agree on, and imports no transport: engines see only the
+event data and the sink they call. The workers publish with
+`mmserve.worker.publishers.KvEventPublisher`; the router follows the topics with
 `mmserve.router.kv_events.KvEventSubscriber`.
 """
 
@@ -16,9 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from mmserve.protocol import KvBlock, KvCleared, KvDumpRequest, KvEvent, KvRemoved, KvStored
-from mmserve.runtime import Runtime
-from mmserve.runtime.cache_events import CacheEventPublisher, CacheEventTopics
+from mmserve.protocol import (
+    CacheEventTopics,
+    KvBlock,
+    KvCleared,
+    KvDumpRequest,
+    KvEvent,
+    KvRemoved,
+    KvStored,
+)
 
 KvEventData = KvStored | KvRemoved | KvCleared
 KvEventSink = Callable[[KvEventData], None]
@@ -92,17 +100,3 @@ def dump_events(
         KvEvent(worker_id=worker_id, event_id=first_event_id + offset, data=item)
         for offset, item in enumerate(dump_data(blocks))
     ]
-
-
-class KvEventPublisher(CacheEventPublisher[KvEventData]):
-    """A worker's side: numbers and publishes its KV events, answers dump requests.
-
-    `publish` may be called from any thread (pass it to `Engine.subscribe_kv_events` as is).
-    `snapshot` lists the cache's blocks when a router asks; it runs on the event loop's thread
-    under the publisher's lock, so it must not wait for a thread that is inside `publish` (a
-    cache that emits events outside its own lock, as `engines.prefix_cache.PrefixCache` does,
-    is fine).
-    """
-
-    def __init__(self, runtime: Runtime, component: str, snapshot: CacheSnapshot) -> None:
-        super().__init__(runtime, kv_topics(component), lambda: dump_data(snapshot()))

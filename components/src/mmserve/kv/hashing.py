@@ -13,8 +13,11 @@ Sequence hashes chain the local hashes by position, as KV events carry them:
 
 from __future__ import annotations
 
+import argparse
+import warnings
 from array import array as packed
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -93,3 +96,51 @@ def compute_seq_hashes(
     does not start at the beginning of the sequence.
     """
     return _mm.compute_seq_hashes(list(local_hashes), parent_seq_hash)
+
+
+def add_block_size_argument(
+    parser: argparse._ActionsContainer, *, deprecated_alias: str | None = None
+) -> None:
+    """`--block-size`, which the frontend and the workers share (their values must agree).
+
+    One name on both sides: `--block-size` is the engines' own (vLLM's `--block-size`; SGLang's
+    `--page-size`, which the sglang engine sets equal to it), so a launcher passes one flag to
+    every process, as it does `--pad-scheme`. Dynamo's frontend calls its copy
+    `--kv-cache-block-size`; mmserve keeps the engines' name, which its workers always had.
+    `deprecated_alias` is an old spelling still accepted (and listed in `--help`) for one release,
+    with a warning when used: the frontend's `--kv-block-size`.
+    """
+    names = ["--block-size"]
+    help_text = "KV block size in tokens; the frontend's and the workers' must agree"
+    if deprecated_alias is not None:
+        names.append(deprecated_alias)
+        help_text += f" ({deprecated_alias}: the deprecated old name, gone in the next release)"
+    help_text += f" (default: {DEFAULT_BLOCK_SIZE})"
+    parser.add_argument(
+        *names,
+        dest="block_size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        metavar="TOKENS",
+        action=_WarnOnAlias,
+        help=help_text,
+    )
+
+
+class _WarnOnAlias(argparse.Action):
+    """Stores the value; warns when it was given by a name other than the first."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string is not None and option_string != self.option_strings[0]:
+            warnings.warn(
+                f"{option_string} is deprecated; use {self.option_strings[0]}",
+                FutureWarning,
+                stacklevel=2,
+            )
+        setattr(namespace, self.dest, values)

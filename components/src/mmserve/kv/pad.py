@@ -22,6 +22,7 @@ The full mm_hash still enters the block hash through the block's media list.
 
 from __future__ import annotations
 
+import argparse
 import enum
 import hashlib
 
@@ -70,3 +71,15 @@ def routing_pad_run(
     """The u32 routing tokens that replace an item's run of `token_count` tokens."""
     values = np.array(routing_pad_values(mm_hash, scheme), dtype=np.uint32)
     return np.tile(values, -(-token_count // len(values)))[:token_count]
+
+
+def add_pad_scheme_argument(parser: argparse._ActionsContainer) -> None:
+    """`--pad-scheme`, which the frontend and the workers share (their values must agree)."""
+    parser.add_argument(
+        "--pad-scheme",
+        choices=[scheme.value for scheme in PadScheme],
+        default=PadScheme.DYNAMO.value,
+        help="media pad values in the block hashes of the engines' prefix caches: dynamo "
+        "(SGLang 0.5.1x) or sglang-wide (SGLang 0.5.2x); the frontend's and the workers' must "
+        "agree (default: dynamo)",
+    )

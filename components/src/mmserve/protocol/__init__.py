@@ -6,7 +6,8 @@
 - `pipeline`: the request plan, media payloads, prefill's handover, token chunks;
 - `kv`: KV events, and the call that clears a worker's caches;
 - `encoder`: embedding-cache events, peer pulls, encoding skipped items after all;
-- `runtime`: discovery records and the frames around every call on NATS;
+- `runtime`: discovery records, the frames around every call on NATS, and which topics and
+  messages carry a cache's events (`CacheEventTopics`);
 - `transfer`: the transfer backends' descriptors and the probe's messages.
 
 Hashes (u64) travel as integers; `mm_hashes` as 16-digit lowercase hex strings (the engine
@@ -100,6 +101,7 @@ from mmserve.protocol.pipeline import (
     TokenChunk,
 )
 from mmserve.protocol.runtime import (
+    CacheEventTopics,
     CancelFrame,
     EndFrame,
     InstanceRecord,
@@ -145,6 +147,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AssistantMessage",
     "BootstrapInfo",
+    "CacheEventTopics",
     "CachesCleared",
     "CancelFrame",
     "ChatCompletionChoice",

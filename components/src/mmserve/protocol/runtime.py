@@ -1,7 +1,11 @@
-"""The runtime's messages (mmserve.runtime): discovery records and the frames around every
-request and reply on NATS."""
+"""The runtime's messages (mmserve.runtime): discovery records, the frames around every
+request and reply on NATS, and the topics a cache's events travel on (`CacheEventTopics`,
+named by `kv/` for each cache and used by `runtime.cache_events`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -64,3 +68,15 @@ class CancelFrame(WireMessage, frozen=True):
 
 
 ServerFrame = ReplyFrame | EndFrame | KeepaliveFrame
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEventTopics:
+    """One cache's topics and messages for one component."""
+
+    events_topic: str
+    dump_topic: str
+    event_type: type[Any]  # a WireMessage with worker_id, event_id and data
+    dump_request_type: type[Any]  # a WireMessage with worker_id
+    cleared_type: type[Any]  # the data that empties a worker's cache in the index
+    name: str  # for logs: "KV", "encoder"

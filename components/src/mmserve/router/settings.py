@@ -5,22 +5,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
-from mmserve.kv.pad import PadScheme
+from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE, add_block_size_argument
+from mmserve.kv.pad import PadScheme, add_pad_scheme_argument
 from mmserve.router.encode_scheduler import EncodeRouter, EncodeRouterMode
 from mmserve.router.scheduler import KvCostConfig, Router, RouterMode
-
-
-def add_pad_scheme_argument(parser: argparse._ActionsContainer) -> None:
-    """`--pad-scheme`, which the frontend and the workers share (their values must agree)."""
-    parser.add_argument(
-        "--pad-scheme",
-        choices=[scheme.value for scheme in PadScheme],
-        default=PadScheme.DYNAMO.value,
-        help="media pad values in the block hashes of the engines' prefix caches: dynamo "
-        "(SGLang 0.5.1x) or sglang-wide (SGLang 0.5.2x); the frontend's and the workers' must "
-        "agree (default: dynamo)",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +50,7 @@ class RouterSettings:
             "dropped them since); off for engines that read no prefix cache for media, such "
             "as sglang here (default: on)",
         )
-        group.add_argument(
-            "--kv-block-size",
-            type=int,
-            default=DEFAULT_BLOCK_SIZE,
-            metavar="TOKENS",
-            help=f"KV block size of the workers (default: {DEFAULT_BLOCK_SIZE})",
-        )
+        add_block_size_argument(group, deprecated_alias="--kv-block-size")
         add_pad_scheme_argument(group)
         group.add_argument(
             "--kv-overlap-weight",
@@ -96,8 +78,8 @@ class RouterSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RouterSettings:
-        if args.kv_block_size <= 0:
-            raise SystemExit(f"--kv-block-size must be positive, got {args.kv_block_size}")
+        if args.block_size <= 0:
+            raise SystemExit(f"--block-size must be positive, got {args.block_size}")
         try:
             cost = KvCostConfig(
                 overlap_weight=args.kv_overlap_weight,
@@ -108,7 +90,7 @@ class RouterSettings:
             raise SystemExit(f"router options: {exc}") from exc
         return cls(
             mode=RouterMode(args.router_mode),
-            block_size=args.kv_block_size,
+            block_size=args.block_size,
             pad_scheme=PadScheme(args.pad_scheme),
             cost=cost,
             encode_mode=EncodeRouterMode(args.encode_router_mode),

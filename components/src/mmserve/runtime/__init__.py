@@ -4,8 +4,8 @@
 keepalives, server-side cancellation), `calling` (`Client`: call and stream, deadlines,
 instance targeting, typed errors), `events` (publish and subscribe), `cache_events` (numbered
 cache events with dumps, for the routers), `discovery`, `subjects`,
-`errors`, `nats_server`, `lifetime` (children that stop with their owner), `ports` (who holds
-a port).
+`retry` (the one retry policy for a routed instance that is gone), `errors`, `nats_server`,
+`lifetime` (children that stop with their owner), `ports` (who holds a port).
 
 Names are imported lazily so that `mmserve nats` and the CLI stay light to import.
 """

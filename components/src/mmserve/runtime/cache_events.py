@@ -21,13 +21,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import nats.errors
 from nats.aio.subscription import Subscription
 
-from mmserve.protocol import WireMessage
+from mmserve.protocol import CacheEventTopics, WireMessage
 from mmserve.runtime.connection import Runtime
 from mmserve.runtime.discovery import InstanceWatcher
 from mmserve.runtime.errors import Disconnected
@@ -59,18 +58,6 @@ class CacheIndex(Protocol[D_contra]):
 
     def apply_event(self, worker_id: str, event: D_contra) -> None: ...
     def remove_worker(self, worker_id: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class CacheEventTopics:
-    """One cache's topics and messages for one component."""
-
-    events_topic: str
-    dump_topic: str
-    event_type: type[Any]  # a WireMessage with worker_id, event_id and data
-    dump_request_type: type[Any]  # a WireMessage with worker_id
-    cleared_type: type[Any]  # the data that empties a worker's cache in the index
-    name: str  # for logs: "KV", "encoder"
 
 
 class CacheEventPublisher(Generic[D]):

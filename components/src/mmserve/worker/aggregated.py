@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from mmserve.engines.base import Embeddings
 from mmserve.observability import nvtx
 from mmserve.protocol import PreprocessedRequest, TokenChunk
-from mmserve.roles import GENERATE, Role
 from mmserve.runtime import RequestContext
+from mmserve.topology import GENERATE, Role
 from mmserve.worker.base import RoleHandler, engine_request, started, stream_tokens
 from mmserve.worker.tracking import tracked
 

@@ -27,9 +27,9 @@ from mmserve.protocol import (
     ResetCachesRequest,
     TokenChunk,
 )
-from mmserve.roles import ENCODE_ITEMS, RESET_PREFIX_CACHE, Role
-from mmserve.router.route import stream_routed
 from mmserve.runtime import RemoteError, RequestContext, Runtime
+from mmserve.runtime.retry import stream_routed
+from mmserve.topology import ENCODE_ITEMS, RESET_PREFIX_CACHE, Role
 from mmserve.transfer import TransferAgent
 from mmserve.worker.errors import typed_errors
 

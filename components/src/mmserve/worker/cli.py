@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from mmserve.roles import Role
+from mmserve.topology import Role
 from mmserve.worker.options import add_worker_arguments
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from mmserve.protocol import (
     PreprocessedRequest,
     TokenChunk,
 )
-from mmserve.roles import GENERATE, Role
-from mmserve.router.route import stream_routed
 from mmserve.runtime import RemoteError, RequestContext
+from mmserve.runtime.retry import stream_routed
+from mmserve.topology import GENERATE, Role
 from mmserve.worker.base import RoleHandler, stream_tokens
 from mmserve.worker.handover import fetch_kv
 from mmserve.worker.tracking import tracked

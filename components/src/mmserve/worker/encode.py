@@ -1,7 +1,7 @@
 """The encode role (`mmserve encode`): encode each request's planned media, then hand the
-request with its embeddings to the language hop (`router.hops`) and stream its answer back.
+request with its embeddings to the language hop (`topology`) and stream its answer back.
 The instance is the one the frontend's router chose (`PreprocessedRequest.route`), or any
-instance when none was chosen or it is gone (`router.route`)."""
+instance when none was chosen or it is gone (`runtime.retry`)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from mmserve.protocol import (
     PreprocessedRequest,
     TokenChunk,
 )
-from mmserve.roles import ENCODE_ITEMS, GENERATE, PULL_EMBEDDINGS, Role
-from mmserve.router.hops import language_hop
-from mmserve.router.route import stream_routed
 from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext
+from mmserve.runtime.retry import stream_routed
+from mmserve.topology import ENCODE_ITEMS, GENERATE, PULL_EMBEDDINGS, Role, language_hop
 from mmserve.worker.base import RoleHandler
 from mmserve.worker.errors import typed_errors
 from mmserve.worker.tracking import tracked

@@ -16,15 +16,18 @@ from mmserve.engines.defaults import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
-from mmserve.kv.encoder_events import EncoderEventPublisher
-from mmserve.kv.events import KvEventPublisher
-from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
-from mmserve.kv.pad import PadScheme
+from mmserve.kv.hashing import add_block_size_argument
+from mmserve.kv.pad import PadScheme, add_pad_scheme_argument
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
-from mmserve.roles import KV_CACHING_ROLES, Role
-from mmserve.router.settings import add_pad_scheme_argument
 from mmserve.runtime import Runtime
+from mmserve.topology import KV_CACHING_ROLES, Role
 from mmserve.transfer import add_transfer_arguments, create_transfer_agent
+from mmserve.worker.publishers import (
+    EncoderEventPublisher,
+    KvEventPublisher,
+    publish_encoder_events,
+    publish_kv_events,
+)
 
 if TYPE_CHECKING:
     from mmserve.engines.base import Engine
@@ -55,12 +58,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
     )
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help=f"KV block size in tokens (default: {DEFAULT_BLOCK_SIZE})",
-    )
+    add_block_size_argument(parser)
     add_pad_scheme_argument(parser)
     parser.add_argument(
         "--max-queue",
@@ -201,23 +199,3 @@ async def start_services(args: argparse.Namespace) -> WorkerServices:
 def encodes(args: argparse.Namespace) -> bool:
     """Whether the worker runs the vision tower: the encode role, or `--encode`."""
     return bool(args.role is Role.ENCODE or getattr(args, "encode", False))
-
-
-async def publish_encoder_events(
-    runtime: Runtime, engine: Engine, component: str
-) -> EncoderEventPublisher:
-    """Publish the engine's encoder-cache changes for the routers of `component`; a router
-    that lost track gets a dump of `encoder_cache_snapshot`."""
-    publisher = await EncoderEventPublisher(
-        runtime, component, engine.encoder_cache_snapshot
-    ).start()
-    engine.subscribe_encoder_events(publisher.publish)  # thread-safe, keeps the events' order
-    return publisher
-
-
-async def publish_kv_events(runtime: Runtime, engine: Engine, component: str) -> KvEventPublisher:
-    """Publish the engine's prefix-cache changes for the routers of `component`, as the
-    runtime's instance; a router that lost track gets a dump of `kv_cache_snapshot`."""
-    publisher = await KvEventPublisher(runtime, component, engine.kv_cache_snapshot).start()
-    engine.subscribe_kv_events(publisher.publish)  # thread-safe, keeps the events' order
-    return publisher

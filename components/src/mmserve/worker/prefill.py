@@ -21,8 +21,8 @@ from mmserve.protocol import (
     PrefillRequest,
     PreprocessedRequest,
 )
-from mmserve.roles import GENERATE, Role
 from mmserve.runtime import RequestContext
+from mmserve.topology import GENERATE, Role
 from mmserve.transfer import Lease
 from mmserve.worker.base import RoleHandler, engine_request
 from mmserve.worker.handover import hand_over_kv

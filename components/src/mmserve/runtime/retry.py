@@ -16,7 +16,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, TypeVar
 
 from mmserve import protocol
-from mmserve.runtime import Client, Unavailable
+from mmserve.runtime.calling import Client
+from mmserve.runtime.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
