@@ -22,7 +22,7 @@ fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 
-# The package (editable) with its test and NIXL extras; the parity references pinned exactly by
+# The package (editable) with its test, NIXL and Dynamo extras; the parity references pinned exactly by
 # constraints.txt. Installed again only when pyproject.toml or constraints.txt changed since the
 # last install, or the environment drifted from the pins; otherwise only the extension is rebuilt
 # (a no-op when the Rust sources are unchanged).
@@ -46,7 +46,7 @@ if installed; then
   VIRTUAL_ENV=$(cd "$VENV" && pwd) "$VENV/bin/maturin" develop --release --skip-install --quiet
 else
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[test,nixl]" -c constraints.txt
+  "$VENV/bin/python" -m pip install -q -e ".[test,nixl,dynamo]" -c constraints.txt
   echo "$WANT" >"$STAMP"
 fi
 
@@ -55,7 +55,7 @@ fi
 # import need only the wheel and a few pure-Python packages. They go into $VENV/sglang, a
 # virtual environment layered over $VENV (a .pth adds $VENV's site-packages after its own), so
 # the main environment keeps its own versions. About 1.5 minutes from nothing on 2 cores.
-SGLANG_VERSION=0.5.23
+SGLANG_VERSION=$(bash .ci/extra_pin sglang)  # pyproject.toml's sglang extra
 SGLANG_CPU_DEPS=(orjson pybase64 psutil pyzmq aiohttp ipython "apache-tvm-ffi==0.1.11"
   sentencepiece compressed-tensors gguf partial-json-parser fastapi setproctitle einops dill)
 SGLANG_VENV="$VENV/sglang"
@@ -85,7 +85,7 @@ layered_env "$SGLANG_VENV" "$SGLANG_PROBE" "sglang==$SGLANG_VERSION" "${SGLANG_C
 # requires `aisimulate`, which PyPI does not serve here; the frontend does not import it), then
 # its other requirements; layered over $VENV like the SGLang one, whose `ai-dynamo-runtime` (the
 # worker's side) it shares. A few seconds from a warm pip cache.
-DYNAMO_VERSION=1.6.1
+DYNAMO_VERSION=$(bash .ci/extra_pin ai-dynamo-runtime)  # pyproject.toml's dynamo extra
 DYNAMO_DEPS=("ai-dynamo-runtime==$DYNAMO_VERSION" "aiohttp>=3.14.3,<4" "certifi>=2026.10.19"
   "kubernetes>=32.0.1,<33" "msgspec>=0.19" "prometheus-client>=0.23.1,<1" "pyzmq>=26"
   "redis>=6.2,<9" "tqdm>=4" "zstandard>=0.23,<1")

@@ -23,6 +23,7 @@ NATS_ARGS=()
 EXTRA_ARGS=()
 SGLANG_ARGS=()
 PAD_ARGS=()
+BLOCK_ARGS=()
 TRANSFER_ARGS=()
 MEDIA_ARGS=()
 FRONTEND_ARGS=()
@@ -36,12 +37,13 @@ NAMES=()
 launch_usage() {
   cat <<USAGE
 usage: $(basename "$0") [--model-path DIR] [--engine hf|mock|sglang] [--http-host H] [--http-port P]
-                [--nats-port P] [--nats-config FILE] [--pad-scheme S] [--transfer B] [--frontend-args "FLAGS"]
+                [--nats-port P] [--nats-config FILE] [--pad-scheme S] [--block-size N] [--transfer B]
+                [--frontend-args "FLAGS"]
                 [--worker-args|--encode-args|--prefill-args|--decode-args "FLAGS"]
                 [-- extra worker flags...]
 
 Starts $LAUNCH_DESCRIPTION.
-  --model-path DIR  a local Qwen-VL checkpoint dir (default: the tiny Qwen2-VL trained on
+  --model-path DIR  a local checkpoint dir, Qwen-VL or Gemma 3 (default: the tiny Qwen2-VL trained on
                     synthetic scenes, tiny-qwen2_vl-scenes, built if missing)
   --engine NAME     engine for the workers (default: hf)
   --http-host H     frontend host (default: 127.0.0.1)
@@ -52,6 +54,7 @@ Starts $LAUNCH_DESCRIPTION.
                     read their \$VARIABLES from the environment)
   --pad-scheme S    media pad values for the frontend and every worker (default: dynamo;
                     SGLang 0.5.2x needs sglang-wide)
+  --block-size N    KV block size in tokens for the frontend and every worker (default: 16)
   --transfer B      tensor transfer backend (nixl, shm, inline) for the frontend and every
                     worker; all must agree (default: nixl where it imports, else shm)
   --allowed-media-domains H..., --allowed-local-media-path DIR..., --media-fetch-timeout S,
@@ -60,8 +63,7 @@ Starts $LAUNCH_DESCRIPTION.
   --frontend-args "FLAGS"
                     flags for the frontend (\`mmserve frontend --help\`), after the script's own:
                     --api-key KEY, --frontend-decoding, the router's --router-mode M,
-                    --kv-block-size N, --kv-overlap-weight W, --router-queue-weight W,
-                    --router-temperature T; the limits --max-request-body-bytes N,
+                    --kv-overlap-weight W, --router-queue-weight W, --router-temperature T; the limits --max-request-body-bytes N,
                     --context-length N, --default-max-tokens N, --request-timeout S ...
   --worker-args|--encode-args|--prefill-args|--decode-args "FLAGS"
                     flags for the workers of that role only (\`mmserve ROLE --help\`), after the
@@ -83,6 +85,7 @@ launch_parse() {
       --nats-port) NATS_PORT="$2"; shift 2 ;;
       --nats-config) NATS_ARGS=(--config "$2"); shift 2 ;;
       --pad-scheme) PAD_ARGS=(--pad-scheme "$2"); shift 2 ;;
+      --block-size) BLOCK_ARGS=(--block-size "$2"); shift 2 ;;
       --transfer) TRANSFER_ARGS=(--transfer "$2"); shift 2 ;;
       --frontend-args)
         local split=()
@@ -131,8 +134,8 @@ launch_frontend() {
   if [ "$ENGINE" = sglang ]; then engine_args=(--no-skip-cached-encode); fi
   launch_start frontend mmserve frontend --model-path "$MODEL_PATH" --http-host "$HTTP_HOST" \
     --http-port "$HTTP_PORT" ${MEDIA_ARGS[@]+"${MEDIA_ARGS[@]}"} ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} \
-    ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} ${engine_args[@]+"${engine_args[@]}"} "$@" \
-    ${FRONTEND_ARGS[@]+"${FRONTEND_ARGS[@]}"}
+    ${BLOCK_ARGS[@]+"${BLOCK_ARGS[@]}"} ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} \
+    ${engine_args[@]+"${engine_args[@]}"} "$@" ${FRONTEND_ARGS[@]+"${FRONTEND_ARGS[@]}"}
 }
 
 # A worker of ROLE (worker, prefill, decode, encode) with its flags, then the flags of every
@@ -147,8 +150,9 @@ launch_worker() {
   read -r -a own <<<"${ROLE_ARGS[$role]:-}"
   ROLES_STARTED[$role]=1
   launch_start "$name" mmserve "$role" --model-path "$MODEL_PATH" --engine "$ENGINE" "$@" \
-    ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} \
-    ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} ${own[@]+"${own[@]}"} ${sglang[@]+"${sglang[@]}"}
+    ${PAD_ARGS[@]+"${PAD_ARGS[@]}"} ${BLOCK_ARGS[@]+"${BLOCK_ARGS[@]}"} \
+    ${TRANSFER_ARGS[@]+"${TRANSFER_ARGS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} \
+    ${own[@]+"${own[@]}"} ${sglang[@]+"${sglang[@]}"}
 }
 
 # Starts CMD in the background. MMSERVE_PARENT_PID makes it stop (SIGTERM) when this script
