@@ -2,11 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup ext run test test-fast test-py test-rust lint
+.PHONY: help setup ext run test test-fast test-py test-rust test-sglang lint format bench clean
 
 ## help: list these targets
 help:
-	@awk '/^## /{sub(/^## /, ""); i = index($$0, ": "); printf "  %-10s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2)}' $(MAKEFILE_LIST)
+	@awk '/^## /{sub(/^## /, ""); i = index($$0, ": "); printf "  %-12s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2)}' $(MAKEFILE_LIST)
 
 ## setup: install everything from nothing (Debian packages, Rust, Python env, the extension)
 setup:
@@ -31,9 +31,14 @@ test-fast:
 test-py:
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
-## test-rust: the Rust tests alone
+## test-rust: the Rust tests alone: the core without features, then with parallel and video (their own tests)
 test-rust:
 	cd rust/mmserve-mm && cargo test --no-default-features --quiet
+	cd rust/mmserve-mm && cargo test --features parallel,video --quiet
+
+## test-sglang: the sglang engine's contract tests in SGLang's environment (.venv/sglang, made by setup; make test runs them too)
+test-sglang:
+	$(VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_sglang_contract.py
 
 ## lint: ruff, ruff format, mypy, typos, shellcheck, rustfmt and clippy (what CI runs before the tests)
 lint:
@@ -43,3 +48,22 @@ lint:
 	$(VENV)/bin/typos
 	$(VENV)/bin/shellcheck launch/*.sh .ci/run .ci/setup.sh
 	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel,video -- -D warnings
+
+## format: rewrite what lint checks the layout of: ruff's fixes, ruff format, cargo fmt
+format:
+	$(VENV)/bin/ruff check --fix components tests bench
+	$(VENV)/bin/ruff format components tests bench
+	cd rust/mmserve-mm && cargo fmt
+
+## bench: the benchmarks' quick runs (--quick: router, encode router, preprocessing, video), each printing its table
+bench:
+	$(PY) -m bench.router --quick
+	$(PY) -m bench.encode_router --quick
+	$(PY) -m bench.preprocess --quick
+	$(PY) -m bench.video --quick
+
+## clean: remove build outputs and tool caches (the environment and its installed extension stay)
+clean:
+	cd rust/mmserve-mm && cargo clean
+	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find components tests bench -name __pycache__ -type d -prune -exec rm -rf {} +
