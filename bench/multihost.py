@@ -37,7 +37,7 @@ from mmserve.transfer.probe import ProbeProcess
 from tests.reliability.streams import chat_body, stream_until
 from tests.support import hosts as simulated
 from tests.support.deployment import Deployment, spread
-from tests.support.images import data_url, photo_like
+from tests.support.images import file_data_url, photo_like
 from tests.support.nats_cluster import NatsCluster
 
 EMBEDDING_SHAPE = (1564, 3584)  # Qwen2-VL-7B, one 1280x960 image (grid 68 x 92, merge 2)
@@ -49,7 +49,7 @@ async def _ttfts(deployment: Deployment, images: list[Path]) -> list[float]:
     async with httpx.AsyncClient(base_url=deployment.base_url, timeout=120) as client:
         for image in images:
             content = [
-                {"type": "image_url", "image_url": {"url": data_url(image)}},
+                {"type": "image_url", "image_url": {"url": file_data_url(image)}},
                 {"type": "text", "text": "What is in this picture?"},
             ]
             body = {

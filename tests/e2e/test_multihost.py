@@ -21,7 +21,7 @@ from mmserve.transfer.shm_backend import ShmTransferAgent
 from tests.reliability.streams import BOUND_S, Outcome, chat_body, stream_chat
 from tests.support import hosts as simulated
 from tests.support.deployment import Deployment, spread
-from tests.support.images import data_url, photo_like
+from tests.support.images import file_data_url, photo_like
 from tests.support.transfer import NIXL_MISSING
 from tests.support.waiting import wait_until, wait_until_async
 
@@ -62,7 +62,7 @@ def test_e_p_d_on_four_hosts_gives_the_aggregated_tokens(
     model_path = build_tiny_model("qwen2_vl")
     image_path = tmp_path / "large.jpg"
     photo_like(1280, 960, 5).save(image_path, quality=90)
-    image = {"type": "image_url", "image_url": {"url": data_url(image_path)}}
+    image = {"type": "image_url", "image_url": {"url": file_data_url(image_path)}}
     requests: list[list[dict[str, Any]]] = [
         [{"role": "user", "content": "Say something about the weather."}],
         [{"role": "user", "content": [image, {"type": "text", "text": "What is in it?"}]}],

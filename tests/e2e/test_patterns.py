@@ -18,7 +18,7 @@ from mmserve.models.family import resolve_model_spec
 from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.embeds import embeds_part, vision_tower_safetensors
-from tests.support.images import data_url
+from tests.support.images import file_data_url
 from tests.support.waiting import wait_until
 
 FAMILIES = list(TINY_FAMILIES)
@@ -50,7 +50,10 @@ def _requests(image_server: str, image_dir: Path) -> list[list[dict[str, Any]]]:
                 "content": [
                     {"type": "text", "text": "Compare these:"},
                     {"type": "image_url", "image_url": {"url": f"{image_server}/tall.png"}},
-                    {"type": "image_url", "image_url": {"url": data_url(image_dir / "small.png")}},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": file_data_url(image_dir / "small.png")},
+                    },
                     {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}},
                 ],
             }
@@ -199,8 +202,14 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
                 "role": "user",
                 "content": [
                     {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}},
-                    {"type": "video_url", "video_url": {"url": data_url(image_dir / "clip.mp4")}},
-                    {"type": "image_url", "image_url": {"url": data_url(image_dir / "small.png")}},
+                    {
+                        "type": "video_url",
+                        "video_url": {"url": file_data_url(image_dir / "clip.mp4")},
+                    },
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": file_data_url(image_dir / "small.png")},
+                    },
                     {"type": "text", "text": "Compare them."},
                 ],
             }
@@ -267,7 +276,7 @@ def test_precomputed_embeddings_give_the_images_tokens(
     photo = image_dir / "photo.jpg"
     embeds = embeds_part(vision_tower_safetensors(model_path, photo.read_bytes()))
     image = {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}}
-    tall = {"type": "image_url", "image_url": {"url": data_url(image_dir / "tall.png")}}
+    tall = {"type": "image_url", "image_url": {"url": file_data_url(image_dir / "tall.png")}}
     question = {"type": "text", "text": "What is in this picture?"}
 
     def ask(*parts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -386,8 +395,8 @@ def test_pan_and_scan_gives_the_aggregated_tokens(
     panned = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 100}
     content = [
         {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}},
-        {"type": "image_url", "image_url": {"url": data_url(image_dir / "tall.png")}},
-        {"type": "image_url", "image_url": {"url": data_url(image_dir / "small.png")}},
+        {"type": "image_url", "image_url": {"url": file_data_url(image_dir / "tall.png")}},
+        {"type": "image_url", "image_url": {"url": file_data_url(image_dir / "small.png")}},
         {"type": "text", "text": "Compare them."},
     ]
     messages: Any = [{"role": "user", "content": content}]

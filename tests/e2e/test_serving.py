@@ -15,7 +15,7 @@ import pytest
 
 from mmserve.models.tiny import build_tiny_model
 from tests.support.deployment import Deployment, free_port
-from tests.support.images import data_url, photo_like, png_bytes
+from tests.support.images import file_data_url, photo_like, png_bytes
 
 WORKER_METRICS_PORT = free_port()
 
@@ -123,7 +123,7 @@ def test_bad_input_gets_a_4xx_and_serving_goes_on(
     if name == "broken_base64":  # refused by the frontend, which names the item
         assert error["param"] == "messages[0].content[0].image_url", error
     healthy = _post(
-        agg, _body([_image(data_url(image_dir / "small.png")), {"type": "text", "text": "ok"}])
+        agg, _body([_image(file_data_url(image_dir / "small.png")), {"type": "text", "text": "ok"}])
     )
     assert healthy.status_code == 200, healthy.text
 

@@ -77,23 +77,33 @@ def test_openapi_document(frontend: RunningFrontend) -> None:
     assert "every chunk" in stream_options["continuous_usage_stats"]["description"]
 
 
-def test_metrics_count_requests_errors_and_latency(frontend: RunningFrontend) -> None:
-    body = {"model": frontend.model, "messages": [{"role": "user", "content": "hi"}]}
-    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30)
-    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "n": 3}, timeout=30)
+def _metric_samples(frontend: RunningFrontend) -> dict[str, float]:
     response = httpx.get(frontend.url + "/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    samples = {
+    return {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in response.text.splitlines()
         if line and not line.startswith("#")
     }
-    assert samples['mmserve_requests_total{component="frontend"}'] >= 2
-    assert samples['mmserve_errors_total{code="unsupported_option",component="frontend"}'] >= 1
-    assert samples['mmserve_ttft_seconds_count{component="frontend"}'] >= 1
-    assert samples['mmserve_inter_token_latency_seconds_count{component="frontend"}'] >= 1
-    assert samples['mmserve_stage_seconds_count{component="frontend",stage="preprocess"}'] >= 1
+
+
+def test_metrics_count_requests_errors_and_latency(frontend: RunningFrontend) -> None:
+    # The frontend serves the whole session: what these two requests add is what they count.
+    before = _metric_samples(frontend)
+    body = {"model": frontend.model, "messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30)
+    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "n": 3}, timeout=30)
+    after = _metric_samples(frontend)
+
+    def added(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert added('mmserve_requests_total{component="frontend"}') == 2
+    assert added('mmserve_errors_total{code="unsupported_option",component="frontend"}') == 1
+    assert added('mmserve_ttft_seconds_count{component="frontend"}') == 1
+    assert added('mmserve_inter_token_latency_seconds_count{component="frontend"}') >= 1
+    assert added('mmserve_stage_seconds_count{component="frontend",stage="preprocess"}') == 1
 
 
 def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:

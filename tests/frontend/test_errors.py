@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from mmserve.runtime.errors import RemoteError
-from tests.support.local_media import data_url, encode_image
+from tests.support.images import data_url, encode_image
 
 from .conftest import RunningFrontend
 

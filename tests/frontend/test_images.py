@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from mmserve import _mm
-from tests.support.local_media import MediaServer, data_url, encode_image, png_bomb
+from tests.support.images import data_url, encode_image, png_bomb
+from tests.support.local_media import MediaServer
 
 from .conftest import RunningFrontend
 

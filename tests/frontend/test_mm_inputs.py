@@ -20,7 +20,8 @@ from safetensors.torch import save as save_safetensors
 from mmserve import _mm
 from mmserve.frontend.mm_options import parse_limit_mm_per_prompt
 from mmserve.media.processing import item_identity
-from tests.support.local_media import MediaServer, data_url, encode_image
+from tests.support.images import data_url, encode_image
+from tests.support.local_media import MediaServer
 
 from .conftest import RunningFrontend
 

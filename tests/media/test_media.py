@@ -15,7 +15,8 @@ from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
 from mmserve.models.tiny import build_tiny_model
-from tests.support.local_media import MediaServer, data_url, encode_image, media_server_over
+from tests.support.images import data_url, encode_image
+from tests.support.local_media import MediaServer, media_server_over
 
 IMAGE_PAD = 151655
 VISION_START, VISION_END = 151652, 151653

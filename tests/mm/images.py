@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import ctypes
 import ctypes.util
-import io
 import struct
 import warnings
 import zlib
@@ -17,14 +16,12 @@ from PIL import Image
 from transformers.image_transforms import convert_to_rgb
 from transformers.image_utils import load_image
 
+from tests.support.images import encoded, png_chunk
+
 # (x0, y0, dx, dy) of the seven Adam7 passes.
 ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2)]
 ADAM7.append((0, 1, 1, 2))
 CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
 def _paeth(a: int, b: int, c: int) -> int:
@@ -78,15 +75,15 @@ def encode_png(
     """A PNG of `samples` (h, w, channels), each sample already in 0..2**bit_depth-1."""
     h, w, _ = samples.shape
     ihdr = struct.pack(">IIBBBBB", w, h, bit_depth, color_type, 0, 0, int(interlace))
-    chunks = [_chunk(b"IHDR", ihdr)]
+    chunks = [png_chunk(b"IHDR", ihdr)]
     if gamma is not None:
-        chunks.append(_chunk(b"gAMA", struct.pack(">I", round(gamma * 100000))))
+        chunks.append(png_chunk(b"gAMA", struct.pack(">I", round(gamma * 100000))))
     if palette is not None:
-        chunks.append(_chunk(b"PLTE", palette))
+        chunks.append(png_chunk(b"PLTE", palette))
     if trns is not None:
-        chunks.append(_chunk(b"tRNS", trns))
+        chunks.append(png_chunk(b"tRNS", trns))
     if exif is not None:
-        chunks.append(_chunk(b"eXIf", exif))
+        chunks.append(png_chunk(b"eXIf", exif))
     if interlace:
         raw = b"".join(
             _filtered_rows(samples[y0::dy, x0::dx], bit_depth)
@@ -95,18 +92,11 @@ def encode_png(
         )
     else:
         raw = _filtered_rows(samples, bit_depth)
-    chunks.append(_chunk(b"IDAT", zlib.compress(raw)))
-    chunks.append(_chunk(b"IEND", b""))
+    chunks.append(png_chunk(b"IDAT", zlib.compress(raw)))
+    chunks.append(png_chunk(b"IEND", b""))
     return b"\x89PNG\r\n\x1a\n" + b"".join(chunks)
 
 
-def png_header_only(width: int, height: int) -> bytes:
-    """Signature + IHDR + IEND: a ~45-byte file announcing width x height RGB pixels."""
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IEND", b"")
-
-
-# libjpeg-turbo's TurboJPEG API, for subsamplings PIL's encoder does not offer.
 TJSAMP = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "gray": 3, "4:4:0": 4, "4:1:1": 5}
 _TJPF_RGB, _TJPF_GRAY = 0, 6
 
@@ -257,12 +247,6 @@ def orientation_exif(value: int) -> bytes:
     return exif.tobytes()[len(b"Exif\0\0") :]
 
 
-def _saved(image: Image.Image, fmt: str, **options: object) -> bytes:
-    out = io.BytesIO()
-    image.save(out, fmt, **options)
-    return out.getvalue()
-
-
 def transparent_images(rng: np.random.Generator, width: int, height: int) -> dict[str, bytes]:
     """One image of each kind of transparency, `width` x `height` (GIFs on a larger screen):
     alpha channels partial, full and none, tRNS colours and palette entries (one transparent
@@ -298,7 +282,7 @@ def transparent_images(rng: np.random.Generator, width: int, height: int) -> dic
             indices, 3, palette=palette[:12], trns=b"\xff" * 9 + b"\0"
         ),
         "palette 4-bit transparent": encode_png(indices, 3, 4, palette=palette, trns=b"\xff\0"),
-        "palette written by pil": _saved(quantized, "PNG", transparency=5),
+        "palette written by pil": encoded(quantized, "PNG", transparency=5),
         "gray trns": encode_png(gray, 0, trns=trns_gray),
         "gray trns over 8 bits": encode_png(gray, 0, trns=struct.pack(">H", 256 + 7)),
         "gray 1-bit trns black": encode_png(indices % 2, 0, 1, trns=b"\0\0"),
@@ -332,11 +316,11 @@ def transparent_images(rng: np.random.Generator, width: int, height: int) -> dic
         "gif transparent gray": encode_gif(
             (w, h), (0, 0, w, h), gif_indices, global_palette=None, transparent=4
         ),
-        "gif written by pil": _saved(quantized, "GIF", transparency=2),
-        "webp lossless alpha": _saved(Image.fromarray(rgba8, "RGBA"), "WEBP", lossless=True),
-        "webp lossy alpha": _saved(Image.fromarray(rgba8, "RGBA"), "WEBP", quality=70),
-        "webp fully transparent": _saved(
+        "gif written by pil": encoded(quantized, "GIF", transparency=2),
+        "webp lossless alpha": encoded(Image.fromarray(rgba8, "RGBA"), "WEBP", lossless=True),
+        "webp lossy alpha": encoded(Image.fromarray(rgba8, "RGBA"), "WEBP", quality=70),
+        "webp fully transparent": encoded(
             Image.fromarray(clear, "RGBA"), "WEBP", lossless=True, exact=True
         ),
-        "bmp rgba": _saved(Image.fromarray(rgba8, "RGBA"), "BMP"),
+        "bmp rgba": encoded(Image.fromarray(rgba8, "RGBA"), "BMP"),
     }

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image, ImageFile
 
 from mmserve import _mm
+from tests.support.images import png_bomb
 
 from .images import (
     CHANNELS,
@@ -25,7 +26,6 @@ from .images import (
     orientation_exif,
     pipeline_image,
     pipeline_rgb,
-    png_header_only,
     random_rle_ops,
     transparent_images,
     turbojpeg_encode,
@@ -367,7 +367,7 @@ def test_bmp_rle_matches_pil_including_its_refusals(four_bit: bool) -> None:
 
 
 def test_decompression_bomb_header_fails_fast_without_allocating() -> None:
-    bomb = png_header_only(100_000, 100_000)
+    bomb = png_bomb(100_000, 100_000)
     assert len(bomb) < 60
     started = time.perf_counter()
     for read in (_mm.decode_image, _mm.probe_image):

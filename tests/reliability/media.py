@@ -4,11 +4,9 @@ on purpose (drips bytes, redirects anywhere, lies about content types)."""
 from __future__ import annotations
 
 import http.server
-import io
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import ClassVar
@@ -16,39 +14,25 @@ from urllib.parse import parse_qs, urlparse
 
 from PIL import Image
 
-from tests.support.images import photo_like
+from tests.support.images import encoded, photo_like
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
-def encode(image: Image.Image, fmt: str, **options: object) -> bytes:
-    out = io.BytesIO()
-    image.save(out, format=fmt, **options)
-    return out.getvalue()
-
-
 def sample(fmt: str) -> bytes:
-    return encode(photo_like(64, 48, seed=1), fmt)
-
-
-def png_bomb(width: int = 100_000, height: int = 100_000) -> bytes:
-    """A valid 1x1 PNG whose header claims `width` x `height` (CRC fixed up)."""
-    png = bytearray(encode(Image.new("RGB", (1, 1)), "PNG"))
-    png[16:24] = struct.pack(">II", width, height)
-    png[29:33] = struct.pack(">I", zlib.crc32(bytes(png[12:29])))
-    return bytes(png)
+    return encoded(photo_like(64, 48, seed=1), fmt)
 
 
 def gif_screen_bomb() -> bytes:
     """A 1x1 GIF frame on a logical screen of 65535 x 65535."""
-    gif = bytearray(encode(Image.new("P", (1, 1)), "GIF"))
+    gif = bytearray(encoded(Image.new("P", (1, 1)), "GIF"))
     gif[6:10] = struct.pack("<HH", 65535, 65535)
     return bytes(gif)
 
 
 def gif_many_frames(count: int = 2000) -> bytes:
     frames = [Image.new("RGB", (8, 8), (i % 256, i // 256, 7)) for i in range(count)]
-    return encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    return encoded(frames[0], "GIF", save_all=True, append_images=frames[1:])
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -18,6 +18,7 @@ import pytest
 from mmserve import _mm
 from mmserve.models.tiny import build_tiny_model
 from tests.support.deployment import Deployment
+from tests.support.images import png_bomb
 
 from .conftest import Trial
 from .media import (
@@ -25,7 +26,6 @@ from .media import (
     gif_many_frames,
     gif_screen_bomb,
     hostile_server,
-    png_bomb,
     sample,
 )
 

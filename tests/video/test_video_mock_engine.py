@@ -23,7 +23,7 @@ from mmserve.protocol import (
     SamplingParams,
     StopConditions,
 )
-from tests.support.local_media import encode_image
+from tests.support.images import encode_image
 from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, make_video
 
 pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)")

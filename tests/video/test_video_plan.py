@@ -22,7 +22,7 @@ from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
 from mmserve.media.text_pieces import TIMESTAMP_PIECES, text_pieces, timestamp_tokens
 from mmserve.media.video import video_options
 from mmserve.protocol import MMProcessorKwargs, PlannedMedia
-from tests.support.local_media import encode_image
+from tests.support.images import encode_image
 from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, hf_reference, make_video
 
 pytestmark = pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)")
