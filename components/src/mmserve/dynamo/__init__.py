@@ -1,4 +1,5 @@
-"""mmserve's aggregated worker as a backend of NVIDIA Dynamo (`python -m mmserve.dynamo`).
+"""mmserve's workers (aggregated, encode, prefill, decode) as backends of NVIDIA Dynamo
+(`python -m mmserve.dynamo`).
 
 Dynamo's frontend (HTTP, chat template, tokenizer, router) sends its preprocessed requests -
 token ids with one image placeholder per image, and the images' URLs - through

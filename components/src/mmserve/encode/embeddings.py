@@ -1,5 +1,6 @@
-"""Image embeddings on the wire: offered by whoever ran the vision tower, loaded by the stage
-that runs the prompt. The tensors travel by transfer; only their handles ride in messages."""
+"""Media embeddings (images and videos) on the wire: offered by whoever ran the vision tower, loaded
+by the stage that runs the prompt. The tensors travel by transfer; only their handles ride in
+messages."""
 
 from __future__ import annotations
 

@@ -27,11 +27,11 @@ TensorSink = Callable[[str, "np.ndarray | torch.Tensor"], Awaitable[TensorHandle
 class Dispatcher(Protocol):
     """What the frontend needs from the pipeline.
 
-    `generate` yields token chunks in order; the last one carries `finish_reason` and `usage`.
-    The frontend stops iterating (closing the iterator, or cancelling the task awaiting it)
-    when the client disconnects, a stop string matches or the deadline passes: the
-    implementation must then cancel the work downstream. Failures are raised as
-    `mmserve.runtime.RemoteError` (whose code and status the client sees, as the runtime's
+    `generate` yields token chunks in order; the last one carries `finish_reason` and `usage`. The
+    frontend stops iterating (closing the iterator, or cancelling the task awaiting it) when the
+    client disconnects or the deadline passes (stop strings are the engines' job,
+    `engines.sampling`): the implementation must then cancel the work downstream. Failures are
+    raised as `mmserve.runtime.RemoteError` (whose code and status the client sees, as the runtime's
     `Client.stream` raises them); `ready()` is true only while a full path to a worker exists.
 
     `reset_prefix_cache()` asks every instance of the deployment, whatever its role, to clear

@@ -3,7 +3,8 @@
 `resolve_model_spec(path)` reads config.json, generation_config.json and
 preprocessor_config.json and returns the facts the workers and the Rust core need. The Rust
 core's registry parses the files (`_mm.spec_from_hf_configs`, one parser with one set of
-fallbacks); this module adds only what Python alone knows about a family (`FAMILIES`). It works
+fallbacks); this module adds what Python alone knows about a family (`FAMILIES`), and reads the
+two facts of config.json the core does not carry (deepstack and linear-attention layers). It works
 the same for the tiny checkpoints and for any real local checkpoint of a family in `FAMILIES`.
 """
 

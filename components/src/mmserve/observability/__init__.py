@@ -1,1 +1,1 @@
-"""observability."""
+"""Logs (`logging`), Prometheus metrics (`metrics`) and NVTX ranges for profiles (`nvtx`)."""

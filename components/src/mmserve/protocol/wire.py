@@ -4,7 +4,8 @@ and the one `encode` / `decode` pair.
 Each message carries a `type` tag that embeds `PROTOCOL_VERSION` (e.g. `"token_chunk.v2"`), so a
 peer speaking another version fails to decode with `ProtocolVersionError` instead of producing
 garbage. Unknown fields are ignored, so adding a field with a default stays compatible;
-removing, renaming or changing the meaning of a field needs a new `PROTOCOL_VERSION`.
+removing, renaming or changing the meaning of a field needs a new `PROTOCOL_VERSION`. The tag
+is made from the class name, so renaming a message class changes its tag: a wire break too.
 """
 
 from __future__ import annotations

@@ -245,8 +245,8 @@ class Runtime:
         await flush_in_order(self.nc)
 
     async def publish(self, topic: str, message: protocol.WireMessage) -> None:
-        """Fire-and-forget broadcast of `message` to every subscriber of `topic` (KV events,
-        load reports). Raises `PayloadTooLarge` or `Disconnected` like a call."""
+        """Fire-and-forget broadcast of `message` to every subscriber of `topic` (the cache
+        events). Raises `PayloadTooLarge` or `Disconnected` like a call."""
         await events.publish(self, topic, message)
 
     async def subscribe(

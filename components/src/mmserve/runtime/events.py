@@ -1,4 +1,4 @@
-"""Events: fire-and-forget broadcasts on a topic of the namespace (KV events, load reports)."""
+"""Events: fire-and-forget broadcasts on a topic of the namespace (the cache events)."""
 
 from __future__ import annotations
 

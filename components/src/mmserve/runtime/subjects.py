@@ -3,7 +3,7 @@
 * `mmserve.<ns>.<component>.<endpoint>`: requests, load-balanced by a NATS queue group.
 * `mmserve.<ns>.<component>.<endpoint>.<instance_id>`: requests to one instance.
 * `mmserve.<ns>._cancel`: `CancelFrame`s, heard by every instance of the namespace.
-* `mmserve.<ns>._events.<topic>`: broadcasts (KV events, load reports).
+* `mmserve.<ns>._events.<topic>`: broadcasts (the KV and encoder-cache events).
 """
 
 from __future__ import annotations
