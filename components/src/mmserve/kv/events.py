@@ -18,15 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from mmserve.protocol import (
-    CacheEventTopics,
-    KvBlock,
-    KvCleared,
-    KvDumpRequest,
-    KvEvent,
-    KvRemoved,
-    KvStored,
-)
+from mmserve.protocol import KvBlock, KvCleared, KvDumpRequest, KvEvent, KvRemoved, KvStored
+from mmserve.protocol.runtime import CacheEventTopics
 
 KvEventData = KvStored | KvRemoved | KvCleared
 KvEventSink = Callable[[KvEventData], None]
