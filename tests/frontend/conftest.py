@@ -158,6 +158,7 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             frontend.dispatcher.failure = None
             frontend.dispatcher.fail_after = 0
             frontend.dispatcher.cancelled.clear()
+            frontend.dispatcher.requests.clear()
             frontend.dispatcher.reset_failure = None
             return frontend
         dispatcher = EchoDispatcher()
