@@ -13,6 +13,9 @@ class MediaError(ValueError):
     message that says what to change, and the request item at fault (None for the request).
     """
 
+def error_catalogue() -> dict[str, tuple[int, str]]:
+    """Every code the core can raise: ``{code: (http_status, meaning)}``."""
+
 # media
 # The core's request limits: media items per request, encoded bytes per item and per request.
 MAX_ITEMS_PER_REQUEST: Final[int]
