@@ -3,7 +3,7 @@
 Compares, in one run and on the same images (photo-like content, JPEG and PNG, 640x480 to
 3840x2160, the Qwen2-VL checkpoint's max_pixels 12845056):
 
-- mmserve: `mmserve._mm.qwen_vl_preprocess` (Rust: decode, hash, resize, one-pass
+- mmserve: `mmserve._mm.preprocess` (Rust: decode, hash, resize, one-pass
   normalise + patchify), in its torchvision-exact mode and its PIL-exact mode;
 - transformers' `Qwen2VLImageProcessor` (torchvision) and `Qwen2VLImageProcessorPil`, each
   with PIL's decode and a blake3 hash of the bytes;
@@ -126,14 +126,14 @@ def make_paths(sglang_so: Path) -> tuple[dict[str, Path_], dict[str, Callable[[l
         return run
 
     single: dict[str, Path_] = {
-        "mmserve[torch]": lambda b: _mm.qwen_vl_preprocess(spec_torch, b),
-        "mmserve[pil]": lambda b: _mm.qwen_vl_preprocess(spec_pil, b),
+        "mmserve[torch]": lambda b: _mm.preprocess(spec_torch, b),
+        "mmserve[pil]": lambda b: _mm.preprocess(spec_pil, b),
         "hf-torchvision": lambda b: hf(hf_tv, "pt")([b]),
         "hf-pil": lambda b: hf(hf_pil, "np")([b]),
     }
     batch: dict[str, Callable[[list[bytes]], Any]] = {
-        "mmserve[torch]": lambda items: _mm.qwen_vl_preprocess_batch(spec_torch, items),
-        "mmserve[pil]": lambda items: _mm.qwen_vl_preprocess_batch(spec_pil, items),
+        "mmserve[torch]": lambda items: _mm.preprocess_batch(spec_torch, items),
+        "mmserve[pil]": lambda items: _mm.preprocess_batch(spec_pil, items),
         "hf-torchvision": hf(hf_tv, "pt"),
         "hf-pil": hf(hf_pil, "np"),
     }
@@ -241,7 +241,7 @@ def peak_rss() -> dict[str, Any]:
     spec = mmserve_spec("torch")
     data = encode(photo(3840, 2160, 1), "JPEG")
     before = current_rss_mib()
-    out = _mm.qwen_vl_preprocess_batch(spec, [data] * 16)
+    out = _mm.preprocess_batch(spec, [data] * 16)
     output_mib = sum(np.asarray(item[0]).nbytes for item in out) / 2**20
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"before": before, "peak": peak, "output": output_mib}

@@ -3,7 +3,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from mmserve import _mm
 from mmserve import protocol as p
+from mmserve.protocol import errors
 
 U64_MAX = 2**64 - 1
 
@@ -201,20 +203,41 @@ def test_a_field_added_by_a_newer_peer_is_ignored() -> None:
     assert p.decode(msgspec.msgpack.encode(raw), p.BootstrapInfo) == BOOTSTRAP
 
 
-def _core_error_codes() -> set[str]:
-    """Every `<stage>.<kind>` code the Rust core's error enums return from `code()`."""
-    import re
-    from pathlib import Path
+def test_every_core_code_is_catalogued_with_its_core_status() -> None:
+    core = _mm.error_catalogue()
+    assert len(core) > 70  # the core exports its whole table
+    for code, (status, meaning) in core.items():
+        stage, _, kind = code.partition(".")
+        assert stage and kind, code
+        assert 400 <= status < 600 and meaning, code
+        assert (p.CATALOGUE[code].status, p.CATALOGUE[code].meaning) == (status, meaning)
 
-    crate = Path(__file__).resolve().parents[1] / "rust" / "mmserve-mm" / "src"
-    arm = re.compile(r'=>\s*"([a-z0-9_]+\.[a-z0-9_]+)"')
-    return {code for source in crate.rglob("*.rs") for code in arm.findall(source.read_text())}
+
+def test_python_codes_are_its_constants_and_never_a_core_code() -> None:
+    constants = {value for name, value in vars(errors).items() if name.startswith("ERROR_")}
+    python = {entry.code for entry in errors.PYTHON_CODES}
+    assert constants == python
+    assert not python & set(_mm.error_catalogue()), sorted(python & set(_mm.error_catalogue()))
+    assert all(400 <= entry.status < 600 for entry in errors.PYTHON_CODES)
+    assert set(p.CATALOGUE) == python | set(_mm.error_catalogue())
 
 
-def test_every_core_error_code_is_catalogued() -> None:
-    codes = _core_error_codes()
-    assert len(codes) > 40  # the scan finds the core's codes
-    assert codes <= set(p.CATALOGUE), sorted(codes - set(p.CATALOGUE))
+def test_a_code_catalogued_twice_is_refused() -> None:
+    entry = p.ErrorCode("fetch.too_large", 400, "a second meaning")
+    with pytest.raises(ValueError, match=r"fetch\.too_large"):
+        errors._catalogue(errors.CORE_CODES, (entry,))
+
+
+def test_meanings_read_the_core_limits() -> None:
+    assert f"{_mm.MAX_BYTES_PER_ITEM >> 20} MiB" in p.CATALOGUE["fetch.too_large"].meaning
+    assert f"{_mm.MAX_BYTES_PER_REQUEST >> 20} MiB" in p.CATALOGUE["request.too_many_bytes"].meaning
+    assert f"at most {_mm.MAX_ITEMS_PER_REQUEST}" in p.CATALOGUE["request.too_many_items"].meaning
+
+
+def test_a_refused_item_raises_a_catalogued_code() -> None:
+    with pytest.raises(_mm.MediaError) as refused:
+        _mm.decode_image(b"hello, world")
+    assert p.http_status_for(refused.value.args[0]) == 400
 
 
 @pytest.mark.parametrize(
@@ -222,6 +245,11 @@ def test_every_core_error_code_is_catalogued() -> None:
     [
         ("fetch.too_large", 413),
         ("decode.corrupt", 400),
+        ("decode.too_many_pixels", 413),
+        ("video.corrupt", 400),
+        ("video.too_long", 413),
+        ("fetch.bad_proxy", 500),  # the operator's setting, not the client's
+        ("media_id.gone", 400),
         ("request.too_many_bytes", 413),
         ("process.offsets", 500),  # the driver's own inconsistency, not the client's
         ("spec.missing", 500),

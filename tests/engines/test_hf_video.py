@@ -341,7 +341,7 @@ async def test_frontend_decoded_image_pixels_beside_video_bytes(
     plan = request_plan(engine, ids, items)
     from_bytes = await encode(engine, plan, [MediaPayload(data=item.data) for item in items])
     engine.encoder_cache.clear()
-    pixel_values, _, _ = _mm.qwen_vl_preprocess(engine.spec.core, image.data)
+    pixel_values, _, _ = _mm.preprocess(engine.spec.core, image.data)
     transfer = InlineTransferAgent()
     handle, _lease = await transfer.offer(torch.from_numpy(pixel_values))
     stage = EncodeStage(engine, transfer, engine.spec.path, "worker")

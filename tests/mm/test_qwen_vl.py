@@ -64,10 +64,10 @@ def assert_matches_reference(data: bytes, family: str, what: str) -> None:
             ref_pixels, ref_grid = hf_pixels(processor, data)
         except ValueError as ref_error:
             with pytest.raises(_mm.MediaError) as ours:
-                _mm.qwen_vl_preprocess(spec, data)
+                _mm.preprocess(spec, data)
             assert ours.value.args[0] == "process.aspect_ratio", (what, ref_error)
             continue
-        pixels, grid, _ = _mm.qwen_vl_preprocess(spec, data)
+        pixels, grid, _ = _mm.preprocess(spec, data)
         assert grid.tolist() == ref_grid.tolist(), f"{what} {backend}"
         assert pixels.dtype == np.float32 and pixels.shape == ref_pixels.shape, f"{what} {backend}"
         diff = float(np.abs(pixels - ref_pixels).max(initial=0.0))
@@ -248,14 +248,19 @@ def test_batch_equals_one_by_one_and_names_the_failing_item() -> None:
     rng = np.random.default_rng(20)
     spec = mm_spec("qwen2_vl", "pil")
     images = [encode(Image.fromarray(photo(rng, 50 + 37 * i, 90 - 9 * i)), "PNG") for i in range(5)]
-    batch = _mm.qwen_vl_preprocess_batch(spec, images)
+    batch = _mm.preprocess_batch(spec, images)
     for data, (pixels, grid, digest) in zip(images, batch, strict=True):
-        one_pixels, one_grid, one_digest = _mm.qwen_vl_preprocess(spec, data)
+        one_pixels, one_grid, one_digest = _mm.preprocess(spec, data)
         assert np.array_equal(pixels, one_pixels) and np.array_equal(grid, one_grid)
         assert digest == one_digest == _mm.content_hash(data)
     with pytest.raises(_mm.MediaError) as err:
-        _mm.qwen_vl_preprocess_batch(spec, [images[0], b"not an image", images[1]])
+        _mm.preprocess_batch(spec, [images[0], b"not an image", images[1]])
     assert err.value.args[2] == 1 and "item 1" in err.value.args[1]
+
+
+def test_the_0_1_names_are_aliases_for_one_release() -> None:
+    assert _mm.qwen_vl_preprocess is _mm.preprocess
+    assert _mm.qwen_vl_preprocess_batch is _mm.preprocess_batch
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -270,6 +275,6 @@ def test_resample_filter_from_the_config(backend: str, resample: int) -> None:
     for w, h in [(300, 200), (57, 430)]:
         data = encode(Image.fromarray(photo(rng, w, h)), "PNG")
         ref_pixels, ref_grid = hf_pixels(processor, data)
-        pixels, grid, _ = _mm.qwen_vl_preprocess(spec, data)
+        pixels, grid, _ = _mm.preprocess(spec, data)
         assert grid.tolist() == ref_grid.tolist()
         assert np.array_equal(pixels, ref_pixels), f"{backend} resample={resample} {w}x{h}"

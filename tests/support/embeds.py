@@ -30,7 +30,7 @@ def vision_tower_safetensors(model_path: Path, image: bytes) -> bytes:
             pixels = torch.from_numpy(np.asarray(item.pixel_values))[None]
             output = model.model.get_image_features(pixels, return_dict=True)
         else:
-            pixel_values, grid, _ = _mm.qwen_vl_preprocess(spec.core, image)
+            pixel_values, grid, _ = _mm.preprocess(spec.core, image)
             output = model.model.get_image_features(
                 torch.from_numpy(pixel_values), torch.from_numpy(grid), return_dict=True
             )

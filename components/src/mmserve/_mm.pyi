@@ -13,6 +13,9 @@ class MediaError(ValueError):
     message that says what to change, and the request item at fault (None for the request).
     """
 
+def error_catalogue() -> dict[str, tuple[int, str]]:
+    """Every code the core can raise: ``{code: (http_status, meaning)}``."""
+
 # media
 # The core's request limits: media items per request, encoded bytes per item and per request.
 MAX_ITEMS_PER_REQUEST: Final[int]
@@ -122,6 +125,7 @@ def preprocess_video(
     processor (torchvision backend) computes them; for qwen3_vl the pixel bounds and
     max_video_tokens (per frame) are Qwen3VLVideoProcessor's."""
 
+# positions
 def mrope_positions(
     length: int,
     blocks: list[tuple[int, int, tuple[int, int, int], float]],
@@ -248,7 +252,7 @@ def decode_video(
     """(info, frames): the frames at `indices` (ascending, repeats allowed) as [n, h, w, 3]
     uint8 RGB (built with the `video` feature)."""
 
-# qwen
+# spec and driver
 @final
 class Spec:
     """A resolved, validated model-family spec (immutable); see docs/preprocessing.md."""
@@ -330,7 +334,7 @@ def spec_from_hf_configs(
     """The spec of a checkpoint from the text of its preprocessor_config.json and config.json
     (and generation_config.json, for the end-of-sequence ids)."""
 
-def qwen_vl_preprocess(
+def preprocess(
     spec: Spec, data: bytes
 ) -> tuple[
     numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]],
@@ -339,7 +343,7 @@ def qwen_vl_preprocess(
 ]:
     """Encoded image -> (pixel_values [patches, dim], image_grid_thw [1, 3], content hash)."""
 
-def qwen_vl_preprocess_batch(
+def preprocess_batch(
     spec: Spec, data: list[bytes]
 ) -> list[
     tuple[
@@ -348,7 +352,12 @@ def qwen_vl_preprocess_batch(
         int,
     ]
 ]:
-    """qwen_vl_preprocess of each image, fanned out over the pool, in input order."""
+    """preprocess of each image, fanned out over the pool, in input order."""
+
+# The 0.1 names of `preprocess` and `preprocess_batch` (they serve every family, not only
+# Qwen-VL); kept for one release, removed in 0.2.
+qwen_vl_preprocess = preprocess
+qwen_vl_preprocess_batch = preprocess_batch
 
 def preprocess_with_crops(
     spec: Spec, data: bytes

@@ -18,6 +18,7 @@ use thiserror::Error;
 use crate::common::hash::content_hash;
 use crate::common::par;
 use crate::common::text_pieces::TextPieces;
+use crate::error::ErrorCode;
 use crate::family::token_layout::expand;
 use crate::image::decode::{decode_image, probe_image, DecodeLimits};
 use crate::image::pan_and_scan::crop;
@@ -46,11 +47,17 @@ pub enum RequestError {
 }
 
 impl RequestError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            RequestError::TooManyItems { .. } => "request.too_many_items",
-            RequestError::TooManyBytes { .. } => "request.too_many_bytes",
+            RequestError::TooManyItems { .. } => ErrorCode::RequestTooManyItems,
+            RequestError::TooManyBytes { .. } => ErrorCode::RequestTooManyBytes,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `request.too_many_items`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

@@ -6,6 +6,7 @@ use std::ops::Range;
 use thiserror::Error;
 
 use crate::common::text_pieces::TextPieces;
+use crate::error::ErrorCode;
 use crate::image::pan_and_scan::PanAndScan;
 
 /// A decoded image: interleaved RGB8, row-major (HWC).
@@ -360,20 +361,26 @@ pub enum ProcessError {
 }
 
 impl ProcessError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            ProcessError::AspectRatio { .. } => "process.aspect_ratio",
-            ProcessError::EmptyImage { .. } => "process.empty_image",
-            ProcessError::PlaceholderContext { .. } => "process.placeholder_context",
-            ProcessError::PlaceholderCount { .. } => "process.placeholder_count",
-            ProcessError::PlaceholderModality { .. } => "process.placeholder_modality",
-            ProcessError::VideoUnsupported => "process.video_unsupported",
-            ProcessError::Grid { .. } => "process.grid",
-            ProcessError::Offsets(_) => "process.offsets",
-            ProcessError::TensorShape { .. } => "process.tensor_shape",
-            ProcessError::PixelBuffer { .. } => "process.pixel_buffer",
-            ProcessError::PanAndScan(_) => "process.pan_and_scan",
+            ProcessError::AspectRatio { .. } => ErrorCode::ProcessAspectRatio,
+            ProcessError::EmptyImage { .. } => ErrorCode::ProcessEmptyImage,
+            ProcessError::PlaceholderContext { .. } => ErrorCode::ProcessPlaceholderContext,
+            ProcessError::PlaceholderCount { .. } => ErrorCode::ProcessPlaceholderCount,
+            ProcessError::PlaceholderModality { .. } => ErrorCode::ProcessPlaceholderModality,
+            ProcessError::VideoUnsupported => ErrorCode::ProcessVideoUnsupported,
+            ProcessError::Grid { .. } => ErrorCode::ProcessGrid,
+            ProcessError::Offsets(_) => ErrorCode::ProcessOffsets,
+            ProcessError::TensorShape { .. } => ErrorCode::ProcessTensorShape,
+            ProcessError::PixelBuffer { .. } => ErrorCode::ProcessPixelBuffer,
+            ProcessError::PanAndScan(_) => ErrorCode::ProcessPanAndScan,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `process.aspect_ratio`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

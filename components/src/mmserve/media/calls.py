@@ -198,7 +198,7 @@ async def preprocess_items(
     the core), under `pixel_bounds` when given; the plan already says where each item goes.
     `mm_hash` is each item's content hash."""
     processed = await asyncio.to_thread(
-        _mm.qwen_vl_preprocess_batch, spec_with_bounds(spec, pixel_bounds), data
+        _mm.preprocess_batch, spec_with_bounds(spec, pixel_bounds), data
     )
     return [
         ItemPixels(mm_hash=int(mm_hash), pixel_values=pixel_values, grid_thw=_grid(grid))

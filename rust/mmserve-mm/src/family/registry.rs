@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::error::ErrorCode;
 use crate::family::gemma3::Gemma3;
 use crate::family::qwen_vl::QwenVl;
 use crate::image::pan_and_scan::PanAndScan;
@@ -179,14 +180,20 @@ pub enum SpecError {
 }
 
 impl SpecError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            SpecError::Json(_) => "spec.json",
-            SpecError::UnknownFamily(_) => "spec.unknown_family",
-            SpecError::Missing(_) => "spec.missing",
-            SpecError::Invalid { .. } => "spec.invalid",
-            SpecError::Inconsistent { .. } => "spec.inconsistent",
+            SpecError::Json(_) => ErrorCode::SpecJson,
+            SpecError::UnknownFamily(_) => ErrorCode::SpecUnknownFamily,
+            SpecError::Missing(_) => ErrorCode::SpecMissing,
+            SpecError::Invalid { .. } => ErrorCode::SpecInvalid,
+            SpecError::Inconsistent { .. } => ErrorCode::SpecInconsistent,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `spec.json`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

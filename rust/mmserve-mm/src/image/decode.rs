@@ -10,6 +10,7 @@
 
 use thiserror::Error;
 
+use crate::error::ErrorCode;
 use crate::pipeline::DecodedImage;
 
 mod bmp;
@@ -92,16 +93,22 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            DecodeError::UnknownFormat => "decode.unknown_format",
-            DecodeError::TooManyPixels { .. } => "decode.too_many_pixels",
-            DecodeError::EmptyImage { .. } => "decode.empty_image",
-            DecodeError::UnsupportedBitDepth { .. } => "decode.unsupported_bit_depth",
-            DecodeError::Unsupported { .. } => "decode.unsupported",
-            DecodeError::Corrupt { .. } => "decode.corrupt",
-            DecodeError::OutOfMemory { .. } => "decode.out_of_memory",
+            DecodeError::UnknownFormat => ErrorCode::DecodeUnknownFormat,
+            DecodeError::TooManyPixels { .. } => ErrorCode::DecodeTooManyPixels,
+            DecodeError::EmptyImage { .. } => ErrorCode::DecodeEmptyImage,
+            DecodeError::UnsupportedBitDepth { .. } => ErrorCode::DecodeUnsupportedBitDepth,
+            DecodeError::Unsupported { .. } => ErrorCode::DecodeUnsupported,
+            DecodeError::Corrupt { .. } => ErrorCode::DecodeCorrupt,
+            DecodeError::OutOfMemory { .. } => ErrorCode::DecodeOutOfMemory,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `decode.unknown_format`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     fn corrupt(format: ImageFormat, reason: impl ToString) -> Self {

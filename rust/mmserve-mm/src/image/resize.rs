@@ -16,6 +16,7 @@
 
 use thiserror::Error;
 
+use crate::error::ErrorCode;
 use crate::pipeline::DecodedImage;
 
 mod kernels;
@@ -58,16 +59,22 @@ pub enum ResizeError {
 }
 
 impl ResizeError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            ResizeError::EmptyTarget { .. } => "resize.empty_target",
-            ResizeError::TargetTooLarge { .. } => "resize.target_too_large",
-            ResizeError::EmptyImage { .. } => "resize.empty_image",
-            ResizeError::BufferSize { .. } => "resize.buffer_size",
-            ResizeError::UnknownFilter(_) => "resize.unknown_filter",
-            ResizeError::UnknownBackend(_) => "resize.unknown_backend",
-            ResizeError::Transform(e) => e.code(),
+            ResizeError::EmptyTarget { .. } => ErrorCode::ResizeEmptyTarget,
+            ResizeError::TargetTooLarge { .. } => ErrorCode::ResizeTargetTooLarge,
+            ResizeError::EmptyImage { .. } => ErrorCode::ResizeEmptyImage,
+            ResizeError::BufferSize { .. } => ErrorCode::ResizeBufferSize,
+            ResizeError::UnknownFilter(_) => ErrorCode::ResizeUnknownFilter,
+            ResizeError::UnknownBackend(_) => ErrorCode::ResizeUnknownBackend,
+            ResizeError::Transform(e) => e.kind(),
         }
+    }
+
+    /// Stable machine-readable code, e.g. `resize.empty_target`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

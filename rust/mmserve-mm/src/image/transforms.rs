@@ -17,6 +17,7 @@ use std::mem::MaybeUninit;
 
 use thiserror::Error;
 
+use crate::error::ErrorCode;
 use crate::image::resize::ImageView;
 use crate::pipeline::DecodedImage;
 
@@ -55,16 +56,22 @@ pub enum TransformError {
 }
 
 impl TransformError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            TransformError::UnknownConvention(_) => "transform.unknown_convention",
-            TransformError::BadStd { .. } => "transform.bad_std",
-            TransformError::BadGeometry { .. } => "transform.bad_geometry",
-            TransformError::NotDivisible { .. } => "transform.not_divisible",
-            TransformError::ImageBufferSize { .. } => "transform.image_buffer_size",
-            TransformError::OutputSize { .. } => "transform.output_size",
-            TransformError::FrameCount { .. } => "transform.frame_count",
+            TransformError::UnknownConvention(_) => ErrorCode::TransformUnknownConvention,
+            TransformError::BadStd { .. } => ErrorCode::TransformBadStd,
+            TransformError::BadGeometry { .. } => ErrorCode::TransformBadGeometry,
+            TransformError::NotDivisible { .. } => ErrorCode::TransformNotDivisible,
+            TransformError::ImageBufferSize { .. } => ErrorCode::TransformImageBufferSize,
+            TransformError::OutputSize { .. } => ErrorCode::TransformOutputSize,
+            TransformError::FrameCount { .. } => ErrorCode::TransformFrameCount,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `transform.unknown_convention`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

@@ -18,6 +18,8 @@
 
 use thiserror::Error;
 
+use crate::error::ErrorCode;
+
 mod block_hash;
 mod radix;
 
@@ -38,12 +40,17 @@ pub enum KvIndexError {
 }
 
 impl KvIndexError {
-    /// Stable machine-readable code, e.g. `kv_index.unknown_parent`.
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            KvIndexError::ZeroBlockSize => "kv_index.zero_block_size",
-            KvIndexError::BadMediaSpan { .. } => "kv_index.bad_media_span",
-            KvIndexError::UnknownParent { .. } => "kv_index.unknown_parent",
+            KvIndexError::ZeroBlockSize => ErrorCode::KvIndexZeroBlockSize,
+            KvIndexError::BadMediaSpan { .. } => ErrorCode::KvIndexBadMediaSpan,
+            KvIndexError::UnknownParent { .. } => ErrorCode::KvIndexUnknownParent,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `kv_index.zero_block_size`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }

@@ -1,8 +1,12 @@
 //! The one conversion from the core's errors to Python exceptions.
 
+use std::collections::HashMap;
+
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+
+use crate::error::ErrorCode;
 
 create_exception!(
     mmserve._mm,
@@ -19,6 +23,16 @@ pub fn to_py(err: impl Into<crate::Error>) -> PyErr {
     MediaError::new_err((err.code(), err.to_string(), err.item_index()))
 }
 
+/// Every code the core can raise: `{code: (http_status, meaning)}`.
+#[pyfunction]
+fn error_catalogue() -> HashMap<&'static str, (u16, String)> {
+    ErrorCode::ALL
+        .iter()
+        .map(|kind| (kind.code(), (kind.status(), kind.meaning())))
+        .collect()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("MediaError", m.py().get_type::<MediaError>())
+    m.add("MediaError", m.py().get_type::<MediaError>())?;
+    m.add_function(wrap_pyfunction!(error_catalogue, m)?)
 }

@@ -3,10 +3,11 @@
 
 use pyo3::prelude::*;
 
+mod driver;
 mod error;
 mod kv;
 mod media;
-mod qwen;
+mod positions;
 mod resize;
 mod spec;
 mod video;
@@ -18,8 +19,9 @@ fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     media::register(m)?;
     resize::register(m)?;
     spec::register(m)?;
-    qwen::register(m)?;
+    driver::register(m)?;
     kv::register(m)?;
     video::register(m)?;
+    positions::register(m)?;
     Ok(())
 }

@@ -1,6 +1,5 @@
-//! Bindings of the video side: sampling, (with the `video` feature) probe and decode, frames
-//! to `pixel_values_videos`, and M-RoPE over images and videos. The work runs with the GIL
-//! released.
+//! Bindings of the video side: sampling, (with the `video` feature) probe and decode, and frames
+//! to `pixel_values_videos`. The work runs with the GIL released.
 
 use numpy::ndarray::{Array2, Array4};
 use numpy::{IntoPyArray, PyArray2, PyArray4, PyReadonlyArray4, PyUntypedArrayMethods};
@@ -8,10 +7,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::error::to_py;
-use crate::family::qwen_vl::{mrope_blocks, VisionBlock};
 use crate::image::resize::{Backend, Filter};
 use crate::image::transforms::{Convention, NormalizeLut, PatchGeometry};
-use crate::pipeline::{DecodedImage, Positions};
+use crate::pipeline::DecodedImage;
 use crate::video::config::{video_config_from_hf, FamilyDefaults};
 use crate::video::frames::{preprocess_frames, VideoResize};
 use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
@@ -163,38 +161,6 @@ fn preprocess_video<'py>(
     let array = Array2::from_shape_vec((rows, out.cols), out.pixel_values)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok((array.into_pyarray(py), (t, h, w)))
-}
-
-/// `(start, end, (t, h, w), time_interval)` of one vision item.
-type Block = (usize, usize, (u32, u32, u32), f64);
-
-/// `(positions [3, length] int64, delta)`: M-RoPE for a prompt whose vision items (images and
-/// videos, in prompt order) are `(start, end, (t, h, w), time_interval)`.
-#[pyfunction]
-fn mrope_positions<'py>(
-    py: Python<'py>,
-    length: usize,
-    blocks: Vec<Block>,
-    merge_size: u32,
-) -> PyResult<(Bound<'py, PyArray2<i64>>, i64)> {
-    let blocks: Vec<VisionBlock> = blocks
-        .into_iter()
-        .map(|(start, end, (t, h, w), time_interval)| VisionBlock {
-            start,
-            end,
-            grid_thw: [t, h, w],
-            time_interval,
-        })
-        .collect();
-    let positions = py
-        .detach(|| mrope_blocks(length, &blocks, merge_size))
-        .map_err(to_py)?;
-    let Positions::MRope { positions, delta } = positions else {
-        return Err(PyValueError::new_err("M-RoPE gave 1-D positions"));
-    };
-    let array = Array2::from_shape_vec((3, length), positions)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok((array.into_pyarray(py), delta))
 }
 
 #[cfg(feature = "video")]
@@ -571,7 +537,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyVideoOptions>()?;
     m.add_function(wrap_pyfunction!(sample_frame_indices, m)?)?;
     m.add_function(wrap_pyfunction!(preprocess_video, m)?)?;
-    m.add_function(wrap_pyfunction!(mrope_positions, m)?)?;
     m.add_function(wrap_pyfunction!(py_video_timestamps, m)?)?;
     m.add_function(wrap_pyfunction!(video_group_identity, m)?)?;
     #[cfg(feature = "video")]

@@ -5,6 +5,8 @@ use base64::alphabet;
 use base64::engine::{DecodePaddingMode, Engine, GeneralPurpose, GeneralPurposeConfig};
 use thiserror::Error;
 
+use crate::error::ErrorCode;
+
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Base64Error {
@@ -15,11 +17,17 @@ pub enum Base64Error {
 }
 
 impl Base64Error {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            Base64Error::MixedAlphabets => "base64.mixed_alphabets",
-            Base64Error::Invalid(_) => "base64.invalid",
+            Base64Error::MixedAlphabets => ErrorCode::Base64MixedAlphabets,
+            Base64Error::Invalid(_) => ErrorCode::Base64Invalid,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `base64.mixed_alphabets`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

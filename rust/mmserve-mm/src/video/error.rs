@@ -2,6 +2,7 @@
 
 use thiserror::Error;
 
+use crate::error::ErrorCode;
 use crate::image::resize::ResizeError;
 use crate::image::transforms::TransformError;
 use crate::pipeline::ProcessError;
@@ -53,27 +54,33 @@ pub enum VideoError {
 }
 
 impl VideoError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            VideoError::Sampling(e) => e.code(),
-            VideoError::UnknownContainer => "video.unknown_container",
-            VideoError::UnsupportedContainer(_) => "video.unsupported_container",
-            VideoError::NoVideoStream => "video.no_video_stream",
-            VideoError::UnsupportedCodec(_) => "video.unsupported_codec",
-            VideoError::UnsupportedPixelFormat(_) => "video.unsupported_pixel_format",
-            VideoError::Corrupt(_) => "video.corrupt",
-            VideoError::NoFrameRate => "video.no_frame_rate",
-            VideoError::TooLong { .. } => "video.too_long",
-            VideoError::TooManyFrames { .. } => "video.too_many_frames",
-            VideoError::TooManyPixels { .. } => "video.too_many_pixels",
-            VideoError::TooManyStreams { .. } => "video.too_many_streams",
-            VideoError::TooManyTokens { .. } => "video.too_many_tokens",
-            VideoError::FrameSizeChanged { .. } => "video.frame_size_changed",
-            VideoError::Deadline => "video.deadline",
-            VideoError::Unavailable(_) => "video.unavailable",
-            VideoError::Resize(e) => e.code(),
-            VideoError::Transform(e) => e.code(),
-            VideoError::Process(e) => e.code(),
+            VideoError::Sampling(e) => e.kind(),
+            VideoError::UnknownContainer => ErrorCode::VideoUnknownContainer,
+            VideoError::UnsupportedContainer(_) => ErrorCode::VideoUnsupportedContainer,
+            VideoError::NoVideoStream => ErrorCode::VideoNoVideoStream,
+            VideoError::UnsupportedCodec(_) => ErrorCode::VideoUnsupportedCodec,
+            VideoError::UnsupportedPixelFormat(_) => ErrorCode::VideoUnsupportedPixelFormat,
+            VideoError::Corrupt(_) => ErrorCode::VideoCorrupt,
+            VideoError::NoFrameRate => ErrorCode::VideoNoFrameRate,
+            VideoError::TooLong { .. } => ErrorCode::VideoTooLong,
+            VideoError::TooManyFrames { .. } => ErrorCode::VideoTooManyFrames,
+            VideoError::TooManyPixels { .. } => ErrorCode::VideoTooManyPixels,
+            VideoError::TooManyStreams { .. } => ErrorCode::VideoTooManyStreams,
+            VideoError::TooManyTokens { .. } => ErrorCode::VideoTooManyTokens,
+            VideoError::FrameSizeChanged { .. } => ErrorCode::VideoFrameSizeChanged,
+            VideoError::Deadline => ErrorCode::VideoDeadline,
+            VideoError::Unavailable(_) => ErrorCode::VideoUnavailable,
+            VideoError::Resize(e) => e.kind(),
+            VideoError::Transform(e) => e.kind(),
+            VideoError::Process(e) => e.kind(),
         }
+    }
+
+    /// Stable machine-readable code, e.g. `video.unknown_container`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }

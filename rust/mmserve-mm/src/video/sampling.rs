@@ -3,6 +3,7 @@
 
 use thiserror::Error;
 
+use crate::error::ErrorCode;
 use crate::video::VideoFamily;
 
 /// A video's frame count and rate, as its container's headers give them.
@@ -38,13 +39,19 @@ pub enum SamplingError {
 }
 
 impl SamplingError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            SamplingError::BothRates => "video.bad_sampling",
-            SamplingError::BadOption { .. } => "video.bad_sampling",
-            SamplingError::TooFewFrames { .. } => "video.too_few_frames",
-            SamplingError::NoFrames => "video.no_frames",
+            SamplingError::BothRates => ErrorCode::VideoBadSampling,
+            SamplingError::BadOption { .. } => ErrorCode::VideoBadSampling,
+            SamplingError::TooFewFrames { .. } => ErrorCode::VideoTooFewFrames,
+            SamplingError::NoFrames => ErrorCode::VideoNoFrames,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `video.bad_sampling`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

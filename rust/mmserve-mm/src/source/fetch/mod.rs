@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::error::ErrorCode;
 use crate::source::base64::Base64Error;
 
 pub use address::is_forbidden_ip;
@@ -112,24 +113,30 @@ pub enum FetchError {
 }
 
 impl FetchError {
-    pub fn code(&self) -> &'static str {
+    /// This error's entry in the catalogue of codes.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            FetchError::UnsupportedScheme { .. } => "fetch.unsupported_scheme",
-            FetchError::BadDataUrl { .. } => "fetch.bad_data_url",
-            FetchError::BadBase64(_) => "fetch.bad_base64",
-            FetchError::LocalPathNotAllowed { .. } => "fetch.local_path_not_allowed",
-            FetchError::LocalIo { .. } => "fetch.local_io",
-            FetchError::BadUrl { .. } => "fetch.bad_url",
-            FetchError::ForbiddenAddress { .. } => "fetch.forbidden_address",
-            FetchError::Resolve { .. } => "fetch.resolve",
-            FetchError::TooLarge { .. } => "fetch.too_large",
-            FetchError::Timeout { .. } => "fetch.timeout",
-            FetchError::HttpStatus { .. } => "fetch.http_status",
-            FetchError::TooManyRedirects { .. } => "fetch.too_many_redirects",
-            FetchError::BadRedirect { .. } => "fetch.bad_redirect",
-            FetchError::BadProxy { .. } => "fetch.bad_proxy",
-            FetchError::Http { .. } => "fetch.http",
+            FetchError::UnsupportedScheme { .. } => ErrorCode::FetchUnsupportedScheme,
+            FetchError::BadDataUrl { .. } => ErrorCode::FetchBadDataUrl,
+            FetchError::BadBase64(_) => ErrorCode::FetchBadBase64,
+            FetchError::LocalPathNotAllowed { .. } => ErrorCode::FetchLocalPathNotAllowed,
+            FetchError::LocalIo { .. } => ErrorCode::FetchLocalIo,
+            FetchError::BadUrl { .. } => ErrorCode::FetchBadUrl,
+            FetchError::ForbiddenAddress { .. } => ErrorCode::FetchForbiddenAddress,
+            FetchError::Resolve { .. } => ErrorCode::FetchResolve,
+            FetchError::TooLarge { .. } => ErrorCode::FetchTooLarge,
+            FetchError::Timeout { .. } => ErrorCode::FetchTimeout,
+            FetchError::HttpStatus { .. } => ErrorCode::FetchHttpStatus,
+            FetchError::TooManyRedirects { .. } => ErrorCode::FetchTooManyRedirects,
+            FetchError::BadRedirect { .. } => ErrorCode::FetchBadRedirect,
+            FetchError::BadProxy { .. } => ErrorCode::FetchBadProxy,
+            FetchError::Http { .. } => ErrorCode::FetchHttp,
         }
+    }
+
+    /// Stable machine-readable code, e.g. `fetch.unsupported_scheme`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

@@ -1,5 +1,5 @@
-//! Bindings of the model-family side: Qwen-VL preprocessing and the request driver (the spec
-//! is in `spec.rs`).
+//! Bindings of the request driver and of one image's preprocessing, for every model family
+//! (the spec is in `spec.rs`).
 //! Arguments are turned into owned (or immutable, reference-counted) Rust values under the
 //! GIL; all work runs with the GIL released; arrays are handed to numpy without a copy.
 
@@ -80,11 +80,7 @@ fn to_preprocessed(
 
 /// One encoded image to `(pixel_values, image_grid_thw, hash)`.
 #[pyfunction]
-fn qwen_vl_preprocess(
-    py: Python<'_>,
-    spec: &PySpec,
-    data: PyBackedBytes,
-) -> PyResult<Preprocessed> {
+fn preprocess(py: Python<'_>, spec: &PySpec, data: PyBackedBytes) -> PyResult<Preprocessed> {
     let family = Arc::clone(&spec.family);
     let out = py
         .detach(move || preprocess_one(family.as_ref(), &data))
@@ -94,7 +90,7 @@ fn qwen_vl_preprocess(
 
 /// Several encoded images, fanned out over the pool; fails on the first bad item (by index).
 #[pyfunction]
-fn qwen_vl_preprocess_batch(
+fn preprocess_batch(
     py: Python<'_>,
     spec: &PySpec,
     data: Vec<PyBackedBytes>,
@@ -357,8 +353,11 @@ fn num_threads() -> usize {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyProcessedMedia>()?;
     m.add_class::<PyProcessResult>()?;
-    m.add_function(wrap_pyfunction!(qwen_vl_preprocess, m)?)?;
-    m.add_function(wrap_pyfunction!(qwen_vl_preprocess_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(preprocess, m)?)?;
+    m.add_function(wrap_pyfunction!(preprocess_batch, m)?)?;
+    // The 0.1 names, from when only Qwen-VL was served; kept for one release.
+    m.add("qwen_vl_preprocess", m.getattr("preprocess")?)?;
+    m.add("qwen_vl_preprocess_batch", m.getattr("preprocess_batch")?)?;
     m.add_function(wrap_pyfunction!(preprocess_with_crops, m)?)?;
     m.add_function(wrap_pyfunction!(process, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
