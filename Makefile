@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup ext run test test-fast test-py test-rust lint
+.PHONY: help setup ext run test test-fast test-py test-rust lint bench-check
 
 ## help: list these targets
 help:
@@ -34,6 +34,10 @@ test-py:
 ## test-rust: the Rust tests alone
 test-rust:
 	cd rust/mmserve-mm && cargo test --no-default-features --quiet
+
+## bench-check: mmserve's preprocessing against the transformers processors, same run; fails below bench/preprocess_check.py's RATIOS
+bench-check:
+	$(PY) -m bench.preprocess_check
 
 ## lint: ruff, ruff format, mypy, typos, shellcheck, rustfmt and clippy (what CI runs before the tests)
 lint:
