@@ -194,10 +194,10 @@ def minor_faults() -> int:
 def time_paths(
     paths: Mapping[str, Callable[[Any], Any]], arg: Any, runs: int, clock: Callable[[], float]
 ) -> dict[str, tuple[float, float]]:
-    """Median ms and mean minor page faults per call of each path on `arg`. Rounds are interleaved,
-    so that load from other processes hits every path alike, and each timed call follows an
-    untimed one of the same path, so that no path inherits the allocator state (and the
-    faults) another one left."""
+    """Median ms and mean minor page faults per call of each path on `arg`. Rounds are
+    interleaved, so that load from other processes hits every path alike, and each timed call
+    follows an untimed one of the same path, so that no path inherits the allocator state (and
+    the faults) another one left."""
     times: dict[str, list[float]] = {name: [] for name in paths}
     faults: dict[str, int] = dict.fromkeys(paths, 0)
     for _ in range(runs):
