@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup ext run test test-fast test-py test-rust test-sglang lint format bench clean
+.PHONY: help setup ext run test test-fast test-py test-rust test-sglang lint format bench bench-check clean
 
 ## help: list these targets
 help:
@@ -39,6 +39,10 @@ test-rust:
 ## test-sglang: the sglang engine's contract tests in SGLang's environment (.venv/sglang, made by setup; make test runs them too)
 test-sglang:
 	$(VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_sglang_contract.py
+
+## bench-check: mmserve's preprocessing against the transformers processors, same run; fails below bench/preprocess_check.py's RATIOS
+bench-check:
+	$(PY) -m bench.preprocess_check
 
 ## lint: ruff, ruff format, mypy, typos, shellcheck, rustfmt and clippy (what CI runs before the tests)
 lint:

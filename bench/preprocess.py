@@ -8,12 +8,20 @@ Compares, in one run and on the same images (photo-like content, JPEG and PNG, 6
 - transformers' `Qwen2VLImageProcessor` (torchvision) and `Qwen2VLImageProcessorPil`, each
   with PIL's decode and a blake3 hash of the bytes;
 - SGLang 0.5.23's Rust extension (`sglang.srt.rust_extensions._multimodal`,
-  `qwen_vl.preprocess` + `common.content_hash`), loaded standalone from a cache directory
-  (see `--sglang-so`); skipped with a note when absent.
+  `qwen_vl.preprocess` + `common.content_hash`), loaded standalone from the SGLang side
+  environment `.ci/setup.sh` builds (`.venv/sglang`), else from `--sglang-so`; when it cannot
+  be loaded its column is left out and the first line printed says so and why.
 
 It prints median times and the ratios against each anchor, single-thread and with the pool,
-a batch of 16, and the peak RSS of mmserve's batch of 16 at 3840x2160. Each configuration
-runs in its own subprocess so that thread settings and peak RSS are its own.
+a batch of 16, the minor page faults per call of each path, and the peak RSS of mmserve's
+batch of 16 at 3840x2160. Each configuration runs in its own subprocess so that thread
+settings and peak RSS are its own.
+
+Every timed call follows an untimed call of the same path on the same image, so a path's
+time does not depend on which path ran before it (the allocator state a call leaves, such as
+glibc's raised mmap threshold or a heap top not yet trimmed, is its own). Page faults are
+counted per timed call and printed apart: they are the cost of fresh output memory, not of
+the work.
 
 Single-thread times are process CPU time (user + system, page faults included), so that
 other load on a shared machine does not inflate them; pool times are wall-clock, as they
@@ -35,7 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -49,11 +57,8 @@ MIN_PIXELS, MAX_PIXELS = 3136, 12845056
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 IMAGE_TOKEN_ID, VISION_START_ID, VISION_END_ID = 151655, 151652, 151653
-DEFAULT_SGLANG_SO = Path.home() / ".cache/mmserve/bench/_multimodal.cpython-311-x86_64-linux-gnu.so"
-SGLANG_HINT = (
-    "pip download --no-deps sglang==0.5.23 -d /tmp/sgl && unzip -j /tmp/sgl/sglang-0.5.23-*.whl "
-    "'sglang/srt/rust_extensions/_multimodal.*.so' -d ~/.cache/mmserve/bench/"
-)
+SGLANG_SO = "sglang/srt/rust_extensions/_multimodal.*.so"
+SGLANG_HINT = "make setup builds .venv/sglang; or pass --sglang-so PATH"
 
 Path_ = Callable[[bytes], Any]
 
@@ -89,19 +94,39 @@ def encode(image: np.ndarray, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def load_sglang(path: Path) -> ModuleType | None:
-    if not path.exists():
-        return None
+def default_sglang_so() -> str:
+    """SGLang's extension in the SGLang side environment (`.venv/sglang`, layered over the
+    environment running this), or "" when it is not there."""
+    roots = [Path(sys.prefix) / "sglang", Path(__file__).resolve().parents[1] / ".venv/sglang"]
+    for root in roots:
+        found = sorted(root.glob(f"lib/python*/site-packages/{SGLANG_SO}"))
+        if found:
+            return str(found[0])
+    return ""
+
+
+def load_sglang(path: str) -> tuple[ModuleType | None, str]:
+    """The extension module, or None and why it could not be loaded."""
+    if not path:
+        return None, f"not found in {sys.prefix}/sglang ({SGLANG_HINT})"
+    if not Path(path).exists():
+        return None, f"{path} does not exist"
     spec = importlib.util.spec_from_file_location("_multimodal", path)
     if spec is None or spec.loader is None:
-        return None
+        return None, f"{path} is not a loadable extension"
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as error:
+        return None, f"{path} failed to load: {error}"
+    return module, ""
 
 
-def make_paths(sglang_so: Path) -> tuple[dict[str, Path_], dict[str, Callable[[list[bytes]], Any]]]:
-    """Single-item and batch callables, each from bytes to (pixel_values, grid, hash)."""
+def make_paths(
+    sglang_so: str,
+) -> tuple[dict[str, Path_], dict[str, Callable[[list[bytes]], Any]], str]:
+    """Single-item and batch callables, each from bytes to (pixel_values, grid, hash), and
+    why SGLang's column is absent ("" when it is there)."""
     import blake3
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
@@ -137,7 +162,7 @@ def make_paths(sglang_so: Path) -> tuple[dict[str, Path_], dict[str, Callable[[l
         "hf-torchvision": hf(hf_tv, "pt"),
         "hf-pil": hf(hf_pil, "np"),
     }
-    sglang = load_sglang(sglang_so)
+    sglang, absent = load_sglang(sglang_so)
     if sglang is not None:
         sgl_spec = json.dumps(
             {
@@ -159,16 +184,30 @@ def make_paths(sglang_so: Path) -> tuple[dict[str, Path_], dict[str, Callable[[l
 
         single["sglang-rs"] = sgl
         batch["sglang-rs"] = lambda items: [sgl(b) for b in items]
-    return single, batch
+    return single, batch, absent
 
 
-def median_ms(fn: Callable[[], Any], runs: int, clock: Callable[[], float]) -> float:
-    times = []
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_paths(
+    paths: Mapping[str, Callable[[Any], Any]], arg: Any, runs: int, clock: Callable[[], float]
+) -> dict[str, tuple[float, float]]:
+    """Median ms and mean minor page faults per call of each path on `arg`. Rounds are
+    interleaved, so that load from other processes hits every path alike, and each timed call
+    follows an untimed one of the same path, so that no path inherits the allocator state (and
+    the faults) another one left."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    faults: dict[str, int] = dict.fromkeys(paths, 0)
     for _ in range(runs):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return statistics.median(times) * 1e3
+        for name, fn in paths.items():
+            fn(arg)
+            first, start = minor_faults(), clock()
+            fn(arg)
+            times[name].append((clock() - start) * 1e3)
+            faults[name] += minor_faults() - first
+    return {name: (statistics.median(times[name]), faults[name] / runs) for name in paths}
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,11 +218,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads == 1:
         torch.set_num_threads(1)
         clock = time.process_time
-    single, batch = make_paths(Path(args.sglang_so))
+    single, batch, absent = make_paths(args.sglang_so)
     results: dict[str, Any] = {
         "single": {},
+        "faults": {},
         "batch": {},
         "paths": list(single),
+        "absent": absent,
         "clock": "CPU" if args.threads == 1 else "wall",
     }
     for w, h in SIZES:
@@ -191,25 +232,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for fmt in FORMATS:
             data = encode(image, fmt)
             key = f"{w}x{h} {fmt}"
-            row = {}
-            for fn in single.values():
-                fn(data)  # warm-up: lazy pools, caches, page-ins
-            # Interleaved rounds, so that load from other processes hits every path alike.
-            samples: dict[str, list[float]] = {name: [] for name in single}
-            for _ in range(args.runs):
-                for name, fn in single.items():
-                    start = clock()
-                    fn(data)
-                    samples[name].append((clock() - start) * 1e3)
-            for name, values in samples.items():
-                row[name] = statistics.median(values)
-            results["single"][key] = row
+            row = time_paths(single, data, args.runs, clock)
+            results["single"][key] = {name: ms for name, (ms, _) in row.items()}
+            results["faults"][key] = {name: faults for name, (_, faults) in row.items()}
             print(f"  measured {key}", file=sys.stderr, flush=True)
     w, h = args.batch_size_image
     data = encode(photo(w, h, 7), "JPEG")
     items = [data] * 16
-    for name, fn in batch.items():
-        results["batch"][name] = median_ms(lambda fn=fn: fn(items), max(1, args.runs // 3), clock)
+    timed = time_paths(batch, items, max(1, args.runs // 3), clock)
+    results["batch"] = {name: ms for name, (ms, _) in timed.items()}
+    results["batch_faults"] = {name: faults for name, (_, faults) in timed.items()}
     return results
 
 
@@ -277,6 +309,12 @@ def print_table(title: str, results: dict[str, Any]) -> None:
     cells = ["batch of 16", *(f"{batch[p]:.0f}" for p in paths)]
     cells += [f"{batch[a] / batch[b]:.2f}x" for a, b in ratios]
     print("| " + " | ".join(cells) + " |")
+    print(f"\n{title}: minor page faults per call (4 KiB, or 2 MiB where huge pages back it)\n")
+    print("| " + " | ".join(["image", *paths]) + " |")
+    print("|" + "---|" * (len(paths) + 1))
+    rows = [*results["faults"].items(), ("batch of 16", results["batch_faults"])]
+    for key, row in rows:
+        print("| " + " | ".join([key, *(f"{row[p]:.0f}" for p in paths)]) + " |")
 
 
 def main() -> None:
@@ -285,7 +323,11 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=7, help="timed runs per path and image")
     parser.add_argument("--quick", action="store_true", help="3 runs")
-    parser.add_argument("--sglang-so", default=str(DEFAULT_SGLANG_SO))
+    parser.add_argument(
+        "--sglang-so",
+        default=default_sglang_so(),
+        help="SGLang's _multimodal extension (default: the one in .venv/sglang)",
+    )
     parser.add_argument("--child", choices=["measure", "rss"], help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -299,14 +341,13 @@ def main() -> None:
         print(json.dumps(peak_rss()))
         return
 
-    if not Path(args.sglang_so).exists():
-        print(f"note: SGLang's extension not found at {args.sglang_so}; its column is skipped.")
-        print(f"      to add it: {SGLANG_HINT}")
     load = os.getloadavg()[0]
     print(f"# preprocess benchmark ({os.cpu_count()} cores, load average {load:.1f})")
     common = ["--runs", str(args.runs), "--sglang-so", args.sglang_so]
     one = {"MMSERVE_MM_THREADS": "1", "SGL_MM_RS_THREADS": "1", "OMP_NUM_THREADS": "1"}
     single = child("measure", [*common, "--threads", "1"], one)
+    if single["absent"]:
+        print(f"note: no sglang-rs column: SGLang's extension {single['absent']}")
     print_table("single thread", single)
     pooled = child("measure", common, {})
     print_table("with the pool (default threads)", pooled)

@@ -228,6 +228,7 @@ fn alloc_zeroed(len: usize) -> Result<Vec<u8>, DecodeError> {
     let mut buf = Vec::new();
     buf.try_reserve_exact(len)
         .map_err(|_| DecodeError::OutOfMemory { bytes: len })?;
+    crate::common::huge_pages::advise(&buf);
     buf.resize(len, 0);
     Ok(buf)
 }

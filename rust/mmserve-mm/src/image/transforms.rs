@@ -274,7 +274,7 @@ pub fn patchify_view(
     geometry: PatchGeometry,
 ) -> Result<(Vec<f32>, PatchGrid), TransformError> {
     let grid = geometry.grid(image.width, image.height)?;
-    let mut out = Vec::with_capacity(grid.len());
+    let mut out = crate::common::huge_pages::with_capacity(grid.len());
     // Every element is written exactly once, so the buffer is never zero-filled first:
     // that fill was as much memory traffic as the patches themselves.
     let spare = out.spare_capacity_mut();

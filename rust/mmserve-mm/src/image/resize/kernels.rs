@@ -5,6 +5,7 @@
 //! All are exact integer arithmetic, so they agree bit for bit; the tests check it.
 
 use super::{AxisCoeffs, CHANNELS};
+use crate::common::huge_pages;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Kernels {
@@ -47,7 +48,7 @@ impl Kernels {
         coeffs: &AxisCoeffs,
     ) -> Vec<u8> {
         let out_width = coeffs.start.len();
-        let mut out = vec![0u8; (end_row - first_row) * out_width * CHANNELS];
+        let mut out = huge_pages::zeroed_bytes((end_row - first_row) * out_width * CHANNELS);
         let rows = &src[first_row * src_width * CHANNELS..end_row * src_width * CHANNELS];
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
@@ -68,7 +69,7 @@ impl Kernels {
         coeffs: &AxisCoeffs,
         row_offset: usize,
     ) -> Vec<u8> {
-        let mut out = vec![0u8; coeffs.start.len() * width * CHANNELS];
+        let mut out = huge_pages::zeroed_bytes(coeffs.start.len() * width * CHANNELS);
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             // SAFETY: the CPU supports AVX2 (checked in `detect`).
