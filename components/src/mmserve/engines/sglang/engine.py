@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import secrets
 import socket
 import threading
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +257,7 @@ class SglangEngine(Engine[SglangKv]):
     def decode(
         self, kv: KvHandle[SglangKv], sampling: SamplingParams, stop: StopConditions
     ) -> AsyncIterator[TokenChunk]:
-        request = dataclasses.replace(kv.state.request, sampling=sampling, stop=stop)
+        request = replace(kv.state.request, sampling=sampling, stop=stop)
         return self._stream(request, kv.state.embeddings, kv.state.bootstrap)
 
     async def generate(
