@@ -1,8 +1,10 @@
 """Run by the KV transfer test in a fresh process: import prefills' exported KV, decode them.
 
 Usage: python -m tests.engines.kv_continue JOBS_JSON, where each job is
-`{"model": dir, "kv": file, "sampling": {...}, "stop": {...}}`; prints one list of token ids per
-job as JSON. Files stand in for the transfer layer, which is not under test here.
+`{"model": dir, "kv": file, "done": {...}, "token_ids": [...], "sampling": {...},
+"stop": {...}}` (`done`: the prefill's `PrefillDone`, `token_ids`: its prompt); prints one list
+of token ids per job as JSON. Files stand in for the transfer layer, which is not under test
+here.
 """
 
 from __future__ import annotations
@@ -11,17 +13,21 @@ import asyncio
 import json
 import sys
 
+import msgspec
 import torch
 
+from mmserve.engines.base import EngineRequest
 from mmserve.engines.hf import HfEngine
-from mmserve.protocol import SamplingParams, StopConditions
+from mmserve.protocol import PrefillDone, SamplingParams, StopConditions
 
 
 async def continue_decode(job: dict) -> list[int]:
     engine = HfEngine(job["model"])
-    kv = await engine.import_kv("imported", torch.load(job["kv"], weights_only=True))
     sampling = SamplingParams(**job["sampling"])
     stop = StopConditions(**job["stop"])
+    request = EngineRequest("imported", tuple(job["token_ids"]), sampling, stop)
+    done = msgspec.convert(job["done"], PrefillDone)
+    kv = await engine.import_kv(request, done, torch.load(job["kv"], weights_only=True))
     tokens = [t async for chunk in engine.decode(kv, sampling, stop) for t in chunk.token_ids]
     await engine.close()
     return tokens

@@ -169,7 +169,7 @@ async def test_a_hybrid_model_claims_no_prefix_hit_and_announces_no_block(hybrid
     assert tensors["conv_states"].shape[0] == tensors["recurrent_states"].shape[0] == 1
     stateless = {k: v for k, v in tensors.items() if k != "recurrent_states"}
     with pytest.raises(EngineError, match="linear-attention layers' states"):
-        await engine.import_kv("i", stateless)
+        await engine.import_kv(request, kv.prefill_done(), stateless)
 
 
 async def test_eviction_under_a_small_budget_emits_removed_events(prefix_reusing_model: Path):

@@ -42,6 +42,8 @@ async def export_job(family: str, tmp_path: Path) -> tuple[dict, list[int]]:
     job = {
         "model": str(model),
         "kv": str(kv_file),
+        "done": msgspec.to_builtins(kv.prefill_done()),
+        "token_ids": list(ids),
         "sampling": msgspec.to_builtins(sampling),
         "stop": msgspec.to_builtins(stop),
     }

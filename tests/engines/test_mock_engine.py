@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from mmserve import _mm
-from mmserve.engines.base import EngineError, EngineRequest, ItemEmbedding, MediaInput
+from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbedding, MediaInput
 from mmserve.engines.mock import MockEngine
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
@@ -205,6 +205,21 @@ async def test_prefills_take_turns_and_decode_streams_run_together(model_path: P
     assert len({tuple(c.token_ids[0] for c in chunks) for chunks in streams}) == 3
 
 
+async def test_a_live_stream_holds_its_place_in_the_queue(model_path: Path) -> None:
+    engine = await engine_for(model_path, max_queue=1)
+    ids = prompt(list(range(1000, 1030)), images=0)
+    kv = await engine.prefill(EngineRequest("a", ids))
+    stream = engine.decode(kv, GREEDY, StopConditions(max_tokens=8))
+    await anext(stream)
+    with pytest.raises(EngineError, match="queue is full"):  # EngineOverloaded
+        await engine.prefill(EngineRequest("b", ids))
+    await stream.aclose()
+    engine.release(await engine.prefill(EngineRequest("b", ids)))
+    await engine.close()
+    with pytest.raises(EngineError, match="closed"):
+        await engine.prefill(EngineRequest("c", ids))
+
+
 async def test_export_import_continues_the_stream(model_path: Path) -> None:
     prefill, decode = await engine_for(model_path), await engine_for(model_path)
     ids = prompt(list(range(1000, 1030)), images=1)
@@ -212,7 +227,8 @@ async def test_export_import_continues_the_stream(model_path: Path) -> None:
     request = planned("a", ids, emb, stop=StopConditions(max_tokens=6))
     local = await prefill.prefill(request, emb)
     tensors = await prefill.export_kv(local)
-    imported = await decode.import_kv("a", tensors)
+    assert set(tensors) == {"seed"}  # the prompt, its plan and the first token stay with decode
+    imported = await decode.import_kv(request, local.prefill_done(), tensors)
     expected = await collect(prefill.decode(local, request.sampling, request.stop))
     continued = await collect(decode.decode(imported, request.sampling, request.stop))
     assert [c.token_ids for c in continued] == [c.token_ids for c in expected]

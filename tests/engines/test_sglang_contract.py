@@ -416,11 +416,14 @@ async def test_prefill_hands_decode_its_bootstrap_room() -> None:
     embeddings = _embeddings()
     kv = await prefill.prefill(_request(), embeddings, bootstrap)
     tensors = await prefill.export_kv(kv)
-    assert not any(name.startswith("bootstrap") for name in tensors)
+    # The embeddings alone: decode's own request holds the prompt, its items and positions.
+    assert set(tensors) == {"embeddings"}
     prefill.release(kv)
     with pytest.raises(EngineError, match="bootstrap room"):
-        await decode.import_kv("req-1", tensors)
-    imported = await decode.import_kv("req-1", tensors, bootstrap)
+        await decode.import_kv(_request(), kv.prefill_done(), tensors)
+    with pytest.raises(EngineError, match="embedding rows"):
+        await decode.import_kv(_request(), kv.prefill_done(), {}, bootstrap)
+    imported = await decode.import_kv(_request(), kv.prefill_done(), tensors, bootstrap)
     chunks = [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=2))]
     assert [c.token_ids for c in chunks] == [[8], [9]]
     await asyncio.sleep(0)  # the prefill request drains in the background
@@ -440,13 +443,14 @@ async def test_prefill_hands_decode_its_bootstrap_room() -> None:
 
 async def test_decode_joins_with_the_same_video_items_and_positions() -> None:
     """P/D with a video: decode's request carries the prefill request's video item and plan
-    positions, rebuilt from the exported tensors."""
+    positions, from decode's own request beside the exported embeddings."""
     prefill_fake, decode_fake = FakeSglangEngine([1]), FakeSglangEngine([8])
     prefill, decode = _engine("prefill", prefill_fake), _engine("decode", decode_fake)
     request, embeddings = _video_request()
     bootstrap = prefill.bootstrap_info()
     kv = await prefill.prefill(request, embeddings, bootstrap)
-    imported = await decode.import_kv("req-v", await prefill.export_kv(kv), bootstrap)
+    tensors = await prefill.export_kv(kv)
+    imported = await decode.import_kv(request, kv.prefill_done(), tensors, bootstrap)
     chunks = [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=1))]
     assert [c.token_ids for c in chunks] == [[8]]
     await asyncio.sleep(0)
@@ -471,7 +475,8 @@ async def test_decode_joins_with_a_grouped_videos_items_deepstack_included(
     prefill, decode = _engine("prefill", prefill_fake), _engine("decode", decode_fake)
     bootstrap = prefill.bootstrap_info()
     kv = await prefill.prefill(request, embeddings, bootstrap)
-    imported = await decode.import_kv("req-groups", await prefill.export_kv(kv), bootstrap)
+    tensors = await prefill.export_kv(kv)
+    imported = await decode.import_kv(request, kv.prefill_done(), tensors, bootstrap)
     assert [c async for c in decode.decode(imported, GREEDY, StopConditions(max_tokens=1))]
     sent, joined = prefill_fake.calls[0], decode_fake.calls[0]
     assert set(sent) == set(joined) and "mm_hashes" not in sent

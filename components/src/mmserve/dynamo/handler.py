@@ -25,7 +25,7 @@ from mmserve.dynamo import requests
 from mmserve.dynamo.kv_events import DynamoKvEvents
 from mmserve.encode.embeddings import load_embeddings, offer_embeddings
 from mmserve.encode.stage import EncodeStage
-from mmserve.engines.base import Engine, ItemEmbedding
+from mmserve.engines.base import Engine, EngineRequest, ItemEmbedding
 from mmserve.media.policy import MediaPolicy
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import EmbeddingsHandle, MediaPayload, PreprocessedRequest, RequestPlan
@@ -288,7 +288,13 @@ class DynamoDecodeHandler:
             stop = requests.stop_conditions(request, self.default_max_tokens)
             with tracked(self.component, tracked_as), nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
                 tensors = await fetch_kv(self.transfer, handover, self.component)
-                kv = await self.engine.import_kv(context.id(), tensors)
+                # Engines whose KV travels as tensors read the request's id alone; the
+                # handover's PrefillDone counts the prompt (Dynamo's ids are not expanded).
+                kv = await self.engine.import_kv(
+                    EngineRequest.from_plan(context.id(), tracked_as.plan, sampling, stop),
+                    handover,
+                    tensors,
+                )
                 chunks = self.engine.decode(kv, sampling, stop)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=False)
                 async for chunk in until_stopped(timed, context):

@@ -11,16 +11,22 @@ An engine runs the three model stages of a request:
   the last one carries the finish reason and the usage.
 
 `export_kv` / `import_kv` turn a handle into plain contiguous tensors and back, so the transfer
-layer can move a prefill's cache to a decode engine in another process. Engines are
-engine-neutral: nothing here names a model family or a framework.
+layer can move a prefill's cache to a decode engine in another process. The tensors hold the
+cache alone: the decode worker imports them with its own request (the plan) and the prefill's
+`protocol.PrefillDone`, the one source of the first token and the prompt and cached counts.
+
+`Admission` is every engine's queue limit (`max_queue`); `engines.caching.CachingEngine` gives
+an engine with mmserve's own prefix and encoder caches their events, snapshots and clearing.
+Engines are engine-neutral: nothing here names a model family or a framework.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Generic, Literal, TypeVar
 
 import torch
 
@@ -32,9 +38,11 @@ from mmserve.protocol import (
     EncoderEntry,
     MRopePositions,
     PlannedMedia,
+    PrefillDone,
     RequestPlan,
     SamplingParams,
     StopConditions,
+    TensorHandle,
     TokenChunk,
 )
 
@@ -193,28 +201,71 @@ class EngineRequest:
         return mask
 
 
+StateT = TypeVar("StateT")
+"""An engine's own state of a prefill's KV (`KvHandle.state`)."""
+
+
 @dataclass
-class KvHandle:
+class KvHandle(Generic[StateT]):
     """A prefill's result, owned by the engine that made (or imported) it.
 
-    `cached_tokens` counts the prompt tokens whose KV came from the prefix cache.
+    `prompt_tokens` counts the prompt's tokens, `cached_tokens` those whose KV came from the
+    prefix cache; an imported handle takes both, and `first_token`, from the prefill's
+    `PrefillDone`.
 
     `state` is private to the engine. A handle is consumed by `decode` or freed by `release`.
     """
 
     request_id: str
-    prompt_token_ids: tuple[int, ...]
+    prompt_tokens: int
     first_token: int
     cached_tokens: int
-    state: Any = field(repr=False)
+    state: StateT = field(repr=False)
 
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def prefill_done(self, kv: dict[str, TensorHandle] | None = None) -> PrefillDone:
+        """What decode takes over from this prefill's handle (with the transfer handles of
+        its exported tensors, where they travel by transfer): the first token and the counts."""
+        return PrefillDone(
+            request_id=self.request_id,
+            first_token_id=self.first_token,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            kv=kv or {},
+        )
 
 
-class Engine(abc.ABC):
-    """The interface of an inference engine (hf, sglang, mock)."""
+class Admission:
+    """An engine's queue limit: at most `max_queue` calls (encode, prefill, live decode
+    streams) run at once; one more is refused with `EngineOverloaded`, any after `close` with
+    `EngineError`."""
+
+    def __init__(self, max_queue: int) -> None:
+        self.max_queue = max_queue
+        self.depth = 0
+        self.closed = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        """Count a call against `max_queue` for as long as it runs."""
+        if self.closed:
+            raise EngineError("the engine is closed")
+        if self.depth >= self.max_queue:
+            raise EngineOverloaded(
+                f"engine queue is full ({self.depth} requests in flight, limit "
+                f"{self.max_queue}); retry later or on another worker"
+            )
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Engine(abc.ABC, Generic[StateT]):
+    """The interface of an inference engine (hf, sglang, mock), over its own KV state."""
 
     @abc.abstractmethod
     async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
@@ -226,14 +277,14 @@ class Engine(abc.ABC):
         request: EngineRequest,
         embeddings: Embeddings,
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
+    ) -> KvHandle[StateT]:
         """Run the prompt with `embeddings` spliced in; sample the first token. `bootstrap` is
         this engine's own `bootstrap_info` for the request, when it gives one. The embeddings
         of the items the prefix cache holds are not read (`EngineRequest.live_embeddings`)."""
 
     @abc.abstractmethod
     def decode(
-        self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
+        self, kv: KvHandle[StateT], sampling: SamplingParams, stop: StopConditions
     ) -> AsyncIterator[TokenChunk]:
         """Stream the completion from `kv`, starting with its first token; consumes `kv`.
 
@@ -242,18 +293,22 @@ class Engine(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
-        """The handle as plain contiguous CPU tensors (the handle stays valid)."""
+    async def export_kv(self, kv: KvHandle[StateT]) -> dict[str, torch.Tensor]:
+        """The handle's cache as plain contiguous CPU tensors (the handle stays valid); not
+        the prompt, its plan or the first token, which decode has already."""
 
     @abc.abstractmethod
     async def import_kv(
         self,
-        request_id: str,
+        request: EngineRequest,
+        done: PrefillDone,
         tensors: dict[str, torch.Tensor],
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
-        """A handle for this engine from `export_kv`'s tensors, possibly made elsewhere, and
-        the prefill's `bootstrap_info` when it gave one."""
+    ) -> KvHandle[StateT]:
+        """A handle for this engine from `export_kv`'s tensors, possibly made elsewhere:
+        `request` is the decode worker's own (the plan the prefill ran), `done` the prefill's
+        last reply (first token, prompt and cached counts), `bootstrap` the prefill's
+        `bootstrap_info` when it gave one."""
 
     def bootstrap_info(self) -> BootstrapInfo | None:
         """Where a decode engine joins this prefill engine's KV handover of the next request
@@ -262,7 +317,7 @@ class Engine(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def release(self, kv: KvHandle) -> None:
+    def release(self, kv: KvHandle[StateT]) -> None:
         """Free a handle that will not be decoded."""
 
     @abc.abstractmethod

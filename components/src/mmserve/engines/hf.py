@@ -31,17 +31,16 @@ from typing import Any, TypeVar
 import torch
 
 from mmserve.engines.base import (
+    Admission,
     Embeddings,
-    Engine,
     EngineError,
-    EngineOverloaded,
     EngineRequest,
     ItemEmbedding,
-    KvEventSink,
     KvHandle,
     MediaInput,
     MediaModality,
 )
+from mmserve.engines.caching import CachingEngine
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
@@ -52,15 +51,13 @@ from mmserve.engines.sampling import (
     sample_token,
     stream_completion,
 )
-from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
-    CachesCleared,
-    EncoderEntry,
+    PrefillDone,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -84,7 +81,7 @@ def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-class HfEngine(Engine):
+class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     """A transformers vision-language model behind the engine interface."""
 
     def __init__(
@@ -106,7 +103,7 @@ class HfEngine(Engine):
         self.spec: ModelSpec = resolve_model_spec(model_path)
         self.device = torch.device(device)
         self.dtype = dtype
-        self.max_queue = max_queue
+        self.admission = Admission(max_queue)
         self.pad_scheme = pad_scheme
         model_class = getattr(transformers, self.spec.family.model_class)
         self.model = model_class.from_pretrained(self.spec.path, dtype=dtype).to(self.device)
@@ -128,8 +125,6 @@ class HfEngine(Engine):
         )
         self.encoder_cache = EncoderCache(encoder_cache_bytes)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
-        self._admitted = 0
-        self._closed = False
 
     @classmethod
     async def load(cls, model_path: str | Path, **options: Any) -> HfEngine:
@@ -137,24 +132,6 @@ class HfEngine(Engine):
         return await asyncio.to_thread(functools.partial(cls, model_path, **options))
 
     # -- admission and the model thread --------------------------------------------------------
-
-    def _admit(self) -> None:
-        if self._closed:
-            raise EngineError("the engine is closed")
-        if self._admitted >= self.max_queue:
-            raise EngineOverloaded(
-                f"engine queue is full ({self._admitted} requests in flight, limit "
-                f"{self.max_queue}); retry later or on another worker"
-            )
-        self._admitted += 1
-
-    def _leave(self) -> None:
-        self._admitted -= 1
-
-    @property
-    def queue_depth(self) -> int:
-        """Requests admitted and not finished (encode, prefill, live decode streams)."""
-        return self._admitted
 
     async def _call(self, fn: Callable[..., Result], *args: Any) -> Result:
         loop = asyncio.get_running_loop()
@@ -166,11 +143,11 @@ class HfEngine(Engine):
             return fn(*args)
 
     async def _admitted_call(self, fn: Callable[..., Result], *args: Any) -> Result:
-        self._admit()
-        try:
+        with self.admission():
             return await self._call(fn, *args)
-        finally:
-            self._leave()
+
+    async def _on_cache_owner(self, fn: Callable[[], Result]) -> Result:
+        return await self._call(fn)  # the model thread owns both caches
 
     # -- encode ---------------------------------------------------------------------------------
 
@@ -200,10 +177,6 @@ class HfEngine(Engine):
                 self.encoder_cache.put(embedding)
                 results[index] = embedding
         return [result for result in results if result is not None]
-
-    def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
-        for item in items:
-            self.encoder_cache.put(item)
 
     def _vision_tower(
         self, items: list[MediaInput]
@@ -239,17 +212,6 @@ class HfEngine(Engine):
             return self._inner.get_video_features(pixel_values, grid, return_dict=True)
         return self._inner.get_image_features(pixel_values, grid, return_dict=True)
 
-    async def cached_embeddings(
-        self, items: Sequence[tuple[int, tuple[int, int, int]]]
-    ) -> list[ItemEmbedding | None]:
-        # On the model thread, which owns the cache.
-        return await self._call(self._cached_sync, list(items))
-
-    def _cached_sync(
-        self, items: list[tuple[int, tuple[int, int, int]]]
-    ) -> list[ItemEmbedding | None]:
-        return [self.encoder_cache.get(mm_hash, grid) for mm_hash, grid in items]
-
     def _check_media(self, item: MediaInput) -> None:
         if item.modality == "video":
             self._check_takes_video()
@@ -283,7 +245,7 @@ class HfEngine(Engine):
         request: EngineRequest,
         embeddings: Embeddings = (),
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
+    ) -> KvHandle[_KvState]:
         check_sampling(request.sampling, request.stop)
         request.check_media(embeddings)
         return await self._admitted_call(self._prefill_sync, request, list(embeddings))
@@ -304,7 +266,7 @@ class HfEngine(Engine):
 
     def _prefill_sync(
         self, request: EngineRequest, embeddings: list[ItemEmbedding | None]
-    ) -> KvHandle:
+    ) -> KvHandle[_KvState]:
         if not request.token_ids:
             raise EngineError("the prompt is empty")
         ids = torch.tensor(request.token_ids, dtype=torch.long, device=self.device)
@@ -361,7 +323,7 @@ class HfEngine(Engine):
         first_token = sample_token(logits, request.sampling, generator, banned)
         return KvHandle(
             request_id=request.request_id,
-            prompt_token_ids=tuple(request.token_ids),
+            prompt_tokens=len(request.token_ids),
             first_token=first_token,
             cached_tokens=cached,
             state=_KvState(cache, rope_delta, generator),
@@ -435,31 +397,30 @@ class HfEngine(Engine):
 
     # -- decode ---------------------------------------------------------------------------------
 
-    def _state(self, kv: KvHandle) -> _KvState:
-        if not isinstance(kv.state, _KvState) or kv.state.cache is None:
+    def _state(self, kv: KvHandle[_KvState]) -> _KvState:
+        if kv.state.cache is None:
             raise EngineError(f"KV handle of request {kv.request_id} is not live in this engine")
         return kv.state
 
     async def decode(
-        self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
+        self, kv: KvHandle[_KvState], sampling: SamplingParams, stop: StopConditions
     ) -> AsyncIterator[TokenChunk]:
         state = self._state(kv)
         check_sampling(sampling, stop)
-        self._admit()
-        try:
-            if state.generator is None:
-                state.generator = make_generator(sampling, self.device)
+        with self.admission():
+            try:
+                if state.generator is None:
+                    state.generator = make_generator(sampling, self.device)
 
-            async def next_token(token: int, banned: frozenset[int]) -> int:
-                return await self._call(self._decode_step, state, token, sampling, banned)
+                async def next_token(token: int, banned: frozenset[int]) -> int:
+                    return await self._call(self._decode_step, state, token, sampling, banned)
 
-            async for chunk in stream_completion(
-                kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
-            ):
-                yield chunk
-        finally:
-            self._leave()
-            state.cache = None
+                async for chunk in stream_completion(
+                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
+                ):
+                    yield chunk
+            finally:
+                state.cache = None
 
     def _decode_step(
         self, state: _KvState, token: int, sampling: SamplingParams, banned: frozenset[int]
@@ -472,20 +433,20 @@ class HfEngine(Engine):
         logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
         return sample_token(logits, sampling, state.generator, banned)
 
-    def release(self, kv: KvHandle) -> None:
-        if isinstance(kv.state, _KvState):
-            kv.state.cache = None
+    def release(self, kv: KvHandle[_KvState]) -> None:
+        kv.state.cache = None
 
     # -- KV export / import ---------------------------------------------------------------------
 
-    async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
+    async def export_kv(self, kv: KvHandle[_KvState]) -> dict[str, torch.Tensor]:
         return await self._call(self._export_sync, kv)
 
-    def _export_sync(self, kv: KvHandle) -> dict[str, torch.Tensor]:
+    def _export_sync(self, kv: KvHandle[_KvState]) -> dict[str, torch.Tensor]:
         """The attention layers' KV (`keys`, `values`: `[attention layers, kv_heads, len,
         head_dim]`) and, for a hybrid model, each linear layer's states at the prompt's end
         (`conv_states`: `[linear layers, conv_dim, kernel]`, `recurrent_states`: `[linear
-        layers, value heads, key head dim, value head dim]`), with what decode resumes from."""
+        layers, value heads, key head dim, value head dim]`), with what decode resumes from
+        (the M-RoPE offset and the random source's state)."""
         state = self._state(kv)
         layers = [state.cache.layers[index] for index in self._attention_layers]
         generator_state = (
@@ -504,30 +465,29 @@ class HfEngine(Engine):
             "keys": torch.stack([layer.keys[0] for layer in layers]).cpu().contiguous(),
             "values": torch.stack([layer.values[0] for layer in layers]).cpu().contiguous(),
             **{name: t.cpu().contiguous() for name, t in linear_states.items()},
-            "prompt_token_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.int64),
-            "first_token": torch.tensor([kv.first_token], dtype=torch.int64),
-            "cached_tokens": torch.tensor([kv.cached_tokens], dtype=torch.int64),
             "rope_delta": torch.tensor([state.rope_delta], dtype=torch.int64),
             "generator_state": generator_state.cpu().contiguous(),
         }
 
     async def import_kv(
         self,
-        request_id: str,
+        request: EngineRequest,
+        done: PrefillDone,
         tensors: dict[str, torch.Tensor],
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
-        return await self._call(self._import_sync, request_id, tensors)
+    ) -> KvHandle[_KvState]:
+        return await self._call(self._import_sync, request, done, tensors)
 
-    def _import_sync(self, request_id: str, tensors: dict[str, torch.Tensor]) -> KvHandle:
+    def _import_sync(
+        self, request: EngineRequest, done: PrefillDone, tensors: dict[str, torch.Tensor]
+    ) -> KvHandle[_KvState]:
         keys, values = tensors["keys"], tensors["values"]
-        prompt = tensors["prompt_token_ids"].tolist()
         config = self._text_config
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
         attention = self._attention_layers
-        expected = (len(attention), config.num_key_value_heads, len(prompt), head_dim)
+        expected = (len(attention), config.num_key_value_heads, done.prompt_tokens, head_dim)
         if tuple(keys.shape) != expected or tuple(values.shape) != expected:
             raise EngineError(
                 f"imported KV of shape {tuple(keys.shape)} does not fit this model {expected}"
@@ -546,10 +506,10 @@ class HfEngine(Engine):
             generator = torch.Generator(device=self.device)
             generator.set_state(generator_state)
         return KvHandle(
-            request_id=request_id,
-            prompt_token_ids=tuple(prompt),
-            first_token=int(tensors["first_token"][0]),
-            cached_tokens=int(tensors["cached_tokens"][0]),
+            request_id=request.request_id,
+            prompt_tokens=done.prompt_tokens,
+            first_token=done.first_token_id,
+            cached_tokens=done.cached_tokens,
             state=_KvState(cache, int(tensors["rope_delta"][0]), generator),
         )
 
@@ -575,35 +535,8 @@ class HfEngine(Engine):
             cache.update_conv_state(conv[position][None].to(self.device), index)
             cache.update_recurrent_state(recurrent[position][None].to(self.device), index)
 
-    # -- events and lifecycle -------------------------------------------------------------------
-
-    def subscribe_kv_events(self, sink: KvEventSink) -> None:
-        self.prefix_cache.subscribe(sink)
-
-    def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
-        return self.prefix_cache.snapshot()
-
-    def encoder_cache_stats(self) -> tuple[int, int]:
-        return self.encoder_cache.stats()
-
-    def subscribe_encoder_events(self, sink: EncoderEventSink) -> None:
-        self.encoder_cache.subscribe(sink)
-
-    def encoder_cache_snapshot(self) -> list[EncoderEntry]:
-        return self.encoder_cache.snapshot()
-
-    async def clear_caches(self) -> CachesCleared:
-        """Empty both caches on the model thread, their one owner, between two model calls."""
-        return await self._call(self._clear_sync)
-
-    def _clear_sync(self) -> CachesCleared:
-        cleared = CachesCleared(
-            prefix_blocks=self.prefix_cache.num_blocks, encoder_items=len(self.encoder_cache)
-        )
-        self.prefix_cache.clear()
-        self.encoder_cache.clear()
-        return cleared
+    # -- lifecycle ---------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        self._closed = True
+        self.admission.close()
         self._executor.shutdown(wait=False, cancel_futures=True)

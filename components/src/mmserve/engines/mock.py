@@ -16,7 +16,8 @@ It serves the router, the frontend and every deployment pattern at scale without
   deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
   a real encoder cache (`engines.encoder_cache.EncoderCache`, `encoder_cache_bytes`) holds them,
   so a repeated item costs nothing and its embedding-cache events are a real engine's;
-- export/import move a few small tensors, so P/D works over the transfer layer.
+- export/import move one small tensor (the completion's seed), so P/D works over the transfer
+  layer.
 
 Everything runs on the event loop: KV event sinks are called on the loop's thread.
 """
@@ -35,17 +36,16 @@ import numpy as np
 import torch
 
 from mmserve.engines.base import (
+    Admission,
     Embeddings,
-    Engine,
     EngineError,
-    EngineOverloaded,
     EngineRequest,
     ItemEmbedding,
-    KvEventSink,
     KvHandle,
     MediaInput,
     VisionCost,
 )
+from mmserve.engines.caching import CachingEngine
 from mmserve.engines.defaults import (
     DEFAULT_CACHE_BLOCKS,
     DEFAULT_DECODE_MS_PER_TOKEN,
@@ -57,15 +57,13 @@ from mmserve.engines.defaults import (
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import StopRules, check_sampling, stream_completion
-from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
-    CachesCleared,
-    EncoderEntry,
+    PrefillDone,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -101,7 +99,7 @@ def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1  # fits an int64 tensor
 
 
-class MockEngine(Engine):
+class MockEngine(CachingEngine[_MockKv, None]):
     """Simulated prefill and decode behind the engine interface."""
 
     def __init__(
@@ -127,28 +125,16 @@ class MockEngine(Engine):
         self.prefill_s_per_token = prefill_us_per_token / 1e6
         self.decode_s_per_token = decode_ms_per_token / 1e3
         self.encode_s_per_token = encode_us_per_token / 1e6
-        self.max_queue = max_queue
+        self.admission = Admission(max_queue)
         self.pad_scheme = pad_scheme
         self.prefix_cache: PrefixCache[None] = PrefixCache(block_size, max_blocks=cache_blocks)
         self.encoder_cache = EncoderCache(encoder_cache_bytes)
         self._prefill_turn = asyncio.Lock()
         self._encode_turn = asyncio.Lock()
-        self._admitted = 0
-        self._closed = False
 
     @classmethod
     async def load(cls, model_path: str | Path, **options: Any) -> MockEngine:
         return await asyncio.to_thread(cls, model_path, **options)
-
-    def _admit(self) -> None:
-        if self._closed:
-            raise EngineError("the engine is closed")
-        if self._admitted >= self.max_queue:
-            raise EngineOverloaded(
-                f"engine queue is full ({self._admitted} requests in flight, limit "
-                f"{self.max_queue}); retry later or on another worker"
-            )
-        self._admitted += 1
 
     async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
         for item in items:
@@ -172,33 +158,15 @@ class MockEngine(Engine):
                 self.encoder_cache.put(embedding)  # once computed: a cancelled one stores nothing
         return embeddings
 
-    async def cached_embeddings(
-        self, items: Sequence[tuple[int, tuple[int, int, int]]]
-    ) -> list[ItemEmbedding | None]:
-        return [self.encoder_cache.get(mm_hash, grid) for mm_hash, grid in items]
-
-    def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
-        for item in items:
-            self.encoder_cache.put(item)
-
     def vision_cost(self) -> VisionCost:
         return VisionCost(self.encode_s_per_token, EMBEDDING_DIM * 4)  # float32 rows
-
-    def encoder_cache_stats(self) -> tuple[int, int]:
-        return self.encoder_cache.stats()
-
-    def subscribe_encoder_events(self, sink: EncoderEventSink) -> None:
-        self.encoder_cache.subscribe(sink)
-
-    def encoder_cache_snapshot(self) -> list[EncoderEntry]:
-        return self.encoder_cache.snapshot()
 
     async def prefill(
         self,
         request: EngineRequest,
         embeddings: Embeddings = (),
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
+    ) -> KvHandle[_MockKv]:
         check_sampling(request.sampling, request.stop)
         if not request.token_ids:
             raise EngineError("the prompt is empty")
@@ -207,8 +175,7 @@ class MockEngine(Engine):
         keys = prompt_block_keys(
             request.token_ids, request.media, cache.block_size, self.pad_scheme
         )
-        self._admit()
-        try:
+        with self.admission():
             async with self._prefill_turn:
                 limit = reusable_blocks(len(request.token_ids), cache.block_size)
                 # As the hf engine: a hybrid model neither reuses nor announces blocks.
@@ -221,12 +188,10 @@ class MockEngine(Engine):
                 if reuses:
                     stored = cached // cache.block_size
                     cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
-        finally:
-            self._admitted -= 1
         seed = prompt_seed(request.token_ids, [item.mm_hash for item in request.media])
         return KvHandle(
             request_id=request.request_id,
-            prompt_token_ids=tuple(request.token_ids),
+            prompt_tokens=len(request.token_ids),
             first_token=_draw(
                 random.Random(seed), StopRules(request.stop, self.spec.eos_token_ids).banned(0)
             ),
@@ -234,74 +199,55 @@ class MockEngine(Engine):
             state=_MockKv(seed),
         )
 
-    def _state(self, kv: KvHandle) -> _MockKv:
-        if not isinstance(kv.state, _MockKv) or not kv.state.live:
+    def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
+        if not kv.state.live:
             raise EngineError(f"KV handle of request {kv.request_id} is not live in this engine")
         return kv.state
 
     async def decode(
-        self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
+        self, kv: KvHandle[_MockKv], sampling: SamplingParams, stop: StopConditions
     ) -> AsyncIterator[TokenChunk]:
         state = self._state(kv)
         check_sampling(sampling, stop)
-        self._admit()
-        try:
-            tokens = random.Random(state.seed)
-            tokens.randrange(*PSEUDO_TOKENS)  # the first draw is kv.first_token
+        with self.admission():
+            try:
+                tokens = random.Random(state.seed)
+                tokens.randrange(*PSEUDO_TOKENS)  # the first draw is kv.first_token
 
-            async def next_token(_previous: int, banned: frozenset[int]) -> int:
-                await asyncio.sleep(self.decode_s_per_token)
-                return _draw(tokens, banned)
+                async def next_token(_previous: int, banned: frozenset[int]) -> int:
+                    await asyncio.sleep(self.decode_s_per_token)
+                    return _draw(tokens, banned)
 
-            async for chunk in stream_completion(
-                kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
-            ):
-                yield chunk
-        finally:
-            self._admitted -= 1
-            state.live = False
+                async for chunk in stream_completion(
+                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
+                ):
+                    yield chunk
+            finally:
+                state.live = False
 
-    def release(self, kv: KvHandle) -> None:
-        if isinstance(kv.state, _MockKv):
-            kv.state.live = False
+    def release(self, kv: KvHandle[_MockKv]) -> None:
+        kv.state.live = False
 
-    async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
-        state = self._state(kv)
-        return {
-            "prompt_token_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.int64),
-            "first_token": torch.tensor([kv.first_token], dtype=torch.int64),
-            "cached_tokens": torch.tensor([kv.cached_tokens], dtype=torch.int64),
-            "seed": torch.tensor([state.seed], dtype=torch.int64),
-        }
+    async def export_kv(self, kv: KvHandle[_MockKv]) -> dict[str, torch.Tensor]:
+        return {"seed": torch.tensor([self._state(kv).seed], dtype=torch.int64)}
 
     async def import_kv(
         self,
-        request_id: str,
+        request: EngineRequest,
+        done: PrefillDone,
         tensors: dict[str, torch.Tensor],
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
-        try:
-            return KvHandle(
-                request_id=request_id,
-                prompt_token_ids=tuple(tensors["prompt_token_ids"].tolist()),
-                first_token=int(tensors["first_token"][0]),
-                cached_tokens=int(tensors["cached_tokens"][0]),
-                state=_MockKv(int(tensors["seed"][0])),
-            )
-        except KeyError as exc:
-            raise EngineError(f"imported KV lacks {exc} (not made by a mock engine)") from None
-
-    def subscribe_kv_events(self, sink: KvEventSink) -> None:
-        self.prefix_cache.subscribe(sink)
-
-    def kv_cache_snapshot(self) -> list[tuple[int, int | None, int]]:
-        return self.prefix_cache.snapshot()
-
-    async def clear_caches(self) -> CachesCleared:
-        """Empty the prefix cache (on the loop, as prefills use it) and the encoder cache."""
-        blocks = self.prefix_cache.num_blocks
-        self.prefix_cache.clear()
-        return CachesCleared(prefix_blocks=blocks, encoder_items=self.encoder_cache.clear())
+    ) -> KvHandle[_MockKv]:
+        seed = tensors.get("seed")
+        if seed is None:
+            raise EngineError("imported KV lacks 'seed' (not made by a mock engine)")
+        return KvHandle(
+            request_id=request.request_id,
+            prompt_tokens=done.prompt_tokens,
+            first_token=done.first_token_id,
+            cached_tokens=done.cached_tokens,
+            state=_MockKv(int(seed[0])),
+        )
 
     async def close(self) -> None:
-        self._closed = True
+        self.admission.close()

@@ -23,7 +23,7 @@ from mmserve.protocol import (
 from mmserve.runtime import RemoteError, RequestContext
 from mmserve.runtime.retry import stream_routed
 from mmserve.topology import GENERATE, Role
-from mmserve.worker.base import RoleHandler, stream_tokens
+from mmserve.worker.base import RoleHandler, engine_request, stream_tokens
 from mmserve.worker.handover import fetch_kv
 from mmserve.worker.tracking import tracked
 
@@ -50,7 +50,8 @@ class DecodeHandler(RoleHandler):
         """Run the prompt on a prefill worker (the one the router chose, if any); read its
         stream to the end, so prefill sees its KV buffers read before it finishes."""
         bootstrap: BootstrapInfo | None = None
-        tensors: dict[str, torch.Tensor] | None = None
+        done: PrefillDone | None = None
+        tensors: dict[str, torch.Tensor] = {}
         replies: AsyncGenerator[PrefillReply, None] = stream_routed(
             self.prefill,
             PrefillRequest(request=request),
@@ -64,9 +65,11 @@ class DecodeHandler(RoleHandler):
                 if isinstance(reply, BootstrapInfo):
                     bootstrap = reply
                 elif isinstance(reply, PrefillDone):
+                    done = reply
                     tensors = await fetch_kv(self.transfer, reply, self.component)
-        if tensors is None:
+        if done is None:
             raise RemoteError(
                 protocol.ERROR_PROTOCOL, "prefill ended without handing over the KV cache"
             )
-        return await self.engine.import_kv(request.request_id, tensors, bootstrap)
+        # The plan is this worker's own: the handover carries the cache alone.
+        return await self.engine.import_kv(engine_request(request), done, tensors, bootstrap)

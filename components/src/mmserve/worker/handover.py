@@ -1,8 +1,9 @@
 """The KV handover from a prefill engine to a decode engine in another process, for engines
 whose KV travels as exported tensors: prefill exports the prompt's cache and offers each tensor
-by transfer (`hand_over_kv`: the `PrefillDone` with their handles), decode fetches them
-(`fetch_kv`) and imports them into its engine. mmserve's own prefill and decode roles and the
-Dynamo backend's prefill and decode workers share it."""
+by transfer (`hand_over_kv`: the `PrefillDone` with their handles, the first token and the
+prompt and cached counts), decode fetches them (`fetch_kv`) and imports them into its engine
+with its own request (the plan, which the handover does not carry back). mmserve's own
+prefill and decode roles and the Dynamo backend's prefill and decode workers share it."""
 
 from __future__ import annotations
 
@@ -28,14 +29,7 @@ async def hand_over_kv(
     for name, tensor in tensors.items():
         handles[name], lease = await transfer.offer(tensor)
         leases.append(lease)
-    done = PrefillDone(
-        request_id=kv.request_id,
-        first_token_id=kv.first_token,
-        prompt_tokens=kv.prompt_tokens,
-        cached_tokens=kv.cached_tokens,
-        kv=handles,
-    )
-    return done, leases
+    return kv.prefill_done(handles), leases
 
 
 async def fetch_kv(

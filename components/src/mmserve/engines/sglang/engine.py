@@ -14,8 +14,9 @@
 - P/D: SGLang moves the KV itself. The prefill engine's `bootstrap_info` picks a bootstrap room
   (host: `--host`, or this machine's address when that is a loopback or wildcard one), which
   prefill answers decode in a `protocol.BootstrapInfo` before it runs the request in the
-  background; `export_kv` hands decode the prompt, its items, positions and embeddings for
-  the decode-side request, and decode's `async_generate` joins the same room
+  background; `export_kv` hands decode the embeddings (as SGLang took them) for the
+  decode-side request, which decode's `import_kv` builds from its own request (the prompt, its
+  items, positions), and decode's `async_generate` joins the same room
   (`--disaggregation-mode prefill|decode`, `--disaggregation-transfer-backend nixl`). The first
   token arrives in decode's stream; the handle's `first_token` is -1 on both sides.
 - KV events: SGLang's ZMQ publisher (`--kv-events-config`; on loopback by default), bridged
@@ -32,18 +33,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import secrets
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mmserve.engines.base import (
+    Admission,
     Embeddings,
     Engine,
     EngineError,
@@ -74,8 +76,7 @@ from mmserve.kv.pad import PadScheme
 from mmserve.protocol import (
     BootstrapInfo,
     CachesCleared,
-    MRopePositions,
-    PlannedMedia,
+    PrefillDone,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -86,16 +87,19 @@ log = logging.getLogger(__name__)
 
 _UNROUTABLE_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "::1")
 
-_U64 = 0xFFFF_FFFF_FFFF_FFFF
+
+@dataclass(frozen=True)
+class SglangKv:
+    """What decode's `async_generate` sends beside its sampling: the request (prompt, items,
+    positions), the embeddings of its items, and the prefill's bootstrap room (None for a
+    handle that decode never joins to a prefill: an aggregated one)."""
+
+    request: EngineRequest
+    embeddings: tuple[ItemEmbedding, ...]
+    bootstrap: BootstrapInfo | None
 
 
-def _as_i64(value: int) -> int:
-    """A u64 as the int64 a torch tensor holds (`& _U64` turns it back)."""
-    value &= _U64
-    return value - (1 << 64) if value >> 63 else value
-
-
-class SglangEngine(Engine):
+class SglangEngine(Engine[SglangKv]):
     """mmserve's engine interface over SGLang (one `sglang.Engine` or one `MMEncoder`)."""
 
     def __init__(
@@ -107,7 +111,7 @@ class SglangEngine(Engine):
         pad_scheme: PadScheme,
     ) -> None:
         self.args = args
-        self.max_queue = max_queue
+        self.admission = Admission(max_queue)
         self.pad_scheme = pad_scheme
         self.bridge = SglangKvEventBridge(block_size, pad_scheme)
         self.mode: str = args.disaggregation_mode
@@ -117,7 +121,6 @@ class SglangEngine(Engine):
         self._llm: Any = None
         self._encoder: Any = None
         self._encoder_lock = threading.Lock()
-        self._inflight = 0
         self._background: set[asyncio.Task[None]] = set()
         self._stop_events = threading.Event()
         self._event_threads: list[threading.Thread] = []
@@ -193,7 +196,7 @@ class SglangEngine(Engine):
     # -- encode ---------------------------------------------------------------------------
 
     async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
-        with self._admit():
+        with self.admission():
             return await asyncio.to_thread(self._encode, list(items))
 
     def _encode(self, items: list[MediaInput]) -> list[ItemEmbedding]:
@@ -233,7 +236,7 @@ class SglangEngine(Engine):
         request: EngineRequest,
         given: Embeddings,
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
+    ) -> KvHandle[SglangKv]:
         request.check_media(given)
         # SGLang's radix cache is not read from here: every item needs its embedding.
         embeddings = request.live_embeddings(given, 0)
@@ -248,26 +251,14 @@ class SglangEngine(Engine):
             task = asyncio.create_task(_drain(stream))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        state: dict[str, Any] = {
-            "bootstrap": bootstrap,
-            "embeddings": tuple(embeddings),
-            "media": request.media,
-            "positions": request.positions,
-        }
-        return KvHandle(request.request_id, request.token_ids, -1, 0, state)
+        state = SglangKv(request, tuple(embeddings), bootstrap)
+        return KvHandle(request.request_id, len(request.token_ids), -1, 0, state)
 
     def decode(
-        self, kv: KvHandle, sampling: SamplingParams, stop: StopConditions
+        self, kv: KvHandle[SglangKv], sampling: SamplingParams, stop: StopConditions
     ) -> AsyncIterator[TokenChunk]:
-        request = EngineRequest(
-            kv.request_id,
-            kv.prompt_token_ids,
-            sampling,
-            stop,
-            media=kv.state["media"],
-            positions=kv.state["positions"],
-        )
-        return self._stream(request, kv.state["embeddings"], kv.state["bootstrap"])
+        request = replace(kv.state.request, sampling=sampling, stop=stop)
+        return self._stream(request, kv.state.embeddings, kv.state.bootstrap)
 
     async def generate(
         self, request: EngineRequest, given: Embeddings = ()
@@ -285,7 +276,7 @@ class SglangEngine(Engine):
         bootstrap: BootstrapInfo | None,
     ) -> AsyncIterator[TokenChunk]:
         llm = self._language_model()
-        with self._admit():
+        with self.admission():
             stream = await llm.async_generate(
                 **self._generate_kwargs(request, embeddings, bootstrap)
             )
@@ -316,79 +307,45 @@ class SglangEngine(Engine):
                 )
                 return
 
-    async def export_kv(self, kv: KvHandle) -> dict[str, torch.Tensor]:
-        if self.mode != "prefill" or kv.state["bootstrap"] is None:
+    async def export_kv(self, kv: KvHandle[SglangKv]) -> dict[str, torch.Tensor]:
+        if self.mode != "prefill" or kv.state.bootstrap is None:
             raise EngineError("only a prefill-mode sglang engine hands its KV cache over")
-        # The KV itself moves through the bootstrap room; decode's request needs the prompt,
-        # where its items lie and the embeddings beside it.
-        embeddings: tuple[ItemEmbedding, ...] = kv.state["embeddings"]
-        media: tuple[PlannedMedia, ...] = kv.state["media"]
-        tensors = {
-            "prompt_ids": torch.tensor(kv.prompt_token_ids, dtype=torch.long),
-            "offsets": torch.tensor([item.offset for item in media], dtype=torch.long),
-            "videos": torch.tensor([item.modality == "video" for item in media], dtype=torch.bool),
-            "mm_hashes": torch.tensor([_as_i64(e.mm_hash) for e in embeddings], dtype=torch.long),
-            "grids": torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long).reshape(
-                -1, 3
-            ),
-            "token_counts": torch.tensor([e.num_tokens for e in embeddings], dtype=torch.long),
-        }
-        if embeddings:
-            # As SGLang took them (deepstack included), so decode's items equal prefill's.
-            tensors["embeddings"] = torch.cat([sglang_rows(e) for e in embeddings]).contiguous()
-        positions: MRopePositions | None = kv.state["positions"]
-        if positions is not None:
-            tensors["positions"] = torch.tensor(positions.rows, dtype=torch.long)
-            tensors["rope_delta"] = torch.tensor([positions.delta], dtype=torch.long)
-        return tensors
+        # The KV itself moves through the bootstrap room; decode's request needs the
+        # embeddings beside its own plan, as SGLang took them (deepstack included), so that
+        # decode's items equal prefill's.
+        embeddings = kv.state.embeddings
+        if not embeddings:
+            return {}
+        return {"embeddings": torch.cat([sglang_rows(e) for e in embeddings]).contiguous()}
 
     async def import_kv(
         self,
-        request_id: str,
+        request: EngineRequest,
+        done: PrefillDone,
         tensors: dict[str, torch.Tensor],
         bootstrap: BootstrapInfo | None = None,
-    ) -> KvHandle:
+    ) -> KvHandle[SglangKv]:
         if self.mode != "decode" or bootstrap is None:
             raise EngineError("only a decode-mode sglang engine joins a prefill's bootstrap room")
-        prompt = tuple(int(t) for t in tensors["prompt_ids"].tolist())
-        embeddings, media = [], []
+        rows = tensors.get("embeddings", torch.empty(0))
+        expected = sum(item.length for item in request.media)
+        if rows.shape[0] != expected:
+            raise EngineError(
+                f"the prefill handed over {rows.shape[0]} embedding rows for the {expected} "
+                "media tokens of the plan"
+            )
+        embeddings = []
         row = 0
-        for mm_hash, grid, count, offset, video in zip(
-            tensors["mm_hashes"].tolist(),
-            tensors["grids"].tolist(),
-            tensors["token_counts"].tolist(),
-            tensors["offsets"].tolist(),
-            tensors["videos"].tolist(),
-            strict=True,
-        ):
-            grid_thw = (grid[0], grid[1], grid[2])
+        for item in request.media:
             # As prefill sent them: an item's deepstack columns stay beside its rows.
-            rows = tensors["embeddings"][row : row + count]
-            embeddings.append(ItemEmbedding(mm_hash & _U64, grid_thw, rows))
-            media.append(
-                PlannedMedia(
-                    modality="video" if video else "image",
-                    mm_hash=mm_hash & _U64,
-                    offset=offset,
-                    length=count,
-                    grid_thw=grid_thw,
-                )
+            embeddings.append(
+                ItemEmbedding(item.mm_hash, item.grid_thw, rows[row : row + item.length])
             )
-            row += count
-        positions = None
-        if "positions" in tensors:
-            positions = MRopePositions(
-                rows=tensors["positions"].tolist(), delta=int(tensors["rope_delta"][0])
-            )
-        state = {
-            "bootstrap": bootstrap,
-            "embeddings": tuple(embeddings),
-            "media": tuple(media),
-            "positions": positions,
-        }
-        return KvHandle(request_id, prompt, -1, 0, state)
+            row += item.length
+        state = SglangKv(request, tuple(embeddings), bootstrap)
+        return KvHandle(request.request_id, done.prompt_tokens, -1, 0, state)
 
-    def release(self, kv: KvHandle) -> None:
+    def release(self, kv: KvHandle[SglangKv]) -> None:
         """Nothing to free here: SGLang owns the KV; a prefill room finishes in the
         background once decode has pulled it (or SGLang's bootstrap timeout ends it)."""
 
@@ -432,6 +389,7 @@ class SglangEngine(Engine):
         return CachesCleared(prefix_blocks=blocks)
 
     async def close(self) -> None:
+        self.admission.close()
         self._stop_events.set()
         for task in list(self._background):
             task.cancel()
@@ -454,17 +412,6 @@ class SglangEngine(Engine):
         if self._llm is None:
             raise EngineError("this sglang worker is an encoder (--encoder-only)")
         return self._llm
-
-    @contextlib.contextmanager
-    def _admit(self) -> Iterator[None]:
-        """Count a call against `max_queue` for as long as it runs."""
-        if self._inflight >= self.max_queue:
-            raise EngineOverloaded(f"sglang engine busy ({self.max_queue} requests)")
-        self._inflight += 1
-        try:
-            yield
-        finally:
-            self._inflight -= 1
 
 
 def _free_port() -> int:
