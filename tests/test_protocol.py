@@ -25,6 +25,7 @@ REQUEST = p.PreprocessedRequest(
     plan=PLAN,
     payloads=[
         p.MediaPayload(
+            state=p.ItemState.PRECOMPUTED,
             pixel_values=HANDLE,
             embeddings=p.EmbeddingsHandle(embeddings=HANDLE, aux={"deepstack": HANDLE}),
         ),
@@ -34,11 +35,43 @@ REQUEST = p.PreprocessedRequest(
     stop=p.StopConditions(max_tokens=8, stop=["\n"], stop_token_ids=[151645], ignore_eos=True),
     lora_name="adapter",
 )
+# A video planned one item per temporal group (its bytes with group 0), an image and its crop,
+# and an image named by its id alone; the second group skipped for the prefix cache.
+GROUPED_PLAN = p.RequestPlan(
+    token_ids=[1, 9, 9, 9, 9, 8, 8, 8, 7, 2],
+    media=[
+        p.PlannedMedia(modality="video", mm_hash=1, offset=1, length=2, grid_thw=(1, 2, 4)),
+        p.PlannedMedia(
+            modality="video",
+            mm_hash=2,
+            offset=3,
+            length=2,
+            grid_thw=(1, 2, 4),
+            temporal_group=1,
+            source=0,
+        ),
+        p.PlannedMedia(mm_hash=3, offset=5, length=2, grid_thw=(1, 2, 4)),
+        p.PlannedMedia(mm_hash=4, offset=7, length=1, grid_thw=(1, 2, 2), crop=1, source=2),
+        p.PlannedMedia(mm_hash=5, offset=8, length=1, grid_thw=(1, 2, 2)),
+    ],
+)
+GROUPED = msgspec.structs.replace(
+    REQUEST,
+    plan=GROUPED_PLAN,
+    payloads=[
+        p.MediaPayload(encoded=HANDLE),
+        p.MediaPayload(state=p.ItemState.SKIPPED),
+        p.MediaPayload(data=b"\x89PNG"),
+        p.MediaPayload(),
+        p.MediaPayload(state=p.ItemState.REUSE),
+    ],
+)
 BOOTSTRAP = p.BootstrapInfo(host="127.0.0.1", port=8998, room=U64_MAX)
 
 WIRE_SAMPLES: list[p.WireMessage] = [
     p.ErrorMessage(code="fetch.too_large", message="image over 64 MiB", status=413),
     REQUEST,
+    GROUPED,
     BOOTSTRAP,
     p.PrefillRequest(request=REQUEST),
     p.PrefillDone(request_id="r1", first_token_id=9, prompt_tokens=12, kv={"k0": HANDLE}),
@@ -93,6 +126,52 @@ WIRE_SAMPLES: list[p.WireMessage] = [
 @pytest.mark.parametrize("msg", WIRE_SAMPLES, ids=lambda m: type(m).__name__)
 def test_wire_messages_round_trip(msg: p.WireMessage) -> None:
     assert p.decode(p.encode(msg), type(msg)) == msg
+
+
+def test_an_item_carries_its_source_and_state() -> None:
+    assert [GROUPED_PLAN.source_of(i) for i in range(5)] == [0, 0, 2, 2, 4]
+    assert GROUPED.items_to_encode() == [0, 2, 3, 4]
+    assert GROUPED.items(p.ItemState.SKIPPED) == [1]
+    assert REQUEST.items(p.ItemState.PRECOMPUTED) == [0]
+
+
+def test_a_payload_carries_embeddings_exactly_when_precomputed() -> None:
+    embeddings = p.EmbeddingsHandle(embeddings=HANDLE)
+    with pytest.raises(ValueError, match="encode media payload carries embeddings"):
+        p.MediaPayload(embeddings=embeddings)
+    with pytest.raises(ValueError, match="precomputed media payload carries no embeddings"):
+        p.MediaPayload(state=p.ItemState.PRECOMPUTED)
+    with pytest.raises(ValueError, match="reuse media payload carries nothing"):
+        p.MediaPayload(state=p.ItemState.REUSE, data=b"x")
+    assert p.MediaPayload.precomputed(embeddings).state is p.ItemState.PRECOMPUTED
+    wire = msgspec.msgpack.encode({"state": "reuse", "data": b"x"})
+    with pytest.raises(msgspec.ValidationError, match="carries nothing"):
+        msgspec.msgpack.decode(wire, type=p.MediaPayload)
+
+
+def test_skipping_keeps_a_source_whole() -> None:
+    """Skipping the whole video, the crop alone and the id-only image: the crop stays with
+    its image, which is left to encode; a precomputed item is never skipped."""
+    request = GROUPED.skipping([0, 1, 3, 4, 99])
+    assert request.items(p.ItemState.SKIPPED) == [0, 1, 4]
+    assert request.items_to_encode() == [2, 3]
+    assert REQUEST.skipping([0, 1]).items(p.ItemState.SKIPPED) == [1]
+
+
+def test_encoding_skipped_encodes_only_the_skipped_items() -> None:
+    """Each skipped item as an encoder takes it after all: encoded from the bytes its source
+    carries (a later temporal group from its group 0's), read from the encoder cache when
+    nothing does; the items encoded already are left out."""
+    request = GROUPED.skipping([0, 1, 4]).encoding_skipped()
+    states = [payload.state for payload in request.payloads]
+    assert states == [
+        p.ItemState.ENCODE,
+        p.ItemState.ENCODE,
+        p.ItemState.SKIPPED,
+        p.ItemState.SKIPPED,
+        p.ItemState.REUSE,
+    ]
+    assert REQUEST.skipping([1]).encoding_skipped().items_to_encode() == [1]
 
 
 def test_tags_name_the_protocol_version() -> None:

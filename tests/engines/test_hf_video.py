@@ -33,6 +33,7 @@ from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import ModelSpec
 from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
+    ItemState,
     MediaPayload,
     MRopePositions,
     PlannedMedia,
@@ -479,8 +480,8 @@ async def test_qwen3_vl_video_greedy_tokens_equal_transformers(
     again = await encode(qwen3, plan, payloads)
     assert qwen3.encoder_cache.stats() == (hits + len(plan.media), misses)
     assert all(a.embeddings is b.embeddings for a, b in zip(again, embeddings, strict=True))
-    # Groups the prefix cache holds are encoded with the video's others all the same (its
-    # bytes are read once); a skipped image stays skipped.
+    # Groups the prefix cache holds are left to the encoder with the video's others all the
+    # same (its bytes are read once); a skipped image stays skipped.
     images_at = [i for i, item in enumerate(plan.media) if item.modality == "image"]
     first_group = plan.media.index(groups[0])
     stage = EncodeStage(qwen3, InlineTransferAgent(), qwen3.spec.path, "worker")
@@ -490,7 +491,7 @@ async def test_qwen3_vl_video_greedy_tokens_equal_transformers(
         model="tiny",
         plan=plan,
         payloads=payloads,
-        skip_encode=[first_group, *images_at],
-    )
+    ).skipping([first_group, *images_at])
+    assert skipping.items(ItemState.SKIPPED) == images_at
     encoded = await stage.run(skipping)
     assert sorted(encoded) == [i for i in range(len(plan.media)) if i not in images_at]

@@ -20,6 +20,7 @@ from safetensors.torch import save as save_safetensors
 from mmserve import _mm
 from mmserve.frontend.mm_options import parse_limit_mm_per_prompt
 from mmserve.media.processing import item_identity
+from mmserve.protocol import ItemState
 from tests.support.images import data_url, encode_image
 from tests.support.local_media import MediaServer
 
@@ -360,7 +361,7 @@ def test_an_id_alone_is_planned_as_the_image_it_named(frontend: RunningFrontend)
     repeat = frontend.dispatcher.requests[-1]
     # The same item: identity, grid and place, so the same routing view and cache keys.
     assert repeat.plan == original.plan
-    assert repeat.payloads[0].reuse and repeat.payloads[0].data is None
+    assert repeat.payloads[0].state is ItemState.REUSE and repeat.payloads[0].data is None
     # `image_url: null` is the same as leaving it out.
     content = [{"type": "image_url", "image_url": None, "uuid": "cat"}]
     assert _ask_as(frontend, "a", content).status_code == 200

@@ -373,7 +373,7 @@ async def offered_embeddings(
         for item in request.plan.media
     ]
     handles, _leases = await offer_embeddings(transfer, items)
-    return [MediaPayload(embeddings=handle) for handle in handles]
+    return [MediaPayload.precomputed(handle) for handle in handles]
 
 
 @pytest.mark.parametrize("entry", [Role.DECODE, Role.PREFILL])
@@ -518,47 +518,63 @@ def lookups(engine: MockEngine) -> int:
     return sum(engine.encoder_cache.stats())
 
 
-async def test_the_frontend_skips_encoding_an_image_the_workers_prefix_cache_holds(
-    nats_url: str, model_path: Path, prompts: Prompts
+@pytest.mark.parametrize("pattern", ["e_pd", "e_p_d"])
+async def test_the_frontend_sends_a_request_whose_image_the_prefix_cache_holds_past_encode(
+    nats_url: str, model_path: Path, prompts: Prompts, pattern: str
 ) -> None:
-    """E/PD behind the frontend's dispatcher: once the worker's KV events show it holds every
-    token of an image, a request showing that image after the same prefix is routed there
-    without the image (`skip_encode`): the encoder looks nothing up, the worker serves it from
-    its prefix cache and counts it skipped."""
-    engines = await fresh_engines(model_path, 2)
-    encoder_engine, worker_engine = engines
+    """E/PD and E/P/D behind the frontend's dispatcher: once the KV events of the worker that
+    prefills (E/PD's worker, E/P/D's prefill) show it holds every token of an image, a
+    request showing that image after the same prefix has nothing left to encode
+    (`ItemState.SKIPPED`): it goes straight to the language hop, never reaching the encode
+    worker, which looks nothing up; the prefilling worker serves the image from its prefix
+    cache, counts it skipped, and answers with the tokens the request gets through the encode
+    worker with its image encoded."""
+    engines = await fresh_engines(model_path, 3)
+    encoder_engine, prefill_engine, decode_engine = engines
     deployment = InProcess(nats_url, model_path)
     dispatcher: NatsDispatcher | None = None
     try:
-        worker = await deployment.start(Role.WORKER, worker_engine, kv_events=True)
+        if pattern == "e_pd":
+            language = await deployment.start(Role.WORKER, prefill_engine, kv_events=True)
+        else:
+            language = await deployment.start(Role.PREFILL, prefill_engine, kv_events=True)
+            await deployment.start(Role.DECODE, decode_engine)
         await deployment.start(Role.ENCODE, encoder_engine, encode=True)
         dispatcher = await NatsDispatcher.start(await deployment.runtime())
-        index = dispatcher.routers[Role.WORKER].indexer
-        worker_id = worker.runtime.instance_id
+        index = dispatcher.routers[language.role].indexer
+        language_id = language.runtime.instance_id
 
         question = "Look closely at this picture and say what is in it, in a few words"
         first = await prompts.request([IMAGES["wide"]], text=f"{question}.")
         assert_complete([c async for c in dispatcher.generate(first)], first)
         assert first.plan.media[0].end <= 32  # inside the two blocks every request here shares
         await wait_until_async(
-            lambda: index.num_blocks(worker_id) == worker_engine.prefix_cache.num_blocks > 0,
-            what="the index holds the worker's blocks",
+            lambda: index.num_blocks(language_id) == prefill_engine.prefix_cache.num_blocks > 0,
+            what="the index holds the prefilling worker's blocks",
         )
         looked_up = lookups(encoder_engine)
+        encodes = requests_seen(Role.ENCODE.value)
 
         second = await prompts.request([IMAGES["wide"]], text=f"{question}, and its colour?")
         chunks = [c async for c in dispatcher.generate(second)]
         assert_complete(chunks, second)
         assert chunks[-1].usage is not None and chunks[-1].usage.cached_tokens >= 16
+        assert requests_seen(Role.ENCODE.value) == encodes  # straight to the language hop
         assert lookups(encoder_engine) == looked_up  # not encoded, nor even looked up
-        assert skipped_items(worker, "skipped") == 1
-        assert skipped_items(worker, "encoded") == 0
+        assert skipped_items(language, "skipped") == 1
+        assert skipped_items(language, "encoded") == 0
 
-        # Another image after the same text is not held: it is encoded as usual.
+        # Another image after the same text is not held: it goes through the encode worker.
         other = await prompts.request([IMAGES["tall"]], text=f"{question}, and its colour?")
         assert_complete([c async for c in dispatcher.generate(other)], other)
+        assert requests_seen(Role.ENCODE.value) == encodes + 1
         assert lookups(encoder_engine) == looked_up + 1
-        assert skipped_items(worker, "skipped") == 1
+        assert skipped_items(language, "skipped") == 1
+
+        # The held request sent through the encode worker, its image encoded: the same tokens.
+        encoded = msgspec.structs.replace(second, request_id="encoded")
+        assert completion(await deployment.stream(Role.ENCODE, encoded)) == completion(chunks)
+        assert requests_seen(Role.ENCODE.value) == encodes + 2
     finally:
         if dispatcher is not None:
             await dispatcher.stop()
@@ -587,7 +603,7 @@ async def hold_prefix(engine: MockEngine, request: PreprocessedRequest, tokens: 
 async def test_a_skipped_image_the_prefix_cache_dropped_is_encoded_after_all(
     nats_url: str, model_path: Path, prompts: Prompts, pattern: str
 ) -> None:
-    """A request routed with its image skipped (`skip_encode`, as the frontend sends it) to a
+    """A request routed with its image skipped (`ItemState.SKIPPED`, as the frontend sends it) to a
     worker whose prefix cache holds all of the image's tokens, part of them or none (dropped
     between routing and arrival): each answers with the tokens of the request sent with its
     image (the mock's follow the prompt and the items' hashes; that the hf engine's prefix
@@ -630,7 +646,7 @@ async def test_a_skipped_image_the_prefix_cache_dropped_is_encoded_after_all(
                 await hold_prefix(engines[0], request, part)
             looked_up = lookups(encoder_engine)
             before = skipped_items(language, counted)
-            skipping = msgspec.structs.replace(request, request_id=held, skip_encode=[0])
+            skipping = msgspec.structs.replace(request, request_id=held).skipping([0])
 
             chunks = await deployment.stream(entry, skipping)
 

@@ -152,7 +152,7 @@ class RemoteImages:
             deadline=time.time() + REQUEST_DEADLINE_S,
             model=self.local.model_name,
             plan=encoded.plan,
-            payloads=[MediaPayload(embeddings=handle) for handle in encoded.embeddings],
+            payloads=[MediaPayload.precomputed(handle) for handle in encoded.embeddings],
         )
 
     async def encode(self, planned: PreprocessedRequest) -> list[ItemEmbedding]:

@@ -114,11 +114,11 @@ class PeerPuller:
         handles = reply.embeddings
         if len(handles) != len(items):
             raise ValueError(f"{len(handles)} embeddings for {len(items)} items")
-        held = [i for i, handle in enumerate(handles) if handle is not None]
+        held = {i: handle for i, handle in enumerate(handles) if handle is not None}
         loaded = await load_embeddings(
             self.transfer,
             [items[i] for i in held],
-            [MediaPayload(embeddings=handles[i]) for i in held],
+            [MediaPayload.precomputed(handle) for handle in held.values()],
         )
         by_index = dict(zip(held, loaded, strict=True))
         return [by_index.get(i) for i in range(len(items))]

@@ -6,9 +6,9 @@ item per temporal group (Qwen3-VL) gives each group its rows. An image planned w
 pan-and-scan crops (Gemma 3) is decoded once, and each crop cut from it and resized here.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
-what it decoded agrees with it. Items whose payload already carries embeddings (precomputed
-by the client) are not encoded. Used by the encode worker and by a worker or prefill worker
-started with `--encode`.
+what it decoded agrees with it. It encodes the items in state `ENCODE` and reads those in
+`REUSE` from the encoder cache (`protocol.ItemState`); the others it leaves. Used by the encode
+worker and by a worker or prefill worker started with `--encode`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mmserve.media.processing import item_identity, spec_with_pan_and_scan
 from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
-from mmserve.protocol import MediaPayload, PlannedMedia, PreprocessedRequest
+from mmserve.protocol import ItemState, MediaPayload, PlannedMedia, PreprocessedRequest
 from mmserve.transfer import TransferAgent
 
 
@@ -54,24 +54,17 @@ class EncodeStage:
         self.puller = puller
 
     async def run(self, request: PreprocessedRequest) -> dict[int, ItemEmbedding]:
-        """An embedding for each planned item whose payload carries none yet, by item index:
-        pulled from the peer encoder the router named for it (`request.peers`) when that is
-        cheaper, else encoded here; read from the encoder cache for an item named by its media
-        id (left out when the cache no longer holds it). Items the language worker's prefix
-        cache holds (`request.skip_encode`) are left out, but for the temporal groups of a
-        video another group of which is encoded here (and so for an image's crops)."""
+        """An embedding for each item to encode, by item index: pulled from the peer encoder
+        the router named for it (`request.peers`) when that is cheaper, else encoded here;
+        read from the encoder cache for an item named by its media id (`REUSE`; left out when
+        the cache no longer holds it)."""
         if len(request.payloads) != len(request.plan.media):
             raise EngineError(
                 f"{len(request.payloads)} media payloads for {len(request.plan.media)} planned "
                 "items"
             )
         reused = await self._reused(request)
-        todo = [
-            i
-            for i, payload in enumerate(request.payloads)
-            if payload.embeddings is None and not payload.reuse and i not in request.skip_encode
-        ]
-        todo = _with_whole_sources(request, todo)
+        todo = request.items(ItemState.ENCODE)
         pulled = await self._pulled(request, todo)
         todo = [i for i in todo if i not in pulled]
         reused |= pulled
@@ -123,11 +116,7 @@ class EncodeStage:
         """The embeddings the encoder cache holds for the items named by their media id
         alone; one it no longer holds stays without (the language hop's prefix cache may
         hold its tokens)."""
-        indices = [
-            i
-            for i, payload in enumerate(request.payloads)
-            if payload.reuse and i not in request.skip_encode
-        ]
+        indices = request.items(ItemState.REUSE)
         if not indices:
             return {}
         items = [request.plan.media[i] for i in indices]
@@ -139,11 +128,13 @@ class EncodeStage:
     ) -> list[MediaInput]:
         """Pixels for the request's items at `indices` from their bytes; a video planned one
         item per temporal group is decoded once, its bytes read from its group 0's payload,
-        and each group gets its rows; an image's crops read the image's bytes."""
-        planned = [request.plan.media[i] for i in indices]
-        carriers = [i - item.part for i, item in zip(indices, planned, strict=True)]
+        and each group gets its rows; an image's crops read the image's bytes
+        (`PlannedMedia.source`)."""
+        plan = request.plan
+        planned = [plan.media[i] for i in indices]
+        carriers = [plan.source_of(i) for i in indices]
         for index, carrier in zip(indices, carriers, strict=True):
-            if carrier < 0 or request.plan.media[carrier].part != 0:
+            if not 0 <= carrier < len(plan.media) or plan.media[carrier].source is not None:
                 raise EngineError(
                     f"media item {index}: the item that carries its bytes is not planned"
                 )
@@ -212,7 +203,7 @@ class EncodeStage:
                 spec = spec_with_pan_and_scan(self.spec, knobs)
                 by_image[carrier] = await media.preprocess_with_crops(spec, data[i])
             parts = by_image[carrier]
-            part = planned[i].part
+            part = planned[i].crop or 0
             if part >= len(parts):
                 raise EngineError(
                     f"the plan names crop {part} of an image that has {len(parts) - 1} crops"
@@ -273,28 +264,6 @@ class EncodeStage:
         return list(
             await asyncio.gather(*(load(i, p) for i, p in zip(planned, payloads, strict=True)))
         )
-
-
-def _with_whole_sources(request: PreprocessedRequest, todo: list[int]) -> list[int]:
-    """`todo` and every skipped item planned from the same source as one it holds (a video's
-    temporal groups, an image and its crops): the source is decoded here from bytes a
-    transfer may not give twice, so an item the prefix cache drops later could not be
-    encoded again."""
-    media = request.plan.media
-
-    def carrier(index: int) -> int | None:
-        item = media[index]
-        if item.temporal_group is None and item.pan_and_scan is None:
-            return None
-        return index - item.part
-
-    sources = {carrier(i) for i in todo} - {None}
-    skipped = [
-        i
-        for i in request.skip_encode
-        if i not in todo and carrier(i) in sources and request.payloads[i].embeddings is None
-    ]
-    return sorted([*todo, *skipped])
 
 
 def _group_pixels(video: media.ItemPixels, item: PlannedMedia) -> media.ItemPixels:

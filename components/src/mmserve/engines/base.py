@@ -61,7 +61,7 @@ class EngineOverloaded(EngineError):
 
 class MediaGone(EngineError):
     """An item came without its embedding (named by its media id alone, and no encoder cache
-    held it; or skipped for the prefix cache, `PreprocessedRequest.skip_encode`) and the prefix
+    held it; or skipped for the prefix cache, `ItemState.SKIPPED`) and the prefix
     cache does not hold its tokens either. The worker encodes a skipped item after all; for an
     id-only one the client must send the media again (HTTP 400 `media_id.gone`). `index` is the
     item's place in the plan."""

@@ -44,6 +44,7 @@ from mmserve.protocol import (
     EmbeddingsHandle,
     ImageEmbedsPart,
     ImageUrlPart,
+    ItemState,
     MediaIoKwargs,
     MediaPayload,
     MMProcessorKwargs,
@@ -456,7 +457,7 @@ class ChatPreprocessor:
         items = zip(planned.data, planned.pixel_values, planned.sources, strict=True)
         for data, pixel_values, index in items:
             if index in known:
-                payloads.append(MediaPayload(reuse=True))
+                payloads.append(MediaPayload(state=ItemState.REUSE))
             elif index in precomputed and sink is not None:
                 payloads.append(await _embeddings_payload(sink, request_id, precomputed[index]))
             elif pixel_values is not None and sink is not None:
@@ -476,7 +477,7 @@ async def _embeddings_payload(
     if image.deepstack is not None:
         aux[DEEPSTACK] = await sink(request_id, image.deepstack)
     handle = EmbeddingsHandle(embeddings=await sink(request_id, image.embeddings), aux=aux)
-    return MediaPayload(embeddings=handle)
+    return MediaPayload.precomputed(handle)
 
 
 def _max_tokens(request: ChatCompletionRequest) -> int | None:

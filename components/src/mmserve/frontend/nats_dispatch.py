@@ -1,6 +1,7 @@
-"""The frontend's pipeline over NATS: discovers which workers are deployed and sends each
-request to its first hop (`topology`: an encode worker for requests with media when there is
-one, else the language hop).
+"""The frontend's pipeline over NATS: discovers which workers are deployed, routes each request
+and sends it to its first hop (`topology.next_hop`): an encode worker when there is one and an
+item is left to encode once the items the routed worker's prefix cache holds are skipped
+(`protocol.ItemState`), else the language hop.
 
 Within a role the router (`--router-mode`, `mmserve.router`) picks the instance of every hop
 that holds a KV cache: the aggregated worker (agg, E/PD) by the longest cached prefix of the
@@ -25,7 +26,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Sequence
 
 import msgspec
 import numpy as np
@@ -37,17 +38,13 @@ from mmserve.kv.view import items_in_cached_prefix
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     CachesCleared,
+    ItemState,
     PreprocessedRequest,
     ResetCachesRequest,
     TensorHandle,
     TokenChunk,
 )
-from mmserve.router.encode_scheduler import (
-    EncodeRouter,
-    EncodeRouterMode,
-    encode_items,
-    encoded_indices,
-)
+from mmserve.router.encode_scheduler import EncodeRouter, EncodeRouterMode, encode_items
 from mmserve.router.encoder_index import EncoderEventSubscriber
 from mmserve.router.kv_events import KvEventSubscriber, follow_discovery
 from mmserve.router.scheduler import NoWorkersError, Router, RouteRequest, RouterMode
@@ -221,18 +218,18 @@ class NatsDispatcher:
         language: Role,
         exclude: Sequence[str] = (),
         *,
-        encode: bool = False,
+        skip: Collection[int] | None = None,
     ) -> PreprocessedRequest:
-        """The request with its route: the instances of the hops that hold the KV cache, and
-        the encode worker when the request goes through one (`encode`); each router books the
-        request until `_release`. Items whose every token the prefilling instance holds, as its
-        router's index says, are not encoded (`skip_encode`)."""
+        """The request with its route: the instances of the hops that hold the KV cache, each
+        router booking the request until `_release`. The items whose every token the
+        prefilling instance holds, as its router's index says, are marked skipped
+        (`PreprocessedRequest.skipping`; `skip` names them instead)."""
         roles = kv_roles(language)
         by_prompt = self.routers[Role.WORKER].request_for(
             request.request_id, request.plan, lora_name=request.lora_name
         )
         route: dict[str, str] = {}
-        skip: list[int] = []
+        covered: Collection[int] = () if skip is None else skip
         try:
             for role in roles:
                 workers = sorted(self._watchers[role].instance_ids() - set(exclude))
@@ -241,8 +238,8 @@ class NatsDispatcher:
                     routed = RouteRequest(request.request_id, num_blocks=by_prompt.num_blocks)
                 decision = self.routers[role].select(routed, workers)
                 route[role.value] = decision.worker_id
-                if role is not Role.DECODE and self.skip_cached_encode:
-                    skip = self._skipped_items(request, decision.overlap_blocks, role)
+                if role is not Role.DECODE and self.skip_cached_encode and skip is None:
+                    covered = self._cached_items(request, decision.overlap_blocks, role)
                 log.debug(
                     "request %s -> %s %s (%d/%d blocks cached)",
                     request.request_id,
@@ -255,29 +252,28 @@ class NatsDispatcher:
             self._release(request.request_id, route)
             names = " or ".join(role.value for role in roles)
             raise Unavailable(None, f"no {names} worker is available") from None
-        routed_request = msgspec.structs.replace(request, skip_encode=skip)
-        if encode:
-            try:
-                route[Role.ENCODE.value] = self._route_encode(routed_request, exclude)
-            except NoWorkersError:
-                self._release(request.request_id, route)
-                raise Unavailable(None, "no encode worker is available") from None
-        return msgspec.structs.replace(routed_request, route=route)
+        return msgspec.structs.replace(request.skipping(covered), route=route)
 
-    def _skipped_items(
+    def _cached_items(
         self, request: PreprocessedRequest, cached_blocks: int, role: Role
     ) -> list[int]:
-        """The items left to encode whose every token lies in the `cached_blocks` the chosen
-        `role` instance holds."""
+        """The items whose every token lies in the `cached_blocks` the chosen `role` instance
+        holds."""
         plan = request.plan
         block_size = self.routers[role].block_size
-        covered = items_in_cached_prefix(len(plan.token_ids), plan.media, cached_blocks, block_size)
-        payloads = request.payloads  # the stage that reads them checks there is one per item
-        return [i for i in covered if i < len(payloads) and payloads[i].embeddings is None]
+        return items_in_cached_prefix(len(plan.token_ids), plan.media, cached_blocks, block_size)
 
-    def _route_encode(self, request: PreprocessedRequest, exclude: Sequence[str]) -> str:
+    def _with_encoder(
+        self, request: PreprocessedRequest, exclude: Sequence[str]
+    ) -> PreprocessedRequest:
+        """The routed `request` with the encode worker it goes through, and in peer-pull mode
+        the peers it may pull from; on failure its route is released."""
         workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
-        decision = self.encode_router.select(request.request_id, encode_items(request), workers)
+        try:
+            decision = self.encode_router.select(request.request_id, encode_items(request), workers)
+        except NoWorkersError:
+            self._release(request.request_id, request.route)
+            raise Unavailable(None, "no encode worker is available") from None
         routed = metrics.ENCODE_ROUTED_TOKENS
         routed.labels(decision.worker_id, "held").inc(decision.held_tokens)
         routed.labels(decision.worker_id, "new").inc(decision.request_tokens - decision.held_tokens)
@@ -288,19 +284,19 @@ class NatsDispatcher:
             decision.held_tokens,
             decision.request_tokens,
         )
-        return decision.worker_id
+        route = request.route | {Role.ENCODE.value: decision.worker_id}
+        peers = self._encode_peers(request, decision.worker_id, workers)
+        return msgspec.structs.replace(request, route=route, peers=peers)
 
     def _encode_peers(
-        self, request: PreprocessedRequest, route: dict[str, str], exclude: Sequence[str]
+        self, request: PreprocessedRequest, chosen: str, workers: Sequence[str]
     ) -> dict[int, str]:
-        """In peer-pull mode, per media item the routed encoder lacks, a peer encoder holding
+        """In peer-pull mode, per media item the `chosen` encoder lacks, a peer encoder holding
         it (`PreprocessedRequest.peers`)."""
-        chosen = route.get(Role.ENCODE.value)
-        if chosen is None or self.encode_router.mode is not EncodeRouterMode.PEER_PULL:
+        if self.encode_router.mode is not EncodeRouterMode.PEER_PULL:
             return {}
-        indices = encoded_indices(request)
+        indices = request.items_to_encode()
         items = encode_items(request)
-        workers = sorted(self._watchers[Role.ENCODE].instance_ids() - set(exclude))
         holders = self.encode_router.peer_holders(request.request_id, items, chosen, workers)
         return {
             index: holders[key]
@@ -317,21 +313,36 @@ class NatsDispatcher:
             self._router(component).on_finish(request_id)
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
-        needs_encode = any(payload.embeddings is None for payload in request.payloads)
-        hop = next_hop(self._deployed, needs_encode=needs_encode)
+        """Route the request, then send it to its first hop: an encode worker while an item
+        is left to encode once the items the routed language worker's prefix cache holds are
+        skipped, else straight to the language hop. A retry after an instance refused routes
+        again; on to the language hop, it keeps the first routing's skipped items (a worker
+        whose cache lacks one encodes it after all, `worker.base`)."""
         language = language_hop(self._deployed)
-        if hop is None or language is None:
+        if language is None:
             raise Unavailable(None, missing_language_hop_message())
-        route: dict[str, str] = {}
+        with nvtx.nvtx_range(nvtx.FE_ROUTE):
+            first = self.route(request, language)
+        route = first.route
+        hop = next_hop(self._deployed, needs_encode=bool(first.items_to_encode()))
+        if hop is None:
+            self._release(request.request_id, route)
+            raise Unavailable(None, missing_language_hop_message())
+        skipped = None if hop is Role.ENCODE else first.items(ItemState.SKIPPED)
 
         def attempt(gone: Sequence[str]) -> tuple[PreprocessedRequest, str | None]:
             nonlocal route
-            self._release(request.request_id, route)
-            route = {}  # released: a failed routing below must not release it twice
-            with nvtx.nvtx_range(nvtx.FE_ROUTE):
-                routed = self.route(request, language, gone, encode=hop is Role.ENCODE)
-            route = routed.route
-            routed = msgspec.structs.replace(routed, peers=self._encode_peers(routed, route, gone))
+            routed = first
+            if gone:
+                self._release(request.request_id, route)
+                route = {}  # released: a failed routing below must not release it twice
+                with nvtx.nvtx_range(nvtx.FE_ROUTE):
+                    routed = self.route(request, language, gone, skip=skipped)
+                route = routed.route
+            if hop is Role.ENCODE:
+                route = {}  # `_with_encoder` releases the route when it fails
+                routed = self._with_encoder(routed, gone)
+                route = routed.route
             return routed, route.get(hop.value)
 
         replies: AsyncGenerator[TokenChunk, None] = stream_with_retry(

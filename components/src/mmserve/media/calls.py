@@ -136,8 +136,11 @@ def plan_request_here(
         **_fetch_options(policy),
     )
     items = []
-    for item, (start, end) in zip(output.items, output.offsets, strict=True):
+    first_of: dict[int, int] = {}  # source -> the index of its first planned item
+    for index, (item, (start, end)) in enumerate(zip(output.items, output.offsets, strict=True)):
         source, kind = sources[item.source], kinds[item.source]
+        carrier = first_of.setdefault(item.source, index)
+        carried_by = None if carrier == index else carrier
         if kind == "video":  # the core refused it unless `video` is given
             planned = PlannedMedia(
                 modality="video",
@@ -147,6 +150,7 @@ def plan_request_here(
                 grid_thw=_grid(item.image_grid_thw),
                 video=None if video is None else video.sampling,
                 temporal_group=item.temporal_group,
+                source=carried_by,
             )
         else:
             bounds = None if isinstance(source, tuple) else pixel_bounds
@@ -158,6 +162,7 @@ def plan_request_here(
                 pixel_bounds=bounds,
                 pan_and_scan=None if isinstance(source, tuple) else pan_and_scan,
                 crop=item.crop,
+                source=carried_by,
             )
         items.append(planned)
     return PlannedRequest(

@@ -62,8 +62,9 @@ class EmbeddingPullRequest(WireMessage, frozen=True):
 
 class EncodeItemsRequest(WireMessage, frozen=True):
     """A language worker asks an encode worker (`encode.encode_items`) to encode the items of
-    `request` it skipped for its prefix cache, which no longer holds them (the others are
-    listed in `request.skip_encode`); the reply has one entry per planned item."""
+    `request` it skipped for its prefix cache, which no longer holds them (those items in state
+    `ENCODE` or `REUSE`, `PreprocessedRequest.encoding_skipped`); the reply has one entry per
+    planned item."""
 
     request: PreprocessedRequest
 

@@ -3,6 +3,8 @@ the payloads that travel beside it, prefill's handover to decode, and the token 
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Collection
 from typing import Literal
 
 import msgspec
@@ -87,22 +89,18 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     # A video's sampling and sizing (set exactly when `modality` is "video").
     video: VideoSampling | None = None
     # For a family that plans a video one item per temporal group (Qwen3-VL): which group
-    # of its video this item is (its identity is `_mm.video_group_identity` of the video's);
-    # the video's bytes travel with its group 0, `temporal_group` items before this one.
+    # of its video this item is (its identity is `_mm.video_group_identity` of the video's).
     temporal_group: int | None = None
     # Gemma 3's pan-and-scan knobs `(min_crop_size, max_num_crops, min_ratio_to_activate)`
     # the image was planned under (set on an image and its crops when pan-and-scan is on).
     pan_and_scan: tuple[int, int, float] | None = None
     # Which pan-and-scan crop of its image this item is, 1 for the first (its identity is
-    # the image's folded with the crop and the knobs); the image's bytes travel with the
-    # image, `crop` items before this one.
+    # the image's folded with the crop and the knobs).
     crop: int | None = None
-
-    @property
-    def part(self) -> int:
-        """How many items before this one is the item whose payload carries its bytes (a
-        video's group 0, a crop's image); 0 for that item itself."""
-        return self.temporal_group or self.crop or 0
+    # The index in `RequestPlan.media` of the item whose payload carries this item's bytes
+    # when that is another item: a video's group 0 for its later groups, the image for its
+    # crops. None: its own payload does (`RequestPlan.source_of`).
+    source: int | None = None
 
     @property
     def end(self) -> int:
@@ -133,19 +131,57 @@ class RequestPlan(msgspec.Struct, frozen=True, kw_only=True):
     media: list[PlannedMedia] = []
     positions: MRopePositions | None = None
 
+    def source_of(self, index: int) -> int:
+        """The index of the item whose payload carries the bytes of item `index` (itself, a
+        video's group 0, a crop's image): the items of one source share it."""
+        source = self.media[index].source
+        return index if source is None else source
+
+
+class ItemState(enum.Enum):
+    """What becomes of one planned item at the hop that reads its payload."""
+
+    ENCODE = "encode"  # its bytes (or pixels) travel: an encoder encodes it
+    REUSE = "reuse"  # named by its media id alone: an encoder reads its cache for it
+    PRECOMPUTED = "precomputed"  # its embeddings travel: the client's own, or an encoder's
+    # The routed language worker's prefix cache holds every token of it (the router's KV
+    # index says so): no encoder runs it, and that worker encodes it after all, or asks an
+    # encode worker to, when its cache dropped it meanwhile (`worker.base`).
+    SKIPPED = "skipped"
+
+    @property
+    def by_encoder(self) -> bool:
+        """Whether an encoder provides the item's embeddings: encoded, or read from its
+        cache."""
+        return self in (ItemState.ENCODE, ItemState.REUSE)
+
 
 class MediaPayload(msgspec.Struct, frozen=True, kw_only=True):
-    """What travels beside one planned item for the stage that needs it: its encoded bytes
-    (inline in `data`, or by transfer in `encoded`), its pixels (`--frontend-decoding`), its
-    embeddings (after encode, or precomputed by the client), or nothing (`reuse`)."""
+    """What travels beside one planned item for the stage that needs it, and what that stage
+    does with it (`state`): its encoded bytes (inline in `data`, or by transfer in `encoded`),
+    its pixels (`--frontend-decoding`), its embeddings (after encode, or precomputed by the
+    client: `PRECOMPUTED` exactly when they travel), or nothing (`REUSE`)."""
 
+    state: ItemState = ItemState.ENCODE
     data: bytes | None = None
     encoded: TensorHandle | None = None  # uint8 encoded bytes
     pixel_values: TensorHandle | None = None
     embeddings: EmbeddingsHandle | None = None
-    # The client named the item by its media id alone: nothing travels, and the encoder reads
-    # the embedding its cache holds under the item's mm_hash and grid.
-    reuse: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.state is ItemState.PRECOMPUTED) != (self.embeddings is not None):
+            carried = "carries" if self.embeddings is not None else "carries no"
+            raise ValueError(f"a {self.state.value} media payload {carried} embeddings")
+        if self.state is ItemState.REUSE and self.carries_media:
+            raise ValueError("a reuse media payload carries nothing")
+
+    @classmethod
+    def precomputed(cls, embeddings: EmbeddingsHandle) -> MediaPayload:
+        return cls(state=ItemState.PRECOMPUTED, embeddings=embeddings)
+
+    @property
+    def carries_media(self) -> bool:
+        return self.data is not None or self.encoded is not None or self.pixel_values is not None
 
 
 class PreprocessedRequest(WireMessage, frozen=True):
@@ -167,10 +203,48 @@ class PreprocessedRequest(WireMessage, frozen=True):
     # Media item index -> an encode instance whose encoder cache holds that item while the
     # routed encoder does not (`--encode-router-mode peer-pull`): the encoder may pull it.
     peers: dict[int, str] = {}
-    # Media items every token of which the routed language worker's prefix cache holds (the
-    # router's KV index says so): no encoder runs them, and that worker encodes, or asks an
-    # encode worker for, one its cache dropped meanwhile (`worker.base`).
-    skip_encode: list[int] = []
+
+    def items(self, *states: ItemState) -> list[int]:
+        """The indices of the planned items in one of `states`."""
+        return [i for i, payload in enumerate(self.payloads) if payload.state in states]
+
+    def items_to_encode(self) -> list[int]:
+        """The items an encoder provides (`ItemState.by_encoder`): every hop's one rule for
+        whether, and what, the request still needs encoding."""
+        return [i for i, payload in enumerate(self.payloads) if payload.state.by_encoder]
+
+    def skipping(self, indices: Collection[int]) -> PreprocessedRequest:
+        """The request with the items of `indices` an encoder would provide marked
+        `SKIPPED`, but for a source kept whole: when an item of a video's temporal groups or
+        of an image and its crops is left to an encoder, so are the others (the encoder reads
+        the source's bytes once, and a transfer may not give them twice)."""
+        to_encode = self.items_to_encode()
+        wanted = set(indices).intersection(to_encode)
+        encoded = {self.plan.source_of(i) for i in to_encode if i not in wanted}
+        skipped = {i for i in wanted if self.plan.source_of(i) not in encoded}
+        payloads = [
+            msgspec.structs.replace(p, state=ItemState.SKIPPED) if i in skipped else p
+            for i, p in enumerate(self.payloads)
+        ]
+        return msgspec.structs.replace(self, payloads=payloads)
+
+    def encoding_skipped(self) -> PreprocessedRequest:
+        """The request for an encoder to encode the skipped items after all (the prefix cache
+        dropped one of them): each encoded from the bytes its source carries, else read from
+        the encoder's cache; the other items an encoder would provide are left out, marked
+        `SKIPPED` (the hop holds their embeddings already)."""
+
+        def state(index: int, payload: MediaPayload) -> ItemState:
+            if payload.state is ItemState.SKIPPED:
+                carrier = self.payloads[self.plan.source_of(index)]
+                return ItemState.ENCODE if carrier.carries_media else ItemState.REUSE
+            return ItemState.SKIPPED if payload.state.by_encoder else payload.state
+
+        payloads = [
+            msgspec.structs.replace(payload, state=state(i, payload))
+            for i, payload in enumerate(self.payloads)
+        ]
+        return msgspec.structs.replace(self, payloads=payloads)
 
 
 class BootstrapInfo(WireMessage, frozen=True):

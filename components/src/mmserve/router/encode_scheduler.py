@@ -45,23 +45,13 @@ EncodeItems = Sequence[tuple[EncoderKey, int]]
 """The items a request has encoded: their encoder key and token count."""
 
 
-def encoded_indices(request: PreprocessedRequest) -> list[int]:
-    """The planned items that an encoder provides: those without precomputed embeddings, named
-    by their media id or not, that the language worker's prefix cache does not hold
-    (`skip_encode`)."""
-    return [
-        index
-        for index, payload in enumerate(request.payloads)
-        if payload.embeddings is None and index not in request.skip_encode
-    ]
-
-
 def encode_items(request: PreprocessedRequest) -> list[tuple[EncoderKey, int]]:
-    """The encoder keys and token counts of `encoded_indices`."""
+    """The encoder keys and token counts of the items an encoder provides
+    (`PreprocessedRequest.items_to_encode`)."""
     media = request.plan.media
     return [
         (encoder_key(media[i].mm_hash, media[i].grid_thw), media[i].length)
-        for i in encoded_indices(request)
+        for i in request.items_to_encode()
     ]
 
 

@@ -12,7 +12,7 @@ prefill work already sent to it, `active_decode_blocks` the KV blocks of its req
 memory for those) and `queued_requests` the requests still waiting for their first token. On a
 worker that encodes (`worker --encode`, `prefill --encode`: it publishes embedding-cache
 events) `uncached_prefill_blocks` also counts the vision-tower work, in blocks of image tokens:
-the items neither in its cached prefix (skipped, `PreprocessedRequest.skip_encode`) nor in its
+the items neither in its cached prefix (skipped, `ItemState.SKIPPED`) nor in its
 encoder cache. The
 lowest logit wins, ties are broken at random; a positive temperature samples from a softmax
 over the normalised logits instead. The router counts in-flight load itself, from its own

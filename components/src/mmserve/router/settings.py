@@ -18,7 +18,8 @@ class RouterSettings:
     pad_scheme: PadScheme = PadScheme.DYNAMO  # must equal the engines' scheme
     cost: KvCostConfig = field(default_factory=KvCostConfig)
     encode_mode: EncodeRouterMode = EncodeRouterMode.EMBEDDING_CACHE
-    # Leave out of encoding the items the routed worker's prefix cache holds (`skip_encode`).
+    # Leave out of encoding the items the routed worker's prefix cache holds (`ItemState.SKIPPED`),
+    # and send a request left with nothing to encode straight to the language hop.
     skip_cached_encode: bool = True
 
     @staticmethod

@@ -11,8 +11,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-import msgspec
-
 from mmserve import protocol
 from mmserve.encode.embeddings import load_embeddings
 from mmserve.encode.stage import EncodeStage
@@ -22,6 +20,7 @@ from mmserve.protocol import (
     CachesCleared,
     EmbeddingPullReply,
     EncodeItemsRequest,
+    ItemState,
     MediaPayload,
     PreprocessedRequest,
     ResetCachesRequest,
@@ -89,23 +88,20 @@ class RoleHandler:
         precomputed ones), encoded here for the rest. An item named by its media id alone
         comes from this worker's encoder cache, or is None when no encoder cache holds it
         (the engine serves it from its prefix cache, or refuses it); so is an item the router
-        skipped for the prefix cache (`skip_encode`, see `run_prompt`)."""
+        skipped for the prefix cache (`ItemState.SKIPPED`, see `run_prompt`)."""
         media, payloads = request.plan.media, request.payloads
         if not media:
             return []
-        if self.encoder is None and any(
-            payload.embeddings is None and not payload.reuse and i not in request.skip_encode
-            for i, payload in enumerate(payloads)
-        ):
+        if self.encoder is None and request.items(ItemState.ENCODE):
             raise RemoteError(
                 protocol.ERROR_UNAVAILABLE,
                 f"this {self.component} worker does not encode media: deploy an encode worker "
                 "or start it with --encode",
             )
         encoded: dict[int, ItemEmbedding] = {}
-        if self.encoder is not None and any(payload.embeddings is None for payload in payloads):
+        if self.encoder is not None and request.items_to_encode():
             encoded = await self.encoder.run(request)
-        carried = [i for i, payload in enumerate(payloads) if payload.embeddings is not None]
+        carried = request.items(ItemState.PRECOMPUTED)
         with metrics.timed_stage(self.component, "transfer"):
             loaded = await load_embeddings(
                 self.transfer, [media[i] for i in carried], [payloads[i] for i in carried]
@@ -120,11 +116,11 @@ class RoleHandler:
         run: Callable[[Embeddings], Awaitable[T]],
     ) -> T:
         """`run(embeddings)`, the engine's prefill. The items the router skipped because this
-        worker's prefix cache held all their tokens (`skip_encode`) come without embeddings;
+        worker's prefix cache held all their tokens (`ItemState.SKIPPED`) come without embeddings;
         when the engine finds the cache dropped one since (`MediaGone`), the skipped items are
         encoded (here, or by an encode worker) and the prompt runs again. Each skipped item
         counts in `mmserve_encoder_skipped_items_total` as skipped or encoded."""
-        skipped = [i for i in request.skip_encode if embeddings[i] is None]
+        skipped = request.items(ItemState.SKIPPED)
         if not skipped:
             return await run(embeddings)
         counted = metrics.SKIPPED_ENCODES.labels
@@ -151,9 +147,9 @@ class RoleHandler:
         self, request: PreprocessedRequest, skipped: list[int]
     ) -> dict[int, ItemEmbedding]:
         """The embeddings of the `skipped` items, by index: from this worker's encode stage, or
-        from the encode worker the request came through (any one if it is gone)."""
-        others = [i for i in range(len(request.plan.media)) if i not in skipped]
-        wanted = msgspec.structs.replace(request, skip_encode=others)
+        from the encode worker the request came through (any one if it is gone, or it came
+        straight to this hop)."""
+        wanted = request.encoding_skipped()
         if self.encoder is not None:
             return await self.encoder.run(wanted)
         replies: AsyncGenerator[EmbeddingPullReply, None] = stream_routed(
@@ -171,7 +167,7 @@ class RoleHandler:
             loaded = await load_embeddings(
                 self.transfer,
                 [request.plan.media[i] for i in handles],
-                [MediaPayload(embeddings=handle) for handle in handles.values()],
+                [MediaPayload.precomputed(handle) for handle in handles.values()],
             )
         return dict(zip(handles, loaded, strict=True))
 

@@ -99,10 +99,9 @@ class EncodeHandler(RoleHandler):
             handles, _leases = await offer_embeddings(self.transfer, list(encoded.values()))
             offered = dict(zip(encoded, handles, strict=True))
             # Precomputed embeddings pass on untouched (the language hop reads them from the
-            # frontend), and so do an id-only item this cache no longer holds and an item the
-            # language worker's prefix cache holds (`skip_encode`).
+            # frontend), and so do an id-only item this cache no longer holds and a skipped one.
             payloads = [
-                MediaPayload(embeddings=offered[i]) if i in offered else payload
+                MediaPayload.precomputed(offered[i]) if i in offered else payload
                 for i, payload in enumerate(request.payloads)
             ]
             downstream = msgspec.structs.replace(request, payloads=payloads)
