@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,7 @@ async def test_a_live_stream_holds_its_place_in_the_queue(model_path: Path) -> N
     ids = prompt(list(range(1000, 1030)), images=0)
     kv = await engine.prefill(EngineRequest("a", ids))
     stream = engine.decode(kv, GREEDY, StopConditions(max_tokens=8))
+    assert isinstance(stream, AsyncGenerator)  # so that closing it ends the stream now
     await anext(stream)
     with pytest.raises(EngineError, match="queue is full"):  # EngineOverloaded
         await engine.prefill(EngineRequest("b", ids))
