@@ -38,7 +38,7 @@ test-rust:
 
 ## test-sglang: the sglang engine's contract tests in SGLang's environment (.venv/sglang, made by setup; make test runs them too)
 test-sglang:
-	$(VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_sglang_contract.py
+	PYTHONWARNINGS=ignore $(VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider -W ignore -o timeout=600 tests/engines/test_sglang_contract.py
 
 ## bench-check: mmserve's preprocessing against the transformers processors, same run; fails below bench/preprocess_check.py's RATIOS
 bench-check:
