@@ -50,7 +50,7 @@ lint:
 	$(VENV)/bin/ruff format --check components tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/typos
-	$(VENV)/bin/shellcheck launch/*.sh .ci/run .ci/setup.sh
+	$(VENV)/bin/shellcheck launch/*.sh .ci/run .ci/setup.sh .ci/extra_pin
 	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel,video -- -D warnings
 
 ## format: rewrite what lint checks the layout of: ruff's fixes, ruff format, cargo fmt
