@@ -313,9 +313,11 @@ def test_precomputed_embeddings_give_the_images_tokens(
             details = again.usage.prompt_tokens_details if again.usage else None
             assert details is not None and details.cached_tokens, deployment.pattern
             if "encode" in deployment.processes:
-                # Only a request with an image to encode reaches the encode worker.
+                # Only a request with an image to encode reaches the encode worker: the tall
+                # image after the embedding, a prefix no request has cached (in the order sent
+                # above, the prefix cache covers it and the encoder is skipped).
                 mixed = client.chat.completions.create(
-                    model=name, messages=ask(tall, embeds), max_tokens=1, temperature=0
+                    model=name, messages=ask(embeds, tall), max_tokens=1, temperature=0
                 )
                 # The encode worker logs a request once its stream has ended, after the answer.
                 logged = functools.partial(_logged, deployment, "encode", mixed.id)
