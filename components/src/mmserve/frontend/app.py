@@ -28,6 +28,16 @@ from mmserve.frontend.media_ids import tenant_of
 from mmserve.frontend.openapi import openapi_document
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
+    ERROR_BODY_TOO_LARGE,
+    ERROR_DEADLINE_EXCEEDED,
+    ERROR_INCOMPLETE,
+    ERROR_INTERNAL,
+    ERROR_INVALID_API_KEY,
+    ERROR_INVALID_JSON,
+    ERROR_INVALID_VALUE,
+    ERROR_METHOD_NOT_ALLOWED,
+    ERROR_NO_WORKER,
+    ERROR_NOT_FOUND,
     AssistantMessage,
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -160,10 +170,10 @@ class FrontendApp:
         elif scope["path"] in _ROUTES:
             exchange.extra_headers.append((b"allow", _ROUTES[scope["path"]]))  # RFC 9110
             await exchange.error(
-                ApiError("method_not_allowed", f"{scope['method']} is not allowed here")
+                ApiError(ERROR_METHOD_NOT_ALLOWED, f"{scope['method']} is not allowed here")
             )
         else:
-            await exchange.error(ApiError("not_found", f"no route {scope['path']}"))
+            await exchange.error(ApiError(ERROR_NOT_FOUND, f"no route {scope['path']}"))
 
     async def _guarded(
         self, scope: Scope, exchange: _Exchange, handler: Callable[[_Exchange], Awaitable[None]]
@@ -203,7 +213,7 @@ class FrontendApp:
         except BaseException:
             metrics.ERRORS.labels(COMPONENT, "internal").inc()
             log.exception("reset_prefix_cache failed")
-            await exchange.error(ApiError("internal", "internal error; see the server log"))
+            await exchange.error(ApiError(ERROR_INTERNAL, "internal error; see the server log"))
             return
         log.info(
             "prefix and encoder caches cleared on %d instances in %.1f ms",
@@ -220,7 +230,7 @@ class FrontendApp:
         given = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = given.partition(b" ")
         if scheme.lower() != b"bearer" or not hmac.compare_digest(token, expected.encode()):
-            raise ApiError("invalid_api_key", "a valid API key is required (Bearer token)")
+            raise ApiError(ERROR_INVALID_API_KEY, "a valid API key is required (Bearer token)")
 
     async def _chat_completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
         request_id = new_request_id()
@@ -244,7 +254,9 @@ class FrontendApp:
             if outcome == "disconnected":
                 raise _ClientGone
             if outcome == "deadline":
-                raise ApiError("deadline_exceeded", f"the request took longer than {timeout:g} s")
+                raise ApiError(
+                    ERROR_DEADLINE_EXCEEDED, f"the request took longer than {timeout:g} s"
+                )
         except _ClientGone:
             outcome = "disconnected"
             metrics.ERRORS.labels(COMPONENT, outcome).inc()
@@ -258,7 +270,7 @@ class FrontendApp:
             outcome = "internal"
             metrics.ERRORS.labels(COMPONENT, outcome).inc()
             log.exception("%s failed", request_id)
-            await exchange.error(ApiError("internal", "internal error; see the server log"))
+            await exchange.error(ApiError(ERROR_INTERNAL, "internal error; see the server log"))
         finally:
             _ACTIVE.dec()
             if outcome != "ok" or self.http.log_requests:
@@ -281,7 +293,7 @@ class FrontendApp:
     ) -> None:
         self.preprocessor.validate(request)
         if not self.dispatcher.ready():
-            raise ApiError("no_worker", "no worker is reachable for the model; retry later")
+            raise ApiError(ERROR_NO_WORKER, "no worker is reachable for the model; retry later")
         with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
             preprocessed = await self.preprocessor.preprocess(request, request_id, deadline, tenant)
         _PREPROCESS_SECONDS.observe(time.perf_counter() - arrival)
@@ -335,7 +347,7 @@ class _Generation:
             if first_token is not None:
                 nvtx.range_end(first_token)
         if finish is None:
-            raise ApiError("incomplete", "the worker ended the stream without finishing")
+            raise ApiError(ERROR_INCOMPLETE, "the worker ended the stream without finishing")
 
     def _observe(self, chunk: TokenChunk) -> None:
         now = time.perf_counter()
@@ -461,10 +473,10 @@ def _decode_request(body: bytes) -> ChatCompletionRequest:
         message = str(err)
         _, _, path = message.partition(" - at `$.")
         raise ApiError(
-            "invalid_value", f"invalid request: {message}", path.rstrip("`") or None
+            ERROR_INVALID_VALUE, f"invalid request: {message}", path.rstrip("`") or None
         ) from err
     except msgspec.DecodeError as err:
-        raise ApiError("invalid_json", f"the body is not valid JSON: {err}") from err
+        raise ApiError(ERROR_INVALID_JSON, f"the body is not valid JSON: {err}") from err
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -478,7 +490,7 @@ def _integral_floats_as_ints(value: Any) -> Any:
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    too_large = ApiError("body_too_large", f"the request body exceeds {limit} bytes")
+    too_large = ApiError(ERROR_BODY_TOO_LARGE, f"the request body exceeds {limit} bytes")
     declared = dict(scope["headers"]).get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large

@@ -38,6 +38,14 @@ from mmserve.media.text_pieces import text_pieces
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     DEEPSTACK,
+    ERROR_CHAT_TEMPLATE,
+    ERROR_CONTEXT_LENGTH_EXCEEDED,
+    ERROR_EMBEDS_DISABLED,
+    ERROR_INVALID_VALUE,
+    ERROR_MEDIA_ID_UNKNOWN,
+    ERROR_MIN_TOKENS_OVER_MAX_TOKENS,
+    ERROR_MODEL_NOT_FOUND,
+    ERROR_UNSUPPORTED_OPTION,
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
@@ -265,7 +273,7 @@ class ChatPreprocessor:
                 f" and {needed} in the completion" if needed else ""
             )
             raise ApiError(
-                "context_length_exceeded",
+                ERROR_CONTEXT_LENGTH_EXCEEDED,
                 f"this model's context length is {limit} tokens; the request needs {wanted}",
                 param="messages" if prompt >= limit else param,
             )
@@ -276,7 +284,7 @@ class ChatPreprocessor:
         ranges of values are the request Struct's own constraints, checked while decoding."""
         if request.model != self.model.name:
             raise ApiError(
-                "model_not_found",
+                ERROR_MODEL_NOT_FOUND,
                 f"the model {request.model!r} does not exist; this server serves "
                 f"{self.model.name!r}",
                 param="model",
@@ -284,14 +292,14 @@ class ChatPreprocessor:
         asked = _max_tokens(request)
         if asked is not None and request.min_tokens > asked:
             raise ApiError(
-                "min_tokens_over_max_tokens",
+                ERROR_MIN_TOKENS_OVER_MAX_TOKENS,
                 f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({asked})",
                 param="min_tokens",
             )
         for item in _media_refs(request):
             if isinstance(item.part, ImageUrlPart) and item.part.url is None is item.part.uuid:
                 raise ApiError(
-                    "invalid_value",
+                    ERROR_INVALID_VALUE,
                     "an image_url part needs its url, or the uuid of an image sent before",
                     param=item.param,
                 )
@@ -299,7 +307,7 @@ class ChatPreprocessor:
             for item in _media_refs(request):
                 if isinstance(item.part, ImageEmbedsPart):
                     raise ApiError(
-                        "embeds.disabled",
+                        ERROR_EMBEDS_DISABLED,
                         "image_embeds parts are not accepted: the server was started without "
                         "--enable-mm-embeds",
                         param=item.param,
@@ -309,7 +317,7 @@ class ChatPreprocessor:
             name = unsupported[0]
             detail = "only n=1 is supported" if name == "n" else "it is not supported"
             raise ApiError(
-                "unsupported_option",
+                ERROR_UNSUPPORTED_OPTION,
                 f"{name} cannot be set to this value: {detail}",
                 param=name,
             )
@@ -330,7 +338,7 @@ class ChatPreprocessor:
             )
         except TemplateError as err:
             raise ApiError(
-                "chat_template", f"the model's chat template rejected the messages: {err}"
+                ERROR_CHAT_TEMPLATE, f"the model's chat template rejected the messages: {err}"
             ) from err
         if self._image_text is None:
             return self._cached_encode(text), None
@@ -363,7 +371,7 @@ class ChatPreprocessor:
                 media_item = self.media_ids.recall(tenant, part.uuid)
                 if media_item is None:
                     raise ApiError(
-                        "media_id.unknown",
+                        ERROR_MEDIA_ID_UNKNOWN,
                         f"no image was sent with uuid {part.uuid!r} under this API key; send "
                         "the image with its uuid",
                         param=item.param,

@@ -19,7 +19,14 @@ from mmserve._mm import MediaError
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import ModelSpec
-from mmserve.protocol import ImageEmbedsPart
+from mmserve.protocol import (
+    ERROR_EMBEDS_DTYPE,
+    ERROR_EMBEDS_FORMAT,
+    ERROR_EMBEDS_MISSING,
+    ERROR_EMBEDS_SHAPE,
+    ERROR_EMBEDS_VALUES,
+    ImageEmbedsPart,
+)
 
 EMBEDS = "image_embeds"
 GRID = "image_grid_thw"
@@ -114,10 +121,12 @@ def _tensors(data: bytes, param: str) -> dict[str, torch.Tensor]:
         try:
             array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
         except (ValueError, OSError, EOFError) as err:
-            raise ApiError("embeds.format", f"the .npy array cannot be read: {err}", param) from err
+            raise ApiError(
+                ERROR_EMBEDS_FORMAT, f"the .npy array cannot be read: {err}", param
+            ) from err
         if array.dtype.kind not in "fiu" or array.dtype.byteorder == ">":
             raise ApiError(
-                "embeds.dtype",
+                ERROR_EMBEDS_DTYPE,
                 f"the .npy array has dtype {array.dtype}; expected float32 or float16 "
                 "(int64 for image_grid_thw), little-endian",
                 param,
@@ -128,9 +137,9 @@ def _tensors(data: bytes, param: str) -> dict[str, torch.Tensor]:
             return load_safetensors(data)
         except (SafetensorError, ValueError, RuntimeError) as err:
             message = f"the safetensors file cannot be read: {err}"
-            raise ApiError("embeds.format", message, param) from err
+            raise ApiError(ERROR_EMBEDS_FORMAT, message, param) from err
     raise ApiError(
-        "embeds.format",
+        ERROR_EMBEDS_FORMAT,
         "expected a safetensors file or a .npy array; other formats (torch.save and other "
         "pickles among them) are refused",
         param,
@@ -149,7 +158,7 @@ def _named(tensors: dict[str, torch.Tensor], name: str, param: str) -> torch.Ten
     if name not in tensors:
         have = ", ".join(repr(n) for n in tensors if n) or "one unnamed array"
         raise ApiError(
-            "embeds.missing",
+            ERROR_EMBEDS_MISSING,
             f"image_embeds must hold a tensor named {name!r} (it holds {have}); send a "
             f"safetensors file with {EMBEDS!r} and {GRID!r}, or "
             f'{{"{EMBEDS}": ..., "{GRID}": [t, h, w]}}',
@@ -171,7 +180,7 @@ def _grid(grid: torch.Tensor, param: str) -> tuple[int, int, int]:
     integers = not (grid.dtype.is_floating_point or grid.is_complex())
     if not integers or shape not in ([3], [1, 3]):
         raise ApiError(
-            "embeds.shape",
+            ERROR_EMBEDS_SHAPE,
             f"image_grid_thw must be three integers [t, h, w] (shape [1, 3] or [3]); got "
             f"shape {shape}" + ("" if integers else " of another dtype"),
             f"{param}.{GRID}",
@@ -179,7 +188,7 @@ def _grid(grid: torch.Tensor, param: str) -> tuple[int, int, int]:
     t, h, w = (int(v) for v in grid.reshape(3).tolist())
     if min(t, h, w) < 1 or max(t, h, w) >= 2**31:
         raise ApiError(
-            "embeds.shape", f"image_grid_thw {[t, h, w]} must be positive", f"{param}.{GRID}"
+            ERROR_EMBEDS_SHAPE, f"image_grid_thw {[t, h, w]} must be positive", f"{param}.{GRID}"
         )
     return t, h, w
 
@@ -189,7 +198,7 @@ def _checked(
 ) -> PrecomputedImage:
     if embeds.dtype not in _EXPONENT:
         raise ApiError(
-            "embeds.dtype",
+            ERROR_EMBEDS_DTYPE,
             f"image_embeds has dtype {str(embeds.dtype).removeprefix('torch.')}; expected "
             "float32, float16 or bfloat16",
             param,
@@ -206,14 +215,14 @@ def _checked(
             f" x (1 + {spec.deepstack_layers} deepstack layers)" if spec.deepstack_layers else ""
         )
         raise ApiError(
-            "embeds.shape",
+            ERROR_EMBEDS_SHAPE,
             f"image_embeds has shape {list(embeds.shape)}; expected {expected}: one row per "
             f"token of grid {list(grid)} (t*h*w / {merge}) by {what}",
             param,
         )
     embeds = embeds.contiguous()
     if not _all_finite(embeds):
-        raise ApiError("embeds.values", "image_embeds holds NaN or infinite values", param)
+        raise ApiError(ERROR_EMBEDS_VALUES, "image_embeds holds NaN or infinite values", param)
     header = f"{EMBEDS}:{embeds.dtype!s}:{list(embeds.shape)}:{list(grid)}:".encode()
     mm_hash = _mm.content_hash(header + embeds.view(torch.uint8).numpy().tobytes())
     main = embeds[:, : spec.hidden_size].contiguous()

@@ -22,7 +22,13 @@ from mmserve.media import VideoSettings
 from mmserve.media.processing import PanAndScanKnobs, PixelBounds
 from mmserve.media.video import checkpoint_video_options, sampling_of
 from mmserve.models.family import ModelSpec
-from mmserve.protocol import PAN_AND_SCAN_OPTIONS, MediaIoKwargs, MMProcessorKwargs
+from mmserve.protocol import (
+    ERROR_INVALID_VALUE,
+    ERROR_MIN_PIXELS_OVER_MAX_PIXELS,
+    PAN_AND_SCAN_OPTIONS,
+    MediaIoKwargs,
+    MMProcessorKwargs,
+)
 from mmserve.protocol.pipeline import VideoSampling
 
 # The sampling rate where neither the checkpoint nor the operator names one: Qwen's own
@@ -129,7 +135,7 @@ class PixelRange:
             for name, value in (("min_pixels", asked.min_pixels), ("max_pixels", asked.max_pixels)):
                 if value is not None and not low <= value <= high:
                     raise ApiError(
-                        "invalid_value",
+                        ERROR_INVALID_VALUE,
                         f"mm_processor_kwargs.{name} must lie in [{low}, {high}], the pixel "
                         "bounds of this server",
                         param=f"mm_processor_kwargs.{name}",
@@ -138,7 +144,7 @@ class PixelRange:
             high = asked.max_pixels or high
             if low > high:
                 raise ApiError(
-                    "min_pixels_over_max_pixels",
+                    ERROR_MIN_PIXELS_OVER_MAX_PIXELS,
                     f"mm_processor_kwargs: min_pixels ({low}) must not exceed max_pixels ({high})",
                     param="mm_processor_kwargs.min_pixels",
                 )
@@ -356,7 +362,7 @@ class VideoRange:
             low, high = bounds[name]
             if not low <= value <= high:
                 raise ApiError(
-                    "invalid_value",
+                    ERROR_INVALID_VALUE,
                     f"{param} must lie in [{low:g}, {high:g}], this server's video bounds",
                     param=param,
                 )
@@ -413,7 +419,7 @@ class PanAndScanRange:
             crops = asked.pan_and_scan_max_num_crops
             if crops is not None and crops > self.max_num_crops:
                 raise ApiError(
-                    "invalid_value",
+                    ERROR_INVALID_VALUE,
                     "mm_processor_kwargs.pan_and_scan_max_num_crops must lie in "
                     f"[1, {self.max_num_crops}], the crops per image of this server",
                     param="mm_processor_kwargs.pan_and_scan_max_num_crops",

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from mmserve import _mm, protocol
 from mmserve.engines.base import EngineOverloaded, MediaGone
+from mmserve.protocol import ERROR_MEDIA_ID_GONE
 from mmserve.runtime import RemoteError
 
 
@@ -18,7 +19,7 @@ def as_remote_error(exc: Exception) -> RemoteError:
         code, message = exc.args[0], exc.args[1]
         return RemoteError(code, message)
     if isinstance(exc, MediaGone):
-        return RemoteError("media_id.gone", str(exc))
+        return RemoteError(ERROR_MEDIA_ID_GONE, str(exc))
     if isinstance(exc, EngineOverloaded):
         return RemoteError(protocol.ERROR_UNAVAILABLE, str(exc))
     # Requests reach a worker planned and validated by the frontend: whatever else fails here
