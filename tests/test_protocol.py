@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -299,6 +302,25 @@ def test_python_codes_are_its_constants_and_never_a_core_code() -> None:
     assert not python & set(_mm.error_catalogue()), sorted(python & set(_mm.error_catalogue()))
     assert all(400 <= entry.status < 600 for entry in errors.PYTHON_CODES)
     assert set(p.CATALOGUE) == python | set(_mm.error_catalogue())
+
+
+def test_every_code_the_package_raises_by_its_text_is_catalogued() -> None:
+    """Python's own codes are raised by their constants; a core code raised from Python (the
+    frontend refusing what the core would) is spelt out, and must be one the core lists."""
+    package = Path(p.__file__).resolve().parents[1]
+    spelt: dict[str, str] = {}
+    for source in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("ApiError", "RemoteError")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                spelt[str(node.args[0].value)] = f"{source.name}:{node.lineno}"
+    assert spelt, "the scan sees no code raised by its text"
+    assert {code: at for code, at in spelt.items() if code not in _mm.error_catalogue()} == {}
 
 
 def test_a_code_catalogued_twice_is_refused() -> None:
