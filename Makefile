@@ -1,6 +1,8 @@
 # mmserve developer entry points. See README.md.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# pytest-xdist's processes for the Python suite: CI's machine has 2 cores.
+PYTEST_WORKERS ?= 2
 
 .PHONY: help setup ext run test test-fast test-py test-rust test-sglang lint format bench bench-check clean
 
@@ -27,9 +29,9 @@ test: test-rust test-py
 test-fast:
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
-## test-py: the Python suite alone (the 25 slowest tests listed at the end, to keep CI's time in view)
+## test-py: the Python suite alone, on PYTEST_WORKERS processes (each file on one; the 25 slowest tests listed at the end, to keep CI's time in view)
 test-py:
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 ## test-rust: the Rust tests alone: the core without features, then with parallel and video (their own tests)
 test-rust:

@@ -18,6 +18,7 @@ import pytest
 from mmserve.cli import main
 from mmserve.frontend.cli import serve, server_config
 from mmserve.frontend.dispatch import Pipeline
+from tests.support.deployment import free_port
 
 from .conftest import EchoDispatcher, RunningFrontend, parse_frontend_args
 
@@ -218,9 +219,7 @@ def test_cli_exits_with_a_one_line_reason_when_the_model_is_missing(
 
 
 async def test_serve_connects_the_pipeline_and_closes_it(tiny_model_path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     args = parse_frontend_args(tiny_model_path, "--http-port", str(port))
     dispatcher = EchoDispatcher()
     closed = asyncio.Event()

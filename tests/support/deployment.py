@@ -80,14 +80,15 @@ _handed_out_lock = threading.Lock()
 
 
 def free_port() -> int:
-    """A loopback port free now, never handed out before in this process, and outside the
+    """A loopback port free now, never handed out before in this process (nor by another
+    pytest-xdist worker: each picks from its own share), and outside the
     kernel's ephemeral range: a port from that range, picked and released, can become the
     source port of any process's outgoing connection before the component told to listen on
     it binds (and two binds in a row may get the same port)."""
-    low, _ = _ephemeral_range()
+    first, end = _this_workers_ports()
     with _handed_out_lock:
         for _ in range(1000):
-            port = secrets.randbelow(low - FIRST_PICKED_PORT) + FIRST_PICKED_PORT
+            port = secrets.randbelow(end - first) + first
             if port in _handed_out:
                 continue
             with socket.socket() as s:
@@ -97,10 +98,24 @@ def free_port() -> int:
                     continue
             _handed_out.add(port)
             return port
-    raise RuntimeError(f"no free port in [{FIRST_PICKED_PORT}, {low})")
+    raise RuntimeError(f"no free port in [{first}, {end})")
 
 
 FIRST_PICKED_PORT = 10000
+
+
+@functools.cache
+def _this_workers_ports() -> tuple[int, int]:
+    """The ports this pytest process picks from: below the ephemeral range, split evenly
+    between pytest-xdist's workers so that two of them never hand out the same port."""
+    low, _ = _ephemeral_range()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index, count = (
+        int(worker.removeprefix("gw")),
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+    )
+    share = (low - FIRST_PICKED_PORT) // count
+    return FIRST_PICKED_PORT + index * share, FIRST_PICKED_PORT + (index + 1) * share
 
 
 @functools.cache
