@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
-from mmserve.runtime.lifetime import follow_launcher
+from mmserve.runtime.lifetime import exit_without_teardown, follow_launcher
 
 COMPONENT_MODULES: list[str] = [
     "mmserve.models.tiny",
@@ -40,5 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.handler(args) or 0)
 
 
+def run() -> NoReturn:
+    """The `mmserve` command: `main()` on the command line, exiting as `sys.exit` would but
+    without the interpreter's teardown (`exit_without_teardown`)."""
+    try:
+        status = main()
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            status = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            status = 1
+    exit_without_teardown(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

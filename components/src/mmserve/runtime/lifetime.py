@@ -1,4 +1,7 @@
-"""Children that do not outlive their owner: Linux's parent-death signal (`PR_SET_PDEATHSIG`).
+"""How a component's process ends: drained on a signal, without outliving its owner, and
+without the interpreter's teardown.
+
+Children that do not outlive their owner: Linux's parent-death signal (`PR_SET_PDEATHSIG`).
 
 A process killed hard (SIGKILL, a closed terminal) runs no cleanup, so whatever it started must
 stop by itself. Two ways in:
@@ -9,17 +12,26 @@ stop by itself. Two ways in:
   `MMSERVE_PARENT_PID=$$` on each component it starts, and the component asks for SIGTERM when
   that script goes (or exits at once when it already went).
 Elsewhere than Linux both are no-ops.
+
+A component stopped by SIGTERM or SIGINT drains first (`--drain-timeout`, the same flag on the
+frontend and every worker), and a finished command leaves by `exit_without_teardown`.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
+import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 PARENT_PID_ENV = "MMSERVE_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
+# How long a stopping component finishes what it serves: Kubernetes' default grace period, long
+# enough for a chat completion of several hundred tokens on a loaded worker.
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 # Loaded before any fork: the child of `die_with_parent` only calls into it.
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -61,3 +73,39 @@ def process_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def add_drain_timeout_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--drain-timeout S`: on the first SIGTERM or SIGINT, finish `what` for up to S seconds,
+    then cancel the rest and exit 0; a second signal stops at once."""
+    parser.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        metavar="S",
+        help=f"on SIGTERM or SIGINT, stop taking new work and finish the {what} for up to S "
+        "seconds, then cancel the rest and exit; a second signal stops at once "
+        "(default: %(default)g)",
+    )
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
+    return value
+
+
+def exit_without_teardown(status: int) -> NoReturn:
+    """Exit with `status` once the command is done, skipping the interpreter's teardown: a
+    process that imported torch has triton's nanobind extension loaded (transformers imports
+    torch._dynamo), which prints dozens of `nanobind: leaked ...` lines at teardown, and
+    collecting a model's objects one by one takes seconds for nothing. Every resource of ours
+    is closed by then; the output is flushed here."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left
+            pass
+    os._exit(status)
