@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,13 +62,13 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
     raise ValueError(f"no {field} for process {pid}")
 
 
-def restart_worker(deployment: Deployment, name: str) -> None:
-    """Start worker `name` of `deployment` again with its flags, and wait until it
-    registered."""
+def restart_worker(deployment: Deployment, name: str, extra: Sequence[str] = ()) -> None:
+    """Start worker `name` of `deployment` again with its flags (and `extra`), and wait until
+    it registered."""
     _, role, flags = next(worker for worker in deployment.workers if worker[0] == name)
     deployment._spawn(name, [
         role, "--model-path", str(deployment.model_path), "--namespace", deployment.namespace,
-        *flags, *deployment.worker_flags, "--transfer", deployment.transfer,
+        *flags, *deployment.worker_flags, "--transfer", deployment.transfer, *extra,
     ])  # fmt: skip
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while " ready: instance " not in deployment.log(name):

@@ -1,6 +1,7 @@
 """Faults under a live aggregated deployment with two workers on a nats-server of its own:
-a worker killed mid-stream, a client that leaves mid-stream, a worker stopped with SIGTERM and
-a restarted nats-server. No request may hang; only the requests a fault touches may fail."""
+a worker killed mid-stream, a client that leaves mid-stream, a worker stopped with SIGTERM
+(drained, and cut short by its --drain-timeout), a restarted nats-server, and last the frontend
+stopped with SIGTERM. No request may hang; only the requests a fault touches may fail."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from mmserve.models.tiny import build_tiny_model
+from mmserve.runtime import Runtime
 from mmserve.runtime.nats_server import NatsServer
 from tests.support.deployment import Deployment, free_port
 from tests.support.waiting import wait_until_async
@@ -39,6 +41,12 @@ class Faulty:
             for name in self.metrics_ports
             if self.deployment.processes[name].poll() is None
         }
+
+    async def unlisted(self, name: str) -> bool:
+        """Whether worker `name` is gone from discovery."""
+        async with await Runtime.connect(self.nats.url, self.deployment.namespace) as runtime:
+            pids = {record.pid for record in await runtime.list_instances()}
+        return self.deployment.processes[name].pid not in pids
 
     def active_since(self, before: dict[str, float]) -> dict[str, float]:
         """`active()` less the requests each worker had in flight at `before` (the workers
@@ -155,6 +163,9 @@ def test_sigterm_finishes_in_flight_streams_then_exits(faulty: Faulty, trial: Tr
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
             assert faulty.active_since(idle)["b"] >= 1
             faulty.deployment.processes["b"].send_signal(signal.SIGTERM)
+            # It leaves discovery at once, while its streams still run.
+            await wait_until_async(lambda: faulty.unlisted("b"), 10.0, "b to leave discovery")
+            assert not all(stream.done() for stream in streams)
             outcomes = list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S))
             # Stopped taking requests: new ones go to the other worker.
             outcomes += await _served(client, 2)
@@ -167,7 +178,44 @@ def test_sigterm_finishes_in_flight_streams_then_exits(faulty: Faulty, trial: Tr
     trial(
         "SIGTERM a worker with streams in flight",
         1,
-        "its streams finished, later requests went to the other worker, it exited 0",
+        "it left discovery before its streams ended; they finished, later requests went to "
+        "the other worker, it exited 0",
+    )
+
+
+def test_drain_timeout_cuts_what_is_left_and_exits(faulty: Faulty, trial: Trial) -> None:
+    restart_worker(faulty.deployment, "b", ["--drain-timeout", "1"])
+
+    async def run() -> tuple[list[Outcome], float]:
+        async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
+            # 6000 tokens take a minute: far past the drain's second.
+            idle = faulty.active()
+            firsts = [asyncio.Event() for _ in range(4)]
+            streams = [
+                asyncio.ensure_future(stream_chat(client, chat_body(6000, f"epic {i}"), firsts[i]))
+                for i in range(4)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            on_b = faulty.active_since(idle)["b"]
+            assert on_b >= 1
+            faulty.deployment.processes["b"].send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            code = await asyncio.to_thread(faulty.deployment.processes["b"].wait, BOUND_S)
+            exited = time.monotonic() - signalled
+            assert code == 0, faulty.deployment.log("b")[-2000:]
+            done, running = await asyncio.wait(streams, timeout=BOUND_S)
+            cut = [t.result() for t in done]
+            assert len(cut) == on_b and all(o.error and not o.finished for o in cut), cut
+            for stream in running:  # the other worker's: not to be read to their end
+                stream.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            return cut, exited
+
+    cut, exited = asyncio.run(run())
+    trial(
+        "SIGTERM a worker started with --drain-timeout 1 during 6000-token streams",
+        1,
+        f"it exited 0 after {exited:.1f} s; its {len(cut)} streams ended with an error event",
     )
 
 
@@ -206,3 +254,39 @@ def test_nats_restart_under_light_load(faulty: Faulty, trial: Trial) -> None:
 def test_every_process_but_the_stopped_one_is_still_up(faulty: Faulty) -> None:
     for name in ("frontend", "a"):
         assert faulty.deployment.processes[name].poll() is None, faulty.deployment.log(name)[-2000:]
+
+
+def test_sigterm_of_the_frontend_drains_its_streams_then_exits(
+    faulty: Faulty, trial: Trial
+) -> None:
+    """Last: the deployment has no frontend after it."""
+    frontend = faulty.deployment.processes["frontend"]
+
+    async def run() -> tuple[list[Outcome], httpx.Response]:
+        async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
+            firsts = [asyncio.Event() for _ in range(2)]
+            streams = [
+                asyncio.ensure_future(stream_chat(client, chat_body(150, f"fable {i}"), firsts[i]))
+                for i in range(2)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            frontend.send_signal(signal.SIGTERM)
+            # Draining: a load balancer's probe hears 503 while the streams go on.
+
+            async def draining() -> bool:
+                return (await client.get("/health")).status_code == 503
+
+            await wait_until_async(draining, 10.0, "/health to answer 503")
+            health = await client.get("/health")
+            assert not all(stream.done() for stream in streams)
+            return list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S)), health
+
+    outcomes, health = asyncio.run(run())
+    assert all(o.finished and o.error is None for o in outcomes), outcomes
+    assert health.json()["status"] == "draining"
+    assert frontend.wait(timeout=BOUND_S) == 0, faulty.deployment.log("frontend")[-2000:]
+    trial(
+        "SIGTERM the frontend with 2 streams in flight",
+        1,
+        "/health answered 503 draining; both streams finished; it exited 0",
+    )

@@ -23,6 +23,7 @@ import msgspec
 
 from mmserve.frontend.chat import ChatPreprocessor, new_request_id
 from mmserve.frontend.dispatch import Dispatcher
+from mmserve.frontend.drain import Drain
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.media_ids import tenant_of
 from mmserve.frontend.openapi import openapi_document
@@ -54,6 +55,7 @@ from mmserve.protocol import (
     Usage,
 )
 from mmserve.runtime.errors import RemoteError
+from mmserve.runtime.lifetime import DEFAULT_DRAIN_TIMEOUT_S
 
 log = logging.getLogger("mmserve.frontend")
 
@@ -131,10 +133,12 @@ class FrontendApp:
         preprocessor: ChatPreprocessor,
         dispatcher: Dispatcher,
         http: HttpOptions | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.preprocessor = preprocessor
         self.dispatcher = dispatcher
         self.http = http or HttpOptions()
+        self.drain = drain or Drain(DEFAULT_DRAIN_TIMEOUT_S)
         pixels = preprocessor.pixel_range.min_pixels, preprocessor.pixel_range.max_pixels
         self._openapi = _encoder.encode(
             openapi_document(
@@ -153,15 +157,22 @@ class FrontendApp:
             return
         exchange = _Exchange(send)
         route = (scope["method"], scope["path"])
-        if route == ("POST", "/v1/chat/completions"):
-            await self._chat_completions(scope, receive, exchange)
-        elif route == ("GET", "/v1/models"):
-            await self._guarded(scope, exchange, self._models)
-        elif route == ("GET", "/health"):
+        if route == ("GET", "/health"):
             await self._health(exchange)
         elif route == ("GET", "/metrics"):
             await exchange.start(200, [(b"content-type", metrics.CONTENT_TYPE.encode())])
             await exchange.body(metrics.render())
+        else:
+            with self.drain.serving():
+                await self._route(route, scope, receive, exchange)
+
+    async def _route(
+        self, route: tuple[str, str], scope: Scope, receive: Receive, exchange: _Exchange
+    ) -> None:
+        if route == ("POST", "/v1/chat/completions"):
+            await self._chat_completions(scope, receive, exchange)
+        elif route == ("GET", "/v1/models"):
+            await self._guarded(scope, exchange, self._models)
         elif route == ("POST", "/reset_prefix_cache"):
             await self._guarded(scope, exchange, self._reset_prefix_cache)
         elif route == ("GET", "/openapi.json"):
@@ -190,7 +201,9 @@ class FrontendApp:
         await exchange.json(200, ModelList(data=[ModelCard(id=model.name, created=model.created)]))
 
     async def _health(self, exchange: _Exchange) -> None:
-        if self.dispatcher.ready():
+        if self.drain.draining:
+            await exchange.json(503, {"status": "draining", "reason": "the frontend is stopping"})
+        elif self.dispatcher.ready():
             await exchange.json(200, {"status": "ok"})
         else:
             await exchange.json(

@@ -23,6 +23,7 @@ from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.media.policy import MediaPolicy
 from mmserve.router.settings import RouterSettings
 from mmserve.runtime.heap import freeze_startup_heap
+from mmserve.runtime.lifetime import add_drain_timeout_argument
 from mmserve.transfer.options import add_transfer_arguments
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
     )
+    add_drain_timeout_argument(parser, "requests in flight (/health answers 503 meanwhile)")
     MediaPolicy.add_cli_args(parser)
     VideoCaps.add_cli_args(parser)
     add_transfer_arguments(parser)
@@ -203,6 +205,7 @@ def build_app(
     """The ASGI app for parsed arguments."""
     from mmserve.frontend.app import FrontendApp, HttpOptions
     from mmserve.frontend.chat import ChatOptions, ChatPreprocessor
+    from mmserve.frontend.drain import Drain
 
     options = ChatOptions(
         policy=MediaPolicy.from_args(args),
@@ -225,6 +228,7 @@ def build_app(
             max_body_bytes=args.max_request_body_bytes,
             log_requests=args.enable_log_requests,
         ),
+        Drain(args.drain_timeout),
     )
 
 
@@ -252,7 +256,8 @@ def server_config(args: argparse.Namespace, app: FrontendApp) -> uvicorn.Config:
         # headers middleware rewrites from X-Forwarded-* at a cost per request.
         proxy_headers=False,
         log_level="info",
-        timeout_graceful_shutdown=5,
+        # After the drain (`frontend/drain.py`): the last chunks of what it cut short.
+        timeout_graceful_shutdown=1,
         timeout_keep_alive=args.http_keep_alive,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
@@ -276,13 +281,13 @@ def raise_open_file_limit() -> int:
 async def serve(
     args: argparse.Namespace, pipeline_factory: PipelineFactory = open_pipeline
 ) -> None:
-    import uvicorn
+    from mmserve.frontend.drain import DrainingServer
 
     open_files = raise_open_file_limit()
     model = await asyncio.to_thread(load_model, args)
     async with pipeline_factory(args) as pipeline:
         app = build_app(args, model, pipeline.dispatcher, pipeline.tensor_sink)
-        server = uvicorn.Server(server_config(args, app))
+        server = DrainingServer(server_config(args, app), app.drain)
         frozen = freeze_startup_heap()
         log.info(
             "serving %s on %s://%s:%d/v1 (up to %d open files, %d start-up objects frozen)",

@@ -174,7 +174,8 @@ class Runtime:
         await self.shutdown()
 
     def install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM set `should_exit`; a second one also skips the graceful drain."""
+        """SIGINT/SIGTERM leave discovery at once and set `should_exit` (the owner then drains
+        and shuts down); a second one also cuts the drain short."""
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._on_signal)
@@ -182,7 +183,14 @@ class Runtime:
     def _on_signal(self) -> None:
         if self.should_exit.is_set():
             self._force_exit.set()
+        else:
+            log.info("stopping: leaving discovery, draining for up to %g s", self.graceful_timeout)
+            self._spawn(self.leave_discovery())
         self.should_exit.set()
+
+    async def leave_discovery(self) -> None:
+        """Deregister every endpoint and stop taking requests; what is in flight goes on."""
+        await self._server.leave_discovery()
 
     async def wait_for_shutdown(self) -> None:
         await self.should_exit.wait()

@@ -98,6 +98,7 @@ class Server:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self.closing = False
+        self._leaving: asyncio.Future[None] | None = None
         self._endpoints: list[ServedEndpoint] = []
         self._calls: dict[str, _ServerCall] = {}
         self._calls_by_probe: dict[str, _ServerCall] = {}
@@ -161,15 +162,26 @@ class Server:
         await self._registrar.register(record)
         return served
 
-    async def close(self, graceful_timeout: float, force: asyncio.Event) -> None:
-        """Deregister and unsubscribe (no new requests), let in-flight handlers finish for up
-        to `graceful_timeout` seconds (or until `force` is set), cancel the rest."""
-        self.closing = True
+    async def leave_discovery(self) -> None:
+        """Deregister and unsubscribe: routers stop choosing this instance at once and no new
+        request reaches it, while the calls it is serving go on. Idempotent: a second caller
+        waits for the first one's work."""
+        if self._leaving is None:
+            self.closing = True
+            self._leaving = asyncio.ensure_future(self._leave_discovery())
+        await asyncio.shield(self._leaving)
+
+    async def _leave_discovery(self) -> None:
         await self._registrar.deregister_all()
         for served in self._endpoints:
             for subscription in served.subscriptions:
                 with contextlib.suppress(nats.errors.Error):
                     await subscription.unsubscribe()
+
+    async def close(self, graceful_timeout: float, force: asyncio.Event) -> None:
+        """Leave discovery, let in-flight handlers finish for up to `graceful_timeout`
+        seconds (or until `force` is set), cancel the rest."""
+        await self.leave_discovery()
         tasks = {c.task for c in self._calls.values() if c.task is not None}
         if tasks:
             drained = asyncio.ensure_future(asyncio.wait(tasks))

@@ -20,6 +20,7 @@ from mmserve.kv.hashing import add_block_size_argument
 from mmserve.kv.pad import PadScheme, add_pad_scheme_argument
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
 from mmserve.runtime import Runtime
+from mmserve.runtime.lifetime import add_drain_timeout_argument
 from mmserve.topology import KV_CACHING_ROLES, Role
 from mmserve.transfer import add_transfer_arguments, create_transfer_agent
 from mmserve.worker.publishers import (
@@ -66,6 +67,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_QUEUE,
         help="requests admitted by the engine at once; more answer 503 (default: %(default)s)",
     )
+    add_drain_timeout_argument(parser, "requests in flight")
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -172,6 +174,9 @@ class WorkerServices:
     encoder_events: EncoderEventPublisher | None = None
 
     async def close(self) -> None:
+        """Leave discovery first (routers stop choosing this worker at once), stop the cache
+        events, finish what is in flight (up to `--drain-timeout`), then close."""
+        await self.runtime.leave_discovery()
         if self.kv_events is not None:
             await self.kv_events.stop()
         if self.encoder_events is not None:
@@ -185,7 +190,7 @@ async def start_services(args: argparse.Namespace) -> WorkerServices:
     model_path = resolve_model_path(args)
     transfer = create_transfer_agent(args)
     engine = await load_engine(args, model_path)
-    runtime = await Runtime.connect(namespace=args.namespace)
+    runtime = await Runtime.connect(namespace=args.namespace, graceful_timeout=args.drain_timeout)
     services = WorkerServices(runtime, engine, transfer, model_path)
     if args.role in KV_CACHING_ROLES:
         services.kv_events = await publish_kv_events(runtime, engine, args.role.value)
