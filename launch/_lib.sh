@@ -2,9 +2,12 @@
 # Shared by the launch scripts: flags, nats-server, process supervision.
 # Sourced, not run. Each script calls `launch_parse "$@"`, then `launch_start NAME CMD...` per
 # component, then `launch_wait`. Every process it started is stopped on Ctrl-C, on SIGTERM or
-# SIGHUP, or as soon as one of them exits; killed hard (SIGKILL), the script takes them along by
-# their parent-death signal (MMSERVE_PARENT_PID, mmserve/runtime/lifetime.py), so nothing is
-# left behind.
+# SIGHUP, or as soon as one of them exits, in order: the frontend first (it drains the requests
+# in flight), then the workers (they leave discovery and drain), then the nats-server they all
+# talk through. A second Ctrl-C stops them at once; what still runs LAUNCH_KILL_AFTER_S seconds
+# later is killed. Each component runs in its own session, so a Ctrl-C in the terminal reaches
+# this script alone; killed hard (SIGKILL), the script takes them along by their parent-death
+# signal (MMSERVE_PARENT_PID, mmserve/runtime/lifetime.py), so nothing is left behind.
 
 set -euo pipefail
 
@@ -33,6 +36,12 @@ declare -A ROLE_ARGS=()
 declare -A ROLES_STARTED=()
 PIDS=()
 NAMES=()
+# Past the components' own drain (--drain-timeout, 30 s by default) and their last second.
+LAUNCH_STOP_WAIT_S=${LAUNCH_STOP_WAIT_S:-45}
+LAUNCH_KILL_AFTER_S=5
+LAUNCH_SIGNALLED=""
+LAUNCH_STOPPING=""
+LAUNCH_KILL_AT_MS=0
 
 launch_usage() {
   cat <<USAGE
@@ -103,7 +112,7 @@ launch_parse() {
       *) EXTRA_ARGS+=("$1"); shift ;;
     esac
   done
-  trap launch_stop INT TERM HUP
+  trap _launch_on_signal INT TERM HUP
   trap launch_stop_quiet EXIT
   launch_check_port "$HTTP_HOST" "$HTTP_PORT"
   if [ -z "${NATS_URL:-}" ]; then
@@ -155,12 +164,13 @@ launch_worker() {
     ${own[@]+"${own[@]}"} ${sglang[@]+"${sglang[@]}"}
 }
 
-# Starts CMD in the background. MMSERVE_PARENT_PID makes it stop (SIGTERM) when this script
-# dies, however it dies.
+# Starts CMD in the background, in a session of its own. MMSERVE_PARENT_PID makes it stop
+# (SIGTERM) when this script dies, however it dies.
 launch_start() {
   local name=$1; shift
+  launch_check_signal
   echo "[launch] starting $name: $*" >&2
-  MMSERVE_PARENT_PID=$$ "$@" &
+  MMSERVE_PARENT_PID=$$ setsid "$@" &
   PIDS+=($!)
   NAMES+=("$name")
 }
@@ -178,6 +188,7 @@ launch_wait_port() {
   local host=$1 port=$2 timeout=$3 i
   for ((i = 0; i < timeout * 10; i++)); do
     (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null && return 0
+    launch_check_signal
     launch_check_alive || exit 1
     sleep 0.1
   done
@@ -192,6 +203,7 @@ launch_wait_ready() {
       echo "[launch] ready: curl $url/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(basename "$MODEL_PATH")\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'"
       return 0
     fi
+    launch_check_signal
     launch_check_alive || return 1
     sleep 0.1
   done
@@ -209,27 +221,79 @@ launch_check_alive() {
   done
 }
 
-launch_stop_quiet() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  PIDS=()
+_launch_now_ms() {
+  local now=${EPOCHREALTIME/[.,]/}
+  echo $((now / 1000))
 }
 
-launch_stop() {
-  echo "[launch] stopping" >&2
+# Whether component NAME belongs to GROUP: frontend, nats, or workers (every other one).
+_launch_in_group() {
+  case $1 in
+    frontend | nats) [ "$1" = "$2" ] ;;
+    *) [ "$2" = workers ] ;;
+  esac
+}
+
+# SIGTERM to the components of GROUP, then waits for them until LAUNCH_KILL_AT_MS, when the
+# survivors get SIGKILL.
+_launch_stop_group() {
+  local group=$1 i pids=()
+  for i in "${!PIDS[@]}"; do
+    if _launch_in_group "${NAMES[$i]}" "$group"; then pids+=("${PIDS[$i]}"); fi
+  done
+  [ ${#pids[@]} -gt 0 ] || return 0
+  LAUNCH_KILL_AT_MS=$(($(_launch_now_ms) + LAUNCH_STOP_WAIT_S * 1000))
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  local pid
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && [ "$(_launch_now_ms)" -lt "$LAUNCH_KILL_AT_MS" ]; do
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+
+# A signal is only noted here: bash runs no trap while another one runs, so the stop itself
+# runs outside of it, where a second signal can still cut it short. That one sends a second
+# SIGTERM to everything still running (each stops at once), and SIGKILL to what is left
+# LAUNCH_KILL_AFTER_S seconds later.
+_launch_on_signal() {
+  if [ -z "$LAUNCH_STOPPING" ]; then
+    LAUNCH_SIGNALLED=1
+    return 0
+  fi
+  echo "[launch] stopping at once" >&2
+  kill -TERM "${PIDS[@]}" 2>/dev/null || true
+  local kill_at=$(($(_launch_now_ms) + LAUNCH_KILL_AFTER_S * 1000))
+  if [ "$kill_at" -lt "$LAUNCH_KILL_AT_MS" ]; then LAUNCH_KILL_AT_MS=$kill_at; fi
+  LAUNCH_STOP_WAIT_S=$LAUNCH_KILL_AFTER_S
+}
+
+# Stops what runs after a signal, then exits 130.
+launch_check_signal() {
+  [ -n "$LAUNCH_SIGNALLED" ] || return 0
+  echo "[launch] stopping: the frontend, the workers, then NATS (Ctrl-C again to stop at once)" >&2
   launch_stop_quiet
   exit 130
 }
 
-# Blocks until one process exits (then stops the rest) or a signal arrives.
+launch_stop_quiet() {
+  if [ -n "$LAUNCH_STOPPING" ]; then return 0; fi
+  LAUNCH_STOPPING=1
+  _launch_stop_group frontend
+  _launch_stop_group workers
+  _launch_stop_group nats
+  PIDS=()
+}
+
+# Blocks until one process exits (then stops the rest) or a signal arrives (which interrupts
+# `wait`).
 launch_wait() {
   launch_wait_ready || exit 1
   local rc=0
   wait -n "${PIDS[@]}" || rc=$?
+  launch_check_signal
   launch_check_alive || true
+  launch_stop_quiet
   exit "$rc"
 }

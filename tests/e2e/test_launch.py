@@ -1,6 +1,7 @@
-"""Each launch script starts its deployment, answers the README's curl right, and leaves no
-process behind after Ctrl-C; flags reach the frontend and each role; a SIGKILL leaves no
-nats-server holding its port; a taken port is named in one line."""
+"""Each launch script starts its deployment, answers the README's curl right, and after Ctrl-C
+stops its components in order (frontend, workers, nats-server), quietly, leaving no process
+behind; flags reach the frontend and each role; a SIGKILL leaves no nats-server holding its
+port; a taken port is named in one line."""
 
 from __future__ import annotations
 
@@ -32,6 +33,24 @@ SCRIPTS = [
 READY = re.compile(r"\[launch\] ready: curl (\S+)/v1/chat/completions")
 TIMEOUT_S = 300.0
 API_KEY = "launch-test-key"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (each component runs in a session of its own); none once
+    it has ended."""
+    try:
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(child) for child in listed.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has ended
 
 
 def _group_alive(pgid: int) -> bool:
@@ -127,6 +146,7 @@ def test_every_launch_script_serves_and_stops_cleanly(nats_url: str, tmp_path: P
         router_log = launched["agg_multimodal_router.sh"][1]
         assert "--frontend-decoding" in _started(router_log, "frontend").split()
     finally:
+        components = {script: _children(process.pid) for script, (process, _) in launched.items()}
         for process, _ in launched.values():
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGINT)
@@ -136,9 +156,14 @@ def test_every_launch_script_serves_and_stops_cleanly(nats_url: str, tmp_path: P
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 pytest.fail(f"{script} did not stop on Ctrl-C:\n{log.read_text()[-2000:]}")
-    for script, (process, _) in launched.items():
-        pid = process.pid
-        wait_until(lambda: not _group_alive(pid), 10.0, f"{script} left processes behind")  # noqa: B023
+    for script, (_, log) in launched.items():
+        left = [pid for pid in components[script] if _alive(pid)]
+        assert not left, f"{script} left processes behind: {left}"
+        text = log.read_text(errors="replace")
+        # In order: the workers deregistered while NATS was still up, and quietly.
+        assert "could not deregister" not in text, text[-3000:]
+        assert "nanobind: leaked" not in text, text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
 
 
 def test_sigkill_of_the_scripts_group_leaves_no_nats_server(tmp_path: Path) -> None:
@@ -154,10 +179,14 @@ def test_sigkill_of_the_scripts_group_leaves_no_nats_server(tmp_path: Path) -> N
         assert process.poll() is None, log.read_text()[-3000:]
         assert port_holder(nats_port) is not None
     finally:
+        components = _children(process.pid)
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
     wait_until(lambda: port_holder(nats_port) is None, 20.0, "the nats port to be free")
     wait_until(lambda: not _group_alive(process.pid), 20.0, "the script's group to be gone")
+    wait_until(
+        lambda: not any(_alive(pid) for pid in components), 20.0, "the components to be gone"
+    )
 
 
 def test_a_taken_port_is_named_in_one_line(tmp_path: Path) -> None:
