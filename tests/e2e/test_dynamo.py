@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -491,7 +492,8 @@ def mock_pair(
         model_path,
         nats_url,
         tmp_path_factory.mktemp(f"dynamo-mock-{request.param}"),
-        worker_flags=["--engine", "mock"],
+        # The drain's timeout cut short for the SIGTERM test, which needs a stream past it.
+        worker_flags=["--engine", "mock", "--drain-timeout", "3"],
         workers=2,
         frontend_flags=["--router-mode", "kv"],
     )
@@ -579,3 +581,33 @@ def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
         extra_body={"ignore_eos": True, "nvext": {"backend_instance_id": instance}},
     )
     _assert_a_kill_fails_the_stream(theirs, "worker2", stream)
+
+
+def test_a_worker_stopped_with_sigterm_drains_then_exits_0(mock_pair: DynamoDeployment) -> None:
+    """After SIGTERM the worker finishes a short stream, cuts one that outlasts its
+    `--drain-timeout` (3 s) and exits 0. Last: it stops the first worker (the kill took worker2)."""
+    theirs = mock_pair
+    instance = _instance(theirs, "worker")
+
+    def stream(max_tokens: int) -> Iterator[Any]:
+        return _client(theirs.base_url).chat.completions.create(
+            model=theirs.model_path.name,
+            messages=TEXT,  # type: ignore[arg-type]
+            max_tokens=max_tokens,  # 10 ms each
+            stream=True,
+            extra_body={"ignore_eos": True, "nvext": {"backend_instance_id": instance}},
+        )
+
+    short, long = stream(150), stream(5000)
+    first_short, first_long = next(short), next(long)
+    assert first_short.choices and first_long.choices
+    signalled = time.monotonic()
+    theirs.processes["worker"].send_signal(signal.SIGTERM)
+    finished = [choice.finish_reason for chunk in short for choice in chunk.choices]
+    assert finished[-1] == "length", finished[-5:]
+    with pytest.raises(openai.APIError):
+        for _ in long:
+            pass
+    assert theirs.processes["worker"].wait(timeout=30) == 0, theirs.log("worker")[-2000:]
+    assert time.monotonic() - signalled < 30
+    assert "drain timeout (3 s) reached" in theirs.log("worker")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -212,9 +213,19 @@ async def _serve(args: argparse.Namespace) -> int:
                         "worker_type": WorkerType.Aggregated,
                         "needs": [encoders] if encoders else None,
                     }
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runtime.shutdown)
         serving = asyncio.ensure_future(endpoint.serve_endpoint(generate, graceful_shutdown=True))
+        stopping = asyncio.Event()
+
+        def on_signal() -> None:
+            if stopping.is_set():  # a second signal: stop at once
+                serving.cancel()
+                return
+            stopping.set()
+            log.info("stopping: leaving discovery, draining for up to %g s", args.drain_timeout)
+            runtime.shutdown()  # Dynamo's: deregister, take no new request, finish the rest
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
         await register_model(ModelInput.Tokens, model_type, endpoint, str(model_path), name, **card)
         log.info(
             "%s ready: instance %x, model %s, endpoint %s",
@@ -223,9 +234,26 @@ async def _serve(args: argparse.Namespace) -> int:
             name,
             path,
         )
-        await serving
+        await _serve_until_drained(serving, stopping, args.drain_timeout)
         log.info("%s shutting down", args.role.value)
     finally:
         await engine.close()
         await transfer.close()
     return 0
+
+
+async def _serve_until_drained(
+    serving: asyncio.Future[Any], stopping: asyncio.Event, drain_timeout: float
+) -> None:
+    """Serve until Dynamo's graceful shutdown has finished the requests in flight, or for
+    `drain_timeout` seconds after the first signal, when what is left is cancelled."""
+    stopped = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not serving.done():
+        await asyncio.wait([serving], timeout=drain_timeout)
+    if not serving.done():
+        log.warning("drain timeout (%g s) reached: cancelling what is in flight", drain_timeout)
+        serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
