@@ -80,7 +80,6 @@ class Registrar:
 
     def __init__(self, nc: NatsClient) -> None:
         self._nc = nc
-        self._bucket_exists = False
         self._records: dict[str, protocol.InstanceRecord] = {}
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -133,22 +132,24 @@ class Registrar:
         self, key: str, record: protocol.InstanceRecord, timeout: float = 5.0
     ) -> Exception | None:
         """Put `record` (a publish on the bucket's subject, acknowledged by its stream);
-        returns the error of the last of two attempts, None on success."""
+        returns the error of the last of two attempts, None on success. Each attempt publishes
+        first: watchers hear the record on core NATS even while no stream acknowledges it (a
+        cluster electing the bucket's leader takes seconds), so a heartbeat never waits on the
+        bucket's creation."""
         value = protocol.encode(record)
         js = self._nc.jetstream(timeout=timeout)
         error: Exception | None = None
-        for _ in range(2):
+        for attempt in range(2):
             try:
-                if not self._bucket_exists:
-                    await open_bucket(self._nc, timeout)
-                    self._bucket_exists = True
                 await js.publish(f"$KV.{BUCKET}.{key}", value)
                 return None
             except nats.js.errors.NoStreamResponseError as exc:
                 # No stream answered: after a nats-server restart the memory bucket is gone
                 # (create it again), or a cluster has no leader for it yet.
-                self._bucket_exists = False
                 error = exc
+                if attempt == 0:
+                    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                        await open_bucket(self._nc, timeout)
             except (nats.errors.Error, asyncio.TimeoutError) as exc:
                 error = exc
         return error
