@@ -607,14 +607,10 @@ def test_a_worker_stopped_with_sigterm_drains_then_exits_0(mock_pair: DynamoDepl
     theirs.processes["worker"].send_signal(signal.SIGTERM)
     finished = [choice.finish_reason for chunk in short for choice in chunk.choices]
     assert finished[-1] == "length", finished[-5:]
-    # Cut at the timeout: an error, or (Dynamo's frontend closing the stream of a cancelled
-    # handler) an end without a finish reason, long before its 5000 tokens.
-    received, cut_reasons = 1, []
-    with contextlib.suppress(openai.APIError):
-        for chunk in long:
-            received += len(chunk.choices)
-            cut_reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
-    assert received < 5000 and "length" not in cut_reasons, (received, cut_reasons)
+    # Cut at the timeout, with an error, long before its 5000 tokens.
+    with pytest.raises(openai.APIError):  # Dynamo says "Service temporarily unavailable"
+        for _ in long:
+            pass
     assert theirs.processes["worker"].wait(timeout=30) == 0, theirs.log("worker")[-2000:]
     assert time.monotonic() - signalled < 30
-    assert "drain timeout (3 s) reached" in theirs.log("worker")
+    assert "drain timeout (3 s) reached: ending what is in flight" in theirs.log("worker")

@@ -30,6 +30,8 @@ from mmserve.worker.options import add_worker_arguments
 
 log = logging.getLogger("mmserve.dynamo")
 
+# After the drain's timeout: how long the cut streams have to send their error.
+CUT_GRACE_S = 1.0
 DEFAULT_MAX_TOKENS = 1024  # mmserve's frontend's default, for a request that gives none
 # Dynamo's names of the disaggregation modes, and the role each serves.
 AGGREGATED = "agg"
@@ -140,6 +142,7 @@ async def _serve(args: argparse.Namespace) -> int:
         Images,
         LocalImages,
         RemoteImages,
+        ended_when_cut,
     )
     from mmserve.dynamo.kv_events import DynamoKvEvents
     from mmserve.encode.stage import EncodeStage
@@ -213,7 +216,10 @@ async def _serve(args: argparse.Namespace) -> int:
                         "worker_type": WorkerType.Aggregated,
                         "needs": [encoders] if encoders else None,
                     }
-        serving = asyncio.ensure_future(endpoint.serve_endpoint(generate, graceful_shutdown=True))
+        cut = asyncio.Event()
+        serving = asyncio.ensure_future(
+            endpoint.serve_endpoint(ended_when_cut(generate, cut), graceful_shutdown=True)
+        )
         stopping = asyncio.Event()
 
         def on_signal() -> None:
@@ -234,7 +240,7 @@ async def _serve(args: argparse.Namespace) -> int:
             name,
             path,
         )
-        await _serve_until_drained(serving, stopping, args.drain_timeout)
+        await _serve_until_drained(serving, stopping, cut, args.drain_timeout)
         log.info("%s shutting down", args.role.value)
     finally:
         await engine.close()
@@ -243,17 +249,21 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_until_drained(
-    serving: asyncio.Future[Any], stopping: asyncio.Event, drain_timeout: float
+    serving: asyncio.Future[Any], stopping: asyncio.Event, cut: asyncio.Event, drain_timeout: float
 ) -> None:
     """Serve until Dynamo's graceful shutdown has finished the requests in flight, or for
-    `drain_timeout` seconds after the first signal, when what is left is cancelled."""
+    `drain_timeout` seconds after the first signal: then `cut` ends what is left with an error
+    at its next token, and what is still running a second later is cancelled."""
     stopped = asyncio.ensure_future(stopping.wait())
     await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     if not serving.done():
         await asyncio.wait([serving], timeout=drain_timeout)
     if not serving.done():
-        log.warning("drain timeout (%g s) reached: cancelling what is in flight", drain_timeout)
+        log.warning("drain timeout (%g s) reached: ending what is in flight", drain_timeout)
+        cut.set()
+        await asyncio.wait([serving], timeout=CUT_GRACE_S)
+    if not serving.done():
         serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -351,6 +351,36 @@ def as_dynamo_error(error: RemoteError) -> Exception:
     if status == 400:
         return InvalidArgument(message)
     return HttpError(status, message)
+
+
+Generate = Callable[[dict[str, Any], StopSignal], AsyncIterator[dict[str, Any]]]
+
+
+def ended_when_cut(generate: Generate, cut: asyncio.Event) -> Generate:
+    """`generate`, whose streams end with the client's 503 `unavailable` at their next item
+    once `cut` is set (the worker's drain ran out of time), rather than being cancelled, which
+    Dynamo's frontend would end as if complete."""
+
+    async def generate_until_cut(
+        request: dict[str, Any], context: StopSignal
+    ) -> AsyncIterator[dict[str, Any]]:
+        items = generate(request, context)
+        try:
+            async for item in items:
+                if cut.is_set():
+                    raise as_dynamo_error(
+                        RemoteError(
+                            protocol.ERROR_UNAVAILABLE,
+                            "the worker stopped before the request finished (--drain-timeout)",
+                        )
+                    )
+                yield item
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return generate_until_cut
 
 
 async def until_stopped(items: AsyncIterator[T], context: StopSignal) -> AsyncIterator[T]:
