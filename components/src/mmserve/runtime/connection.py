@@ -174,8 +174,8 @@ class Runtime:
         await self.shutdown()
 
     def install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM leave discovery at once and set `should_exit` (the owner then drains
-        and shuts down); a second one also cuts the drain short."""
+        """SIGINT/SIGTERM set `should_exit` (the owner then leaves discovery, drains and shuts
+        down); a second one also cuts the drain short."""
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._on_signal)
@@ -185,7 +185,6 @@ class Runtime:
             self._force_exit.set()
         else:
             log.info("stopping: leaving discovery, draining for up to %g s", self.graceful_timeout)
-            self._spawn(self.leave_discovery())
         self.should_exit.set()
 
     async def leave_discovery(self) -> None:

@@ -98,7 +98,6 @@ class Server:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self.closing = False
-        self._leaving: asyncio.Future[None] | None = None
         self._endpoints: list[ServedEndpoint] = []
         self._calls: dict[str, _ServerCall] = {}
         self._calls_by_probe: dict[str, _ServerCall] = {}
@@ -164,14 +163,10 @@ class Server:
 
     async def leave_discovery(self) -> None:
         """Deregister and unsubscribe: routers stop choosing this instance at once and no new
-        request reaches it, while the calls it is serving go on. Idempotent: a second caller
-        waits for the first one's work."""
-        if self._leaving is None:
-            self.closing = True
-            self._leaving = asyncio.ensure_future(self._leave_discovery())
-        await asyncio.shield(self._leaving)
-
-    async def _leave_discovery(self) -> None:
+        request reaches it, while the calls it is serving go on. Idempotent."""
+        if self.closing:
+            return
+        self.closing = True
         await self._registrar.deregister_all()
         for served in self._endpoints:
             for subscription in served.subscriptions:
