@@ -77,3 +77,17 @@ async def stream_until(
         if outcome.status != 200:
             await asyncio.sleep(RETRY_PAUSE_S)
     return sent
+
+
+async def started_streams(
+    client: httpx.AsyncClient, count: int, max_tokens: int, text: str
+) -> list[asyncio.Task[Outcome]]:
+    """`count` streamed requests (`"{text} {i}"`, `max_tokens` each), once every one of them
+    has its first token."""
+    firsts = [asyncio.Event() for _ in range(count)]
+    streams = [
+        asyncio.ensure_future(stream_chat(client, chat_body(max_tokens, f"{text} {i}"), firsts[i]))
+        for i in range(count)
+    ]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+    return streams

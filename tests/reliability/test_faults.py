@@ -21,7 +21,7 @@ from tests.support.deployment import Deployment, free_port
 from tests.support.waiting import wait_until_async
 
 from .conftest import Trial, metric, restart_worker
-from .streams import BOUND_S, Outcome, chat_body, stream_chat
+from .streams import BOUND_S, Outcome, chat_body, started_streams, stream_chat
 
 MOCK = ["--engine", "mock"]  # simulated timing: 10 ms per decoded token, no model compute
 
@@ -80,13 +80,8 @@ async def _served(client: httpx.AsyncClient, count: int) -> list[Outcome]:
 def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:
     async def run() -> tuple[list[Outcome], float, float]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
-            firsts = [asyncio.Event() for _ in range(4)]
             idle = faulty.active()
-            streams = [
-                asyncio.ensure_future(stream_chat(client, chat_body(400, f"story {i}"), firsts[i]))
-                for i in range(4)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            streams = await started_streams(client, 4, 400, "story")
             on_survivor = faulty.active_since(idle)["b"]
             faulty.deployment.kill("a")
             killed_at = time.monotonic()
@@ -154,13 +149,8 @@ def test_a_client_that_leaves_stops_generation(faulty: Faulty, trial: Trial) -> 
 def test_sigterm_finishes_in_flight_streams_then_exits(faulty: Faulty, trial: Trial) -> None:
     async def run() -> list[Outcome]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
-            firsts = [asyncio.Event() for _ in range(2)]
             idle = faulty.active()
-            streams = [
-                asyncio.ensure_future(stream_chat(client, chat_body(150, f"tale {i}"), firsts[i]))
-                for i in range(2)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            streams = await started_streams(client, 2, 150, "tale")
             assert faulty.active_since(idle)["b"] >= 1
             faulty.deployment.processes["b"].send_signal(signal.SIGTERM)
             # It leaves discovery at once, while its streams still run.
@@ -190,12 +180,7 @@ def test_drain_timeout_cuts_what_is_left_and_exits(faulty: Faulty, trial: Trial)
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             # 6000 tokens take a minute: far past the drain's second.
             idle = faulty.active()
-            firsts = [asyncio.Event() for _ in range(4)]
-            streams = [
-                asyncio.ensure_future(stream_chat(client, chat_body(6000, f"epic {i}"), firsts[i]))
-                for i in range(4)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            streams = await started_streams(client, 4, 6000, "epic")
             on_b = faulty.active_since(idle)["b"]
             assert on_b >= 1
             faulty.deployment.processes["b"].send_signal(signal.SIGTERM)
@@ -222,12 +207,7 @@ def test_drain_timeout_cuts_what_is_left_and_exits(faulty: Faulty, trial: Trial)
 def test_nats_restart_under_light_load(faulty: Faulty, trial: Trial) -> None:
     async def run() -> tuple[list[Outcome], float]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
-            firsts = [asyncio.Event() for _ in range(2)]
-            streams = [
-                asyncio.ensure_future(stream_chat(client, chat_body(6000, f"saga {i}"), firsts[i]))
-                for i in range(2)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            streams = await started_streams(client, 2, 6000, "saga")
             await asyncio.to_thread(faulty.nats.restart)
             restarted_at = time.monotonic()
             in_flight = list(await asyncio.wait_for(asyncio.gather(*streams), BOUND_S))
@@ -264,12 +244,7 @@ def test_sigterm_of_the_frontend_drains_its_streams_then_exits(
 
     async def run() -> tuple[list[Outcome], httpx.Response]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
-            firsts = [asyncio.Event() for _ in range(2)]
-            streams = [
-                asyncio.ensure_future(stream_chat(client, chat_body(150, f"fable {i}"), firsts[i]))
-                for i in range(2)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 120)
+            streams = await started_streams(client, 2, 150, "fable")
             frontend.send_signal(signal.SIGTERM)
             # Draining: a load balancer's probe hears 503 while the streams go on.
 
