@@ -188,8 +188,12 @@ def test_drain_timeout_cuts_what_is_left_and_exits(faulty: Faulty, trial: Trial)
             code = await asyncio.to_thread(faulty.deployment.processes["b"].wait, BOUND_S)
             exited = time.monotonic() - signalled
             assert code == 0, faulty.deployment.log("b")[-2000:]
-            done, running = await asyncio.wait(streams, timeout=BOUND_S)
-            cut = [t.result() for t in done]
+            # Its streams end; the other worker's run on for a minute, not waited for.
+            await wait_until_async(
+                lambda: sum(stream.done() for stream in streams) >= on_b, BOUND_S, "b's streams"
+            )
+            cut = [stream.result() for stream in streams if stream.done()]
+            running = [stream for stream in streams if not stream.done()]
             assert len(cut) == on_b and all(o.error and not o.finished for o in cut), cut
             for stream in running:  # the other worker's: not to be read to their end
                 stream.cancel()
