@@ -77,6 +77,42 @@ async def _check(client: openai.AsyncOpenAI, model: str) -> None:
     assert got == [q.answer for q in questions]
 
 
+async def _sampled(client: openai.AsyncOpenAI, model: str) -> tuple[str, list[float]]:
+    """A seeded, penalised completion with its logprobs, non-streamed and streamed: the same
+    either way, its tokens' bytes its text."""
+    question = _colour_question(7)
+    options = {
+        "model": model,
+        "messages": _messages(question.images, question.text),
+        "max_tokens": 6,
+        "temperature": 0.8,
+        "seed": 11,
+        "frequency_penalty": 0.5,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "extra_body": {"ignore_eos": True, "repetition_penalty": 1.1},
+    }
+    response = await client.chat.completions.create(**options)  # type: ignore[call-overload]
+    choice = response.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    content = choice.logprobs.content
+    assert len(content) == response.usage.completion_tokens == 6
+    # The content leaves special tokens out (the EOS the request ignores); their logprobs stay.
+    said = [entry for entry in content if not entry.token.startswith("<|")]
+    raw = b"".join(bytes(entry.bytes or []) for entry in said)
+    assert raw.decode("utf-8", errors="replace") == choice.message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        values = [top.logprob for top in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and entry.logprob <= 0
+    stream = await client.chat.completions.create(**options, stream=True)
+    streamed = [c.choices[0] async for c in stream if c.choices]
+    streamed_entries = [e for c in streamed if c.logprobs for e in c.logprobs.content or []]
+    assert "".join(c.delta.content or "" for c in streamed) == choice.message.content
+    assert [e.token for e in streamed_entries] == [e.token for e in content]
+    return choice.message.content or "", [entry.logprob for entry in content]
+
+
 def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -> None:
     model_path = build_trained_model()
     deployments = [
@@ -86,14 +122,21 @@ def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -
     ]
 
     async def check_all() -> None:
+        sampled = {}
         for deployment in deployments:
             deployment.wait_ready()
             client = openai.AsyncOpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
             async with client:
                 try:
                     await _check(client, model_path.name)
+                    sampled[deployment.pattern] = await _sampled(client, model_path.name)
                 except AssertionError as error:
                     pytest.fail(f"{deployment.pattern}: {error}")
+        # A seed samples the same tokens, with the same logprobs, in every pattern.
+        text, logprobs = sampled["agg"]
+        for pattern, (other_text, other_logprobs) in sampled.items():
+            assert other_text == text, pattern
+            assert other_logprobs == pytest.approx(logprobs, abs=1e-4), pattern
 
     try:
         for deployment in deployments:

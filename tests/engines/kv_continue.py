@@ -3,7 +3,7 @@
 Usage: python -m tests.engines.kv_continue JOBS_JSON, where each job is
 `{"model": dir, "kv": file, "done": {...}, "token_ids": [...], "sampling": {...},
 "stop": {...}}` (`done`: the prefill's `PrefillDone`, `token_ids`: its prompt); prints one list
-of token ids per job as JSON. Files stand in for the transfer layer, which is not under test
+of (token id, logprob) pairs per job as JSON. Files stand in for the transfer layer, which is not under test
 here.
 """
 
@@ -21,19 +21,23 @@ from mmserve.engines.hf import HfEngine
 from mmserve.protocol import PrefillDone, SamplingParams, StopConditions
 
 
-async def continue_decode(job: dict) -> list[int]:
+async def continue_decode(job: dict) -> list[list[float]]:
     engine = HfEngine(job["model"])
     sampling = SamplingParams(**job["sampling"])
     stop = StopConditions(**job["stop"])
     request = EngineRequest("imported", tuple(job["token_ids"]), sampling, stop)
     done = msgspec.convert(job["done"], PrefillDone)
     kv = await engine.import_kv(request, done, torch.load(job["kv"], weights_only=True))
-    tokens = [t async for chunk in engine.decode(kv, sampling, stop) for t in chunk.token_ids]
+    chosen = [
+        [each.token_id, each.logprob]
+        async for chunk in engine.decode(kv, sampling, stop)
+        for each in chunk.logprobs
+    ]
     await engine.close()
-    return tokens
+    return chosen
 
 
-async def main(jobs: list[dict]) -> list[list[int]]:
+async def main(jobs: list[dict]) -> list[list[list[float]]]:
     return [await continue_decode(job) for job in jobs]
 
 

@@ -12,6 +12,7 @@ import torch
 
 from mmserve.engines.base import GREEDY, EngineError, EngineOverloaded, EngineRequest, MediaGone
 from mmserve.engines.hf import HfEngine
+from mmserve.engines.logits import Sampler
 from mmserve.protocol import (
     KvCleared,
     KvRemoved,
@@ -364,16 +365,14 @@ async def test_first_token_logits_are_bit_identical_to_generate(
 ):
     # A fresh engine: no prefix-cache hit, all items through the vision tower together, so the
     # arithmetic is generate's own, operation for operation.
-    import mmserve.engines.hf as hf
-
     seen: list[torch.Tensor] = []
+    choose = Sampler.next
 
-    def keep_logits(logits, sampling, generator, banned=()):
+    def keep_logits(sampler, logits, banned=()):
         seen.append(logits.clone())
-        return hf_sample_token(logits, sampling, generator, banned)
+        return choose(sampler, logits, banned)
 
-    hf_sample_token = hf.sample_token
-    monkeypatch.setattr(hf, "sample_token", keep_logits)
+    monkeypatch.setattr(Sampler, "next", keep_logits)
     engine = HfEngine(tiny_model)
     images = [make_image(56 + 28 * i, 84 - 14 * i, seed=30 + i) for i in range(3)]
     items = preprocess(tiny_model, images)

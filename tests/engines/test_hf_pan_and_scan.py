@@ -17,6 +17,7 @@ from transformers import AutoProcessor
 from mmserve.encode.stage import EncodeStage
 from mmserve.engines.base import EngineRequest, ItemEmbedding
 from mmserve.engines.hf import HfEngine
+from mmserve.engines.logits import Sampler
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
 from mmserve.models.tiny import build_tiny_model
@@ -38,16 +39,14 @@ def engine() -> HfEngine:
 async def test_greedy_tokens_equal_generate_with_pan_and_scan(
     engine: HfEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mmserve.engines.hf as hf
-
     logits: list[torch.Tensor] = []
-    sample_token = hf.sample_token
+    choose = Sampler.next
 
-    def keep_logits(step_logits, sampling, generator, banned=()):
+    def keep_logits(sampler, step_logits, banned=()):
         logits.append(step_logits.clone())
-        return sample_token(step_logits, sampling, generator, banned)
+        return choose(sampler, step_logits, banned)
 
-    monkeypatch.setattr(hf, "sample_token", keep_logits)
+    monkeypatch.setattr(Sampler, "next", keep_logits)
     path = engine.spec.path
     # Two crops, no crops (below the activation ratio), three crops.
     images = [make_image(700, 350, 0), make_image(300, 280, 1), make_image(260, 800, 2)]

@@ -19,18 +19,33 @@ from tests.support.engines import expand_prompt, make_image, planned_request, pr
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-async def export_job(family: str, tmp_path: Path) -> tuple[dict, list[int]]:
-    """Prefill on a local engine: the exported KV as a job, and the uninterrupted tokens."""
+async def export_job(family: str, tmp_path: Path) -> tuple[dict, list[list[float]]]:
+    """Prefill on a local engine: the exported KV as a job, and the uninterrupted tokens with
+    their logprobs."""
     model = build_tiny_model(family)
     engine = HfEngine(model)
     items = preprocess(model, [make_image(84, 56, seed=21), make_image(56, 56, seed=22)])
     ids = expand_prompt(engine.tokenizer, ["Compare them."], items)
-    # Seeded sampling: the random source's state travels with the KV too.
-    sampling = SamplingParams(temperature=0.9, top_k=40, seed=5)
+    # Seeded sampling with penalties: decode draws what an aggregated engine draws from the
+    # prefill's seed and first token, and counts the first token against the penalties.
+    sampling = SamplingParams(
+        temperature=0.9,
+        top_k=40,
+        seed=5,
+        frequency_penalty=0.8,
+        presence_penalty=0.3,
+        repetition_penalty=1.2,
+        logprobs=2,
+    )
     stop = StopConditions(max_tokens=10, ignore_eos=True)
     request = planned_request("p", ids, items, sampling, stop, model=engine.model)
     embeddings = await engine.encode(items)
-    uninterrupted = [t async for c in engine.generate(request, embeddings) for t in c.token_ids]
+    uninterrupted = [
+        [each.token_id, each.logprob]
+        async for chunk in engine.generate(request, embeddings)
+        for each in chunk.logprobs
+    ]
+    assert len(uninterrupted) == stop.max_tokens
 
     kv = await engine.prefill(request, embeddings)
     tensors = await engine.export_kv(kv)
@@ -65,4 +80,7 @@ async def test_decode_continues_from_imported_kv_in_another_process(tmp_path: Pa
     stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=180)
     assert process.returncode == 0, stderr.decode()
     continued = json.loads(stdout.decode().strip().splitlines()[-1])
-    assert continued == [uninterrupted for _, uninterrupted in exported]
+    for got, (_, expected) in zip(continued, exported, strict=True):
+        assert [token for token, _ in got] == [token for token, _ in expected]
+        for (_, logprob), (_, wanted) in zip(got, expected, strict=True):
+            assert abs(logprob - wanted) < 1e-5

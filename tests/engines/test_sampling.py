@@ -6,21 +6,27 @@ import pytest
 import torch
 
 from mmserve.engines.base import EngineError
-from mmserve.engines.sampling import StopRules, check_sampling, make_generator, sample_token
+from mmserve.engines.logits import Sampler
+from mmserve.engines.sampling import StopRules, check_sampling
 from mmserve.protocol import SamplingParams, StopConditions
 
 LOGITS = torch.tensor([0.0, 3.0, 2.9, -1.0, 1.0])
+CPU = torch.device("cpu")
 
 
-def draws(params: SamplingParams, count: int = 200) -> set[int]:
-    generator = make_generator(params, torch.device("cpu"))
-    return {sample_token(LOGITS, params, generator) for _ in range(count)}
+def sampler(params: SamplingParams) -> Sampler:
+    return Sampler(params, [], LOGITS.shape[0], CPU)
 
 
-def test_greedy_takes_the_argmax_without_a_random_source():
-    params = SamplingParams(temperature=0.0, seed=1)
-    assert make_generator(params, torch.device("cpu")) is None
-    assert draws(params) == {1}
+def draws(
+    params: SamplingParams, count: int = 200, banned: frozenset[int] = frozenset()
+) -> set[int]:
+    each = sampler(params)
+    return {each.next(LOGITS, banned)[0] for _ in range(count)}
+
+
+def test_greedy_takes_the_argmax():
+    assert draws(SamplingParams(temperature=0.0, seed=1)) == {1}
 
 
 def test_top_k_and_top_p_limit_the_candidates():
@@ -55,10 +61,9 @@ def test_before_min_tokens_no_stop_id_ends_a_stream_or_is_sampled():
     # The mask: the best token that is not banned, greedy or sampled; ids past the vocabulary
     # (a client's stop id) are no concern of the logits.
     greedy = SamplingParams(temperature=0.0)
-    assert sample_token(LOGITS, greedy, None, frozenset({1, 99})) == 2
+    assert sampler(greedy).next(LOGITS, frozenset({1, 99}))[0] == 2
     params = SamplingParams(temperature=1.0, top_k=2, seed=0)
-    generator = make_generator(params, torch.device("cpu"))
-    assert {sample_token(LOGITS, params, generator, {1}) for _ in range(100)} == {2, 4}
+    assert draws(params, 100, frozenset({1})) == {2, 4}
 
 
 @pytest.mark.parametrize(
@@ -67,6 +72,12 @@ def test_before_min_tokens_no_stop_id_ends_a_stream_or_is_sampled():
         (SamplingParams(temperature=-1.0), StopConditions(), "temperature"),
         (SamplingParams(top_p=0.0), StopConditions(), "top_p"),
         (SamplingParams(top_k=-2), StopConditions(), "top_k"),
+        (SamplingParams(min_p=1.5), StopConditions(), "min_p"),
+        (SamplingParams(frequency_penalty=2.5), StopConditions(), "frequency_penalty"),
+        (SamplingParams(presence_penalty=-2.5), StopConditions(), "presence_penalty"),
+        (SamplingParams(repetition_penalty=0.0), StopConditions(), "repetition_penalty"),
+        (SamplingParams(logprobs=21), StopConditions(), "logprobs"),
+        (SamplingParams(logit_bias={3: 101.0}), StopConditions(), "logit_bias"),
         (SamplingParams(), StopConditions(max_tokens=0), "max_tokens"),
         (SamplingParams(), StopConditions(min_tokens=-1), "min_tokens"),
         (SamplingParams(), StopConditions(max_tokens=4, min_tokens=5), "min_tokens"),

@@ -71,8 +71,7 @@ def test_unknown_content_part_type(frontend: RunningFrontend) -> None:
     ("fields", "param"),
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ],
 )
@@ -81,6 +80,31 @@ def test_unsupported_options_are_refused_by_name(frontend: RunningFrontend, fiel
     assert error["param"] == param
     if param == "n":
         assert "n=1" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+    ],
+)
+def test_bad_sampling_values_are_refused_by_name_and_the_server_serves_on(
+    frontend: RunningFrontend, fields, param
+) -> None:
+    error = _assert_error(_post(frontend, _chat(frontend, **fields)), 400, "invalid_value")
+    assert error["param"] is not None and error["param"].startswith(param), error
+    assert _post(frontend, _chat(frontend, max_tokens=2)).status_code == 200
 
 
 def test_unsupported_options_at_their_defaults_are_accepted(frontend: RunningFrontend) -> None:

@@ -44,6 +44,7 @@ from mmserve.protocol import (
     StopConditions,
     TensorHandle,
     TokenChunk,
+    TokenLogprob,
 )
 
 # protocol.SamplingParams defaults to temperature 1 (OpenAI's default); engine callers that
@@ -214,6 +215,8 @@ class KvHandle(Generic[StateT]):
     `PrefillDone`.
 
     `state` is private to the engine. A handle is consumed by `decode` or freed by `release`.
+    `first_logprob` is the first token's log-probabilities where the request asks for them, and
+    `sampling_seed` the seed the first token was drawn with (`PrefillDone` carries both on).
     """
 
     request_id: str
@@ -221,6 +224,8 @@ class KvHandle(Generic[StateT]):
     first_token: int
     cached_tokens: int
     state: StateT = field(repr=False)
+    first_logprob: TokenLogprob | None = None
+    sampling_seed: int | None = None
 
     def prefill_done(self, kv: dict[str, TensorHandle] | None = None) -> PrefillDone:
         """What decode takes over from this prefill's handle (with the transfer handles of
@@ -231,6 +236,8 @@ class KvHandle(Generic[StateT]):
             prompt_tokens=self.prompt_tokens,
             cached_tokens=self.cached_tokens,
             kv=kv or {},
+            first_logprob=self.first_logprob,
+            sampling_seed=self.sampling_seed,
         )
 
 

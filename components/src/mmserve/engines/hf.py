@@ -43,14 +43,9 @@ from mmserve.engines.base import (
 from mmserve.engines.caching import CachingEngine
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
+from mmserve.engines.logits import Sampler
 from mmserve.engines.prefix_cache import PrefixCache
-from mmserve.engines.sampling import (
-    StopRules,
-    check_sampling,
-    make_generator,
-    sample_token,
-    stream_completion,
-)
+from mmserve.engines.sampling import StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
@@ -61,6 +56,7 @@ from mmserve.protocol import (
     SamplingParams,
     StopConditions,
     TokenChunk,
+    TokenLogprob,
 )
 
 Result = TypeVar("Result")
@@ -70,11 +66,11 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 @dataclass
 class _KvState:
-    """What decode needs beyond the handle: the cache, the M-RoPE offset, the random source."""
+    """What decode needs beyond the handle: the cache, the M-RoPE offset, the token choice."""
 
     cache: Any  # transformers Cache
     rope_delta: int
-    generator: torch.Generator | None
+    sampler: Sampler
 
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -318,16 +314,22 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 len(blocks),
                 [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
             )
-        generator = make_generator(request.sampling, self.device)
+        sampler = self._sampler(request)
         banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
-        first_token = sample_token(logits, request.sampling, generator, banned)
+        first_token, first_logprob = sampler.next(logits, banned)
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),
             first_token=first_token,
             cached_tokens=cached,
-            state=_KvState(cache, rope_delta, generator),
+            state=_KvState(cache, rope_delta, sampler),
+            first_logprob=first_logprob,
+            sampling_seed=sampler.seed,
         )
+
+    def _sampler(self, request: EngineRequest, seed: int | None = None) -> Sampler:
+        vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        return Sampler(request.sampling, request.token_ids, vocab_size, self.device, seed)
 
     def _deepstack_inputs(
         self, live: list[ItemEmbedding], skipped: int, suffix_mask: torch.Tensor
@@ -407,13 +409,15 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     ) -> AsyncIterator[TokenChunk]:
         state = self._state(kv)
         check_sampling(sampling, stop)
+        if sampling != state.sampler.params:  # decode's own sampling, the prefill's history
+            state.sampler = state.sampler.with_params(sampling)
         with self.admission():
             try:
-                if state.generator is None:
-                    state.generator = make_generator(sampling, self.device)
 
-                async def next_token(token: int, banned: frozenset[int]) -> int:
-                    return await self._call(self._decode_step, state, token, sampling, banned)
+                async def next_token(
+                    token: int, banned: frozenset[int]
+                ) -> tuple[int, TokenLogprob | None]:
+                    return await self._call(self._decode_step, state, token, banned)
 
                 async for chunk in stream_completion(
                     kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
@@ -423,15 +427,15 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 state.cache = None
 
     def _decode_step(
-        self, state: _KvState, token: int, sampling: SamplingParams, banned: frozenset[int]
-    ) -> int:
+        self, state: _KvState, token: int, banned: frozenset[int]
+    ) -> tuple[int, TokenLogprob | None]:
         position = state.cache.get_seq_length() + state.rope_delta
         positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
         ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
         inputs_embeds = self._inner.get_input_embeddings()(ids)
         output = self._text_model(inputs_embeds, positions, state.cache, {})
         logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
-        return sample_token(logits, sampling, state.generator, banned)
+        return state.sampler.next(logits, banned)
 
     def release(self, kv: KvHandle[_KvState]) -> None:
         kv.state.cache = None
@@ -446,14 +450,9 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         head_dim]`) and, for a hybrid model, each linear layer's states at the prompt's end
         (`conv_states`: `[linear layers, conv_dim, kernel]`, `recurrent_states`: `[linear
         layers, value heads, key head dim, value head dim]`), with what decode resumes from
-        (the M-RoPE offset and the random source's state)."""
+        (the M-RoPE offset; the sampler's seed travels in `PrefillDone`)."""
         state = self._state(kv)
         layers = [state.cache.layers[index] for index in self._attention_layers]
-        generator_state = (
-            state.generator.get_state()
-            if state.generator is not None
-            else torch.empty(0, dtype=torch.uint8)
-        )
         linear_states: dict[str, torch.Tensor] = {}
         if self._linear_layers:
             linear = [state.cache.layers[index] for index in sorted(self._linear_layers)]
@@ -466,7 +465,6 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             "values": torch.stack([layer.values[0] for layer in layers]).cpu().contiguous(),
             **{name: t.cpu().contiguous() for name, t in linear_states.items()},
             "rope_delta": torch.tensor([state.rope_delta], dtype=torch.int64),
-            "generator_state": generator_state.cpu().contiguous(),
         }
 
     async def import_kv(
@@ -500,17 +498,16 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 index,
             )
         self._import_linear_states(cache, tensors)
-        generator = None
-        generator_state = tensors.get("generator_state")
-        if generator_state is not None and generator_state.numel():
-            generator = torch.Generator(device=self.device)
-            generator.set_state(generator_state)
+        sampler = self._sampler(request, done.sampling_seed)
+        sampler.observe(done.first_token_id)
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=done.prompt_tokens,
             first_token=done.first_token_id,
             cached_tokens=done.cached_tokens,
-            state=_KvState(cache, int(tensors["rope_delta"][0]), generator),
+            state=_KvState(cache, int(tensors["rope_delta"][0]), sampler),
+            first_logprob=done.first_logprob,
+            sampling_seed=sampler.seed,
         )
 
     def _import_linear_states(self, cache: Any, tensors: dict[str, torch.Tensor]) -> None:

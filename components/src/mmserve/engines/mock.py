@@ -10,7 +10,9 @@ It serves the router, the frontend and every deployment pattern at scale without
   so its KV events are the ones a real engine would publish for the same prompts (none, and
   no hits, for a model with linear-attention layers, as the hf engine);
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
-  prompt gives the same completion on any worker and in any pattern;
+  prompt gives the same completion on any worker and in any pattern; there is no distribution,
+  so temperature, the penalties and `logit_bias` change nothing, and log-probabilities are
+  simulated (`simulated_logprob`: deterministic, the chosen token the most likely);
 - encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
   one vision tower runs them), then returns
   deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
@@ -67,6 +69,7 @@ from mmserve.protocol import (
     SamplingParams,
     StopConditions,
     TokenChunk,
+    TokenLogprob,
 )
 
 EMBEDDING_DIM = 8  # columns of a mock embedding: small, so transfers stay cheap
@@ -89,6 +92,19 @@ def _draw(tokens: random.Random, banned: frozenset[int]) -> int:
             break
         token = low + (token + 1 - low) % (high - low)
     return token
+
+
+def simulated_logprob(token: int, top: int) -> TokenLogprob:
+    """The mock's log-probabilities of `token`: a value in (-1, 0] from the id, the chosen token
+    first among `top` neighbouring ids, each one less likely than the one before."""
+    low, high = PSEUDO_TOKENS
+    logprob = -((token * 2654435761) % 1000) / 1000
+    neighbours = [low + (token - low + step) % (high - low) for step in range(top)]
+    return TokenLogprob(
+        token_id=token,
+        logprob=logprob,
+        top=[(other, logprob - step) for step, other in enumerate(neighbours)],
+    )
 
 
 def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
@@ -189,14 +205,17 @@ class MockEngine(CachingEngine[_MockKv, None]):
                     stored = cached // cache.block_size
                     cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
         seed = prompt_seed(request.token_ids, [item.mm_hash for item in request.media])
+        first_token = _draw(
+            random.Random(seed), StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+        )
+        top = request.sampling.logprobs
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),
-            first_token=_draw(
-                random.Random(seed), StopRules(request.stop, self.spec.eos_token_ids).banned(0)
-            ),
+            first_token=first_token,
             cached_tokens=cached,
             state=_MockKv(seed),
+            first_logprob=None if top is None else simulated_logprob(first_token, top),
         )
 
     def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
@@ -214,9 +233,13 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 tokens = random.Random(state.seed)
                 tokens.randrange(*PSEUDO_TOKENS)  # the first draw is kv.first_token
 
-                async def next_token(_previous: int, banned: frozenset[int]) -> int:
+                async def next_token(
+                    _previous: int, banned: frozenset[int]
+                ) -> tuple[int, TokenLogprob | None]:
                     await asyncio.sleep(self.decode_s_per_token)
-                    return _draw(tokens, banned)
+                    token = _draw(tokens, banned)
+                    top = sampling.logprobs
+                    return token, None if top is None else simulated_logprob(token, top)
 
                 async for chunk in stream_completion(
                     kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
@@ -247,6 +270,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
             first_token=done.first_token_id,
             cached_tokens=done.cached_tokens,
             state=_MockKv(int(seed[0])),
+            first_logprob=done.first_logprob,
         )
 
     async def close(self) -> None:

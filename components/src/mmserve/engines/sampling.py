@@ -1,18 +1,27 @@
-"""Token choice (greedy, temperature, top-k, top-p, seed) and the stop rules of a stream
-(EOS unless `ignore_eos`, stop ids, `max_tokens`, and `min_tokens` before which neither ends
-it: as in vLLM, those ids are not sampled until then)."""
+"""The checks of a request's sampling, the stop rules of a stream (EOS unless `ignore_eos`,
+stop ids, `max_tokens`, and `min_tokens` before which neither ends it: as in vLLM, those ids
+are not sampled until then), and the stream itself (the token choice is `engines.logits`)."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-import torch
 from tokenizers import Tokenizer
 
 from mmserve.engines.base import EngineError, KvHandle
 from mmserve.engines.detokenize import IncrementalDetokenizer
-from mmserve.protocol import FinishReason, SamplingParams, StopConditions, TokenChunk, Usage
+from mmserve.protocol import (
+    FinishReason,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+    TokenLogprob,
+    Usage,
+)
+
+MAX_LOGPROBS = 20  # OpenAI's limit of top_logprobs
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's frequency and presence penalties
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 
 def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
@@ -29,42 +38,20 @@ def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
         raise EngineError(f"top_p must lie in (0, 1], got {params.top_p}")
     if params.top_k < 0:
         raise EngineError(f"top_k must be >= 0, got {params.top_k}")
-
-
-def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """The stream's random source: seeded when asked, None for greedy."""
-    if params.temperature == 0:
-        return None
-    generator = torch.Generator(device=device)
-    seed = params.seed if params.seed is not None else random.getrandbits(63)
-    generator.manual_seed(seed)
-    return generator
-
-
-def sample_token(
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-    banned: Collection[int] = (),
-) -> int:
-    """The next token from one row of logits, never one of `banned`."""
-    ids = [i for i in banned if 0 <= i < logits.shape[-1]]
-    if ids:
-        logits = logits.index_fill(0, torch.tensor(ids, device=logits.device), float("-inf"))
-    if params.temperature == 0 or generator is None:
-        return int(torch.argmax(logits))
-    scores = logits.float() / params.temperature
-    if params.top_k > 0 and params.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, params.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True)
-        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-        # Drop a token once the tokens before it already reach top_p; the first always stays.
-        drop = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
-        scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(scores, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    if not 0 <= params.min_p <= 1:
+        raise EngineError(f"min_p must lie in [0, 1], got {params.min_p}")
+    low, high = PENALTY_RANGE
+    for name in ("frequency_penalty", "presence_penalty"):
+        if not low <= getattr(params, name) <= high:
+            raise EngineError(f"{name} must lie in [{low}, {high}], got {getattr(params, name)}")
+    if params.repetition_penalty <= 0:
+        raise EngineError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_LOGPROBS:
+        raise EngineError(f"logprobs must lie in [0, {MAX_LOGPROBS}], got {params.logprobs}")
+    low, high = LOGIT_BIAS_RANGE
+    for token, bias in params.logit_bias.items():
+        if not low <= bias <= high:
+            raise EngineError(f"logit_bias[{token}] must lie in [{low}, {high}], got {bias}")
 
 
 class StopRules:
@@ -95,16 +82,17 @@ async def stream_completion(
     stop: StopConditions,
     eos_token_ids: Sequence[int],
     tokenizer: Tokenizer,
-    next_token: Callable[[int, frozenset[int]], Awaitable[int]],
+    next_token: Callable[[int, frozenset[int]], Awaitable[tuple[int, TokenLogprob | None]]],
 ) -> AsyncIterator[TokenChunk]:
     """Token chunks from `kv.first_token` on, `next_token(previous, banned)` making each next
-    one (never one of `banned`: `StopRules.banned`), until a stop rule ends the completion; the
+    one (never one of `banned`: `StopRules.banned`) with its log-probabilities where the request
+    asks for them, until a stop rule ends the completion; the
     last chunk carries the finish reason and usage. Stop strings are cut from the text by the
     detokenizer, across token boundaries; the last chunk also carries the text of tokens that
     end inside a character (the tokenizer's decode of them)."""
     rules = StopRules(stop, tuple(eos_token_ids))
     detokenizer = IncrementalDetokenizer(tokenizer, list(stop.stop), stop.min_tokens)
-    token = kv.first_token
+    token, logprob = kv.first_token, kv.first_logprob
     completion_tokens = 0
     while True:
         completion_tokens += 1
@@ -114,9 +102,12 @@ async def stream_completion(
             text = detokenizer.push([token])
             if detokenizer.stopped:
                 finish = "stop"
+        logprobs = [] if logprob is None else [logprob]
         if finish is None:
-            yield TokenChunk(request_id=kv.request_id, token_ids=[token], text=text)
-            token = await next_token(token, rules.banned(completion_tokens))
+            yield TokenChunk(
+                request_id=kv.request_id, token_ids=[token], text=text, logprobs=logprobs
+            )
+            token, logprob = await next_token(token, rules.banned(completion_tokens))
             continue
         text += detokenizer.flush()
         if detokenizer.stopped:
@@ -125,6 +116,7 @@ async def stream_completion(
             request_id=kv.request_id,
             token_ids=[token],
             text=text,
+            logprobs=logprobs,
             finish_reason=finish,
             usage=Usage(
                 prompt_tokens=kv.prompt_tokens,

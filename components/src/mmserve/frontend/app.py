@@ -25,6 +25,7 @@ from mmserve.frontend.chat import ChatPreprocessor, new_request_id
 from mmserve.frontend.dispatch import Dispatcher
 from mmserve.frontend.drain import Drain
 from mmserve.frontend.errors import ApiError
+from mmserve.frontend.logprobs import TokenTexts
 from mmserve.frontend.media_ids import tenant_of
 from mmserve.frontend.openapi import openapi_document
 from mmserve.observability import metrics, nvtx
@@ -46,12 +47,14 @@ from mmserve.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChoiceDelta,
+    ChoiceLogprobs,
     FinishReason,
     ModelCard,
     ModelList,
     OpenAIUsage,
     PreprocessedRequest,
     TokenChunk,
+    TokenLogprob,
     Usage,
 )
 from mmserve.runtime.errors import RemoteError
@@ -139,6 +142,7 @@ class FrontendApp:
         self.dispatcher = dispatcher
         self.http = http or HttpOptions()
         self.drain = drain or Drain(DEFAULT_DRAIN_TIMEOUT_S)
+        self.token_texts = TokenTexts(preprocessor.model.tokenizer)
         pixels = preprocessor.pixel_range.min_pixels, preprocessor.pixel_range.max_pixels
         self._openapi = _encoder.encode(
             openapi_document(
@@ -338,8 +342,9 @@ class _Generation:
         options = request.stream_options
         self._continuous_usage = options is not None and options.continuous_usage_stats
 
-    async def _texts(self) -> AsyncGenerator[tuple[str, FinishReason | None]]:
-        """(text delta, finish reason) pairs; the last pair carries the finish reason."""
+    async def _texts(self) -> AsyncGenerator[tuple[str, FinishReason | None, list[TokenLogprob]]]:
+        """(text delta, finish reason, log-probabilities) of each chunk; the last carries the
+        finish reason."""
         chunks = self._app.dispatcher.generate(self._preprocessed)
         finish: FinishReason | None = None
         first_token = nvtx.range_start(nvtx.FE_FIRST_TOKEN)
@@ -351,7 +356,7 @@ class _Generation:
                         first_token = None
                     self._observe(chunk)
                     finish = chunk.finish_reason
-                    yield chunk.text, finish
+                    yield chunk.text, finish, chunk.logprobs
                     if finish is not None:
                         return
         except RemoteError as err:
@@ -396,11 +401,18 @@ class _Generation:
             prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
         )
 
+    def _logprobs(self, logprobs: list[TokenLogprob]) -> ChoiceLogprobs | None:
+        if not self._request.logprobs:
+            return None
+        return ChoiceLogprobs(content=self._app.token_texts.chat(logprobs))
+
     async def collect(self) -> ChatCompletionResponse:
         parts = []
         finish: FinishReason | None = None
-        async for text, finish_reason in self._texts():
+        logprobs: list[TokenLogprob] = []
+        async for text, finish_reason, chunk_logprobs in self._texts():
             parts.append(text)
+            logprobs += chunk_logprobs
             finish = finish_reason
         return ChatCompletionResponse(
             id=self._preprocessed.request_id,
@@ -411,6 +423,7 @@ class _Generation:
                     index=0,
                     message=AssistantMessage(content="".join(parts)),
                     finish_reason=finish,
+                    logprobs=self._logprobs(logprobs),
                 )
             ],
             usage=self.usage(),
@@ -422,16 +435,16 @@ class _Generation:
         texts = self._texts()
         async with contextlib.aclosing(texts):
             # Wait for the first chunk before committing to a 200.
-            text, finish = await anext(texts)
+            text, finish, logprobs = await anext(texts)
             await exchange.start(200, _SSE)
             events = [self._event(ChoiceDelta(role="assistant", content=""))]
             while True:
-                events += self._text_events(text, finish)
+                events += self._text_events(text, finish, logprobs)
                 if finish is not None:
                     break
                 await exchange.body(b"".join(events), True)
                 events = []
-                text, finish = await anext(texts)
+                text, finish, logprobs = await anext(texts)
         options = self._request.stream_options
         if options is not None and options.include_usage:
             usage_chunk = self._chunk([], self.usage())
@@ -439,14 +452,28 @@ class _Generation:
         events.append(b"data: [DONE]\n\n")
         await exchange.body(b"".join(events))
 
-    def _text_events(self, text: str, finish: FinishReason | None) -> list[bytes]:
-        events = [self._event(ChoiceDelta(content=text))] if text else []
+    def _text_events(
+        self, text: str, finish: FinishReason | None, logprobs: list[TokenLogprob]
+    ) -> list[bytes]:
+        """A chunk's events: its text with its tokens' log-probabilities (asked for, they come
+        even while the text waits for the rest of a character), then the finish."""
+        chosen = self._logprobs(logprobs) if logprobs else None
+        events = []
+        if text or chosen is not None:
+            events.append(self._event(ChoiceDelta(content=text), logprobs=chosen))
         if finish is not None:
             events.append(self._event(ChoiceDelta(), finish))
         return events
 
-    def _event(self, delta: ChoiceDelta, finish: FinishReason | None = None) -> bytes:
-        choice = ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)
+    def _event(
+        self,
+        delta: ChoiceDelta,
+        finish: FinishReason | None = None,
+        logprobs: ChoiceLogprobs | None = None,
+    ) -> bytes:
+        choice = ChatCompletionChunkChoice(
+            index=0, delta=delta, finish_reason=finish, logprobs=logprobs
+        )
         usage = self._usage_so_far() if self._continuous_usage else None
         return b"data: " + _encoder.encode(self._chunk([choice], usage)) + b"\n\n"
 

@@ -239,15 +239,11 @@ class ChatPreprocessor:
             model=self.model.name,
             plan=plan,
             payloads=payloads,
-            sampling=SamplingParams(
-                temperature=1.0 if request.temperature is None else request.temperature,
-                top_p=1.0 if request.top_p is None else request.top_p,
-                top_k=request.top_k or 0,
-                seed=request.seed,
-            ),
+            sampling=sampling_params(request),
             stop=StopConditions(
                 max_tokens=max_tokens,
                 stop=stop,
+                stop_token_ids=list(request.stop_token_ids or []),
                 ignore_eos=request.ignore_eos,
                 min_tokens=request.min_tokens,
             ),
@@ -312,6 +308,8 @@ class ChatPreprocessor:
                         "--enable-mm-embeds",
                         param=item.param,
                     )
+        self._validate_logprobs(request)
+        self._validate_logit_bias(request)
         unsupported = request.unsupported_options()
         if unsupported:
             name = unsupported[0]
@@ -321,6 +319,30 @@ class ChatPreprocessor:
                 f"{name} cannot be set to this value: {detail}",
                 param=name,
             )
+
+    @staticmethod
+    def _validate_logprobs(request: ChatCompletionRequest) -> None:
+        if request.top_logprobs is not None and not request.logprobs:
+            raise ApiError(
+                ERROR_INVALID_VALUE,
+                "top_logprobs needs logprobs set to true",
+                param="top_logprobs",
+            )
+
+    def _validate_logit_bias(self, request: ChatCompletionRequest) -> None:
+        """Each key a token id of the vocabulary (the values' range is the Struct's)."""
+        vocab_size = self.model.spec.vocab_size
+        for key in request.logit_bias or {}:
+            try:
+                token_id = int(key)
+            except ValueError:
+                token_id = -1
+            if not 0 <= token_id < vocab_size:
+                raise ApiError(
+                    ERROR_INVALID_VALUE,
+                    f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
+                    param="logit_bias",
+                )
 
     def _tokenize(
         self, request: ChatCompletionRequest, panned: bool = False
@@ -486,6 +508,23 @@ async def _embeddings_payload(
         aux[DEEPSTACK] = await sink(request_id, image.deepstack)
     handle = EmbeddingsHandle(embeddings=await sink(request_id, image.embeddings), aux=aux)
     return MediaPayload.precomputed(handle)
+
+
+def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+    """The request's token choice, OpenAI's defaults where it gives none; `logprobs` asks
+    the engines for the chosen token's and `top_logprobs` more."""
+    return SamplingParams(
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=request.top_k or 0,
+        min_p=request.min_p or 0.0,
+        seed=request.seed,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        presence_penalty=request.presence_penalty or 0.0,
+        repetition_penalty=request.repetition_penalty or 1.0,
+        logit_bias={int(key): value for key, value in (request.logit_bias or {}).items()},
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+    )
 
 
 def _max_tokens(request: ChatCompletionRequest) -> int | None:

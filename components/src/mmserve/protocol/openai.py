@@ -169,6 +169,10 @@ class MediaIoKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     video: VideoIoKwargs | None = None
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limits
+MAX_LOGIT_BIAS = 300
+
+
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
 
@@ -213,12 +217,48 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
             "num_frames)"
         ),
     ] = None
-    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
+    repetition_penalty: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                gt=0,
+                description="Extension (vLLM's): the logits of ids in the prompt or the completion "
+                "divided (positive) or multiplied (negative) by it; 1 is off",
+            ),
+        ]
+        | None
+    ) = None
+    min_p: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                ge=0,
+                le=1,
+                description="Extension (vLLM's): ids less likely than min_p times the most likely "
+                "one are not sampled",
+            ),
+        ]
+        | None
+    ) = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]],
+            msgspec.Meta(max_length=MAX_LOGIT_BIAS),
+        ]
+        | None
+    ) = None
+    stop_token_ids: (
+        Annotated[
+            list[int],
+            msgspec.Meta(description="Extension (vLLM's): token ids that end the completion"),
+        ]
+        | None
+    ) = None
+    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
     tools: list[Any] | None = None
     tool_choice: Any | None = None
     response_format: Any | None = None
@@ -237,11 +277,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 # (their defaults); `/openapi.json` documents these as the options' only values.
 DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
     "n": (1,),
-    "frequency_penalty": (None, 0.0),
-    "presence_penalty": (None, 0.0),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
@@ -278,11 +313,32 @@ class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
     content: str | None = None
 
 
+class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """A token of the completion: its text, its UTF-8 bytes (a character may span tokens), its
+    log-probability and the most likely tokens at its position."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    content: list[ChatTokenLogprob] | None
+    refusal: list[ChatTokenLogprob] | None = None
+
+
 class ChatCompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     message: AssistantMessage
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -303,7 +359,7 @@ class ChatCompletionChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     delta: ChoiceDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,10 +14,30 @@ from mmserve.protocol.wire import WireMessage, mm_hash_hex
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """How each token is chosen (the logits chain in `engines.logits`, vLLM's formulas), and
+    how many log-probabilities come back with it."""
+
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means disabled
+    min_p: float = 0.0  # 0 means disabled
     seed: int | None = None
+    # Over the completion's tokens (OpenAI's, -2..2).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # Over the prompt's and the completion's tokens (vLLM's and SGLang's, > 0; 1 is off).
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = {}
+    # None: no log-probabilities; k >= 0: the chosen token's and the k most likely.
+    logprobs: int | None = None
+
+    @property
+    def penalized(self) -> bool:
+        return (
+            self.frequency_penalty != 0
+            or self.presence_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
 
 class StopConditions(msgspec.Struct, frozen=True, kw_only=True):
@@ -260,16 +280,29 @@ class PrefillRequest(WireMessage, frozen=True):
     request: PreprocessedRequest
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """A chosen token's log-probability and the `top` most likely tokens' (id, logprob), most
+    likely first: of the model's own distribution, before any sampling step (vLLM's "raw")."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
 class PrefillDone(WireMessage, frozen=True):
-    """Prefill's last reply to decode: the first token and the prompt's KV cache, exported by
-    the engine as named tensors that decode fetches by transfer (empty for engines that move
-    the cache themselves through the bootstrap room)."""
+    """Prefill's last reply to decode: the first token (and its log-probabilities, where the
+    request asks for them) and the prompt's KV cache, exported by the engine as named tensors
+    that decode fetches by transfer (empty for engines that move the cache themselves through
+    the bootstrap room). `sampling_seed` is the seed the prefill sampled with (the request's
+    own, or one it drew), so decode samples each next token as an aggregated worker would."""
 
     request_id: str
     first_token_id: int
     prompt_tokens: int
     cached_tokens: int = 0
     kv: dict[str, TensorHandle] = {}
+    first_logprob: TokenLogprob | None = None
+    sampling_seed: int | None = None
 
 
 PrefillReply = BootstrapInfo | PrefillDone
@@ -283,3 +316,4 @@ class TokenChunk(WireMessage, frozen=True):
     text: str = ""
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    logprobs: list[TokenLogprob] = []  # one per token id, where the request asks for them

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from mmserve.engines.base import (
+    EngineError,
     EngineRequest,
     ItemEmbedding,
     MediaInput,
@@ -89,6 +90,17 @@ def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str,
         params["stop"] = list(stop.stop)
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
+    if sampling.logprobs is not None:
+        # The adapter does not read SGLang's returned logprobs yet: refused, never dropped.
+        raise EngineError("logprobs are not served by the sglang engine yet")
+    params |= {
+        "min_p": sampling.min_p,
+        "frequency_penalty": sampling.frequency_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "repetition_penalty": sampling.repetition_penalty,
+    }
+    if sampling.logit_bias:
+        params["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     return params
 
 

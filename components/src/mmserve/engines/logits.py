@@ -1,0 +1,195 @@
+"""The logits step: one row of logits through a chain of processors to the chosen token, and
+the log-probabilities read from it. The order and the formulas are vLLM's sampler's:
+
+1. the log-probabilities, of the model's own distribution (vLLM's "raw" logprobs mode);
+2. ids that may not come yet (a stop id before `min_tokens`) and `logit_bias`;
+3. the penalties: repetition over the prompt's and the completion's ids, frequency and
+   presence over the completion's;
+4. greedy: the argmax; else temperature, `min_p`, `top_k`, `top_p`, and a draw.
+
+A draw's randomness comes from (seed, choice, token index) alone, so whichever worker samples a
+token (the prefill its first, a decode worker the rest) draws what an aggregated one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+from collections.abc import Collection, Sequence
+
+import torch
+
+from mmserve.protocol import SamplingParams, TokenLogprob
+
+NEG_INF = float("-inf")
+
+
+def ban(logits: torch.Tensor, ids: Collection[int]) -> torch.Tensor:
+    """`logits` with `ids` (those inside the vocabulary) never chosen."""
+    inside = [i for i in ids if 0 <= i < logits.shape[-1]]
+    if not inside:
+        return logits
+    return logits.index_fill(-1, torch.tensor(inside, device=logits.device), NEG_INF)
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tensor:
+    """OpenAI's `logit_bias`: each value added to its id's logit."""
+    if not bias:
+        return logits
+    ids = torch.tensor(list(bias), device=logits.device)
+    values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    return logits.index_add(-1, ids, values)
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    output_counts: torch.Tensor,
+    params: SamplingParams,
+) -> torch.Tensor:
+    """vLLM's penalties: a repetition penalty divides the positive logits and multiplies the
+    negative ones of every id seen in the prompt or the completion; the frequency penalty
+    subtracts itself once per occurrence in the completion, the presence penalty once."""
+    output_mask = output_counts > 0
+    if params.repetition_penalty != 1:
+        seen = output_mask if prompt_mask is None else output_mask | prompt_mask
+        penalty = params.repetition_penalty
+        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(seen, penalized, logits)
+    if params.frequency_penalty:
+        logits = logits - params.frequency_penalty * output_counts
+    if params.presence_penalty:
+        logits = logits - params.presence_penalty * output_mask.to(logits.dtype)
+    return logits
+
+
+def apply_min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop the ids whose probability is under `min_p` times the most likely one's."""
+    if min_p <= 0:
+        return scores
+    probs = torch.softmax(scores, dim=-1)
+    return scores.masked_fill(probs < min_p * probs.max(), NEG_INF)
+
+
+def apply_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the `top_k` most likely ids (0: all)."""
+    if top_k <= 0 or top_k >= scores.shape[-1]:
+        return scores
+    kth = torch.topk(scores, top_k).values[-1]
+    return scores.masked_fill(scores < kth, NEG_INF)
+
+
+def apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the most likely ids until their mass reaches `top_p`; the first always stays."""
+    if top_p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, descending=True)
+    probs = torch.softmax(sorted_scores, dim=-1)
+    drop = (probs.cumsum(-1) - probs) >= top_p  # the ids before it already reach top_p
+    return scores.scatter(-1, order, sorted_scores.masked_fill(drop, NEG_INF))
+
+
+def step_seed(seed: int, choice: int, index: int) -> int:
+    """The seed of one draw: choice `choice`'s token `index` (from 0) of a `seed`ed stream."""
+    digest = hashlib.blake2b(struct.pack("<qqq", seed, choice, index), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def draw(scores: torch.Tensor, seed: int) -> int:
+    """One id drawn from softmax(`scores`), its randomness all from `seed`."""
+    generator = torch.Generator(device=scores.device).manual_seed(seed)
+    return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
+
+
+def read_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """`token`'s log-probability and the `top` most likely ids', from a row of them."""
+    best = torch.topk(logprobs, min(top, logprobs.shape[-1])) if top else None
+    return TokenLogprob(
+        token_id=token,
+        logprob=float(logprobs[token]),
+        top=(
+            []
+            if best is None
+            else list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+        ),
+    )
+
+
+class Sampler:
+    """One choice's tokens, step after step: the chain's state (the completion's id counts for
+    the penalties, the prompt's ids for the repetition penalty) and the stream's seed (the
+    request's own, else one drawn here, which a handover passes on)."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_ids: Sequence[int],
+        vocab_size: int,
+        device: torch.device,
+        seed: int | None = None,
+        choice: int = 0,
+    ) -> None:
+        self.params = params
+        self.seed: int = next(
+            value for value in (seed, params.seed, random.getrandbits(63)) if value is not None
+        )
+        self.choice = choice
+        self.history: list[int] = []  # the completion's ids so far
+        self._prompt_ids = prompt_ids
+        self._vocab_size = vocab_size
+        self._device = device
+        self._counts = (
+            torch.zeros(vocab_size, dtype=torch.float32, device=device)
+            if params.penalized
+            else None
+        )
+        self._prompt_mask: torch.Tensor | None = None
+        if params.repetition_penalty != 1:
+            mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            ids = [i for i in prompt_ids if 0 <= i < vocab_size]
+            if ids:
+                mask[torch.tensor(ids, device=device)] = True
+            self._prompt_mask = mask
+
+    @property
+    def generated(self) -> int:
+        return len(self.history)
+
+    def with_params(self, params: SamplingParams) -> Sampler:
+        """This stream (seed, choice, history) under other sampling parameters."""
+        sampler = Sampler(
+            params, self._prompt_ids, self._vocab_size, self._device, self.seed, self.choice
+        )
+        for token in self.history:
+            sampler.observe(token)
+        return sampler
+
+    def next(
+        self, logits: torch.Tensor, banned: Collection[int] = ()
+    ) -> tuple[int, TokenLogprob | None]:
+        """The next token from one row of logits (never one of `banned`), with its
+        log-probabilities where the request asks for them; the token counts as generated."""
+        logits = logits.float()
+        params = self.params
+        scores = apply_logit_bias(ban(logits, banned), params.logit_bias)
+        if self._counts is not None:
+            scores = apply_penalties(scores, self._prompt_mask, self._counts, params)
+        if params.temperature == 0:
+            token = int(torch.argmax(scores))
+        else:
+            scores = scores / params.temperature
+            scores = apply_min_p(scores, params.min_p)
+            scores = apply_top_p(apply_top_k(scores, params.top_k), params.top_p)
+            token = draw(scores, step_seed(self.seed, self.choice, self.generated))
+        logprob = None
+        if params.logprobs is not None:
+            logprob = read_logprobs(torch.log_softmax(logits, dim=-1), token, params.logprobs)
+        self.observe(token)
+        return token, logprob
+
+    def observe(self, token: int) -> None:
+        """Count `token` as generated (one sampled elsewhere, such as the prefill's first)."""
+        self.history.append(token)
+        if self._counts is not None and 0 <= token < self._counts.shape[-1]:
+            self._counts[token] += 1

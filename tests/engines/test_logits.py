@@ -1,0 +1,155 @@
+"""The logits step: each processor against a direct implementation of vLLM's formulas, the
+log-probabilities against log_softmax, and the per-step seeds across a handover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmserve.engines.logits import (
+    Sampler,
+    apply_logit_bias,
+    apply_min_p,
+    apply_penalties,
+    ban,
+    step_seed,
+)
+from mmserve.protocol import SamplingParams
+
+CPU = torch.device("cpu")
+VOCAB = 64
+
+
+def vllm_penalties(
+    logits: torch.Tensor,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    repetition: float,
+    frequency: float,
+    presence: float,
+) -> torch.Tensor:
+    """vLLM's `apply_penalties` (model_executor/layers/utils.py), for one row."""
+    vocab = logits.shape[-1]
+    prompt_mask = torch.bincount(torch.tensor(prompt_ids, dtype=torch.long), minlength=vocab) > 0
+    counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=vocab)
+    output_mask = counts > 0
+    penalties = torch.full((vocab,), repetition)
+    penalties[~(prompt_mask | output_mask)] = 1.0
+    logits = torch.where(logits > 0, logits / penalties, logits * penalties)
+    logits = logits - frequency * counts
+    return logits - presence * output_mask
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    ("repetition", "frequency", "presence"),
+    [(1.0, 0.0, 0.0), (1.3, 0.0, 0.0), (0.7, 0.5, -0.4), (1.0, -2.0, 2.0), (2.0, 1.1, 0.3)],
+)
+def test_penalties_equal_vllms_formulas(seed, repetition, frequency, presence):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(VOCAB, generator=generator) * 4
+    prompt = torch.randint(0, VOCAB, (20,), generator=generator).tolist()
+    output = torch.randint(0, VOCAB, (15,), generator=generator).tolist()
+    params = SamplingParams(
+        repetition_penalty=repetition, frequency_penalty=frequency, presence_penalty=presence
+    )
+    counts = torch.bincount(torch.tensor(output), minlength=VOCAB).float()
+    prompt_mask = torch.bincount(torch.tensor(prompt), minlength=VOCAB) > 0
+    ours = apply_penalties(logits, prompt_mask, counts, params)
+    expected = vllm_penalties(logits, prompt, output, repetition, frequency, presence)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+    # The sampler's own counts, made token by token, give the same.
+    sampler = Sampler(params, prompt, VOCAB, CPU)
+    for token in output:
+        sampler.observe(token)
+    greedy = SamplingParams(
+        temperature=0.0,
+        repetition_penalty=repetition,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+    )
+    assert sampler.with_params(greedy).next(logits)[0] == int(torch.argmax(expected))
+
+
+def test_logit_bias_adds_to_its_ids_and_can_force_or_forbid_a_token():
+    logits = torch.zeros(VOCAB)
+    biased = apply_logit_bias(logits, {3: 100.0, 5: -100.0, 7: 0.5})
+    assert biased[3] == 100 and biased[5] == -100 and biased[7] == 0.5
+    assert biased.count_nonzero() == 3
+    for seed in range(20):
+        params = SamplingParams(temperature=1.0, seed=seed, logit_bias={11: 100.0})
+        assert Sampler(params, [], VOCAB, CPU).next(torch.randn(VOCAB))[0] == 11
+    params = SamplingParams(temperature=0.0, logit_bias={int(torch.argmax(logits + 1)): -100.0})
+    row = torch.arange(VOCAB, dtype=torch.float32)
+    assert Sampler(params, [], VOCAB, CPU).next(row)[0] == VOCAB - 1
+    params = SamplingParams(temperature=0.0, logit_bias={VOCAB - 1: -100.0})
+    assert Sampler(params, [], VOCAB, CPU).next(row)[0] == VOCAB - 2
+
+
+def test_ban_leaves_ids_outside_the_vocabulary_alone():
+    row = torch.arange(4, dtype=torch.float32)
+    assert ban(row, {3, 99}).tolist() == [0, 1, 2, float("-inf")]
+    assert ban(row, {-1, 4}) is row
+
+
+def test_min_p_drops_what_is_under_its_share_of_the_most_likely():
+    scores = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = apply_min_p(scores, 0.2)  # under 0.1 goes
+    assert torch.isfinite(kept).tolist() == [True, True, True, False]
+
+
+def test_logprobs_are_the_models_own_distribution_whatever_the_sampling():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(VOCAB, generator=generator) * 3
+    expected = torch.log_softmax(logits, dim=-1)
+    for params in (
+        SamplingParams(temperature=0.0, logprobs=5),
+        SamplingParams(temperature=0.3, top_k=3, seed=1, logprobs=5),
+        SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=0),
+    ):
+        token, logprob = Sampler(params, [1, 2], VOCAB, CPU).next(logits)
+        assert logprob is not None and logprob.token_id == token
+        assert logprob.logprob == pytest.approx(float(expected[token]), abs=1e-6)
+        assert len(logprob.top) == params.logprobs
+        values = [value for _, value in logprob.top]
+        assert values == sorted(values, reverse=True)
+        for other, value in logprob.top:
+            assert value == pytest.approx(float(expected[other]), abs=1e-6)
+    token, logprob = Sampler(SamplingParams(temperature=0.0, logprobs=3), [], VOCAB, CPU).next(
+        logits
+    )
+    assert logprob is not None and logprob.top[0][0] == token  # greedy: the top alternative
+    assert Sampler(SamplingParams(), [], VOCAB, CPU).next(logits)[1] is None
+
+
+def rows(count: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randn(VOCAB, generator=generator) for _ in range(count)]
+
+
+def tokens(sampler: Sampler, logits: list[torch.Tensor]) -> list[int]:
+    return [sampler.next(row)[0] for row in logits]
+
+
+def test_a_seed_draws_the_same_tokens_and_a_handover_continues_them():
+    logits = rows(12)
+    params = SamplingParams(temperature=1.0, seed=1234, frequency_penalty=0.5)
+    whole = tokens(Sampler(params, [], VOCAB, CPU), logits)
+    assert whole == tokens(Sampler(params, [], VOCAB, CPU), logits)
+    # The prefill draws the first token; a decode worker takes over from its seed and token.
+    first = Sampler(params, [], VOCAB, CPU).next(logits[0])[0]
+    decode = Sampler(params, [], VOCAB, CPU)
+    decode.observe(first)
+    assert [first, *tokens(decode, logits[1:])] == whole
+    other = SamplingParams(temperature=1.0, seed=1235, frequency_penalty=0.5)
+    assert tokens(Sampler(other, [], VOCAB, CPU), logits) != whole
+    # Without a seed of its own, a stream draws one, which the handover passes on.
+    unseeded = Sampler(SamplingParams(temperature=1.0), [], VOCAB, CPU)
+    again = Sampler(SamplingParams(temperature=1.0), [], VOCAB, CPU, seed=unseeded.seed)
+    assert tokens(unseeded, logits) == tokens(again, logits)
+
+
+def test_step_seeds_differ_by_seed_choice_and_index():
+    seeds = {step_seed(s, c, i) for s in (-1, 0, 1) for c in range(3) for i in range(50)}
+    assert len(seeds) == 3 * 3 * 50
+    assert all(0 <= seed < 2**63 for seed in seeds)
