@@ -72,8 +72,9 @@ def test_defaults_where_dynamo_sends_none() -> None:
         ({"token_ids": []}, "no token_ids"),
         ({"token_ids": [1], "multi_modal_data": {"video_url": [{"Url": "x"}]}}, "video_url"),
         ({"token_ids": [1], "multi_modal_data": {"image_url": [{"Decoded": {}}]}}, "Decoded"),
-        ({"token_ids": [1], "sampling_options": {"presence_penalty": 0.5}}, "presence_penalty"),
+        ({"token_ids": [1], "sampling_options": {"guided_decoding": {"json": {}}}}, "guided"),
         ({"token_ids": [1], "sampling_options": {"n": 2}}, "implement: n$"),
+        ({"token_ids": [1], "output_options": {"logprobs": 2}}, "logprobs"),
     ],
 )
 def test_what_the_worker_cannot_serve_is_refused_by_name(request_: dict, refusal: str) -> None:
@@ -86,6 +87,13 @@ def test_what_the_worker_cannot_serve_is_refused_by_name(request_: dict, refusal
 def test_neutral_values_of_unimplemented_options_pass() -> None:
     options = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "n": 1}
     assert requests.sampling({"sampling_options": options}).temperature == 1.0
+
+
+def test_the_penalties_dynamo_forwards_are_honoured() -> None:
+    options = {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": -1.0}
+    sampling = requests.sampling({"sampling_options": {**options, "min_p": 0.1}})
+    assert (sampling.repetition_penalty, sampling.presence_penalty) == (1.3, 0.5)
+    assert (sampling.frequency_penalty, sampling.min_p) == (-1.0, 0.1)
 
 
 def test_the_last_chunk_carries_finish_reason_and_usage() -> None:

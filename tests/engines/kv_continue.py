@@ -3,8 +3,8 @@
 Usage: python -m tests.engines.kv_continue JOBS_JSON, where each job is
 `{"model": dir, "kv": file, "done": {...}, "token_ids": [...], "sampling": {...},
 "stop": {...}}` (`done`: the prefill's `PrefillDone`, `token_ids`: its prompt); prints one list
-of (token id, logprob) pairs per job as JSON. Files stand in for the transfer layer, which is not under test
-here.
+of (token id, logprob) pairs per job as JSON. Files stand in for the transfer layer, which is
+not under test here.
 """
 
 from __future__ import annotations

@@ -56,6 +56,8 @@ REFUSABLE = (
     "context_length_exceeded",
     "min_tokens_over_max_tokens",
     "min_pixels_over_max_pixels",
+    "top_logprobs_without_logprobs",
+    "token_not_in_vocabulary",
 )
 
 

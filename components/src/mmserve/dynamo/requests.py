@@ -36,20 +36,17 @@ class RequestRefused(ValueError):
 
 def sampling(request: Mapping[str, Any]) -> SamplingParams:
     options = request.get("sampling_options") or {}
-    # Options Dynamo forwards that mmserve's engines do not implement, at a non-neutral value.
-    neutral = {
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "repetition_penalty": 1.0,
-        "min_p": 0.0,
-    }
-    unsupported = [
-        name for name, value in neutral.items() if options.get(name) not in (None, value)
-    ]
+    # Options Dynamo forwards that mmserve's engines do not implement.
+    unsupported = []
     if (options.get("n") or 1) != 1 or (options.get("best_of") or 1) != 1:
         unsupported.append("n")
     if options.get("guided_decoding"):
         unsupported.append("guided_decoding")
+    outputs = request.get("output_options") or {}
+    # The backend returns no log-probabilities to Dynamo yet: refused, never dropped.
+    unsupported += [
+        name for name in ("logprobs", "prompt_logprobs") if outputs.get(name) is not None
+    ]
     if unsupported:
         raise RequestRefused(f"mmserve's engines do not implement: {', '.join(unsupported)}")
     temperature = options.get("temperature")
@@ -57,7 +54,11 @@ def sampling(request: Mapping[str, Any]) -> SamplingParams:
         temperature=1.0 if temperature is None else float(temperature),
         top_p=float(options.get("top_p") or 1.0),
         top_k=int(options.get("top_k") or 0),
+        min_p=float(options.get("min_p") or 0.0),
         seed=options.get("seed"),
+        frequency_penalty=float(options.get("frequency_penalty") or 0.0),
+        presence_penalty=float(options.get("presence_penalty") or 0.0),
+        repetition_penalty=float(options.get("repetition_penalty") or 1.0),
     )
 
 

@@ -45,6 +45,8 @@ from mmserve.protocol import (
     ERROR_MEDIA_ID_UNKNOWN,
     ERROR_MIN_TOKENS_OVER_MAX_TOKENS,
     ERROR_MODEL_NOT_FOUND,
+    ERROR_TOKEN_NOT_IN_VOCABULARY,
+    ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS,
     ERROR_UNSUPPORTED_OPTION,
     ChatCompletionRequest,
     ChatMessage,
@@ -324,7 +326,7 @@ class ChatPreprocessor:
     def _validate_logprobs(request: ChatCompletionRequest) -> None:
         if request.top_logprobs is not None and not request.logprobs:
             raise ApiError(
-                ERROR_INVALID_VALUE,
+                ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS,
                 "top_logprobs needs logprobs set to true",
                 param="top_logprobs",
             )
@@ -333,13 +335,15 @@ class ChatPreprocessor:
         """Each key a token id of the vocabulary (the values' range is the Struct's)."""
         vocab_size = self.model.spec.vocab_size
         for key in request.logit_bias or {}:
-            try:
-                token_id = int(key)
-            except ValueError:
-                token_id = -1
-            if not 0 <= token_id < vocab_size:
+            if not key.isdecimal() or not key.isascii():
                 raise ApiError(
                     ERROR_INVALID_VALUE,
+                    f"logit_bias key {key!r} is not a token id (a decimal integer)",
+                    param="logit_bias",
+                )
+            if not int(key) < vocab_size:
+                raise ApiError(
+                    ERROR_TOKEN_NOT_IN_VOCABULARY,
                     f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
                     param="logit_bias",
                 )

@@ -49,7 +49,7 @@ def _error_responses(*statuses: int) -> dict[str, Any]:
 
 def _restrict_chat_request(schema: dict[str, Any], model: str) -> None:
     """Narrows the request's schema to what the server accepts: the served model only, and the
-    options it does not implement only at their defaults."""
+    options it does not implement only at their defaults, `logit_bias` keyed by token ids."""
     properties = schema["properties"]
     properties["model"] |= {
         "enum": [model],
@@ -60,6 +60,10 @@ def _restrict_chat_request(schema: dict[str, Any], model: str) -> None:
             "enum": list(accepted),
             "description": "Not implemented: accepted only at its default",
         }
+    # msgspec's schema leaves out the keys' form: each a token id, written in decimal.
+    for variant in properties["logit_bias"]["anyOf"]:
+        if variant.get("type") == "object":
+            variant["propertyNames"] = {"pattern": "^[0-9]+$"}
 
 
 def _restrict_pixel_bounds(

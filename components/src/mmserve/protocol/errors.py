@@ -38,6 +38,8 @@ ERROR_INVALID_VALUE = "invalid_value"
 ERROR_UNSUPPORTED_OPTION = "unsupported_option"
 ERROR_CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 ERROR_MIN_TOKENS_OVER_MAX_TOKENS = "min_tokens_over_max_tokens"
+ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS = "top_logprobs_without_logprobs"
+ERROR_TOKEN_NOT_IN_VOCABULARY = "token_not_in_vocabulary"
 ERROR_MIN_PIXELS_OVER_MAX_PIXELS = "min_pixels_over_max_pixels"
 ERROR_CHAT_TEMPLATE = "chat_template"
 ERROR_INVALID_API_KEY = "invalid_api_key"
@@ -75,6 +77,10 @@ PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_UNSUPPORTED_OPTION, 400, "an OpenAI option mmserve does not implement is set"),
     ErrorCode(ERROR_CONTEXT_LENGTH_EXCEEDED, 400, "the prompt and completion exceed the context"),
     ErrorCode(ERROR_MIN_TOKENS_OVER_MAX_TOKENS, 400, "min_tokens is greater than max_tokens"),
+    ErrorCode(ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS, 400, "top_logprobs is set without logprobs "
+              "set to true"),
+    ErrorCode(ERROR_TOKEN_NOT_IN_VOCABULARY, 400, "a token id (a logit_bias key) is not in "
+              "the model's vocabulary"),
     ErrorCode(ERROR_MIN_PIXELS_OVER_MAX_PIXELS, 400, "mm_processor_kwargs: min_pixels is greater "
               "than max_pixels"),
     ErrorCode(ERROR_CHAT_TEMPLATE, 400, "the model's chat template rejected the messages"),
