@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -81,7 +82,7 @@ async def _sampled(client: openai.AsyncOpenAI, model: str) -> tuple[str, list[fl
     """A seeded, penalised completion with its logprobs, non-streamed and streamed: the same
     either way, its tokens' bytes its text."""
     question = _colour_question(7)
-    options = {
+    options: dict[str, Any] = {
         "model": model,
         "messages": _messages(question.images, question.text),
         "max_tokens": 6,
@@ -92,7 +93,7 @@ async def _sampled(client: openai.AsyncOpenAI, model: str) -> tuple[str, list[fl
         "top_logprobs": 3,
         "extra_body": {"ignore_eos": True, "repetition_penalty": 1.1},
     }
-    response = await client.chat.completions.create(**options)  # type: ignore[call-overload]
+    response = await client.chat.completions.create(**options)
     choice = response.choices[0]
     assert choice.logprobs is not None and choice.logprobs.content is not None
     content = choice.logprobs.content
