@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import time
@@ -142,7 +143,6 @@ class FrontendApp:
         self.dispatcher = dispatcher
         self.http = http or HttpOptions()
         self.drain = drain or Drain(DEFAULT_DRAIN_TIMEOUT_S)
-        self.token_texts = TokenTexts(preprocessor.model.tokenizer)
         pixels = preprocessor.pixel_range.min_pixels, preprocessor.pixel_range.max_pixels
         self._openapi = _encoder.encode(
             openapi_document(
@@ -152,6 +152,11 @@ class FrontendApp:
                 preprocessor.pan_and_scan,
             )
         )
+
+    @functools.cached_property
+    def token_texts(self) -> TokenTexts:
+        """Token ids' texts and bytes for logprobs, made the first time a request asks."""
+        return TokenTexts(self.preprocessor.model.tokenizer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
