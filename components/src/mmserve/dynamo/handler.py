@@ -201,13 +201,13 @@ class DynamoHandler:
     ) -> AsyncIterator[dict[str, Any]]:
         try:
             planned = await unless_stopped(self.plan(request, context), context)
-            with tracked(self.component, planned), nvtx.nvtx_range(nvtx.PD_GENERATE):
+            with tracked(self.component, planned) as progress, nvtx.nvtx_range(nvtx.PD_GENERATE):
                 with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
                     embeddings = await unless_stopped(self.embeddings(request, planned), context)
                 chunks = self.engine.generate(engine_request(planned), embeddings)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True)
                 async for chunk in until_stopped(timed, context):
-                    yield requests.output(chunk)
+                    yield requests.output(progress.passing(chunk))
         except RequestStopped:
             return
         except Exception as exc:
@@ -286,7 +286,10 @@ class DynamoDecodeHandler:
             )
             sampling = requests.sampling(request)
             stop = requests.stop_conditions(request, self.default_max_tokens)
-            with tracked(self.component, tracked_as), nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
+            with (
+                tracked(self.component, tracked_as) as progress,
+                nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN),
+            ):
                 tensors = await fetch_kv(self.transfer, handover, self.component)
                 # Engines whose KV travels as tensors read the request's id alone; the
                 # handover's PrefillDone counts the prompt (Dynamo's ids are not expanded).
@@ -298,7 +301,7 @@ class DynamoDecodeHandler:
                 chunks = self.engine.decode(kv, sampling, stop)
                 timed = stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=False)
                 async for chunk in until_stopped(timed, context):
-                    yield requests.output(chunk)
+                    yield requests.output(progress.passing(chunk))
         except RequestStopped:
             return
         except Exception as exc:

@@ -24,12 +24,12 @@ class AggregatedHandler(RoleHandler):
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
     ) -> AsyncIterator[TokenChunk]:
-        with tracked(self.component, request), nvtx.nvtx_range(nvtx.PD_GENERATE):
+        with tracked(self.component, request) as progress, nvtx.nvtx_range(nvtx.PD_GENERATE):
             with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
                 embeddings = await self.embeddings(request)
             chunks = self._chunks(request, embeddings)
             async for chunk in stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True):
-                yield chunk
+                yield progress.passing(chunk)
 
     async def _chunks(
         self, request: PreprocessedRequest, embeddings: Embeddings

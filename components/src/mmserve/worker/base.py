@@ -214,9 +214,10 @@ async def stream_tokens(
             if chunk.usage is not None:
                 hit = "hit" if chunk.usage.cached_tokens else "miss"
                 metrics.CACHE_LOOKUPS.labels(component, "prefix", hit).inc()
+            if chunk.finish_reason is not None:
+                # Before the last yield: the caller may close the stream once it has the end.
+                metrics.STAGE_SECONDS.labels(component, "decode").observe(now - first_token_at)
             yield chunk
     finally:
         if first:
             nvtx.range_end(ttft)
-    if not first:
-        metrics.STAGE_SECONDS.labels(component, "decode").observe(last - first_token_at)

@@ -39,12 +39,12 @@ class DecodeHandler(RoleHandler):
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
     ) -> AsyncIterator[TokenChunk]:
-        with tracked(self.component, request):
+        with tracked(self.component, request) as progress:
             with nvtx.nvtx_range(nvtx.DEC_FIRST_TOKEN):
                 kv = await self._remote_prefill(request)
             chunks = self.engine.decode(kv, request.sampling, request.stop)
             async for chunk in stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=False):
-                yield chunk
+                yield progress.passing(chunk)
 
     async def _remote_prefill(self, request: PreprocessedRequest) -> KvHandle:
         """Run the prompt on a prefill worker (the one the router chose, if any); read its

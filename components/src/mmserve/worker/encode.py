@@ -92,7 +92,7 @@ class EncodeHandler(RoleHandler):
     async def generate(
         self, request: PreprocessedRequest, ctx: RequestContext
     ) -> AsyncIterator[TokenChunk]:
-        with tracked(self.component, request), nvtx.nvtx_range(nvtx.ENC_GENERATE):
+        with tracked(self.component, request) as progress, nvtx.nvtx_range(nvtx.ENC_GENERATE):
             next_hop = self._next_hop()
             assert self.encoder is not None  # the encode role always has its stage
             encoded = await self.encoder.run(request)
@@ -116,4 +116,4 @@ class EncodeHandler(RoleHandler):
             )
             async with contextlib.aclosing(replies):
                 async for chunk in replies:
-                    yield chunk
+                    yield progress.passing(chunk)

@@ -7,29 +7,45 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from mmserve.observability import metrics
-from mmserve.protocol import PreprocessedRequest
+from mmserve.protocol import PreprocessedRequest, TokenChunk
 from mmserve.runtime import RemoteError
 from mmserve.worker.errors import typed_errors
 
 log = logging.getLogger("mmserve.worker")
 
 
+@dataclass
+class Progress:
+    """How far a streamed request got: once its last chunk has passed, the caller may close
+    the stream before this hop reads the end, and the request still counts as done."""
+
+    finished: bool = False
+
+    def passing(self, chunk: TokenChunk) -> TokenChunk:
+        """Note `chunk` on its way to the caller."""
+        if chunk.finish_reason is not None:
+            self.finished = True
+        return chunk
+
+
 @contextlib.contextmanager
-def tracked(component: str, request: PreprocessedRequest) -> Iterator[None]:
+def tracked(component: str, request: PreprocessedRequest) -> Iterator[Progress]:
     """Count the request and its errors, turn failures into the `RemoteError` the caller
     should see, and log one line with its outcome, however it ends."""
     started = time.perf_counter()
     metrics.REQUESTS.labels(component).inc()
     metrics.ACTIVE.labels(component).inc()
+    progress = Progress()
     outcome = "failed"
     try:
         with typed_errors():
-            yield
+            yield progress
         outcome = "done"
     except (asyncio.CancelledError, GeneratorExit):
-        outcome = "cancelled"
+        outcome = "done" if progress.finished else "cancelled"
         raise
     except RemoteError as exc:
         metrics.ERRORS.labels(component, exc.code).inc()
