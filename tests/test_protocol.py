@@ -77,7 +77,9 @@ WIRE_SAMPLES: list[p.WireMessage] = [
     GROUPED,
     BOOTSTRAP,
     p.PrefillRequest(request=REQUEST),
-    p.PrefillDone(request_id="r1", first_token_id=9, prompt_tokens=12, kv={"k0": HANDLE}),
+    p.PrefillDone(
+        request_id="r1", first_tokens=[p.FirstToken(9)], prompt_tokens=12, kv={"k0": HANDLE}
+    ),
     p.TokenChunk(
         request_id="r",
         token_ids=[5, 6],
@@ -247,7 +249,7 @@ def test_unsupported_options_are_named() -> None:
     req = p.ChatCompletionRequest(
         model="m", messages=[], n=2, logprobs=True, tool_choice="auto", response_format={}
     )
-    assert req.unsupported_options() == ["n", "response_format"]
+    assert req.unsupported_options() == ["response_format"]
 
 
 def test_openai_responses_serialise_like_openai() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from mmserve import protocol
 from mmserve.dynamo import requests
-from mmserve.protocol import PrefillDone, TensorHandle, TokenChunk, Usage
+from mmserve.protocol import FirstToken, PrefillDone, TensorHandle, TokenChunk, Usage
 from mmserve.runtime import RemoteError
 
 # A request Dynamo 1.6.1's frontend sent for a chat with one image (the data URL shortened).
@@ -127,7 +127,11 @@ def test_dynamos_image_hashes_are_read_one_per_image() -> None:
 def test_a_prefill_handover_reaches_decode_through_dynamos_json() -> None:
     handle = TensorHandle(shape=(2, 3), dtype="bfloat16", backend="shm", descriptor=b"\x00\xffk")
     done = PrefillDone(
-        request_id="r", first_token_id=7, prompt_tokens=40, cached_tokens=16, kv={"keys": handle}
+        request_id="r",
+        first_tokens=[FirstToken(7)],
+        prompt_tokens=40,
+        cached_tokens=16,
+        kv={"keys": handle},
     )
     output = requests.prefill_output(done)
     # No tokens and no finish reason: Dynamo's router takes either for the request's end.

@@ -78,9 +78,9 @@ async def _check(client: openai.AsyncOpenAI, model: str) -> None:
     assert got == [q.answer for q in questions]
 
 
-async def _sampled(client: openai.AsyncOpenAI, model: str) -> tuple[str, list[float]]:
-    """A seeded, penalised completion with its logprobs, non-streamed and streamed: the same
-    either way, its tokens' bytes its text."""
+async def _sampled(client: openai.AsyncOpenAI, model: str) -> list[tuple[str, list[float]]]:
+    """Two seeded, penalised completions of one prompt with their logprobs, non-streamed and
+    streamed: the same either way, their tokens' bytes their texts."""
     question = _colour_question(7)
     options: dict[str, Any] = {
         "model": model,
@@ -88,30 +88,39 @@ async def _sampled(client: openai.AsyncOpenAI, model: str) -> tuple[str, list[fl
         "max_tokens": 6,
         "temperature": 0.8,
         "seed": 11,
+        "n": 2,
         "frequency_penalty": 0.5,
         "logprobs": True,
         "top_logprobs": 3,
         "extra_body": {"ignore_eos": True, "repetition_penalty": 1.1},
     }
     response = await client.chat.completions.create(**options)
-    choice = response.choices[0]
-    assert choice.logprobs is not None and choice.logprobs.content is not None
-    content = choice.logprobs.content
-    assert len(content) == response.usage.completion_tokens == 6
-    # The content leaves special tokens out (the EOS the request ignores); their logprobs stay.
-    said = [entry for entry in content if not entry.token.startswith("<|")]
-    raw = b"".join(bytes(entry.bytes or []) for entry in said)
-    assert raw.decode("utf-8", errors="replace") == choice.message.content
-    for entry in content:
-        assert len(entry.top_logprobs) == 3
-        values = [top.logprob for top in entry.top_logprobs]
-        assert values == sorted(values, reverse=True) and entry.logprob <= 0
+    assert [choice.index for choice in response.choices] == [0, 1]
+    assert response.usage is not None and response.usage.completion_tokens == 2 * 6
     stream = await client.chat.completions.create(**options, stream=True)
     streamed = [c.choices[0] async for c in stream if c.choices]
-    streamed_entries = [e for c in streamed if c.logprobs for e in c.logprobs.content or []]
-    assert "".join(c.delta.content or "" for c in streamed) == choice.message.content
-    assert [e.token for e in streamed_entries] == [e.token for e in content]
-    return choice.message.content or "", [entry.logprob for entry in content]
+    sampled = []
+    for choice in response.choices:
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        content = choice.logprobs.content
+        assert len(content) == 6
+        # The content leaves special tokens out (the EOS the request ignores); their logprobs
+        # stay.
+        said = [entry for entry in content if not entry.token.startswith("<|")]
+        raw = b"".join(bytes(entry.bytes or []) for entry in said)
+        assert raw.decode("utf-8", errors="replace") == choice.message.content
+        for entry in content:
+            assert len(entry.top_logprobs) == 3
+            values = [top.logprob for top in entry.top_logprobs]
+            assert values == sorted(values, reverse=True) and entry.logprob <= 0
+        mine = [c for c in streamed if c.index == choice.index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(c.delta.content or "" for c in mine) == choice.message.content
+        entries = [e for c in mine if c.logprobs for e in c.logprobs.content or []]
+        assert [e.token for e in entries] == [e.token for e in content]
+        sampled.append((choice.message.content or "", [entry.logprob for entry in content]))
+    assert sampled[0] != sampled[1]  # one prompt, two draws
+    return sampled
 
 
 def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -> None:
@@ -134,10 +143,12 @@ def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -
                 except AssertionError as error:
                     pytest.fail(f"{deployment.pattern}: {error}")
         # A seed samples the same tokens, with the same logprobs, in every pattern.
-        text, logprobs = sampled["agg"]
-        for pattern, (other_text, other_logprobs) in sampled.items():
-            assert other_text == text, pattern
-            assert other_logprobs == pytest.approx(logprobs, abs=1e-4), pattern
+        for pattern, choices in sampled.items():
+            for (text, logprobs), (agg_text, agg_logprobs) in zip(
+                choices, sampled["agg"], strict=True
+            ):
+                assert text == agg_text, pattern
+                assert logprobs == pytest.approx(agg_logprobs, abs=1e-4), pattern
 
     try:
         for deployment in deployments:

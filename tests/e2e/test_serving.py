@@ -72,6 +72,37 @@ def test_curl_gets_a_completion(agg: Deployment, image_server: str) -> None:
     assert response["choices"][0]["message"]["content"]
 
 
+def test_n_completions_of_one_prompt_come_indexed_with_one_usage(
+    agg: Deployment, image_server: str
+) -> None:
+    content = [_image(f"{image_server}/photo.jpg"), {"type": "text", "text": "Hi"}]
+    greedy = _post(agg, {**_body(content), "n": 3}).json()
+    assert [choice["index"] for choice in greedy["choices"]] == [0, 1, 2]
+    assert len({choice["message"]["content"] for choice in greedy["choices"]}) == 1
+    assert greedy["usage"]["completion_tokens"] == 3 * 4
+    single = _post(agg, _body(content)).json()
+    assert greedy["usage"]["prompt_tokens"] == single["usage"]["prompt_tokens"]  # once
+
+    body = {**_body(content, max_tokens=5), "n": 2, "temperature": 1.0, "seed": 4}
+    body |= {"stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    with httpx.stream("POST", f"{agg.base_url}/v1/chat/completions", json=body, timeout=120) as r:
+        events = [
+            json.loads(line.removeprefix("data: "))
+            for line in r.iter_lines()
+            if line.startswith("data: {")
+        ]
+    choices = [choice for event in events for choice in event["choices"]]
+    texts = {}
+    for index in (0, 1):
+        mine = [choice for choice in choices if choice["index"] == index]
+        assert mine[0]["delta"]["role"] == "assistant"
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
+        texts[index] = "".join(c["delta"].get("content") or "" for c in mine)
+    unstreamed = _post(agg, {**body, "stream": False}).json()
+    assert [c["message"]["content"] for c in unstreamed["choices"]] == [texts[0], texts[1]]
+    assert [e["usage"]["completion_tokens"] for e in events if e.get("usage")] == [2 * 5]
+
+
 def test_a_data_url_over_the_nats_payload_limit_is_served(agg: Deployment) -> None:
     # ~2.3 MB of PNG noise: its data URL alone exceeds NATS' 1 MiB message limit.
     big = png_bytes(photo_like(1000, 800, seed=7, noise=127))

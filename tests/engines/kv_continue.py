@@ -3,8 +3,8 @@
 Usage: python -m tests.engines.kv_continue JOBS_JSON, where each job is
 `{"model": dir, "kv": file, "done": {...}, "token_ids": [...], "sampling": {...},
 "stop": {...}}` (`done`: the prefill's `PrefillDone`, `token_ids`: its prompt); prints one list
-of (token id, logprob) pairs per job as JSON. Files stand in for the transfer layer, which is
-not under test here.
+of (choice, token id, logprob) triples per job as JSON. Files stand in for the transfer layer,
+which is not under test here.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def continue_decode(job: dict) -> list[list[float]]:
     done = msgspec.convert(job["done"], PrefillDone)
     kv = await engine.import_kv(request, done, torch.load(job["kv"], weights_only=True))
     chosen = [
-        [each.token_id, each.logprob]
+        [chunk.index, each.token_id, each.logprob]
         async for chunk in engine.decode(kv, sampling, stop)
         for each in chunk.logprobs
     ]

@@ -252,6 +252,43 @@ async def test_seeded_sampling_is_reproducible(engine: HfEngine):
     assert tokens_of(first) != tokens_of(other)
 
 
+def choice_tokens(chunks: list[TokenChunk], n: int) -> list[list[int]]:
+    return [[t for chunk in chunks if chunk.index == i for t in chunk.token_ids] for i in range(n)]
+
+
+async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEngine):
+    """Every choice draws from its own seeded stream over one batch: choice 0 is the n=1
+    completion; choices that stop early leave the batch, and those left keep their tokens."""
+    ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
+    sampling = SamplingParams(temperature=1.5, seed=3, n=4)
+    long = StopConditions(max_tokens=12, ignore_eos=True)
+    free = await run(engine, ids, sampling=sampling, stop=long)
+    streams = choice_tokens(free, 4)
+    assert all(len(tokens) == 12 for tokens in streams)
+    assert len({tuple(tokens) for tokens in streams}) == 4  # four draws, not one
+    alone = await run(engine, ids, sampling=msgspec.structs.replace(sampling, n=1), stop=long)
+    assert tokens_of(alone) == streams[0]
+    assert free[-1].usage is not None and free[-1].usage.completion_tokens == 48
+    assert sum(chunk.finish_reason is not None for chunk in free) == 4
+
+    # A token of choice 1's stream that choice 0's lacks: choice 1 stops there (leaving the
+    # batch), choice 0 runs to its end with the same tokens; each stops where its own stops.
+    stop_id = next(t for t in streams[1][1:] if t not in streams[0])
+    stopped = await run(
+        engine, ids, sampling=sampling, stop=msgspec.structs.replace(long, stop_token_ids=[stop_id])
+    )
+    for free_tokens, tokens in zip(streams, choice_tokens(stopped, 4), strict=True):
+        end = free_tokens.index(stop_id) + 1 if stop_id in free_tokens else len(free_tokens)
+        assert tokens == free_tokens[:end]
+    assert stopped[-1].usage is not None
+
+
+async def test_greedy_choices_are_one_text(engine: HfEngine):
+    ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
+    chunks = await run(engine, ids, sampling=msgspec.structs.replace(GREEDY, n=3))
+    assert choice_tokens(chunks, 3) == [tokens_of(await run(engine, ids))] * 3
+
+
 async def test_stop_string_across_a_token_boundary(engine: HfEngine):
     ids = expand_prompt(engine.tokenizer, ["Say something."], [])
     stop = StopConditions(max_tokens=24, ignore_eos=True)

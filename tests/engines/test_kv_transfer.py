@@ -21,13 +21,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 async def export_job(family: str, tmp_path: Path) -> tuple[dict, list[list[float]]]:
     """Prefill on a local engine: the exported KV as a job, and the uninterrupted tokens with
-    their logprobs."""
+    their choices and logprobs."""
     model = build_tiny_model(family)
     engine = HfEngine(model)
     items = preprocess(model, [make_image(84, 56, seed=21), make_image(56, 56, seed=22)])
     ids = expand_prompt(engine.tokenizer, ["Compare them."], items)
-    # Seeded sampling with penalties: decode draws what an aggregated engine draws from the
-    # prefill's seed and first token, and counts the first token against the penalties.
+    # Seeded sampling with penalties, two choices: decode draws what an aggregated engine draws
+    # from the prefill's seed and each choice's first token, and counts that first token
+    # against the choice's penalties; the prompt's KV crosses once for both.
     sampling = SamplingParams(
         temperature=0.9,
         top_k=40,
@@ -36,16 +37,17 @@ async def export_job(family: str, tmp_path: Path) -> tuple[dict, list[list[float
         presence_penalty=0.3,
         repetition_penalty=1.2,
         logprobs=2,
+        n=2,
     )
     stop = StopConditions(max_tokens=10, ignore_eos=True)
     request = planned_request("p", ids, items, sampling, stop, model=engine.model)
     embeddings = await engine.encode(items)
     uninterrupted = [
-        [each.token_id, each.logprob]
+        [chunk.index, each.token_id, each.logprob]
         async for chunk in engine.generate(request, embeddings)
         for each in chunk.logprobs
     ]
-    assert len(uninterrupted) == stop.max_tokens
+    assert len(uninterrupted) == 2 * stop.max_tokens
 
     kv = await engine.prefill(request, embeddings)
     tensors = await engine.export_kv(kv)
@@ -81,6 +83,8 @@ async def test_decode_continues_from_imported_kv_in_another_process(tmp_path: Pa
     assert process.returncode == 0, stderr.decode()
     continued = json.loads(stdout.decode().strip().splitlines()[-1])
     for got, (_, expected) in zip(continued, exported, strict=True):
-        assert [token for token, _ in got] == [token for token, _ in expected]
-        for (_, logprob), (_, wanted) in zip(got, expected, strict=True):
+        assert [(index, token) for index, token, _ in got] == [
+            (index, token) for index, token, _ in expected
+        ]
+        for (_, _, logprob), (_, _, wanted) in zip(got, expected, strict=True):
             assert abs(logprob - wanted) < 1e-5

@@ -36,6 +36,7 @@ from mmserve.protocol import (
     BootstrapInfo,
     CachesCleared,
     EncoderEntry,
+    FirstToken,
     MRopePositions,
     PlannedMedia,
     PrefillDone,
@@ -44,7 +45,6 @@ from mmserve.protocol import (
     StopConditions,
     TensorHandle,
     TokenChunk,
-    TokenLogprob,
 )
 
 # protocol.SamplingParams defaults to temperature 1 (OpenAI's default); engine callers that
@@ -211,32 +211,35 @@ class KvHandle(Generic[StateT]):
     """A prefill's result, owned by the engine that made (or imported) it.
 
     `prompt_tokens` counts the prompt's tokens, `cached_tokens` those whose KV came from the
-    prefix cache; an imported handle takes both, and `first_token`, from the prefill's
-    `PrefillDone`.
+    prefix cache; `first_tokens` holds each choice's first token (one per `SamplingParams.n`)
+    with its log-probabilities where the request asks for them. An imported handle takes
+    them all from the prefill's `PrefillDone`.
 
     `state` is private to the engine. A handle is consumed by `decode` or freed by `release`.
-    `first_logprob` is the first token's log-probabilities where the request asks for them, and
-    `sampling_seed` the seed the first token was drawn with (`PrefillDone` carries both on).
+    `sampling_seed` is the seed the first tokens were drawn with (`PrefillDone` carries it on).
     """
 
     request_id: str
     prompt_tokens: int
-    first_token: int
+    first_tokens: list[FirstToken]
     cached_tokens: int
     state: StateT = field(repr=False)
-    first_logprob: TokenLogprob | None = None
     sampling_seed: int | None = None
+
+    @property
+    def first_token(self) -> int:
+        """Choice 0's first token."""
+        return self.first_tokens[0].token_id
 
     def prefill_done(self, kv: dict[str, TensorHandle] | None = None) -> PrefillDone:
         """What decode takes over from this prefill's handle (with the transfer handles of
-        its exported tensors, where they travel by transfer): the first token and the counts."""
+        its exported tensors, where they travel by transfer): the first tokens and the counts."""
         return PrefillDone(
             request_id=self.request_id,
-            first_token_id=self.first_token,
+            first_tokens=self.first_tokens,
             prompt_tokens=self.prompt_tokens,
             cached_tokens=self.cached_tokens,
             kv=kv or {},
-            first_logprob=self.first_logprob,
             sampling_seed=self.sampling_seed,
         )
 

@@ -45,13 +45,14 @@ from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QU
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.logits import Sampler
 from mmserve.engines.prefix_cache import PrefixCache
-from mmserve.engines.sampling import StopRules, check_sampling, stream_completion
+from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
+    FirstToken,
     PrefillDone,
     SamplingParams,
     StopConditions,
@@ -66,11 +67,14 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 @dataclass
 class _KvState:
-    """What decode needs beyond the handle: the cache, the M-RoPE offset, the token choice."""
+    """What decode needs beyond the handle: the cache, the M-RoPE offset, each choice's
+    token choice, and which choice each row of the cache's batch holds (the prompt's one row
+    until decode copies it for each choice)."""
 
     cache: Any  # transformers Cache
     rope_delta: int
-    sampler: Sampler
+    samplers: list[Sampler]
+    rows: list[int] | None = None  # None: the prompt's one row
 
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -314,22 +318,26 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 len(blocks),
                 [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
             )
-        sampler = self._sampler(request)
+        samplers = self._samplers(request)
         banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
-        first_token, first_logprob = sampler.next(logits, banned)
+        first_tokens = [FirstToken(*sampler.next(logits, banned)) for sampler in samplers]
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),
-            first_token=first_token,
+            first_tokens=first_tokens,
             cached_tokens=cached,
-            state=_KvState(cache, rope_delta, sampler),
-            first_logprob=first_logprob,
-            sampling_seed=sampler.seed,
+            state=_KvState(cache, rope_delta, samplers),
+            sampling_seed=samplers[0].seed,
         )
 
-    def _sampler(self, request: EngineRequest, seed: int | None = None) -> Sampler:
+    def _samplers(self, request: EngineRequest, seed: int | None = None) -> list[Sampler]:
+        """One sampler per choice, all on one seed (`seed`, else the request's, else drawn)."""
         vocab_size = self.model.get_output_embeddings().weight.shape[0]
-        return Sampler(request.sampling, request.token_ids, vocab_size, self.device, seed)
+        first = Sampler(request.sampling, request.token_ids, vocab_size, self.device, seed)
+        return [first] + [
+            Sampler(request.sampling, request.token_ids, vocab_size, self.device, first.seed, i)
+            for i in range(1, request.sampling.n)
+        ]
 
     def _deepstack_inputs(
         self, live: list[ItemEmbedding], skipped: int, suffix_mask: torch.Tensor
@@ -409,33 +417,47 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     ) -> AsyncIterator[TokenChunk]:
         state = self._state(kv)
         check_sampling(sampling, stop)
-        if sampling != state.sampler.params:  # decode's own sampling, the prefill's history
-            state.sampler = state.sampler.with_params(sampling)
+        # Decode's own sampling, the prefill's history.
+        state.samplers = [
+            sampler if sampler.params == sampling else sampler.with_params(sampling)
+            for sampler in state.samplers
+        ]
         with self.admission():
             try:
 
-                async def next_token(
-                    token: int, banned: frozenset[int]
-                ) -> tuple[int, TokenLogprob | None]:
-                    return await self._call(self._decode_step, state, token, banned)
+                async def next_tokens(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
+                    return await self._call(self._decode_step, state, steps)
 
                 async for chunk in stream_completion(
-                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
+                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_tokens
                 ):
                     yield chunk
             finally:
                 state.cache = None
 
     def _decode_step(
-        self, state: _KvState, token: int, banned: frozenset[int]
-    ) -> tuple[int, TokenLogprob | None]:
+        self, state: _KvState, steps: list[Step]
+    ) -> list[tuple[int, TokenLogprob | None]]:
+        """One token for each step's choice, in one batch: the cache holds a row per
+        unfinished choice (the prompt's row copied for each on the first step)."""
+        choices = [choice for choice, _, _ in steps]
+        if state.rows is None:  # the prompt's one row, copied for each choice
+            picked, held = [0] * len(choices), 1
+        else:  # the rows of the choices still running
+            picked, held = [state.rows.index(choice) for choice in choices], len(state.rows)
+        if picked != list(range(held)):
+            state.cache.reorder_cache(torch.tensor(picked, device=self.device))  # beam search's
+        state.rows = choices
         position = state.cache.get_seq_length() + state.rope_delta
-        positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
-        ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        positions = torch.full((3, len(steps), 1), position, dtype=torch.long, device=self.device)
+        ids = torch.tensor([[token] for _, token, _ in steps], device=self.device)
         inputs_embeds = self._inner.get_input_embeddings()(ids)
         output = self._text_model(inputs_embeds, positions, state.cache, {})
-        logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
-        return state.sampler.next(logits, banned)
+        logits = self.model.lm_head(output.last_hidden_state[:, -1])
+        return [
+            state.samplers[choice].next(row, banned)
+            for row, (choice, _, banned) in zip(logits, steps, strict=True)
+        ]
 
     def release(self, kv: KvHandle[_KvState]) -> None:
         kv.state.cache = None
@@ -498,16 +520,20 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 index,
             )
         self._import_linear_states(cache, tensors)
-        sampler = self._sampler(request, done.sampling_seed)
-        sampler.observe(done.first_token_id)
+        samplers = self._samplers(request, done.sampling_seed)
+        if len(samplers) != len(done.first_tokens):
+            raise EngineError(
+                f"the prefill sampled {len(done.first_tokens)} choices for n={len(samplers)}"
+            )
+        for sampler, first in zip(samplers, done.first_tokens, strict=True):
+            sampler.observe(first.token_id)
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=done.prompt_tokens,
-            first_token=done.first_token_id,
+            first_tokens=done.first_tokens,
             cached_tokens=done.cached_tokens,
-            state=_KvState(cache, int(tensors["rope_delta"][0]), sampler),
-            first_logprob=done.first_logprob,
-            sampling_seed=sampler.seed,
+            state=_KvState(cache, int(tensors["rope_delta"][0]), samplers),
+            sampling_seed=samplers[0].seed,
         )
 
     def _import_linear_states(self, cache: Any, tensors: dict[str, torch.Tensor]) -> None:

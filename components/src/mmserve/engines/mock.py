@@ -58,13 +58,14 @@ from mmserve.engines.defaults import (
 )
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
-from mmserve.engines.sampling import StopRules, check_sampling, stream_completion
+from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
+    FirstToken,
     PrefillDone,
     SamplingParams,
     StopConditions,
@@ -94,6 +95,12 @@ def _draw(tokens: random.Random, banned: frozenset[int]) -> int:
     return token
 
 
+def _chosen(token: int, sampling: SamplingParams) -> tuple[int, TokenLogprob | None]:
+    """`token` with its simulated log-probabilities where `sampling` asks for them."""
+    top = sampling.logprobs
+    return token, None if top is None else simulated_logprob(token, top)
+
+
 def simulated_logprob(token: int, top: int) -> TokenLogprob:
     """The mock's log-probabilities of `token`: a value in (-1, 0] from the id, the chosen token
     first among `top` neighbouring ids, each one less likely than the one before."""
@@ -105,6 +112,14 @@ def simulated_logprob(token: int, top: int) -> TokenLogprob:
         logprob=logprob,
         top=[(other, logprob - step) for step, other in enumerate(neighbours)],
     )
+
+
+def choice_stream(seed: int, choice: int, sampling: SamplingParams) -> random.Random:
+    """The pseudo-random tokens of one choice of a completion seeded `seed`: choice 0's
+    stream, or with temperature 0 every choice's (greedy choices are one text)."""
+    if choice == 0 or sampling.temperature == 0:
+        return random.Random(seed)
+    return random.Random(f"{seed}/{choice}")
 
 
 def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
@@ -205,17 +220,15 @@ class MockEngine(CachingEngine[_MockKv, None]):
                     stored = cached // cache.block_size
                     cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
         seed = prompt_seed(request.token_ids, [item.mm_hash for item in request.media])
-        first_token = _draw(
-            random.Random(seed), StopRules(request.stop, self.spec.eos_token_ids).banned(0)
-        )
-        top = request.sampling.logprobs
+        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+        sampling = request.sampling
+        firsts = [_draw(choice_stream(seed, i, sampling), banned) for i in range(sampling.n)]
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),
-            first_token=first_token,
+            first_tokens=[FirstToken(*_chosen(token, sampling)) for token in firsts],
             cached_tokens=cached,
             state=_MockKv(seed),
-            first_logprob=None if top is None else simulated_logprob(first_token, top),
         )
 
     def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
@@ -230,19 +243,16 @@ class MockEngine(CachingEngine[_MockKv, None]):
         check_sampling(sampling, stop)
         with self.admission():
             try:
-                tokens = random.Random(state.seed)
-                tokens.randrange(*PSEUDO_TOKENS)  # the first draw is kv.first_token
+                streams = [choice_stream(state.seed, i, sampling) for i in range(sampling.n)]
+                for stream in streams:
+                    stream.randrange(*PSEUDO_TOKENS)  # the first draw is the first token's
 
-                async def next_token(
-                    _previous: int, banned: frozenset[int]
-                ) -> tuple[int, TokenLogprob | None]:
-                    await asyncio.sleep(self.decode_s_per_token)
-                    token = _draw(tokens, banned)
-                    top = sampling.logprobs
-                    return token, None if top is None else simulated_logprob(token, top)
+                async def next_tokens(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
+                    await asyncio.sleep(self.decode_s_per_token)  # one step of the batch
+                    return [_chosen(_draw(streams[i], banned), sampling) for i, _, banned in steps]
 
                 async for chunk in stream_completion(
-                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_token
+                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_tokens
                 ):
                     yield chunk
             finally:
@@ -267,10 +277,9 @@ class MockEngine(CachingEngine[_MockKv, None]):
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=done.prompt_tokens,
-            first_token=done.first_token_id,
+            first_tokens=done.first_tokens,
             cached_tokens=done.cached_tokens,
             state=_MockKv(int(seed[0])),
-            first_logprob=done.first_logprob,
         )
 
     async def close(self) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+import msgspec
 from tokenizers import Tokenizer
 
 from mmserve.engines.base import EngineError, KvHandle
 from mmserve.engines.detokenize import IncrementalDetokenizer
 from mmserve.protocol import (
     FinishReason,
+    FirstToken,
     SamplingParams,
     StopConditions,
     TokenChunk,
@@ -46,6 +48,8 @@ def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
             raise EngineError(f"{name} must lie in [{low}, {high}], got {getattr(params, name)}")
     if params.repetition_penalty <= 0:
         raise EngineError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+    if params.n < 1:
+        raise EngineError(f"n must be at least 1, got {params.n}")
     if params.logprobs is not None and not 0 <= params.logprobs <= MAX_LOGPROBS:
         raise EngineError(f"logprobs must lie in [0, {MAX_LOGPROBS}], got {params.logprobs}")
     low, high = LOGIT_BIAS_RANGE
@@ -77,51 +81,97 @@ class StopRules:
         return None
 
 
+Step = tuple[int, int, frozenset[int]]
+"""A choice's next step: (choice index, its previous token, the ids it may not sample)."""
+
+NextTokens = Callable[[list[Step]], Awaitable[list[tuple[int, TokenLogprob | None]]]]
+"""The next token of each step (in one call: an engine may batch the choices), with its
+log-probabilities where the request asks for them."""
+
+
+class _Choice:
+    """One choice of a stream: its stop rules, text and token count."""
+
+    def __init__(
+        self,
+        index: int,
+        first: FirstToken,
+        stop: StopConditions,
+        eos_token_ids: tuple[int, ...],
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.index = index
+        self.rules = StopRules(stop, eos_token_ids)
+        self.detokenizer = IncrementalDetokenizer(tokenizer, list(stop.stop), stop.min_tokens)
+        self.token, self.logprob = first.token_id, first.logprob
+        self.completion_tokens = 0
+        self.finish: FinishReason | None = None
+
+    def step(self) -> tuple[list[int], str, list[TokenLogprob]]:
+        """Take the current token: its ids, text and logprobs; `finish` says whether it ended
+        the choice. Stop strings are cut from the text by the detokenizer, across token
+        boundaries; the last chunk also carries the text of tokens that end inside a character
+        (the tokenizer's decode of them)."""
+        self.completion_tokens += 1
+        finish = self.rules.on_token(self.token, self.completion_tokens)
+        text = ""
+        if finish != "stop":  # a stop id that ends the completion has no text
+            text = self.detokenizer.push([self.token])
+            if self.detokenizer.stopped:
+                finish = "stop"
+        if finish is not None:
+            text += self.detokenizer.flush()
+            if self.detokenizer.stopped:
+                finish = "stop"
+        self.finish = finish
+        return [self.token], text, [] if self.logprob is None else [self.logprob]
+
+    def next_step(self) -> Step:
+        return self.index, self.token, self.rules.banned(self.completion_tokens)
+
+
 async def stream_completion(
     kv: KvHandle,
     stop: StopConditions,
     eos_token_ids: Sequence[int],
     tokenizer: Tokenizer,
-    next_token: Callable[[int, frozenset[int]], Awaitable[tuple[int, TokenLogprob | None]]],
+    next_tokens: NextTokens,
 ) -> AsyncIterator[TokenChunk]:
-    """Token chunks from `kv.first_token` on, `next_token(previous, banned)` making each next
-    one (never one of `banned`: `StopRules.banned`) with its log-probabilities where the request
-    asks for them, until a stop rule ends the completion; the
-    last chunk carries the finish reason and usage. Stop strings are cut from the text by the
-    detokenizer, across token boundaries; the last chunk also carries the text of tokens that
-    end inside a character (the tokenizer's decode of them)."""
-    rules = StopRules(stop, tuple(eos_token_ids))
-    detokenizer = IncrementalDetokenizer(tokenizer, list(stop.stop), stop.min_tokens)
-    token, logprob = kv.first_token, kv.first_logprob
-    completion_tokens = 0
+    """Token chunks of every choice from its first token in `kv.first_tokens` on, one round of
+    the unfinished choices at a time, `next_tokens` making their next ones (never one of a
+    step's banned ids: `StopRules.banned`), until a stop rule ends each; a choice's last
+    chunk carries its finish reason, and the stream's last chunk the usage."""
+    every = [
+        _Choice(index, first, stop, tuple(eos_token_ids), tokenizer)
+        for index, first in enumerate(kv.first_tokens)
+    ]
+    choices = every
     while True:
-        completion_tokens += 1
-        finish = rules.on_token(token, completion_tokens)
-        text = ""
-        if finish != "stop":  # a stop id that ends the completion has no text
-            text = detokenizer.push([token])
-            if detokenizer.stopped:
-                finish = "stop"
-        logprobs = [] if logprob is None else [logprob]
-        if finish is None:
-            yield TokenChunk(
-                request_id=kv.request_id, token_ids=[token], text=text, logprobs=logprobs
+        chunks = []
+        for choice in choices:
+            token_ids, text, logprobs = choice.step()
+            chunks.append(
+                TokenChunk(
+                    request_id=kv.request_id,
+                    index=choice.index,
+                    token_ids=token_ids,
+                    text=text,
+                    logprobs=logprobs,
+                    finish_reason=choice.finish,
+                )
             )
-            token, logprob = await next_token(token, rules.banned(completion_tokens))
-            continue
-        text += detokenizer.flush()
-        if detokenizer.stopped:
-            finish = "stop"
-        yield TokenChunk(
-            request_id=kv.request_id,
-            token_ids=[token],
-            text=text,
-            logprobs=logprobs,
-            finish_reason=finish,
-            usage=Usage(
+        choices = [choice for choice in choices if choice.finish is None]
+        if not choices:
+            usage = Usage(
                 prompt_tokens=kv.prompt_tokens,
-                completion_tokens=completion_tokens,
+                completion_tokens=sum(choice.completion_tokens for choice in every),
                 cached_tokens=kv.cached_tokens,
-            ),
-        )
-        return
+            )
+            chunks[-1] = msgspec.structs.replace(chunks[-1], usage=usage)
+        for chunk in chunks:
+            yield chunk
+        if not choices:
+            return
+        drawn = await next_tokens([choice.next_step() for choice in choices])
+        for choice, (token, logprob) in zip(choices, drawn, strict=True):
+            choice.token, choice.logprob = token, logprob

@@ -17,7 +17,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -326,6 +326,25 @@ class FrontendApp:
             await exchange.json(200, await generation.collect())
 
 
+@dataclass(frozen=True)
+class _Delta:
+    """What one token chunk adds to its choice."""
+
+    index: int
+    text: str
+    finish: FinishReason | None
+    logprobs: list[TokenLogprob]
+
+
+@dataclass
+class _Choice:
+    """A choice collected for a non-streamed answer."""
+
+    parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish: FinishReason | None = None
+
+
 class _Generation:
     """Turns the dispatcher's token chunks into OpenAI responses for one request."""
 
@@ -347,11 +366,10 @@ class _Generation:
         options = request.stream_options
         self._continuous_usage = options is not None and options.continuous_usage_stats
 
-    async def _texts(self) -> AsyncGenerator[tuple[str, FinishReason | None, list[TokenLogprob]]]:
-        """(text delta, finish reason, log-probabilities) of each chunk; the last carries the
-        finish reason."""
+    async def _texts(self) -> AsyncGenerator[tuple[_Delta, bool]]:
+        """Each chunk's delta, and whether it is the last: every choice has its finish."""
         chunks = self._app.dispatcher.generate(self._preprocessed)
-        finish: FinishReason | None = None
+        unfinished = set(range(self._request.n))
         first_token = nvtx.range_start(nvtx.FE_FIRST_TOKEN)
         try:
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
@@ -360,17 +378,18 @@ class _Generation:
                         nvtx.range_end(first_token)
                         first_token = None
                     self._observe(chunk)
-                    finish = chunk.finish_reason
-                    yield chunk.text, finish, chunk.logprobs
-                    if finish is not None:
+                    if chunk.finish_reason is not None:
+                        unfinished.discard(chunk.index)
+                    delta = _Delta(chunk.index, chunk.text, chunk.finish_reason, chunk.logprobs)
+                    yield delta, not unfinished
+                    if not unfinished:
                         return
         except RemoteError as err:
             raise ApiError(err.code, err.message, status=err.status) from err
         finally:
             if first_token is not None:
                 nvtx.range_end(first_token)
-        if finish is None:
-            raise ApiError(ERROR_INCOMPLETE, "the worker ended the stream without finishing")
+        raise ApiError(ERROR_INCOMPLETE, "the worker ended the stream without finishing")
 
     def _observe(self, chunk: TokenChunk) -> None:
         now = time.perf_counter()
@@ -412,44 +431,49 @@ class _Generation:
         return ChoiceLogprobs(content=self._app.token_texts.chat(logprobs))
 
     async def collect(self) -> ChatCompletionResponse:
-        parts = []
-        finish: FinishReason | None = None
-        logprobs: list[TokenLogprob] = []
-        async for text, finish_reason, chunk_logprobs in self._texts():
-            parts.append(text)
-            logprobs += chunk_logprobs
-            finish = finish_reason
+        choices = [_Choice() for _ in range(self._request.n)]
+        async for delta, _ in self._texts():
+            choice = choices[delta.index]
+            choice.parts.append(delta.text)
+            choice.logprobs += delta.logprobs
+            choice.finish = delta.finish
         return ChatCompletionResponse(
             id=self._preprocessed.request_id,
             created=self._created,
             model=self._preprocessed.model,
             choices=[
                 ChatCompletionChoice(
-                    index=0,
-                    message=AssistantMessage(content="".join(parts)),
-                    finish_reason=finish,
-                    logprobs=self._logprobs(logprobs),
+                    index=index,
+                    message=AssistantMessage(content="".join(choice.parts)),
+                    finish_reason=choice.finish,
+                    logprobs=self._logprobs(choice.logprobs),
                 )
+                for index, choice in enumerate(choices)
             ],
             usage=self.usage(),
         )
 
     async def stream(self, exchange: _Exchange) -> None:
-        """One write per chunk from the worker: the events it makes, the role's with the first,
-        the closing ones with the last (a 1-token completion is one write after the head)."""
+        """One write per chunk from the worker: the events it makes, a choice's role with its
+        first, the closing ones with the last (a 1-token completion is one write after the
+        head)."""
         texts = self._texts()
+        started: set[int] = set()
+        events: list[bytes] = []
         async with contextlib.aclosing(texts):
             # Wait for the first chunk before committing to a 200.
-            text, finish, logprobs = await anext(texts)
+            delta, last = await anext(texts)
             await exchange.start(200, _SSE)
-            events = [self._event(ChoiceDelta(role="assistant", content=""))]
             while True:
-                events += self._text_events(text, finish, logprobs)
-                if finish is not None:
+                if delta.index not in started:
+                    started.add(delta.index)
+                    events.append(self._event(ChoiceDelta(role="assistant", content=""), delta))
+                events += self._text_events(delta)
+                if last:
                     break
                 await exchange.body(b"".join(events), True)
                 events = []
-                text, finish, logprobs = await anext(texts)
+                delta, last = await anext(texts)
         options = self._request.stream_options
         if options is not None and options.include_usage:
             usage_chunk = self._chunk([], self.usage())
@@ -457,27 +481,26 @@ class _Generation:
         events.append(b"data: [DONE]\n\n")
         await exchange.body(b"".join(events))
 
-    def _text_events(
-        self, text: str, finish: FinishReason | None, logprobs: list[TokenLogprob]
-    ) -> list[bytes]:
+    def _text_events(self, delta: _Delta) -> list[bytes]:
         """A chunk's events: its text with its tokens' log-probabilities (asked for, they come
         even while the text waits for the rest of a character), then the finish."""
-        chosen = self._logprobs(logprobs) if logprobs else None
+        chosen = self._logprobs(delta.logprobs) if delta.logprobs else None
         events = []
-        if text or chosen is not None:
-            events.append(self._event(ChoiceDelta(content=text), logprobs=chosen))
-        if finish is not None:
-            events.append(self._event(ChoiceDelta(), finish))
+        if delta.text or chosen is not None:
+            events.append(self._event(ChoiceDelta(content=delta.text), delta, logprobs=chosen))
+        if delta.finish is not None:
+            events.append(self._event(ChoiceDelta(), delta, delta.finish))
         return events
 
     def _event(
         self,
-        delta: ChoiceDelta,
+        content: ChoiceDelta,
+        of: _Delta,
         finish: FinishReason | None = None,
         logprobs: ChoiceLogprobs | None = None,
     ) -> bytes:
         choice = ChatCompletionChunkChoice(
-            index=0, delta=delta, finish_reason=finish, logprobs=logprobs
+            index=of.index, delta=content, finish_reason=finish, logprobs=logprobs
         )
         usage = self._usage_so_far() if self._continuous_usage else None
         return b"data: " + _encoder.encode(self._chunk([choice], usage)) + b"\n\n"

@@ -64,6 +64,7 @@ from mmserve.protocol import (
     TextPart,
     VideoUrlPart,
 )
+from mmserve.protocol.openai import DEFAULT_MAX_N
 
 # Request ids: a random prefix drawn once per process, then a counter (32 hex digits, as a
 # uuid4's): unique across frontends without a system call per request.
@@ -125,6 +126,8 @@ class ChatOptions:
     video_caps: VideoCaps = field(default_factory=VideoCaps)
     # image_embeds parts are refused unless the operator allows them.
     enable_mm_embeds: bool = False
+    # The most completions one request may ask for (`n`; vLLM has no such bound).
+    max_n: int = DEFAULT_MAX_N
 
 
 @dataclass(frozen=True)
@@ -312,14 +315,29 @@ class ChatPreprocessor:
                     )
         self._validate_logprobs(request)
         self._validate_logit_bias(request)
+        self._validate_n(request)
         unsupported = request.unsupported_options()
         if unsupported:
             name = unsupported[0]
-            detail = "only n=1 is supported" if name == "n" else "it is not supported"
             raise ApiError(
                 ERROR_UNSUPPORTED_OPTION,
-                f"{name} cannot be set to this value: {detail}",
+                f"{name} cannot be set to this value: it is not supported",
                 param=name,
+            )
+
+    def _validate_n(self, request: ChatCompletionRequest) -> None:
+        if request.n > self.options.max_n:
+            raise ApiError(
+                ERROR_INVALID_VALUE,
+                f"n must be at most {self.options.max_n} (the server's --max-n), got {request.n}",
+                param="n",
+            )
+        if request.best_of is not None and request.best_of != request.n:
+            raise ApiError(
+                ERROR_UNSUPPORTED_OPTION,
+                f"best_of cannot be {request.best_of}: only best_of equal to n ({request.n}) is "
+                "served (every completion sampled is returned)",
+                param="best_of",
             )
 
     @staticmethod
@@ -528,6 +546,7 @@ def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
         repetition_penalty=request.repetition_penalty or 1.0,
         logit_bias={int(key): value for key, value in (request.logit_bias or {}).items()},
         logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        n=request.n,
     )
 
 

@@ -21,6 +21,7 @@ from mmserve.frontend.mm_options import (
 )
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.media.policy import MediaPolicy
+from mmserve.protocol.openai import DEFAULT_MAX_N
 from mmserve.router.settings import RouterSettings
 from mmserve.runtime.heap import freeze_startup_heap
 from mmserve.runtime.lifetime import add_drain_timeout_argument
@@ -167,6 +168,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "num_frames); requests may set their own with media_io_kwargs",
     )
     parser.add_argument(
+        "--max-n",
+        type=_positive_int,
+        default=DEFAULT_MAX_N,
+        metavar="N",
+        help=f"the most completions one request may ask for with n (default {DEFAULT_MAX_N}); "
+        "all of a request's completions run on one worker from one prefill",
+    )
+    parser.add_argument(
         "--enable-mm-embeds",
         action="store_true",
         help="accept image_embeds parts (precomputed vision-tower output, safetensors or .npy "
@@ -219,6 +228,7 @@ def build_app(
         media_io_kwargs=args.media_io_kwargs,
         video_caps=VideoCaps.from_args(args),
         enable_mm_embeds=args.enable_mm_embeds,
+        max_n=args.max_n,
     )
     return FrontendApp(
         ChatPreprocessor(model, options, tensor_sink),
@@ -303,6 +313,13 @@ def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
 
 

@@ -171,6 +171,7 @@ class MediaIoKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limits
 MAX_LOGIT_BIAS = 300
+DEFAULT_MAX_N = 16  # the most completions a request may ask for, unless --max-n says
 
 
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -185,7 +186,19 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     top_k: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] | None = None  # 0: off
     seed: Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)] | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=_INT64_MAX,
+            description="Completions of the prompt, sampled on one worker from one prefill "
+            "(at most the server's --max-n)",
+        ),
+    ] = 1
+    best_of: Annotated[
+        int | None,
+        msgspec.Meta(description="Extension (vLLM's): only equal to n (or unset) is served"),
+    ] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's and SGLang's extensions.
@@ -276,7 +289,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 # The known OpenAI options mmserve does not implement, with the values it accepts for each
 # (their defaults); `/openapi.json` documents these as the options' only values.
 DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),

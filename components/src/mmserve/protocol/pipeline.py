@@ -30,6 +30,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: dict[int, float] = {}
     # None: no log-probabilities; k >= 0: the chosen token's and the k most likely.
     logprobs: int | None = None
+    # Completions of the one prompt, each its own stream of draws (`TokenChunk.index`).
+    n: int = 1
 
     @property
     def penalized(self) -> bool:
@@ -289,27 +291,42 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     top: list[tuple[int, float]] = []
 
 
+class FirstToken(msgspec.Struct, frozen=True, array_like=True):
+    """A choice's first token, sampled by the prefill, with its log-probabilities where the
+    request asks for them."""
+
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
 class PrefillDone(WireMessage, frozen=True):
-    """Prefill's last reply to decode: the first token (and its log-probabilities, where the
-    request asks for them) and the prompt's KV cache, exported by the engine as named tensors
-    that decode fetches by transfer (empty for engines that move the cache themselves through
-    the bootstrap room). `sampling_seed` is the seed the prefill sampled with (the request's
-    own, or one it drew), so decode samples each next token as an aggregated worker would."""
+    """Prefill's last reply to decode: each choice's first token (one per `SamplingParams.n`,
+    choice 0 first) and the prompt's KV cache, once for all choices, exported by the engine as
+    named tensors that decode fetches by transfer (empty for engines that move the cache
+    themselves through the bootstrap room). `sampling_seed` is the seed the prefill sampled
+    with (the request's own, or one it drew), so decode samples each next token as an
+    aggregated worker would."""
 
     request_id: str
-    first_token_id: int
+    first_tokens: list[FirstToken]
     prompt_tokens: int
     cached_tokens: int = 0
     kv: dict[str, TensorHandle] = {}
-    first_logprob: TokenLogprob | None = None
     sampling_seed: int | None = None
+
+    @property
+    def first_token_id(self) -> int:
+        """Choice 0's first token."""
+        return self.first_tokens[0].token_id
 
 
 PrefillReply = BootstrapInfo | PrefillDone
 
 
 class TokenChunk(WireMessage, frozen=True):
-    """A step of generation; the last chunk has `finish_reason` and `usage`."""
+    """A step of one choice's generation (`index`, 0 unless the request asks for `n` > 1):
+    each choice's last chunk has its `finish_reason`, and the stream's last chunk also the
+    `usage` of all of them (the prompt counted once)."""
 
     request_id: str
     token_ids: list[int] = []
@@ -317,3 +334,4 @@ class TokenChunk(WireMessage, frozen=True):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     logprobs: list[TokenLogprob] = []  # one per token id, where the request asks for them
+    index: int = 0

@@ -1,7 +1,7 @@
 """The msgpack encoding of every internal message: the `WireMessage` base, its versioned tags,
 and the one `encode` / `decode` pair.
 
-Each message carries a `type` tag that embeds `PROTOCOL_VERSION` (e.g. `"token_chunk.v4"`), so a
+Each message carries a `type` tag that embeds `PROTOCOL_VERSION` (e.g. `"token_chunk.v5"`), so a
 peer speaking another version fails to decode with `ProtocolVersionError` instead of producing
 garbage. Unknown fields are ignored, so adding a field with a default stays compatible;
 removing, renaming or changing the meaning of a field needs a new `PROTOCOL_VERSION`. The tag
@@ -15,7 +15,7 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class ProtocolError(ValueError):

@@ -93,6 +93,9 @@ def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str,
     if sampling.logprobs is not None:
         # The adapter does not read SGLang's returned logprobs yet: refused, never dropped.
         raise EngineError("logprobs are not served by the sglang engine yet")
+    if sampling.n != 1:
+        # SGLang's `n` forks its streams by index; the adapter reads one stream per request.
+        raise EngineError("n > 1 is not served by the sglang engine yet")
     params |= {
         "min_p": sampling.min_p,
         "frequency_penalty": sampling.frequency_penalty,

@@ -76,6 +76,7 @@ from mmserve.kv.pad import PadScheme
 from mmserve.protocol import (
     BootstrapInfo,
     CachesCleared,
+    FirstToken,
     PrefillDone,
     SamplingParams,
     StopConditions,
@@ -252,7 +253,7 @@ class SglangEngine(Engine[SglangKv]):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         state = SglangKv(request, tuple(embeddings), bootstrap)
-        return KvHandle(request.request_id, len(request.token_ids), -1, 0, state)
+        return KvHandle(request.request_id, len(request.token_ids), [FirstToken(-1)], 0, state)
 
     def decode(
         self, kv: KvHandle[SglangKv], sampling: SamplingParams, stop: StopConditions
@@ -343,7 +344,7 @@ class SglangEngine(Engine[SglangKv]):
             )
             row += item.length
         state = SglangKv(request, tuple(embeddings), bootstrap)
-        return KvHandle(request.request_id, done.prompt_tokens, -1, 0, state)
+        return KvHandle(request.request_id, done.prompt_tokens, [FirstToken(-1)], 0, state)
 
     def release(self, kv: KvHandle[SglangKv]) -> None:
         """Nothing to free here: SGLang owns the KV; a prefill room finishes in the
