@@ -33,10 +33,10 @@ def _stream(tokenizer: Tokenizer, stop: list[str], text: str = TEXT) -> tuple[li
 
 
 def _stream_ids(
-    tokenizer: Tokenizer, stop: list[str], ids: list[int], min_tokens: int = 0
+    tokenizer: Tokenizer, stop: list[str], ids: list[int], min_tokens: int = 0, **options: bool
 ) -> tuple[list[str], bool]:
     """The pieces a stream of `ids` releases, the last one from `flush`; whether it stopped."""
-    detokenizer = IncrementalDetokenizer(tokenizer, stop, min_tokens)
+    detokenizer = IncrementalDetokenizer(tokenizer, stop, min_tokens, **options)
     pieces = []
     for token in ids:
         pieces.append(detokenizer.push([token]))
@@ -108,6 +108,39 @@ def test_a_cut_completion_still_stops_before_the_stop_string(
         pieces, stopped = _stream_ids(tokenizer, ["never there", stop], ids[:n])
         assert "".join(pieces) == (whole[: whole.index(stop)] if stop in whole else whole)
         assert stopped == (stop in whole)
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_an_included_stop_string_ends_the_text(
+    tokenizer: Tokenizer, auto_tokenizer: Any, stop: str
+) -> None:
+    """`include_stop_str_in_output`: wherever the completion is cut, its text is the
+    tokenizer's decode up to the end of the first stop string, and nothing is held back (each
+    piece is the decode's next characters as soon as they complete)."""
+    ids = auto_tokenizer.encode(TEXT, add_special_tokens=False)
+    for n in range(1, len(ids) + 1):
+        whole = auto_tokenizer.decode(ids[:n], skip_special_tokens=True)
+        pieces, stopped = _stream_ids(
+            tokenizer, ["never there", stop], ids[:n], include_stop_str_in_output=True
+        )
+        end = whole.index(stop) + len(stop) if stop in whole else len(whole)
+        assert "".join(pieces) == whole[:end]
+        assert stopped == (stop in whole)
+    pieces, _ = _stream(tokenizer, [], "Grüße")
+    held = _stream_ids(tokenizer, ["Grüße!"], tokenizer.encode("Grüße").ids)[0]
+    included = _stream_ids(
+        tokenizer, ["Grüße!"], tokenizer.encode("Grüße").ids, include_stop_str_in_output=True
+    )[0]
+    assert included == pieces and held[-1] == "Grüße"  # one holds the prefix of the stop
+
+
+def test_special_tokens_text_stays_unless_skipped(
+    tokenizer: Tokenizer, auto_tokenizer: Any
+) -> None:
+    ids = auto_tokenizer.encode("Hi<|im_end|> there<|endoftext|>", add_special_tokens=False)
+    assert "".join(_stream_ids(tokenizer, [], ids)[0]) == "Hi there"
+    kept = _stream_ids(tokenizer, [], ids, skip_special_tokens=False)[0]
+    assert "".join(kept) == "Hi<|im_end|> there<|endoftext|>"
 
 
 def test_min_tokens_text_cannot_end_a_stop_string(tokenizer: Tokenizer) -> None:

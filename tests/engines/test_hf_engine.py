@@ -315,6 +315,15 @@ async def test_stop_string_across_a_token_boundary(engine: HfEngine):
     assert cut[-1].finish_reason == "stop"
     assert tokens_of(cut) == tokens_of(free)[: index + 2]
     assert cut[-1].usage.completion_tokens == index + 2
+    included = await run(
+        engine,
+        ids,
+        stop=StopConditions(
+            max_tokens=24, ignore_eos=True, stop=[stop_string], include_stop_str_in_output=True
+        ),
+    )
+    assert "".join(chunk.text for chunk in included) == full[: len(before) + 1]
+    assert tokens_of(included) == tokens_of(cut)
 
 
 async def test_stop_token_ids_end_the_stream(engine: HfEngine):
@@ -327,6 +336,16 @@ async def test_stop_token_ids_end_the_stream(engine: HfEngine):
     expected = tokens_of(free)[: tokens_of(free).index(stop_id) + 1]
     assert tokens_of(stopped) == expected
     assert stopped[-1].finish_reason == "stop"
+    assert stopped[-1].text == ""  # the stop id's text is left out...
+    included = await run(
+        engine,
+        ids,
+        stop=StopConditions(
+            max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id], include_stop_str_in_output=True
+        ),
+    )
+    text = "".join(chunk.text for chunk in included)  # ...unless included
+    assert text == engine.tokenizer.decode(expected, skip_special_tokens=True)
 
 
 async def test_concurrent_streams_interleave_and_match_sequential(engine: HfEngine):

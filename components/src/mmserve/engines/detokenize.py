@@ -10,6 +10,10 @@ complete a stop string (vLLM's rule: a match must end after it).
 Tokens that end inside a character release nothing until the character completes; when the
 stream ends first, `flush` gives what the tokenizer's own decode of them is (U+FFFD for the
 incomplete character), so the whole text equals `tokenizer.decode(ids)`.
+
+vLLM's output options: special tokens' text is left out unless `skip_special_tokens` is off,
+and a matched stop string ends the text before it, or after it with
+`include_stop_str_in_output` (then nothing is held back: a stop string is no secret).
 """
 
 from __future__ import annotations
@@ -19,9 +23,19 @@ from tokenizers.decoders import DecodeStream
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, stop: list[str], min_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop: list[str],
+        min_tokens: int = 0,
+        *,
+        skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._skip_special_tokens = skip_special_tokens
+        self._include_stop = include_stop_str_in_output
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._stop = [s for s in stop if s]
         self._min_tokens = min_tokens
         self._ids: list[int] = []
@@ -29,6 +43,7 @@ class IncrementalDetokenizer:
         self._pending = False  # the last ids end inside a character: the stream gave no text
         self._held = ""
         self._protected = 0  # leading characters of `_held` made by the first min_tokens tokens
+        self._sent_tail = ""  # the end of the text sent, where an included stop string may begin
         self.stopped = False
 
     def push(self, token_ids: list[int]) -> str:
@@ -53,7 +68,7 @@ class IncrementalDetokenizer:
         if self.stopped:
             return ""
         if self._pending:
-            whole = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+            whole = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip_special_tokens)
             self._held += whole[self._decoded :]
             self._pending = False
             if len(self._ids) <= self._min_tokens:
@@ -63,21 +78,33 @@ class IncrementalDetokenizer:
     def _release(self, final: bool) -> str:
         held = self._held
         if self._stop:
-            match = self._first_match()
-            if match >= 0:
+            # Included stop strings are not held back: one may begin in text already sent.
+            seen = self._sent_tail
+            match = self._first_match(seen + held, len(seen) + self._protected)
+            if match is not None:
+                position, stop = match
                 self.stopped = True
                 self._held = ""
-                return held[:match]
-        cut = len(held) if final or not self._stop else len(held) - self._stop_prefix_suffix()
+                end = position + len(stop) if self._include_stop else position
+                return (seen + held)[len(seen) : end]
+        holds = self._stop and not final and not self._include_stop
+        cut = len(held) - self._stop_prefix_suffix() if holds else len(held)
         self._held = held[cut:]
         self._protected = max(0, self._protected - cut)
+        if self._include_stop and self._stop:
+            sent = self._sent_tail + held[:cut]
+            self._sent_tail = sent[max(0, len(sent) - max(map(len, self._stop)) + 1) :]
         return held[:cut]
 
-    def _first_match(self) -> int:
-        """Where the first stop string that ends past the protected text begins, or -1."""
-        held, protected = self._held, self._protected
-        found = (held.find(s, max(0, protected - len(s) + 1)) for s in self._stop)
-        return min((pos for pos in found if pos >= 0), default=-1)
+    def _first_match(self, text: str, protected: int) -> tuple[int, str] | None:
+        """Where in `text` the first stop string that ends past its first `protected`
+        characters begins, and which it is (the longest of those that begin there), or None."""
+        found = ((text.find(s, max(0, protected - len(s) + 1)), s) for s in self._stop)
+        return min(
+            ((pos, s) for pos, s in found if pos >= 0),
+            key=lambda match: (match[0], -len(match[1])),
+            default=None,
+        )
 
     def _stop_prefix_suffix(self) -> int:
         """Length of the longest end of the held text that begins some stop string."""

@@ -102,7 +102,14 @@ class _Choice:
     ) -> None:
         self.index = index
         self.rules = StopRules(stop, eos_token_ids)
-        self.detokenizer = IncrementalDetokenizer(tokenizer, list(stop.stop), stop.min_tokens)
+        self.detokenizer = IncrementalDetokenizer(
+            tokenizer,
+            list(stop.stop),
+            stop.min_tokens,
+            skip_special_tokens=stop.skip_special_tokens,
+            include_stop_str_in_output=stop.include_stop_str_in_output,
+        )
+        self.include_stop = stop.include_stop_str_in_output
         self.token, self.logprob = first.token_id, first.logprob
         self.completion_tokens = 0
         self.finish: FinishReason | None = None
@@ -115,7 +122,7 @@ class _Choice:
         self.completion_tokens += 1
         finish = self.rules.on_token(self.token, self.completion_tokens)
         text = ""
-        if finish != "stop":  # a stop id that ends the completion has no text
+        if finish != "stop" or self.include_stop:  # a stop id's text, only if included
             text = self.detokenizer.push([self.token])
             if self.detokenizer.stopped:
                 finish = "stop"

@@ -251,6 +251,8 @@ class ChatPreprocessor:
                 stop_token_ids=list(request.stop_token_ids or []),
                 ignore_eos=request.ignore_eos,
                 min_tokens=request.min_tokens,
+                skip_special_tokens=request.skip_special_tokens,
+                include_stop_str_in_output=request.include_stop_str_in_output,
             ),
         )
 

@@ -271,6 +271,17 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
         ]
         | None
     ) = None
+    skip_special_tokens: Annotated[
+        bool,
+        msgspec.Meta(description="Extension (vLLM's): special tokens' text is left out"),
+    ] = True
+    include_stop_str_in_output: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Extension (vLLM's): the text ends after the stop string (or the "
+            "stop token's text) that ended it, not before"
+        ),
+    ] = False
     # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
     tools: list[Any] | None = None
     tool_choice: Any | None = None

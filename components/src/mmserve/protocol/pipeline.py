@@ -52,6 +52,10 @@ class StopConditions(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     min_tokens: int = 0
+    # How the text ends (vLLM's output options): special tokens' text left out, and a stop
+    # string (or a stop id's text) cut off unless it is to be included.
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
 
 class TensorHandle(msgspec.Struct, frozen=True, kw_only=True):

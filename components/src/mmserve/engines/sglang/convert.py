@@ -84,7 +84,8 @@ def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str,
         "min_new_tokens": stop.min_tokens,
         "stop_token_ids": list(stop.stop_token_ids),
         "ignore_eos": stop.ignore_eos,
-        "no_stop_trim": False,
+        "no_stop_trim": stop.include_stop_str_in_output,
+        "skip_special_tokens": stop.skip_special_tokens,
     }
     if stop.stop:
         params["stop"] = list(stop.stop)
