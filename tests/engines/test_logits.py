@@ -12,6 +12,7 @@ from mmserve.engines.logits import (
     apply_min_p,
     apply_penalties,
     ban,
+    draw,
     step_seed,
 )
 from mmserve.protocol import SamplingParams
@@ -147,6 +148,23 @@ def test_a_seed_draws_the_same_tokens_and_a_handover_continues_them():
     unseeded = Sampler(SamplingParams(temperature=1.0), [], VOCAB, CPU)
     again = Sampler(SamplingParams(temperature=1.0), [], VOCAB, CPU, seed=unseeded.seed)
     assert tokens(unseeded, logits) == tokens(again, logits)
+
+
+def test_a_draw_follows_the_distribution_and_never_picks_a_banned_id():
+    scores = torch.tensor([0.0, 1.0, 2.0, float("-inf"), 0.5, float("-inf")])
+    probs = torch.softmax(scores, dim=-1)
+    draws = 20_000
+    counts = torch.bincount(
+        torch.tensor([draw(scores, step_seed(3, 0, i)) for i in range(draws)]), minlength=6
+    )
+    assert counts[3] == counts[5] == 0
+    # Each id's share within five standard deviations of its probability.
+    spread = 5 * torch.sqrt(probs * (1 - probs) / draws)
+    assert torch.all((counts / draws - probs).abs() <= spread + 1e-9), counts
+    assert draw(scores, 11) == draw(scores, 11)
+    # The last id with any mass is reachable, and one id alone is always drawn.
+    assert draw(torch.tensor([float("-inf"), 0.0]), 5) == 1
+    assert {draw(torch.tensor([0.0]), seed) for seed in range(20)} == {0}
 
 
 def test_step_seeds_differ_by_seed_choice_and_index():

@@ -97,9 +97,13 @@ def step_seed(seed: int, choice: int, index: int) -> int:
 
 
 def draw(scores: torch.Tensor, seed: int) -> int:
-    """One id drawn from softmax(`scores`), its randomness all from `seed`."""
-    generator = torch.Generator(device=scores.device).manual_seed(seed)
-    return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
+    """One id drawn from softmax(`scores`), its randomness all from `seed`: the id where one
+    uniform number falls in the cumulative distribution (in float64). One number, not one
+    per id as `torch.multinomial` draws: over a 152k vocabulary on a CPU, 0.3 ms, not 5."""
+    cumulative = torch.softmax(scores.double(), dim=-1).cumsum(-1)
+    target = random.Random(seed).random() * cumulative[-1]
+    index = int(torch.searchsorted(cumulative, target, right=True))
+    return min(index, scores.shape[-1] - 1)
 
 
 def read_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
