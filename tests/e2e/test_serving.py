@@ -1,5 +1,5 @@
-"""One aggregated deployment under real clients: curl, large inline images, and bad input that
-gets its documented 4xx while the deployment keeps serving."""
+"""One aggregated deployment under real clients: curl, LangChain, large inline images, and bad
+input that gets its documented 4xx while the deployment keeps serving."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from langchain_core.messages import HumanMessage
+from langchain_core.outputs import ChatGeneration
+from langchain_openai import ChatOpenAI
 
 from mmserve.models.tiny import build_tiny_model
 from tests.support.deployment import Deployment, free_port
@@ -101,6 +104,37 @@ def test_n_completions_of_one_prompt_come_indexed_with_one_usage(
     unstreamed = _post(agg, {**body, "stream": False}).json()
     assert [c["message"]["content"] for c in unstreamed["choices"]] == [texts[0], texts[1]]
     assert [e["usage"]["completion_tokens"] for e in events if e.get("usage")] == [2 * 5]
+
+
+def test_langchain_asks_for_logprobs_and_two_choices(agg: Deployment, image_server: str) -> None:
+    """LangChain's `ChatOpenAI(logprobs=True, n=2)`: two generations of one image prompt,
+    each with its tokens' logprobs in its response metadata."""
+    llm = ChatOpenAI(
+        base_url=f"{agg.base_url}/v1",
+        api_key="unused",  # type: ignore[arg-type]
+        model="tiny-qwen2_vl-seed0",
+        max_completion_tokens=4,
+        temperature=1.0,
+        seed=9,
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+        max_retries=0,
+        extra_body={"ignore_eos": True},
+    )
+    image = {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}}
+    message = HumanMessage(content=[image, {"type": "text", "text": "Hi"}])
+    (generations,) = llm.generate([[message]]).generations
+    assert len(generations) == 2
+    for generation in generations:
+        assert isinstance(generation, ChatGeneration)
+        content = generation.message.response_metadata["logprobs"]["content"]
+        assert len(content) == 4
+        assert all(len(entry["top_logprobs"]) == 2 and entry["logprob"] <= 0 for entry in content)
+        said = b"".join(
+            bytes(entry["bytes"]) for entry in content if not entry["token"].startswith("<|")
+        )
+        assert said.decode("utf-8", errors="replace") == generation.text
 
 
 def test_a_data_url_over_the_nats_payload_limit_is_served(agg: Deployment) -> None:
