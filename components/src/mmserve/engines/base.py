@@ -216,7 +216,9 @@ class KvHandle(Generic[StateT]):
 
     `state` is private to the engine. A handle is consumed by `decode` or freed by `release`.
     `first_logprob` is the first token's log-probabilities where the request asks for them, and
-    `sampling_seed` the seed the first token was drawn with (`PrefillDone` carries both on).
+    `sampling_seed` the seed the first token was drawn with; `prompt_logprobs` the prompt's,
+    one per token after the first, where the request asks for them (`PrefillDone` carries all
+    three on).
     """
 
     request_id: str
@@ -226,6 +228,7 @@ class KvHandle(Generic[StateT]):
     state: StateT = field(repr=False)
     first_logprob: TokenLogprob | None = None
     sampling_seed: int | None = None
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def prefill_done(self, kv: dict[str, TensorHandle] | None = None) -> PrefillDone:
         """What decode takes over from this prefill's handle (with the transfer handles of
@@ -238,6 +241,7 @@ class KvHandle(Generic[StateT]):
             kv=kv or {},
             first_logprob=self.first_logprob,
             sampling_seed=self.sampling_seed,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

@@ -43,7 +43,7 @@ from mmserve.engines.base import (
 from mmserve.engines.caching import CachingEngine
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
-from mmserve.engines.logits import Sampler
+from mmserve.engines.logits import Sampler, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
@@ -277,9 +277,11 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
 
         block_size = self.prefix_cache.block_size
         keys = prompt_block_keys(request.token_ids, request.media, block_size, self.pad_scheme)
+        # Prompt log-probabilities need every position's logits: nothing is reused for them.
+        scores_prompt = request.sampling.prompt_logprobs is not None
         blocks = (
             self.prefix_cache.match(keys.seq_hashes, reusable_blocks(len(ids), block_size))
-            if self.spec.reuses_prefix_blocks
+            if self.spec.reuses_prefix_blocks and not scores_prompt
             else []
         )
         cached = len(blocks) * block_size
@@ -305,7 +307,14 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             # From the start of the prompt: the model reads the image spans by position.
             extra["token_type_ids"] = request.media_mask().to(self.device, torch.long)[None]
         output = self._text_model(inputs_embeds, positions[:, :, cached:], cache, extra)
-        logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
+        prompt_logprobs = []
+        if scores_prompt:
+            all_logits = self.model.lm_head(output.last_hidden_state[0])
+            top = request.sampling.prompt_logprobs or 0
+            prompt_logprobs = read_prompt_logprobs(all_logits, request.token_ids, top)
+            logits = all_logits[-1]
+        else:
+            logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
 
         if self.spec.reuses_prefix_blocks:
             full_blocks = len(ids) // block_size
@@ -325,6 +334,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             state=_KvState(cache, rope_delta, sampler),
             first_logprob=first_logprob,
             sampling_seed=sampler.seed,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _sampler(self, request: EngineRequest, seed: int | None = None) -> Sampler:
@@ -508,6 +518,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             state=_KvState(cache, int(tensors["rope_delta"][0]), sampler),
             first_logprob=done.first_logprob,
             sampling_seed=sampler.seed,
+            prompt_logprobs=done.prompt_logprobs,
         )
 
     def _import_linear_states(self, cache: Any, tensors: dict[str, torch.Tensor]) -> None:

@@ -116,6 +116,30 @@ def read_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
     )
 
 
+def read_prompt_logprobs(
+    logits: torch.Tensor, token_ids: Sequence[int], top: int
+) -> list[TokenLogprob]:
+    """The log-probabilities of each prompt token after the first under the model's
+    distribution at the position before it, with its rank and the `top` most likely ids':
+    `logits` is `[len(token_ids), vocab]`, one row per prompt position (the last row, the
+    first completion token's, is not read)."""
+    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+    ids = torch.tensor(token_ids[1:], dtype=torch.long, device=logits.device)
+    chosen = logprobs.gather(-1, ids[:, None])[:, 0]
+    ranks = (logprobs > chosen[:, None]).sum(-1) + 1
+    best = torch.topk(logprobs, min(top, logprobs.shape[-1])) if top else None
+    tops: list[list[tuple[int, float]]] = [[] for _ in range(len(ids))]
+    if best is not None:
+        indices, values = best.indices.tolist(), best.values.tolist()
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(indices, values, strict=True)]
+    return [
+        TokenLogprob(token_id=token, logprob=value, top=row, rank=rank)
+        for token, value, rank, row in zip(
+            ids.tolist(), chosen.tolist(), ranks.tolist(), tops, strict=True
+        )
+    ]
+
+
 class Sampler:
     """One choice's tokens, step after step: the chain's state (the completion's id counts for
     the penalties, the prompt's ids for the repetition penalty) and the stream's seed (the

@@ -12,7 +12,9 @@ It serves the router, the frontend and every deployment pattern at scale without
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
   prompt gives the same completion on any worker and in any pattern; there is no distribution,
   so temperature, the penalties and `logit_bias` change nothing, and log-probabilities are
-  simulated (`simulated_logprob`: deterministic, the chosen token the most likely);
+  simulated (`simulated_logprob`: deterministic, the chosen token the most likely), the
+  prompt's too (`simulated_prompt_logprobs`; such a request reuses no cached prefix, as on the
+  hf engine);
 - encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
   one vision tower runs them), then returns
   deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
@@ -105,6 +108,15 @@ def simulated_logprob(token: int, top: int) -> TokenLogprob:
         logprob=logprob,
         top=[(other, logprob - step) for step, other in enumerate(neighbours)],
     )
+
+
+def simulated_prompt_logprobs(token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
+    """The mock's log-probabilities of each prompt token after the first: `simulated_logprob`
+    of each, rank 1 (each the most likely)."""
+    return [
+        msgspec.structs.replace(simulated_logprob(token, top), rank=1)
+        for token in token_ids[1:]
+    ]
 
 
 def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
@@ -196,7 +208,9 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 limit = reusable_blocks(len(request.token_ids), cache.block_size)
                 # As the hf engine: a hybrid model neither reuses nor announces blocks.
                 reuses = self.spec.reuses_prefix_blocks
-                hits = cache.match(keys.seq_hashes, limit) if reuses else []
+                # As the hf engine: a request that scores its prompt reuses nothing.
+                scores_prompt = request.sampling.prompt_logprobs is not None
+                hits = cache.match(keys.seq_hashes, limit) if reuses and not scores_prompt else []
                 cached = len(hits) * cache.block_size
                 # An item that came without its embedding must lie in the cached prefix.
                 request.live_embeddings(embeddings, cached)
@@ -209,6 +223,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
             random.Random(seed), StopRules(request.stop, self.spec.eos_token_ids).banned(0)
         )
         top = request.sampling.logprobs
+        prompt_top = request.sampling.prompt_logprobs
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),
@@ -216,6 +231,11 @@ class MockEngine(CachingEngine[_MockKv, None]):
             cached_tokens=cached,
             state=_MockKv(seed),
             first_logprob=None if top is None else simulated_logprob(first_token, top),
+            prompt_logprobs=(
+                []
+                if prompt_top is None
+                else simulated_prompt_logprobs(request.token_ids, prompt_top)
+            ),
         )
 
     def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
@@ -271,6 +291,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
             cached_tokens=done.cached_tokens,
             state=_MockKv(int(seed[0])),
             first_logprob=done.first_logprob,
+            prompt_logprobs=done.prompt_logprobs,
         )
 
     async def close(self) -> None:

@@ -4,6 +4,7 @@ are not sampled until then), and the stream itself (the token choice is `engines
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from tokenizers import Tokenizer
@@ -26,8 +27,8 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
     """Reject values no engine can honour, with a message a client can act on."""
-    if stop.max_tokens < 1:
-        raise EngineError(f"max_tokens must be at least 1, got {stop.max_tokens}")
+    if stop.max_tokens < 0:
+        raise EngineError(f"max_tokens must be at least 0, got {stop.max_tokens}")
     if not 0 <= stop.min_tokens <= stop.max_tokens:
         raise EngineError(
             f"min_tokens must lie in [0, max_tokens={stop.max_tokens}], got {stop.min_tokens}"
@@ -46,8 +47,10 @@ def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
             raise EngineError(f"{name} must lie in [{low}, {high}], got {getattr(params, name)}")
     if params.repetition_penalty <= 0:
         raise EngineError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
-    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_LOGPROBS:
-        raise EngineError(f"logprobs must lie in [0, {MAX_LOGPROBS}], got {params.logprobs}")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise EngineError(f"{name} must lie in [0, {MAX_LOGPROBS}], got {value}")
     low, high = LOGIT_BIAS_RANGE
     for token, bias in params.logit_bias.items():
         if not low <= bias <= high:
@@ -87,9 +90,23 @@ async def stream_completion(
     """Token chunks from `kv.first_token` on, `next_token(previous, banned)` making each next
     one (never one of `banned`: `StopRules.banned`) with its log-probabilities where the request
     asks for them, until a stop rule ends the completion; the
-    last chunk carries the finish reason and usage. Stop strings are cut from the text by the
-    detokenizer, across token boundaries; the last chunk also carries the text of tokens that
-    end inside a character (the tokenizer's decode of them)."""
+    last chunk carries the finish reason and usage, the first the prompt's log-probabilities
+    (`kv.prompt_logprobs`). Stop strings are cut from the text by the detokenizer, across
+    token boundaries; the last chunk also carries the text of tokens that end inside a
+    character (the tokenizer's decode of them). With `max_tokens` 0 the request was a prefill
+    only: the first token is not emitted, and the one chunk finishes with "length"."""
+    usage = functools.partial(
+        Usage, prompt_tokens=kv.prompt_tokens, cached_tokens=kv.cached_tokens
+    )
+    prompt_logprobs = kv.prompt_logprobs
+    if stop.max_tokens == 0:
+        yield TokenChunk(
+            request_id=kv.request_id,
+            prompt_logprobs=prompt_logprobs,
+            finish_reason="length",
+            usage=usage(completion_tokens=0),
+        )
+        return
     rules = StopRules(stop, tuple(eos_token_ids))
     detokenizer = IncrementalDetokenizer(tokenizer, list(stop.stop), stop.min_tokens)
     token, logprob = kv.first_token, kv.first_logprob
@@ -105,8 +122,13 @@ async def stream_completion(
         logprobs = [] if logprob is None else [logprob]
         if finish is None:
             yield TokenChunk(
-                request_id=kv.request_id, token_ids=[token], text=text, logprobs=logprobs
+                request_id=kv.request_id,
+                token_ids=[token],
+                text=text,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
             )
+            prompt_logprobs = []
             token, logprob = await next_token(token, rules.banned(completion_tokens))
             continue
         text += detokenizer.flush()
@@ -117,11 +139,8 @@ async def stream_completion(
             token_ids=[token],
             text=text,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             finish_reason=finish,
-            usage=Usage(
-                prompt_tokens=kv.prompt_tokens,
-                completion_tokens=completion_tokens,
-                cached_tokens=kv.cached_tokens,
-            ),
+            usage=usage(completion_tokens=completion_tokens),
         )
         return

@@ -30,6 +30,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: dict[int, float] = {}
     # None: no log-probabilities; k >= 0: the chosen token's and the k most likely.
     logprobs: int | None = None
+    # The same for every prompt token after the first (vLLM's `prompt_logprobs`): the engine
+    # scores the whole prompt, recomputing any prefix its cache holds.
+    prompt_logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:
@@ -45,7 +48,7 @@ class StopConditions(msgspec.Struct, frozen=True, kw_only=True):
     before `min_tokens` tokens neither EOS, a stop id nor a stop string ends it (vLLM's
     rules)."""
 
-    max_tokens: int = 16
+    max_tokens: int = 16  # 0: a prefill only (prompt scoring), no token is emitted
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
@@ -282,11 +285,14 @@ class PrefillRequest(WireMessage, frozen=True):
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     """A chosen token's log-probability and the `top` most likely tokens' (id, logprob), most
-    likely first: of the model's own distribution, before any sampling step (vLLM's "raw")."""
+    likely first: of the model's own distribution, before any sampling step (vLLM's "raw").
+    `rank` is the token's 1-based rank in that distribution, where the engine gives it (the
+    prompt's tokens)."""
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = []
+    rank: int | None = None
 
 
 class PrefillDone(WireMessage, frozen=True):
@@ -303,13 +309,17 @@ class PrefillDone(WireMessage, frozen=True):
     kv: dict[str, TensorHandle] = {}
     first_logprob: TokenLogprob | None = None
     sampling_seed: int | None = None
+    # One per prompt token after the first, where the request asks for them.
+    prompt_logprobs: list[TokenLogprob] = []
 
 
 PrefillReply = BootstrapInfo | PrefillDone
 
 
 class TokenChunk(WireMessage, frozen=True):
-    """A step of generation; the last chunk has `finish_reason` and `usage`."""
+    """A step of generation; the last chunk has `finish_reason` and `usage`, the first the
+    prompt's log-probabilities where the request asks for them (one per prompt token after the
+    first). A request with `max_tokens` 0 streams one chunk without token ids."""
 
     request_id: str
     token_ids: list[int] = []
@@ -317,3 +327,4 @@ class TokenChunk(WireMessage, frozen=True):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     logprobs: list[TokenLogprob] = []  # one per token id, where the request asks for them
+    prompt_logprobs: list[TokenLogprob] = []

@@ -15,7 +15,7 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class ProtocolError(ValueError):
