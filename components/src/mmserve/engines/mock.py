@@ -114,8 +114,7 @@ def simulated_prompt_logprobs(token_ids: Sequence[int], top: int) -> list[TokenL
     """The mock's log-probabilities of each prompt token after the first: `simulated_logprob`
     of each, rank 1 (each the most likely)."""
     return [
-        msgspec.structs.replace(simulated_logprob(token, top), rank=1)
-        for token in token_ids[1:]
+        msgspec.structs.replace(simulated_logprob(token, top), rank=1) for token in token_ids[1:]
     ]
 
 

@@ -95,9 +95,7 @@ async def stream_completion(
     token boundaries; the last chunk also carries the text of tokens that end inside a
     character (the tokenizer's decode of them). With `max_tokens` 0 the request was a prefill
     only: the first token is not emitted, and the one chunk finishes with "length"."""
-    usage = functools.partial(
-        Usage, prompt_tokens=kv.prompt_tokens, cached_tokens=kv.cached_tokens
-    )
+    usage = functools.partial(Usage, prompt_tokens=kv.prompt_tokens, cached_tokens=kv.cached_tokens)
     prompt_logprobs = kv.prompt_logprobs
     if stop.max_tokens == 0:
         yield TokenChunk(
