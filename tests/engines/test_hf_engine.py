@@ -441,7 +441,10 @@ async def test_prompt_logprobs_are_the_models_own_even_after_a_prefix_hit(
         for position, each in enumerate(prompt):
             best = torch.topk(expected[position], 2)
             assert [token for token, _ in each.top] == best.indices.tolist()
-            assert each.rank == int((expected[position] > expected[position, ids[position + 1]]).sum()) + 1
+            assert (
+                each.rank
+                == int((expected[position] > expected[position, ids[position + 1]]).sum()) + 1
+            )
         # The greedy completion token is the most likely one after the prompt.
         assert tokens_of(chunks) == [int(expected[-1].argmax())]
 

@@ -86,10 +86,9 @@ class HttpOptions:
 
 @dataclass(frozen=True)
 class Call:
-    """One completion request as its route's handler takes it: the body, the request's id,
-    its arrival (perf_counter) and deadline (unix time), the exchange and the tenant."""
+    """One completion request as its route's handler takes it beside its body: the request's
+    id, its arrival (perf_counter) and deadline (unix time), the exchange and the tenant."""
 
-    body: bytes
     request_id: str
     arrival: float
     deadline: float
@@ -262,17 +261,12 @@ class FrontendApp:
             raise ApiError(ERROR_INVALID_API_KEY, "a valid API key is required (Bearer token)")
 
     async def _chat_completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
-        async def complete(call: Call) -> None:
-            await self._complete(decode_request(call.body, ChatCompletionRequest), call)
-
-        await self._serve(scope, receive, exchange, "chatcmpl", complete)
+        chat = ChatCompletionRequest
+        await self._serve(scope, receive, exchange, "chatcmpl", chat, self._complete)
 
     async def _completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
-        async def complete(call: Call) -> None:
-            request = decode_request(call.body, CompletionRequest)
-            await completions.complete(self, request, call)
-
-        await self._serve(scope, receive, exchange, "cmpl", complete)
+        complete = functools.partial(completions.complete, self)
+        await self._serve(scope, receive, exchange, "cmpl", CompletionRequest, complete)
 
     async def _serve(
         self,
@@ -280,10 +274,12 @@ class FrontendApp:
         receive: Receive,
         exchange: _Exchange,
         kind: str,
-        complete: Callable[[Call], Awaitable[None]],
+        request_type: type[RequestT],
+        complete: Callable[[RequestT, Call], Awaitable[None]],
     ) -> None:
-        """One completion request of either route (`kind`, its ids' prefix), under the API
-        key, the deadline, the client's disconnect, the metrics and the request log."""
+        """One completion request of either route (`kind`, its ids' prefix; the body a
+        `request_type`), under the API key, the deadline, the client's disconnect, the metrics
+        and the request log."""
         request_id = new_request_id(kind)
         arrival = time.perf_counter()
         exchange.extra_headers.append((b"x-request-id", request_id.encode()))
@@ -295,8 +291,9 @@ class FrontendApp:
             tenant = tenant_of(dict(scope["headers"]).get(b"authorization", b""))
             body = await _read_body(scope, receive, self.http.max_body_bytes)
             timeout = self.preprocessor.options.request_timeout_s
-            call = Call(body, request_id, arrival, time.time() + timeout, exchange, tenant)
-            work = asyncio.ensure_future(complete(call))
+            request = decode_request(body, request_type)
+            call = Call(request_id, arrival, time.time() + timeout, exchange, tenant)
+            work = asyncio.ensure_future(complete(request, call))
             outcome = await _race(work, receive, timeout)
             if outcome == "disconnected":
                 raise _ClientGone
@@ -496,15 +493,18 @@ _ROUTES = {
 RequestT = TypeVar("RequestT")
 
 
-@functools.cache
-def _decoder(kind: type[RequestT]) -> msgspec.json.Decoder[RequestT]:
-    return msgspec.json.Decoder(kind)
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}
 
 
 def decode_request(body: bytes, kind: type[RequestT]) -> RequestT:
+    """The body as a `kind` (a request Struct), or the client's error naming the field."""
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
     try:
         try:
-            return _decoder(kind).decode(body)
+            result: RequestT = decoder.decode(body)
+            return result
         except msgspec.ValidationError:
             # JSON Schema's integers (as /openapi.json names them) include 1.0 and 1e3;
             # msgspec's typed decoding takes only 1 and 1000.

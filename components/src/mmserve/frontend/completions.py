@@ -288,7 +288,10 @@ class _Completion:
         echoed first), offsets continuing the choice's text."""
         assert self._texts is not None
         of = self._texts.of
-        tokens, values, tops, offsets = [], [], [], []
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
         for entry, top in entries:
             token_id = entry if isinstance(entry, int) else entry.token_id
             text = of(token_id)[0]
