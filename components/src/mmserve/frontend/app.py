@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API as a plain ASGI application.
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`frontend.completions`),
+`GET /v1/models`, `GET /health`, `GET /metrics`,
 `GET /openapi.json`, `POST /reset_prefix_cache` (every worker clears its prefix and encoder
 caches; vLLM's route and answer, under the API key when one is set). Streaming responses send
 their headers only once the first token chunk arrives, so a failure before the first token (no
