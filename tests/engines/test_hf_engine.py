@@ -10,6 +10,7 @@ import msgspec
 import pytest
 import torch
 
+from mmserve.engines import hf
 from mmserve.engines.base import GREEDY, EngineError, EngineOverloaded, EngineRequest, MediaGone
 from mmserve.engines.hf import HfEngine
 from mmserve.engines.logits import Sampler
@@ -420,8 +421,9 @@ async def test_ignore_eos_and_min_tokens_move_where_generation_stops(
 
 
 async def test_prompt_logprobs_are_the_models_own_even_after_a_prefix_hit(
-    prefix_reusing_model: Path,
+    prefix_reusing_model: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    monkeypatch.setattr(hf, "_PROMPT_ROWS", 16)  # the prompt's logits in several slices
     engine = prefix_reusing_engine(prefix_reusing_model)
     ids = engine.tokenizer.encode("A prompt long enough to fill a few blocks of the cache. " * 3)
     with torch.inference_mode():

@@ -62,6 +62,9 @@ from mmserve.protocol import (
 Result = TypeVar("Result")
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+# Prompt positions whose logits are scored at once (`HfEngine._prompt_logprobs`): 256 rows of
+# a 152k vocabulary are 155 MB of float32.
+_PROMPT_ROWS = 256
 
 
 @dataclass
@@ -307,14 +310,10 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             # From the start of the prompt: the model reads the image spans by position.
             extra["token_type_ids"] = request.media_mask().to(self.device, torch.long)[None]
         output = self._text_model(inputs_embeds, positions[:, :, cached:], cache, extra)
-        prompt_logprobs = []
-        if scores_prompt:
-            all_logits = self.model.lm_head(output.last_hidden_state[0])
-            top = request.sampling.prompt_logprobs or 0
-            prompt_logprobs = read_prompt_logprobs(all_logits, request.token_ids, top)
-            logits = all_logits[-1]
-        else:
-            logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
+        logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
+        prompt_logprobs = (
+            self._prompt_logprobs(output.last_hidden_state[0], request) if scores_prompt else []
+        )
 
         if self.spec.reuses_prefix_blocks:
             full_blocks = len(ids) // block_size
@@ -336,6 +335,19 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             sampling_seed=sampler.seed,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, request: EngineRequest) -> list[TokenLogprob]:
+        """The prompt's log-probabilities from its hidden states (`[len, hidden]`, the whole
+        prompt's), `_PROMPT_ROWS` positions at a time: a long prompt's logits over a large
+        vocabulary are never all in memory at once."""
+        top = request.sampling.prompt_logprobs or 0
+        ids = request.token_ids
+        found: list[TokenLogprob] = []
+        for start in range(0, len(ids) - 1, _PROMPT_ROWS):
+            end = min(start + _PROMPT_ROWS, len(ids) - 1)
+            logits = self.model.lm_head(hidden[start:end])
+            found += read_prompt_logprobs(logits, ids[start + 1 : end + 1], top)
+        return found
 
     def _sampler(self, request: EngineRequest, seed: int | None = None) -> Sampler:
         vocab_size = self.model.get_output_embeddings().weight.shape[0]

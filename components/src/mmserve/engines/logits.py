@@ -117,19 +117,18 @@ def read_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
 
 
 def read_prompt_logprobs(
-    logits: torch.Tensor, token_ids: Sequence[int], top: int
+    logits: torch.Tensor, next_ids: Sequence[int], top: int
 ) -> list[TokenLogprob]:
-    """The log-probabilities of each prompt token after the first under the model's
-    distribution at the position before it, with its rank and the `top` most likely ids':
-    `logits` is `[len(token_ids), vocab]`, one row per prompt position (the last row, the
-    first completion token's, is not read)."""
-    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
-    ids = torch.tensor(token_ids[1:], dtype=torch.long, device=logits.device)
+    """Prompt tokens' log-probabilities: row i of `logits` (`[len(next_ids), vocab]`, the
+    model's output at a prompt position) scores `next_ids[i]`, the token after that position;
+    each with its rank in the row's distribution and the `top` most likely ids'."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(list(next_ids), dtype=torch.long, device=logits.device)
     chosen = logprobs.gather(-1, ids[:, None])[:, 0]
     ranks = (logprobs > chosen[:, None]).sum(-1) + 1
-    best = torch.topk(logprobs, min(top, logprobs.shape[-1])) if top else None
     tops: list[list[tuple[int, float]]] = [[] for _ in range(len(ids))]
-    if best is not None:
+    if top:
+        best = torch.topk(logprobs, min(top, logprobs.shape[-1]))
         indices, values = best.indices.tolist(), best.values.tolist()
         tops = [list(zip(i, v, strict=True)) for i, v in zip(indices, values, strict=True)]
     return [
