@@ -285,7 +285,7 @@ async def test_min_tokens_keeps_stop_ids_from_ending_the_stream(model_path: Path
 
 async def test_prompt_logprobs_are_simulated_and_reuse_no_prefix(model_path: Path) -> None:
     engine = await engine_for(model_path)
-    ids = tuple(range(1_000, 1_040))
+    ids = (9707, *range(1_000, 1_040), 374)  # ids inside and outside the pseudo range
     plain = EngineRequest("a", ids, stop=StopConditions(max_tokens=1))
     engine.release(await engine.prefill(plain, []))
     scoring = EngineRequest(
@@ -295,7 +295,9 @@ async def test_prompt_logprobs_are_simulated_and_reuse_no_prefix(model_path: Pat
     assert kv.cached_tokens == 0
     assert kv.prompt_logprobs == simulated_prompt_logprobs(ids, 2)
     assert [each.token_id for each in kv.prompt_logprobs] == list(ids[1:])
-    assert all(each.rank == 1 and each.top[0][0] == each.token_id for each in kv.prompt_logprobs)
+    for each in kv.prompt_logprobs:
+        assert each.rank == 1 and each.top[0] == (each.token_id, each.logprob)
+        assert len(each.top) == 2 and each.top[1][1] < each.logprob
     (chunk,) = [chunk async for chunk in engine.decode(kv, scoring.sampling, scoring.stop)]
     assert chunk.token_ids == [] and chunk.finish_reason == "length"
     assert chunk.prompt_logprobs == kv.prompt_logprobs

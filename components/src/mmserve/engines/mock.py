@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 import torch
 
@@ -111,11 +110,17 @@ def simulated_logprob(token: int, top: int) -> TokenLogprob:
 
 
 def simulated_prompt_logprobs(token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
-    """The mock's log-probabilities of each prompt token after the first: `simulated_logprob`
-    of each, rank 1 (each the most likely)."""
-    return [
-        msgspec.structs.replace(simulated_logprob(token, top), rank=1) for token in token_ids[1:]
-    ]
+    """The mock's log-probabilities of each prompt token after the first: its value as
+    `simulated_logprob` gives it, the token the most likely (rank 1, first among `top`), then
+    neighbouring pseudo ids, each one less likely than the one before."""
+    low, high = PSEUDO_TOKENS
+    found = []
+    for token in token_ids[1:]:
+        logprob = simulated_logprob(token, 0).logprob
+        others = [low + (token - low + step) % (high - low) for step in range(1, top)]
+        ranked = [(token, logprob)] + [(o, logprob - s) for s, o in enumerate(others, start=1)]
+        found.append(TokenLogprob(token_id=token, logprob=logprob, top=ranked[:top], rank=1))
+    return found
 
 
 def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
