@@ -118,8 +118,16 @@ async def _sampled(client: openai.AsyncOpenAI, model: str) -> tuple[str, list[fl
 
 # lm-eval's loglikelihood requests: (context, continuation) pairs.
 SCORED = [
-    ("What colour is the circle in the picture on the left of the scene?", " red"),
-    ("How many squares are there in this picture of coloured shapes? There are", " two"),
+    (
+        "The scene shows coloured circles, squares and triangles on a plain background. "
+        "What colour is the circle in the picture on the left of the scene?",
+        " red",
+    ),
+    (
+        "How many squares are there in this picture of coloured shapes? Count each of the "
+        "squares once, whatever its colour and size. There are",
+        " two",
+    ),
     ("The word in block letters is", " CAT"),
 ]
 
@@ -144,7 +152,10 @@ async def _scored(
     after the prompts' prefixes are in the prefix cache: each prompt's token_logprobs (the
     first None), the same in both calls and in vLLM's prompt_logprobs; the continuation's
     tokens each the greedy one's (the top alternative) where the model says so."""
-    await client.completions.create(model=model, prompt=prompts, max_tokens=1)  # warm the cache
+    for _ in range(2):  # the prompts' blocks into the prefix cache
+        warm = await client.completions.create(model=model, prompt=prompts, max_tokens=1)
+    assert warm.usage is not None and warm.usage.prompt_tokens_details is not None
+    assert warm.usage.prompt_tokens_details.cached_tokens
     results = []
     for max_tokens in (1, 0):
         response = await client.completions.create(
@@ -161,6 +172,8 @@ async def _scored(
         assert response.usage is not None
         assert response.usage.prompt_tokens == sum(len(ids) for ids in prompts)
         assert response.usage.completion_tokens == max_tokens * len(prompts)
+        details = response.usage.prompt_tokens_details
+        assert details is not None and details.cached_tokens == 0  # the prompts ran whole
         scored: list[list[float]] = []
         for ids, choice in zip(prompts, response.choices, strict=True):
             logprobs = choice.logprobs

@@ -4,12 +4,15 @@ every refused input (the engines' prompt log-probabilities: tests/e2e/test_answe
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 import pytest
+
+from mmserve.runtime.errors import RemoteError
 
 from .conftest import RunningFrontend
 
@@ -172,3 +175,27 @@ def test_a_prompt_past_the_context_is_refused(
     assert frontend.dispatcher.requests == []
     response = _post(frontend, {"model": frontend.model, "prompt": [1] * 90, "max_tokens": 20})
     assert response.json()["error"]["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_workers_failure_before_the_first_token_keeps_its_status(
+    frontend: RunningFrontend, stream: bool
+) -> None:
+    frontend.dispatcher.failure = RemoteError("unavailable", "all busy", status=503)
+    body = {"model": frontend.model, "prompt": ["a", "b"], "max_tokens": 2, "stream": stream}
+    response = _post(frontend, body)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "unavailable"
+
+
+def test_a_failure_after_the_first_token_ends_the_stream_with_an_error_event(
+    frontend: RunningFrontend,
+) -> None:
+    frontend.dispatcher.failure = RemoteError("internal", "worker crashed")
+    frontend.dispatcher.fail_after = 1
+    body = {"model": frontend.model, "prompt": "one two three", "max_tokens": 3, "stream": True}
+    response = _post(frontend, body)
+    assert response.status_code == 200
+    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["message"] == "worker crashed"
+    assert json.loads(events[0])["choices"][0]["text"] == "one"
