@@ -16,9 +16,11 @@ from typing import Any
 
 import openai
 import pytest
+import torch
 from PIL import Image
 
 from mmserve.models import scenes
+from mmserve.models.family import resolve_model_spec
 from mmserve.models.trained import build_trained_model
 from tests.support.deployment import Deployment
 from tests.support.images import png_data_url
@@ -123,6 +125,86 @@ async def _sampled(client: openai.AsyncOpenAI, model: str) -> list[tuple[str, li
     return sampled
 
 
+# lm-eval's loglikelihood requests: (context, continuation) pairs.
+SCORED = [
+    (
+        "The scene shows coloured circles, squares and triangles on a plain background. "
+        "What colour is the circle in the picture on the left of the scene?",
+        " red",
+    ),
+    (
+        "How many squares are there in this picture of coloured shapes? Count each of the "
+        "squares once, whatever its colour and size. There are",
+        " two",
+    ),
+    ("The word in block letters is", " CAT"),
+]
+
+
+def _direct_logprobs(model_path: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """log_softmax of transformers' own logits at every position of each prompt."""
+    import transformers
+
+    model_class = getattr(transformers, resolve_model_spec(model_path).family.model_class)
+    model = model_class.from_pretrained(model_path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return [
+            torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+            for ids in prompts
+        ]
+
+
+async def _scored(
+    client: openai.AsyncOpenAI, model: str, prompts: list[list[int]]
+) -> list[list[float]]:
+    """lm-eval's `local-completions` loglikelihood call, with max_tokens 1 and 0, each
+    after the prompts' prefixes are in the prefix cache: each prompt's token_logprobs (the
+    first None), the same in both calls and in vLLM's prompt_logprobs; the continuation's
+    tokens each the greedy one's (the top alternative) where the model says so."""
+    for _ in range(2):  # the prompts' blocks into the prefix cache
+        warm = await client.completions.create(model=model, prompt=prompts, max_tokens=1)
+    assert warm.usage is not None and warm.usage.prompt_tokens_details is not None
+    assert warm.usage.prompt_tokens_details.cached_tokens
+    results = []
+    for max_tokens in (1, 0):
+        response = await client.completions.create(
+            model=model,
+            prompt=prompts,  # type: ignore[arg-type]
+            echo=True,
+            logprobs=1,
+            max_tokens=max_tokens,
+            temperature=0,
+            seed=1234,
+            extra_body={"prompt_logprobs": 1},
+        )
+        assert [choice.index for choice in response.choices] == list(range(len(prompts)))
+        assert response.usage is not None
+        assert response.usage.prompt_tokens == sum(len(ids) for ids in prompts)
+        assert response.usage.completion_tokens == max_tokens * len(prompts)
+        details = response.usage.prompt_tokens_details
+        assert details is not None and details.cached_tokens == 0  # the prompts ran whole
+        scored: list[list[float]] = []
+        for ids, choice in zip(prompts, response.choices, strict=True):
+            logprobs = choice.logprobs
+            assert logprobs is not None and logprobs.top_logprobs is not None
+            assert logprobs.token_logprobs is not None
+            assert len(logprobs.token_logprobs) == len(ids) + max_tokens
+            assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+            assert choice.finish_reason == "length"
+            values = [float(value) for value in logprobs.token_logprobs[1 : len(ids)]]
+            vllm = choice.model_extra["prompt_logprobs"]
+            assert vllm[0] is None and len(vllm) == len(ids)
+            for position, token in enumerate(ids[1:], start=1):
+                entry = vllm[position][str(token)]
+                assert entry["logprob"] == pytest.approx(values[position - 1], abs=1e-6)
+                best = max(logprobs.top_logprobs[position].values())
+                assert (entry["rank"] == 1) == (best == values[position - 1])
+            scored.append(values)
+        results.append(scored)
+    assert results[0] == results[1]
+    return results[0]
+
+
 def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -> None:
     model_path = build_trained_model()
     deployments = [
@@ -130,6 +212,11 @@ def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -
         Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
         for p in PATTERNS
     ]
+
+    tokenizer = transformers_tokenizer(model_path)
+    contexts = [tokenizer.encode(context) for context, _ in SCORED]
+    prompts = [tokenizer.encode(context + rest) for context, rest in SCORED]
+    direct = _direct_logprobs(model_path, prompts)
 
     async def check_all() -> None:
         sampled = {}
@@ -140,6 +227,8 @@ def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -
                 try:
                     await _check(client, model_path.name)
                     sampled[deployment.pattern] = await _sampled(client, model_path.name)
+                    scored = await _scored(client, model_path.name, prompts)
+                    _check_scored(scored, prompts, contexts, direct)
                 except AssertionError as error:
                     pytest.fail(f"{deployment.pattern}: {error}")
         # A seed samples the same tokens, with the same logprobs, in every pattern.
@@ -157,3 +246,25 @@ def test_every_pattern_answers_about_its_images(nats_url: str, tmp_path: Path) -
     finally:
         for deployment in deployments:
             deployment.stop()
+
+
+def transformers_tokenizer(model_path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _check_scored(
+    scored: list[list[float]],
+    prompts: list[list[int]],
+    contexts: list[list[int]],
+    direct: list[torch.Tensor],
+) -> None:
+    """Every prompt position's log-probability is the model's own (1e-4), and the
+    continuation's sum is the loglikelihood."""
+    for ids, context, values, expected in zip(prompts, contexts, scored, direct, strict=True):
+        assert ids[: len(context)] == context
+        want = expected[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        torch.testing.assert_close(torch.tensor(values), want, atol=1e-4, rtol=0)
+        continuation = sum(values[len(context) - 1 :])
+        assert continuation == pytest.approx(float(want[len(context) - 1 :].sum()), abs=1e-3)

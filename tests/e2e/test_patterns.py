@@ -103,6 +103,25 @@ def _image_urls(requests: list, image_server: str) -> Counter[str]:
     return paths
 
 
+def _scored(client: openai.OpenAI, model: str) -> tuple[str, list]:
+    """A text completion with the prompt's log-probabilities (echo): its text, and each
+    token's logprob and most likely tokens."""
+    response = client.completions.create(
+        model=model,
+        prompt="A text prompt that the model scores token by token, then continues",
+        echo=True,
+        logprobs=2,
+        max_tokens=3,
+        temperature=0,
+    )
+    choice = response.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    assert choice.logprobs.top_logprobs is not None
+    assert choice.logprobs.token_logprobs[0] is None
+    pairs = zip(choice.logprobs.token_logprobs[1:], choice.logprobs.top_logprobs[1:], strict=True)
+    return choice.text, list(pairs)
+
+
 def _logged(deployment: Deployment, process: str, request_id: str) -> bool:
     return request_id in deployment.log(process)
 
@@ -123,9 +142,13 @@ def _all_running(deployments: list[Deployment]) -> Iterator[None]:
 
 
 def _run_patterns(
-    deployments: list[Deployment], requests: list, image_gets: Counter[str]
+    deployments: list[Deployment],
+    requests: list,
+    image_gets: Counter[str],
+    scored: dict[str, tuple[str, list]] | None = None,
 ) -> tuple[dict, dict, dict]:
-    """Each pattern's completions, streamed texts, and the image GETs it made."""
+    """Each pattern's completions, streamed texts, and the image GETs it made; into `scored`,
+    where given, its scored text completion (`_scored`)."""
     results: dict[str, list[tuple]] = {}
     streamed: dict[str, list[str]] = {}
     gets: dict[str, Counter[str]] = {}
@@ -137,6 +160,8 @@ def _run_patterns(
             results[deployment.pattern] = [_complete(client, name, m) for m in requests]
             streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
             gets[deployment.pattern] = Counter(image_gets) - before
+            if scored is not None:
+                scored[deployment.pattern] = _scored(client, name)
     return results, streamed, gets
 
 
@@ -156,7 +181,8 @@ def test_every_pattern_gives_the_aggregated_tokens(
         for p in FAMILY_PATTERNS.get(family, PATTERNS)
     ]
     requests = _requests(image_server, image_dir)
-    results, streamed, gets = _run_patterns(deployments, requests, image_gets)
+    scored: dict[str, tuple[str, list]] = {}
+    results, streamed, gets = _run_patterns(deployments, requests, image_gets, scored)
     aggregated = results["agg"]
     text_only, one_image, three_images = aggregated
     assert all(text for text, *_ in aggregated)
@@ -171,6 +197,12 @@ def test_every_pattern_gives_the_aggregated_tokens(
         # twice per image reference (the requests run unstreamed, then streamed).
         twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
         assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
+        # A text completion's prompt log-probabilities (the prefill's, handed to decode).
+        text, entries = scored["agg"]
+        assert scored[pattern][0] == text, f"{pattern} scored text"
+        for (value, top), (other, other_top) in zip(entries, scored[pattern][1], strict=True):
+            assert other == pytest.approx(value, abs=1e-4), f"{pattern} prompt logprobs"
+            assert other_top.keys() == top.keys(), f"{pattern} top logprobs"
 
 
 @pytest.mark.parametrize(

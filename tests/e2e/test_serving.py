@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_core.outputs import ChatGeneration
@@ -104,6 +105,37 @@ def test_n_completions_of_one_prompt_come_indexed_with_one_usage(
     unstreamed = _post(agg, {**body, "stream": False}).json()
     assert [c["message"]["content"] for c in unstreamed["choices"]] == [texts[0], texts[1]]
     assert [e["usage"]["completion_tokens"] for e in events if e.get("usage")] == [2 * 5]
+
+
+def test_text_completions_give_n_choices_per_prompt(agg: Deployment) -> None:
+    client = openai.OpenAI(base_url=f"{agg.base_url}/v1", api_key="unused", max_retries=0)
+    prompts = ["Hello there", "Count to three:"]
+    options: dict[str, Any] = {
+        "model": "tiny-qwen2_vl-seed0",
+        "max_tokens": 3,
+        "temperature": 1.0,
+        "seed": 5,
+        "extra_body": {"ignore_eos": True},
+    }
+    out = client.completions.create(prompt=prompts, n=2, echo=True, logprobs=1, **options)
+    choices = sorted(out.choices, key=lambda choice: choice.index)
+    assert [choice.index for choice in choices] == [0, 1, 2, 3]
+    singles = [client.completions.create(prompt=prompt, **options) for prompt in prompts]
+    for index, choice in enumerate(choices):
+        prompt, single = prompts[index // 2], singles[index // 2]
+        assert choice.text.startswith(prompt)
+        if index % 2 == 0:  # choice 0 of a prompt is its n=1 completion
+            assert choice.text == prompt + single.choices[0].text
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs[0] is None
+    # One prompt's choices share its echoed tokens' logprobs, and differ after them.
+    for first, second in (choices[0:2], choices[2:4]):
+        assert first.logprobs is not None and second.logprobs is not None
+        echoed = len(first.logprobs.tokens) - 3
+        assert first.logprobs.token_logprobs[:echoed] == second.logprobs.token_logprobs[:echoed]
+        assert first.text != second.text
+    assert out.usage is not None and out.usage.completion_tokens == 4 * 3
+    prompt_tokens = [single.usage.prompt_tokens for single in singles if single.usage]
+    assert out.usage.prompt_tokens == sum(prompt_tokens)  # each prompt once
 
 
 def test_langchain_asks_for_logprobs_and_two_choices(agg: Deployment, image_server: str) -> None:

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 import torch
 
+from mmserve.engines import hf
 from mmserve.engines.base import GREEDY, EngineError, EngineOverloaded, EngineRequest, MediaGone
 from mmserve.engines.hf import HfEngine
 from mmserve.engines.logits import Sampler
@@ -473,3 +474,44 @@ async def test_ignore_eos_and_min_tokens_move_where_generation_stops(
     full = await run(engine, ids, stop=StopConditions(max_tokens=6, min_tokens=6), request_id="x")
     assert len(tokens_of(full)) == 6 and eos not in tokens_of(full)
     assert full[-1].finish_reason == "length"
+
+
+async def test_prompt_logprobs_are_the_models_own_even_after_a_prefix_hit(
+    prefix_reusing_model: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(hf, "_PROMPT_ROWS", 16)  # the prompt's logits in several slices
+    engine = prefix_reusing_engine(prefix_reusing_model)
+    ids = engine.tokenizer.encode("A prompt long enough to fill a few blocks of the cache. " * 3)
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([ids])).logits[0]
+    expected = torch.log_softmax(logits.float(), dim=-1)
+    scoring = SamplingParams(temperature=0.0, prompt_logprobs=2)
+    warm = await run(engine, ids, stop=StopConditions(max_tokens=1))  # fills the prefix cache
+    assert warm[-1].usage.cached_tokens == 0
+    for _ in range(2):
+        chunks = await run(engine, ids, sampling=scoring, stop=StopConditions(max_tokens=1))
+        assert chunks[-1].usage.cached_tokens == 0  # the whole prompt ran again
+        prompt = chunks[0].prompt_logprobs
+        assert [each.token_id for each in prompt] == ids[1:]
+        got = torch.tensor([each.logprob for each in prompt])
+        want = expected[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        for position, each in enumerate(prompt):
+            best = torch.topk(expected[position], 2)
+            assert [token for token, _ in each.top] == best.indices.tolist()
+            assert (
+                each.rank
+                == int((expected[position] > expected[position, ids[position + 1]]).sum()) + 1
+            )
+        # The greedy completion token is the most likely one after the prompt.
+        assert tokens_of(chunks) == [int(expected[-1].argmax())]
+
+
+async def test_max_tokens_zero_scores_the_prompt_and_emits_no_token(engine: HfEngine):
+    ids = engine.tokenizer.encode("Only the prompt is scored.")
+    scoring = SamplingParams(temperature=0.0, prompt_logprobs=0)
+    (chunk,) = await run(engine, ids, sampling=scoring, stop=StopConditions(max_tokens=0))
+    assert chunk.token_ids == [] and chunk.finish_reason == "length"
+    assert chunk.usage.completion_tokens == 0 and chunk.usage.prompt_tokens == len(ids)
+    assert [each.token_id for each in chunk.prompt_logprobs] == ids[1:]
+    assert all(each.top == [] for each in chunk.prompt_logprobs)

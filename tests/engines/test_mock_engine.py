@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from mmserve import _mm
 from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbedding, MediaInput
-from mmserve.engines.mock import MockEngine
+from mmserve.engines.mock import MockEngine, simulated_prompt_logprobs
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
 from mmserve.media.processing import spec_with_pan_and_scan
@@ -27,6 +27,7 @@ from mmserve.protocol import (
     KvRemoved,
     KvStored,
     PlannedMedia,
+    SamplingParams,
     StopConditions,
     TokenChunk,
 )
@@ -280,3 +281,23 @@ async def test_min_tokens_keeps_stop_ids_from_ending_the_stream(model_path: Path
         await engine.prefill(
             EngineRequest("bad", ids, stop=StopConditions(max_tokens=2, min_tokens=3))
         )
+
+
+async def test_prompt_logprobs_are_simulated_and_reuse_no_prefix(model_path: Path) -> None:
+    engine = await engine_for(model_path)
+    ids = (9707, *range(1_000, 1_040), 374)  # ids inside and outside the pseudo range
+    plain = EngineRequest("a", ids, stop=StopConditions(max_tokens=1))
+    engine.release(await engine.prefill(plain, []))
+    scoring = EngineRequest(
+        "b", ids, sampling=SamplingParams(prompt_logprobs=2), stop=StopConditions(max_tokens=0)
+    )
+    kv = await engine.prefill(scoring, [])
+    assert kv.cached_tokens == 0
+    assert kv.prompt_logprobs == simulated_prompt_logprobs(ids, 2)
+    assert [each.token_id for each in kv.prompt_logprobs] == list(ids[1:])
+    for each in kv.prompt_logprobs:
+        assert each.rank == 1 and each.top[0] == (each.token_id, each.logprob)
+        assert len(each.top) == 2 and each.top[1][1] < each.logprob
+    (chunk,) = [chunk async for chunk in engine.decode(kv, scoring.sampling, scoring.stop)]
+    assert chunk.token_ids == [] and chunk.finish_reason == "length"
+    assert chunk.prompt_logprobs == kv.prompt_logprobs

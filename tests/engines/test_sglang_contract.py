@@ -969,3 +969,11 @@ else:
         assert seen == [torch.Size([1, 3, size, size])]
         assert features.shape == (1, tokens, hidden)
         assert torch.allclose(features, pixels.mean().expand(1, tokens, hidden))
+
+
+@pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
+def test_log_probabilities_are_refused_by_name(name: str) -> None:
+    """The adapter does not read SGLang's returned log-probabilities yet."""
+    sampling = msgspec.structs.replace(GREEDY, **{name: 1})
+    with pytest.raises(EngineError, match=name):
+        sampling_params(sampling, StopConditions())

@@ -62,43 +62,53 @@ class EchoDispatcher:
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
         self.requests.append(request)
-        # Text as an engine makes it: the ids decoded once, cut at a stop string.
-        detokenizer = IncrementalDetokenizer(
-            _tokenizer(), request.stop.stop, request.stop.min_tokens
-        )
         try:
             if self.hold_first_token:
                 await asyncio.Event().wait()
-            echoed = request.plan.token_ids[: request.stop.max_tokens]
-            for index, token_id in enumerate(echoed):
-                if self.failure is not None and index == self.fail_after:
-                    raise self.failure
-                text = detokenizer.push([token_id])
-                last = index == len(echoed) - 1 or detokenizer.stopped
-                finish = None
-                if detokenizer.stopped:
-                    finish = "stop"
-                elif last:
-                    finish = "length" if len(echoed) < len(request.plan.token_ids) else "stop"
-                    text += detokenizer.flush()
-                    finish = "stop" if detokenizer.stopped else finish
-                yield TokenChunk(
-                    request_id=request.request_id,
-                    token_ids=[token_id],
-                    text=text,
-                    finish_reason=finish,
-                    usage=Usage(
-                        prompt_tokens=len(request.plan.token_ids),
-                        completion_tokens=index + 1,
-                    )
-                    if last
-                    else None,
-                )
-                if last:
-                    return
+            choices = request.sampling.n
+            for choice in range(choices):
+                async for chunk in self._echo(request, choice, last_choice=choice == choices - 1):
+                    yield chunk
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled.set()
             raise
+
+    async def _echo(
+        self, request: PreprocessedRequest, choice: int, last_choice: bool
+    ) -> AsyncIterator[TokenChunk]:
+        """One choice: the prompt's ids (text as an engine makes it: the ids decoded once,
+        cut at a stop string); the stream's last chunk carries the usage of all choices."""
+        detokenizer = IncrementalDetokenizer(
+            _tokenizer(), request.stop.stop, request.stop.min_tokens
+        )
+        echoed = request.plan.token_ids[: request.stop.max_tokens]
+        for index, token_id in enumerate(echoed):
+            if self.failure is not None and index == self.fail_after:
+                raise self.failure
+            text = detokenizer.push([token_id])
+            last = index == len(echoed) - 1 or detokenizer.stopped
+            finish = None
+            if detokenizer.stopped:
+                finish = "stop"
+            elif last:
+                finish = "length" if len(echoed) < len(request.plan.token_ids) else "stop"
+                text += detokenizer.flush()
+                finish = "stop" if detokenizer.stopped else finish
+            yield TokenChunk(
+                request_id=request.request_id,
+                token_ids=[token_id],
+                text=text,
+                finish_reason=finish,
+                index=choice,
+                usage=Usage(
+                    prompt_tokens=len(request.plan.token_ids),
+                    completion_tokens=(index + 1) * request.sampling.n,
+                )
+                if last and last_choice
+                else None,
+            )
+            if last:
+                return
 
 
 @dataclass

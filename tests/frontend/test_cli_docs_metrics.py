@@ -47,6 +47,7 @@ def test_openapi_document(frontend: RunningFrontend) -> None:
     assert document["openapi"] == "3.1.0"
     assert set(document["paths"]) == {
         "/v1/chat/completions",
+        "/v1/completions",
         "/v1/models",
         "/reset_prefix_cache",
         "/health",

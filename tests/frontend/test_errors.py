@@ -275,5 +275,6 @@ def test_pipeline_error_mid_stream_ends_with_an_error_event(frontend: RunningFro
 
 
 def test_unknown_route_and_wrong_method(frontend: RunningFrontend) -> None:
-    _assert_error(httpx.get(frontend.url + "/v1/completions"), 404, "not_found")
+    _assert_error(httpx.get(frontend.url + "/v1/embeddings"), 404, "not_found")
     _assert_error(httpx.get(frontend.url + "/v1/chat/completions"), 405, "method_not_allowed")
+    _assert_error(httpx.get(frontend.url + "/v1/completions"), 405, "method_not_allowed")

@@ -162,7 +162,7 @@ def _run(api: schemathesis.BaseSchema) -> tuple[dict[str, Counter[int]], list[st
 def test_every_operation_follows_its_document(api: schemathesis.BaseSchema, trial: Trial) -> None:
     statuses, problems = _run(api)
     assert not problems, "\n\n".join(sorted(set(problems)))
-    assert len(statuses) == 5 and all(sum(seen.values()) >= 10 for seen in statuses.values())
+    assert len(statuses) == 6 and all(sum(seen.values()) >= 10 for seen in statuses.values())
     for label, seen in sorted(statuses.items()):
         answers = ", ".join(f"{status}: {n}" for status, n in sorted(seen.items()))
         trial(f"schemathesis: {label} (all phases, derandomized)", sum(seen.values()),
@@ -207,6 +207,11 @@ def test_stream_events_follow_the_document(api: schemathesis.BaseSchema) -> None
     [
         {"messages": []},
         {"n": 2},
+        {"n": 2, "best_of": 2},
+        {"n": 2, "best_of": 3},
+        {"best_of": 1},
+        {"best_of": 2},
+        {"n": 17},
         {"presence_penalty": 0.5},
         {"logprobs": True},
         {"tools": [{"type": "function", "function": {"name": "f"}}]},

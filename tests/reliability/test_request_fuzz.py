@@ -30,13 +30,16 @@ DOCUMENTED = {200, 400, 404, 413}
 
 
 class _OneToken:
-    """The pipeline, answering every request with one token."""
+    """The pipeline, answering every request with one token for each of its choices."""
 
     def ready(self) -> bool:
         return True
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
-        yield TokenChunk(request_id=request.request_id, token_ids=[9], finish_reason="stop")
+        for choice in range(request.sampling.n):
+            yield TokenChunk(
+                request_id=request.request_id, token_ids=[9], finish_reason="stop", index=choice
+            )
 
     async def reset_prefix_cache(self) -> int:
         return 1

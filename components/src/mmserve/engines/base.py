@@ -45,6 +45,7 @@ from mmserve.protocol import (
     StopConditions,
     TensorHandle,
     TokenChunk,
+    TokenLogprob,
 )
 
 # protocol.SamplingParams defaults to temperature 1 (OpenAI's default); engine callers that
@@ -216,7 +217,9 @@ class KvHandle(Generic[StateT]):
     them all from the prefill's `PrefillDone`.
 
     `state` is private to the engine. A handle is consumed by `decode` or freed by `release`.
-    `sampling_seed` is the seed the first tokens were drawn with (`PrefillDone` carries it on).
+    `sampling_seed` is the seed the first tokens were drawn with, and `prompt_logprobs` the
+    prompt's log-probabilities, one per token after the first, where the request asks for them
+    (`PrefillDone` carries both on).
     """
 
     request_id: str
@@ -225,6 +228,7 @@ class KvHandle(Generic[StateT]):
     cached_tokens: int
     state: StateT = field(repr=False)
     sampling_seed: int | None = None
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def first_token(self) -> int:
@@ -241,6 +245,7 @@ class KvHandle(Generic[StateT]):
             cached_tokens=self.cached_tokens,
             kv=kv or {},
             sampling_seed=self.sampling_seed,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

@@ -43,7 +43,7 @@ from mmserve.engines.base import (
 from mmserve.engines.caching import CachingEngine
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
-from mmserve.engines.logits import Sampler
+from mmserve.engines.logits import Sampler, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
@@ -63,6 +63,9 @@ from mmserve.protocol import (
 Result = TypeVar("Result")
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+# Prompt positions whose logits are scored at once (`HfEngine._prompt_logprobs`): 256 rows of
+# a 152k vocabulary are 155 MB of float32.
+_PROMPT_ROWS = 256
 
 
 @dataclass
@@ -281,9 +284,11 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
 
         block_size = self.prefix_cache.block_size
         keys = prompt_block_keys(request.token_ids, request.media, block_size, self.pad_scheme)
+        # Prompt log-probabilities need every position's logits: nothing is reused for them.
+        scores_prompt = request.sampling.prompt_logprobs is not None
         blocks = (
             self.prefix_cache.match(keys.seq_hashes, reusable_blocks(len(ids), block_size))
-            if self.spec.reuses_prefix_blocks
+            if self.spec.reuses_prefix_blocks and not scores_prompt
             else []
         )
         cached = len(blocks) * block_size
@@ -310,6 +315,9 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             extra["token_type_ids"] = request.media_mask().to(self.device, torch.long)[None]
         output = self._text_model(inputs_embeds, positions[:, :, cached:], cache, extra)
         logits = self.model.lm_head(output.last_hidden_state[:, -1])[0]
+        prompt_logprobs = (
+            self._prompt_logprobs(output.last_hidden_state[0], request) if scores_prompt else []
+        )
 
         if self.spec.reuses_prefix_blocks:
             full_blocks = len(ids) // block_size
@@ -328,7 +336,21 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             cached_tokens=cached,
             state=_KvState(cache, rope_delta, samplers),
             sampling_seed=samplers[0].seed,
+            prompt_logprobs=prompt_logprobs,
         )
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, request: EngineRequest) -> list[TokenLogprob]:
+        """The prompt's log-probabilities from its hidden states (`[len, hidden]`, the whole
+        prompt's), `_PROMPT_ROWS` positions at a time: a long prompt's logits over a large
+        vocabulary are never all in memory at once."""
+        top = request.sampling.prompt_logprobs or 0
+        ids = request.token_ids
+        found: list[TokenLogprob] = []
+        for start in range(0, len(ids) - 1, _PROMPT_ROWS):
+            end = min(start + _PROMPT_ROWS, len(ids) - 1)
+            logits = self.model.lm_head(hidden[start:end])
+            found += read_prompt_logprobs(logits, ids[start + 1 : end + 1], top)
+        return found
 
     def _samplers(self, request: EngineRequest, seed: int | None = None) -> list[Sampler]:
         """One sampler per choice, all on one seed (`seed`, else the request's, else drawn)."""
@@ -534,6 +556,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             cached_tokens=done.cached_tokens,
             state=_KvState(cache, int(tensors["rope_delta"][0]), samplers),
             sampling_seed=samplers[0].seed,
+            prompt_logprobs=done.prompt_logprobs,
         )
 
     def _import_linear_states(self, cache: Any, tensors: dict[str, torch.Tensor]) -> None:

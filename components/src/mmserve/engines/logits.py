@@ -120,6 +120,29 @@ def read_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
     )
 
 
+def read_prompt_logprobs(
+    logits: torch.Tensor, next_ids: Sequence[int], top: int
+) -> list[TokenLogprob]:
+    """Prompt tokens' log-probabilities: row i of `logits` (`[len(next_ids), vocab]`, the
+    model's output at a prompt position) scores `next_ids[i]`, the token after that position;
+    each with its rank in the row's distribution and the `top` most likely ids'."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(list(next_ids), dtype=torch.long, device=logits.device)
+    chosen = logprobs.gather(-1, ids[:, None])[:, 0]
+    ranks = (logprobs > chosen[:, None]).sum(-1) + 1
+    tops: list[list[tuple[int, float]]] = [[] for _ in range(len(ids))]
+    if top:
+        best = torch.topk(logprobs, min(top, logprobs.shape[-1]))
+        indices, values = best.indices.tolist(), best.values.tolist()
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(indices, values, strict=True)]
+    return [
+        TokenLogprob(token_id=token, logprob=value, top=row, rank=rank)
+        for token, value, rank, row in zip(
+            ids.tolist(), chosen.tolist(), ranks.tolist(), tops, strict=True
+        )
+    ]
+
+
 class Sampler:
     """One choice's tokens, step after step: the chain's state (the completion's id counts for
     the penalties, the prompt's ids for the repetition penalty) and the stream's seed (the

@@ -12,7 +12,9 @@ It serves the router, the frontend and every deployment pattern at scale without
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
   prompt gives the same completion on any worker and in any pattern; there is no distribution,
   so temperature, the penalties and `logit_bias` change nothing, and log-probabilities are
-  simulated (`simulated_logprob`: deterministic, the chosen token the most likely);
+  simulated (`simulated_logprob`: deterministic, the chosen token the most likely), the
+  prompt's too (`simulated_prompt_logprobs`; such a request reuses no cached prefix, as on the
+  hf engine);
 - encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
   one vision tower runs them), then returns
   deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
@@ -122,6 +124,20 @@ def choice_stream(seed: int, choice: int, sampling: SamplingParams) -> random.Ra
     return random.Random(f"{seed}/{choice}")
 
 
+def simulated_prompt_logprobs(token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
+    """The mock's log-probabilities of each prompt token after the first: its value as
+    `simulated_logprob` gives it, the token the most likely (rank 1, first among `top`), then
+    neighbouring pseudo ids, each one less likely than the one before."""
+    low, high = PSEUDO_TOKENS
+    found = []
+    for token in token_ids[1:]:
+        logprob = simulated_logprob(token, 0).logprob
+        others = [low + (token - low + step) % (high - low) for step in range(1, top)]
+        ranked = [(token, logprob)] + [(o, logprob - s) for s, o in enumerate(others, start=1)]
+        found.append(TokenLogprob(token_id=token, logprob=logprob, top=ranked[:top], rank=1))
+    return found
+
+
 def prompt_seed(token_ids: Sequence[int], mm_hashes: Sequence[int]) -> int:
     """The seed of a prompt's completion: its ids and its media contents."""
     digest = hashlib.blake2b(digest_size=8)
@@ -211,7 +227,9 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 limit = reusable_blocks(len(request.token_ids), cache.block_size)
                 # As the hf engine: a hybrid model neither reuses nor announces blocks.
                 reuses = self.spec.reuses_prefix_blocks
-                hits = cache.match(keys.seq_hashes, limit) if reuses else []
+                # As the hf engine: a request that scores its prompt reuses nothing.
+                scores_prompt = request.sampling.prompt_logprobs is not None
+                hits = cache.match(keys.seq_hashes, limit) if reuses and not scores_prompt else []
                 cached = len(hits) * cache.block_size
                 # An item that came without its embedding must lie in the cached prefix.
                 request.live_embeddings(embeddings, cached)
@@ -223,12 +241,18 @@ class MockEngine(CachingEngine[_MockKv, None]):
         banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
         sampling = request.sampling
         firsts = [_draw(choice_stream(seed, i, sampling), banned) for i in range(sampling.n)]
+        prompt_top = sampling.prompt_logprobs
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),
             first_tokens=[FirstToken(*_chosen(token, sampling)) for token in firsts],
             cached_tokens=cached,
             state=_MockKv(seed),
+            prompt_logprobs=(
+                []
+                if prompt_top is None
+                else simulated_prompt_logprobs(request.token_ids, prompt_top)
+            ),
         )
 
     def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
@@ -280,6 +304,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
             first_tokens=done.first_tokens,
             cached_tokens=done.cached_tokens,
             state=_MockKv(int(seed[0])),
+            prompt_logprobs=done.prompt_logprobs,
         )
 
     async def close(self) -> None:

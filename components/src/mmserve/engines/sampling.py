@@ -4,6 +4,7 @@ are not sampled until then), and the stream itself (the token choice is `engines
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import msgspec
@@ -28,8 +29,8 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
     """Reject values no engine can honour, with a message a client can act on."""
-    if stop.max_tokens < 1:
-        raise EngineError(f"max_tokens must be at least 1, got {stop.max_tokens}")
+    if stop.max_tokens < 0:
+        raise EngineError(f"max_tokens must be at least 0, got {stop.max_tokens}")
     if not 0 <= stop.min_tokens <= stop.max_tokens:
         raise EngineError(
             f"min_tokens must lie in [0, max_tokens={stop.max_tokens}], got {stop.min_tokens}"
@@ -50,8 +51,10 @@ def check_sampling(params: SamplingParams, stop: StopConditions) -> None:
         raise EngineError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
     if params.n < 1:
         raise EngineError(f"n must be at least 1, got {params.n}")
-    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_LOGPROBS:
-        raise EngineError(f"logprobs must lie in [0, {MAX_LOGPROBS}], got {params.logprobs}")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise EngineError(f"{name} must lie in [0, {MAX_LOGPROBS}], got {value}")
     low, high = LOGIT_BIAS_RANGE
     for token, bias in params.logit_bias.items():
         if not low <= bias <= high:
@@ -147,7 +150,19 @@ async def stream_completion(
     """Token chunks of every choice from its first token in `kv.first_tokens` on, one round of
     the unfinished choices at a time, `next_tokens` making their next ones (never one of a
     step's banned ids: `StopRules.banned`), until a stop rule ends each; a choice's last
-    chunk carries its finish reason, and the stream's last chunk the usage."""
+    chunk carries its finish reason, the stream's last chunk the usage, and its first the
+    prompt's log-probabilities (`kv.prompt_logprobs`). With `max_tokens` 0 the request was a
+    prefill only: no first token is emitted, and the one chunk finishes with "length"."""
+    usage = functools.partial(Usage, prompt_tokens=kv.prompt_tokens, cached_tokens=kv.cached_tokens)
+    prompt_logprobs = kv.prompt_logprobs
+    if stop.max_tokens == 0:
+        yield TokenChunk(
+            request_id=kv.request_id,
+            prompt_logprobs=prompt_logprobs,
+            finish_reason="length",
+            usage=usage(completion_tokens=0),
+        )
+        return
     every = [
         _Choice(index, first, stop, tuple(eos_token_ids), tokenizer)
         for index, first in enumerate(kv.first_tokens)
@@ -167,14 +182,15 @@ async def stream_completion(
                     finish_reason=choice.finish,
                 )
             )
+        if prompt_logprobs:
+            chunks[0] = msgspec.structs.replace(chunks[0], prompt_logprobs=prompt_logprobs)
+            prompt_logprobs = []
         choices = [choice for choice in choices if choice.finish is None]
         if not choices:
-            usage = Usage(
-                prompt_tokens=kv.prompt_tokens,
-                completion_tokens=sum(choice.completion_tokens for choice in every),
-                cached_tokens=kv.cached_tokens,
+            completion_tokens = sum(choice.completion_tokens for choice in every)
+            chunks[-1] = msgspec.structs.replace(
+                chunks[-1], usage=usage(completion_tokens=completion_tokens)
             )
-            chunks[-1] = msgspec.structs.replace(chunks[-1], usage=usage)
         for chunk in chunks:
             yield chunk
         if not choices:

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API as a plain ASGI application.
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`frontend.completions`),
+`GET /v1/models`, `GET /health`, `GET /metrics`,
 `GET /openapi.json`, `POST /reset_prefix_cache` (every worker clears its prefix and encoder
 caches; vLLM's route and answer, under the API key when one is set). Streaming responses send
 their headers only once the first token chunk arrives, so a failure before the first token (no
@@ -18,10 +19,11 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
+from mmserve.frontend import completions
 from mmserve.frontend.chat import ChatPreprocessor, new_request_id
 from mmserve.frontend.dispatch import Dispatcher
 from mmserve.frontend.drain import Drain
@@ -29,11 +31,11 @@ from mmserve.frontend.errors import ApiError
 from mmserve.frontend.logprobs import TokenTexts
 from mmserve.frontend.media_ids import tenant_of
 from mmserve.frontend.openapi import openapi_document
+from mmserve.frontend.streaming import COMPONENT, SSE_HEADERS, ChunkReader
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     ERROR_BODY_TOO_LARGE,
     ERROR_DEADLINE_EXCEEDED,
-    ERROR_INCOMPLETE,
     ERROR_INTERNAL,
     ERROR_INVALID_API_KEY,
     ERROR_INVALID_JSON,
@@ -49,14 +51,13 @@ from mmserve.protocol import (
     ChatCompletionResponse,
     ChoiceDelta,
     ChoiceLogprobs,
+    CompletionRequest,
     FinishReason,
     ModelCard,
     ModelList,
     OpenAIUsage,
     PreprocessedRequest,
-    TokenChunk,
     TokenLogprob,
-    Usage,
 )
 from mmserve.runtime.errors import RemoteError
 from mmserve.runtime.lifetime import DEFAULT_DRAIN_TIMEOUT_S
@@ -68,20 +69,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-COMPONENT = "frontend"
 _JSON = [(b"content-type", b"application/json")]
-_SSE = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
+_SSE = SSE_HEADERS
 _encoder = msgspec.json.Encoder()
-_request_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 # The frontend's series, looked up once: `labels()` validates and hashes its values each call.
 _REQUESTS = metrics.REQUESTS.labels(COMPONENT)
 _ACTIVE = metrics.ACTIVE.labels(COMPONENT)
-_TTFT = metrics.TTFT.labels(COMPONENT)
-_ITL = metrics.ITL.labels(COMPONENT)
 _PREPROCESS_SECONDS = metrics.STAGE_SECONDS.labels(COMPONENT, "preprocess")
 
 
@@ -90,6 +83,18 @@ class HttpOptions:
     api_key: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     log_requests: bool = False  # a line for every request, not only for failed ones
+
+
+@dataclass(frozen=True)
+class Call:
+    """One completion request as its route's handler takes it beside its body: the request's
+    id, its arrival (perf_counter) and deadline (unix time), the exchange and the tenant."""
+
+    request_id: str
+    arrival: float
+    deadline: float
+    exchange: _Exchange
+    tenant: str
 
 
 class _ClientGone(Exception):
@@ -150,6 +155,7 @@ class FrontendApp:
                 pixels,
                 preprocessor.video_range,
                 preprocessor.pan_and_scan,
+                preprocessor.options.max_n,
             )
         )
 
@@ -180,6 +186,8 @@ class FrontendApp:
     ) -> None:
         if route == ("POST", "/v1/chat/completions"):
             await self._chat_completions(scope, receive, exchange)
+        elif route == ("POST", "/v1/completions"):
+            await self._completions(scope, receive, exchange)
         elif route == ("GET", "/v1/models"):
             await self._guarded(scope, exchange, self._models)
         elif route == ("POST", "/reset_prefix_cache"):
@@ -255,7 +263,26 @@ class FrontendApp:
             raise ApiError(ERROR_INVALID_API_KEY, "a valid API key is required (Bearer token)")
 
     async def _chat_completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
-        request_id = new_request_id()
+        chat = ChatCompletionRequest
+        await self._serve(scope, receive, exchange, "chatcmpl", chat, self._complete)
+
+    async def _completions(self, scope: Scope, receive: Receive, exchange: _Exchange) -> None:
+        complete = functools.partial(completions.complete, self)
+        await self._serve(scope, receive, exchange, "cmpl", CompletionRequest, complete)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        exchange: _Exchange,
+        kind: str,
+        request_type: type[RequestT],
+        complete: Callable[[RequestT, Call], Awaitable[None]],
+    ) -> None:
+        """One completion request of either route (`kind`, its ids' prefix; the body a
+        `request_type`), under the API key, the deadline, the client's disconnect, the metrics
+        and the request log."""
+        request_id = new_request_id(kind)
         arrival = time.perf_counter()
         exchange.extra_headers.append((b"x-request-id", request_id.encode()))
         _REQUESTS.inc()
@@ -265,13 +292,10 @@ class FrontendApp:
             self._authorize(scope)
             tenant = tenant_of(dict(scope["headers"]).get(b"authorization", b""))
             body = await _read_body(scope, receive, self.http.max_body_bytes)
-            request = _decode_request(body)
             timeout = self.preprocessor.options.request_timeout_s
-            work = asyncio.ensure_future(
-                self._complete(
-                    request, request_id, arrival, time.time() + timeout, exchange, tenant
-                )
-            )
+            request = decode_request(body, request_type)
+            call = Call(request_id, arrival, time.time() + timeout, exchange, tenant)
+            work = asyncio.ensure_future(complete(request, call))
             outcome = await _race(work, receive, timeout)
             if outcome == "disconnected":
                 raise _ClientGone
@@ -304,26 +328,27 @@ class FrontendApp:
                     (time.perf_counter() - arrival) * 1e3,
                 )
 
-    async def _complete(
-        self,
-        request: ChatCompletionRequest,
-        request_id: str,
-        arrival: float,
-        deadline: float,
-        exchange: _Exchange,
-        tenant: str,
-    ) -> None:
+    async def _complete(self, request: ChatCompletionRequest, call: Call) -> None:
         self.preprocessor.validate(request)
+        self.check_ready()
+        with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
+            preprocessed = await self.preprocessor.preprocess(
+                request, call.request_id, call.deadline, call.tenant
+            )
+        self.observe_preprocessed(call.arrival)
+        generation = _Generation(self, request, preprocessed, call.arrival)
+        if request.stream:
+            await generation.stream(call.exchange)
+        else:
+            await call.exchange.json(200, await generation.collect())
+
+    def check_ready(self) -> None:
         if not self.dispatcher.ready():
             raise ApiError(ERROR_NO_WORKER, "no worker is reachable for the model; retry later")
-        with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
-            preprocessed = await self.preprocessor.preprocess(request, request_id, deadline, tenant)
+
+    @staticmethod
+    def observe_preprocessed(arrival: float) -> None:
         _PREPROCESS_SECONDS.observe(time.perf_counter() - arrival)
-        generation = _Generation(self, request, preprocessed, arrival)
-        if request.stream:
-            await generation.stream(exchange)
-        else:
-            await exchange.json(200, await generation.collect())
 
 
 @dataclass(frozen=True)
@@ -358,69 +383,30 @@ class _Generation:
         self._app = app
         self._request = request
         self._preprocessed = preprocessed
-        self._arrival = arrival
+        self._reader = ChunkReader(app.dispatcher, preprocessed, arrival)
         self._created = int(time.time())
-        self._completion_tokens = 0
-        self._usage: Usage | None = None
-        self._last_token_at: float | None = None
         options = request.stream_options
         self._continuous_usage = options is not None and options.continuous_usage_stats
 
     async def _texts(self) -> AsyncGenerator[tuple[_Delta, bool]]:
         """Each chunk's delta, and whether it is the last: every choice has its finish."""
-        chunks = self._app.dispatcher.generate(self._preprocessed)
-        unfinished = set(range(self._request.n))
-        first_token = nvtx.range_start(nvtx.FE_FIRST_TOKEN)
-        try:
-            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-                async for chunk in chunks:
-                    if first_token is not None:
-                        nvtx.range_end(first_token)
-                        first_token = None
-                    self._observe(chunk)
-                    if chunk.finish_reason is not None:
-                        unfinished.discard(chunk.index)
-                    delta = _Delta(chunk.index, chunk.text, chunk.finish_reason, chunk.logprobs)
-                    yield delta, not unfinished
-                    if not unfinished:
-                        return
-        except RemoteError as err:
-            raise ApiError(err.code, err.message, status=err.status) from err
-        finally:
-            if first_token is not None:
-                nvtx.range_end(first_token)
-        raise ApiError(ERROR_INCOMPLETE, "the worker ended the stream without finishing")
-
-    def _observe(self, chunk: TokenChunk) -> None:
-        now = time.perf_counter()
-        if chunk.token_ids:
-            if self._last_token_at is None:
-                _TTFT.observe(now - self._arrival)
-            else:
-                _ITL.observe(now - self._last_token_at)
-            self._last_token_at = now
-        self._completion_tokens += len(chunk.token_ids)
-        if chunk.usage is not None:
-            self._usage = chunk.usage
+        chunks = self._reader.chunks()
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                delta = _Delta(chunk.index, chunk.text, chunk.finish_reason, chunk.logprobs)
+                yield delta, self._reader.finished
 
     def usage(self) -> OpenAIUsage:
         """The worker's usage (its last chunk carries it), else counted here."""
-        if self._usage is not None:
-            return OpenAIUsage.from_usage(self._usage)
-        return OpenAIUsage.from_usage(
-            Usage(
-                prompt_tokens=len(self._preprocessed.plan.token_ids),
-                completion_tokens=self._completion_tokens,
-            )
-        )
+        return OpenAIUsage.from_usage(self._reader.usage())
 
     def _usage_so_far(self) -> OpenAIUsage:
         """`stream_options.continuous_usage_stats`: the tokens so far, the worker's usage once
         its last chunk came (only that knows the cached tokens)."""
-        if self._usage is not None:
-            return OpenAIUsage.from_usage(self._usage)
-        prompt = len(self._preprocessed.plan.token_ids)
-        completion = self._completion_tokens
+        if self._reader.worker_usage is not None:
+            return OpenAIUsage.from_usage(self._reader.worker_usage)
+        prompt = self._reader.prompt_tokens
+        completion = self._reader.completion_tokens
         return OpenAIUsage(
             prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
         )
@@ -520,6 +506,7 @@ class _Generation:
 # Each path's one method, for the `Allow` header of a 405.
 _ROUTES = {
     "/v1/chat/completions": b"POST",
+    "/v1/completions": b"POST",
     "/v1/models": b"GET",
     "/health": b"GET",
     "/metrics": b"GET",
@@ -528,15 +515,26 @@ _ROUTES = {
 }
 
 
-def _decode_request(body: bytes) -> ChatCompletionRequest:
+RequestT = TypeVar("RequestT")
+
+
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}
+
+
+def decode_request(body: bytes, kind: type[RequestT]) -> RequestT:
+    """The body as a `kind` (a request Struct), or the client's error naming the field."""
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
     try:
         try:
-            return _request_decoder.decode(body)
+            result: RequestT = decoder.decode(body)
+            return result
         except msgspec.ValidationError:
             # JSON Schema's integers (as /openapi.json names them) include 1.0 and 1e3;
             # msgspec's typed decoding takes only 1 and 1000.
             plain = _integral_floats_as_ints(msgspec.json.decode(body))
-            return msgspec.convert(plain, ChatCompletionRequest)
+            return msgspec.convert(plain, kind)
     except msgspec.ValidationError as err:
         message = str(err)
         _, _, path = message.partition(" - at `$.")

@@ -13,7 +13,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +59,7 @@ from mmserve.protocol import (
     MediaPayload,
     MMProcessorKwargs,
     PreprocessedRequest,
+    RequestPlan,
     SamplingParams,
     StopConditions,
     TextPart,
@@ -72,8 +73,8 @@ _ID_PREFIX = secrets.token_hex(8)
 _ID_COUNTER = itertools.count()
 
 
-def new_request_id() -> str:
-    return f"chatcmpl-{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+def new_request_id(kind: str = "chatcmpl") -> str:
+    return f"{kind}-{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,9 @@ class ChatPreprocessor:
         else:  # nothing to fetch: the driver's run is CPU work like tokenizing, in the same hop
             planned = await loop.run_in_executor(_tokenizer_threads(), self._plan_text, request)
         plan = planned.plan
-        max_tokens = self._completion_budget(request, len(plan.token_ids))
+        max_tokens = self.completion_budget(
+            _max_tokens(request), request.min_tokens, len(plan.token_ids)
+        )
         payloads = await self._payloads(planned, known, precomputed, request_id)
         for item, source in zip(plan.media, planned.sources, strict=True):
             part = items[source].part
@@ -237,7 +240,6 @@ class ChatPreprocessor:
                 continue
             if isinstance(part, ImageUrlPart) and part.uuid is not None and part.url is not None:
                 self.media_ids.remember(tenant, part.uuid, KnownMedia(item.mm_hash, item.grid_thw))
-        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return PreprocessedRequest(
             request_id=request_id,
             deadline=deadline,
@@ -245,60 +247,41 @@ class ChatPreprocessor:
             plan=plan,
             payloads=payloads,
             sampling=sampling_params(request),
-            stop=StopConditions(
-                max_tokens=max_tokens,
-                stop=stop,
-                stop_token_ids=list(request.stop_token_ids or []),
-                ignore_eos=request.ignore_eos,
-                min_tokens=request.min_tokens,
-                skip_special_tokens=request.skip_special_tokens,
-                include_stop_str_in_output=request.include_stop_str_in_output,
-            ),
+            stop=stop_rules(request, max_tokens),
         )
 
     @property
     def context_length(self) -> int | None:
         return self.options.context_length or self.model.spec.max_position_embeddings
 
-    def _completion_budget(self, request: ChatCompletionRequest, prompt: int) -> int:
-        """The request's max_tokens (the default where it gives none, shortened to what the
-        context leaves after the `prompt` tokens; never below min_tokens); a prompt that
-        leaves no room, or a max_tokens or min_tokens past it, is refused."""
-        asked = _max_tokens(request)
-        budget = asked or max(self.options.default_max_tokens, request.min_tokens)
+    def completion_budget(
+        self, asked: int | None, min_tokens: int, prompt: int, prompt_param: str = "messages"
+    ) -> int:
+        """The request's max_tokens `asked` (the default where it gives none, shortened to
+        what the context leaves after the `prompt` tokens; never below `min_tokens`); a prompt
+        that leaves no room, or a max_tokens or min_tokens past it, is refused (the prompt
+        named by `prompt_param`)."""
+        budget = asked if asked is not None else max(self.options.default_max_tokens, min_tokens)
         limit = self.context_length
         if limit is None:
             return budget
         # The context must have room for the completion the client asked for, at least.
-        needed, param = (asked, "max_tokens") if asked else (request.min_tokens, "min_tokens")
+        needed, param = (asked, "max_tokens") if asked else (min_tokens, "min_tokens")
         if prompt >= limit or prompt + needed > limit:
-            wanted = f"{prompt} tokens in the messages" + (
+            wanted = f"{prompt} tokens in the {prompt_param}" + (
                 f" and {needed} in the completion" if needed else ""
             )
             raise ApiError(
                 ERROR_CONTEXT_LENGTH_EXCEEDED,
                 f"this model's context length is {limit} tokens; the request needs {wanted}",
-                param="messages" if prompt >= limit else param,
+                param=prompt_param if prompt >= limit else param,
             )
         return min(budget, limit - prompt)
 
     def validate(self, request: ChatCompletionRequest) -> None:
         """Cheap checks that need no media and no tokenizer (run before anything costly); the
         ranges of values are the request Struct's own constraints, checked while decoding."""
-        if request.model != self.model.name:
-            raise ApiError(
-                ERROR_MODEL_NOT_FOUND,
-                f"the model {request.model!r} does not exist; this server serves "
-                f"{self.model.name!r}",
-                param="model",
-            )
-        asked = _max_tokens(request)
-        if asked is not None and request.min_tokens > asked:
-            raise ApiError(
-                ERROR_MIN_TOKENS_OVER_MAX_TOKENS,
-                f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({asked})",
-                param="min_tokens",
-            )
+        self.check_common(request.model, request.min_tokens, _max_tokens(request))
         for item in _media_refs(request):
             if isinstance(item.part, ImageUrlPart) and item.part.url is None is item.part.uuid:
                 raise ApiError(
@@ -316,9 +299,13 @@ class ChatPreprocessor:
                         param=item.param,
                     )
         self._validate_logprobs(request)
-        self._validate_logit_bias(request)
-        self._validate_n(request)
-        unsupported = request.unsupported_options()
+        self.check_logit_bias(request.logit_bias)
+        self.check_n(request.n, request.best_of)
+        self.check_supported(request.unsupported_options())
+
+    @staticmethod
+    def check_supported(unsupported: list[str]) -> None:
+        """Refuse the first option set to a value mmserve cannot honour, by name."""
         if unsupported:
             name = unsupported[0]
             raise ApiError(
@@ -327,18 +314,19 @@ class ChatPreprocessor:
                 param=name,
             )
 
-    def _validate_n(self, request: ChatCompletionRequest) -> None:
-        if request.n > self.options.max_n:
+    def check_n(self, n: int, best_of: int | None) -> None:
+        """At most `--max-n` completions, and `best_of` only equal to `n`."""
+        if n > self.options.max_n:
             raise ApiError(
                 ERROR_INVALID_VALUE,
-                f"n must be at most {self.options.max_n} (the server's --max-n), got {request.n}",
+                f"n must be at most {self.options.max_n} (the server's --max-n), got {n}",
                 param="n",
             )
-        if request.best_of is not None and request.best_of != request.n:
+        if best_of is not None and best_of != n:
             raise ApiError(
                 ERROR_UNSUPPORTED_OPTION,
-                f"best_of cannot be {request.best_of}: only best_of equal to n ({request.n}) is "
-                "served (every completion sampled is returned)",
+                f"best_of cannot be {best_of}: only best_of equal to n ({n}) is served (every "
+                "completion sampled is returned)",
                 param="best_of",
             )
 
@@ -351,10 +339,26 @@ class ChatPreprocessor:
                 param="top_logprobs",
             )
 
-    def _validate_logit_bias(self, request: ChatCompletionRequest) -> None:
+    def check_common(self, model: str, min_tokens: int, max_tokens: int | None) -> None:
+        """The checks chat and text completions share: the served model, min_tokens at most
+        max_tokens."""
+        if model != self.model.name:
+            raise ApiError(
+                ERROR_MODEL_NOT_FOUND,
+                f"the model {model!r} does not exist; this server serves {self.model.name!r}",
+                param="model",
+            )
+        if max_tokens is not None and min_tokens > max_tokens:
+            raise ApiError(
+                ERROR_MIN_TOKENS_OVER_MAX_TOKENS,
+                f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})",
+                param="min_tokens",
+            )
+
+    def check_logit_bias(self, logit_bias: dict[str, float] | None) -> None:
         """Each key a token id of the vocabulary (the values' range is the Struct's)."""
         vocab_size = self.model.spec.vocab_size
-        for key in request.logit_bias or {}:
+        for key in logit_bias or {}:
             if not key.isdecimal() or not key.isascii():
                 raise ApiError(
                     ERROR_INVALID_VALUE,
@@ -438,9 +442,13 @@ class ChatPreprocessor:
         }
 
     def _plan_text(self, request: ChatCompletionRequest) -> media.PlannedRequest:
-        """Tokenize and plan a request without media, on the calling thread. Text goes through
-        the driver too: it refuses text that spells the image placeholder token."""
+        """Tokenize and plan a request without media, on the calling thread."""
         token_ids, _ = self._tokenize(request)
+        return self.plan_tokens(token_ids)
+
+    def plan_tokens(self, token_ids: list[int]) -> media.PlannedRequest:
+        """The plan of a prompt without media, on the calling thread. Text goes through the
+        driver too: it refuses a prompt that holds the image placeholder token."""
         policy = self.options.policy
         try:
             return media.plan_request_here(
@@ -448,6 +456,23 @@ class ChatPreprocessor:
             )
         except MediaError as err:
             raise ApiError.from_media_error(err, []) from err
+
+    async def plan_prompt(self, token_ids: list[int] | None, text: str = "") -> RequestPlan:
+        """The plan of a completion's prompt: `token_ids` as given, else `text` tokenized as
+        vLLM tokenizes a completion's prompt (with the tokenizer's special tokens), in the
+        tokenizer threads."""
+        return (
+            await asyncio.get_running_loop().run_in_executor(
+                _tokenizer_threads(), self._plan_prompt, token_ids, text
+            )
+        ).plan
+
+    def _plan_prompt(self, token_ids: list[int] | None, text: str) -> media.PlannedRequest:
+        if token_ids is None:
+            backend = self.model.tokenizer.backend_tokenizer
+            (encoding,) = backend.encode_batch_fast([text], add_special_tokens=True)
+            token_ids = encoding.ids
+        return self.plan_tokens(token_ids)
 
     async def _plan(
         self,
@@ -534,9 +559,73 @@ async def _embeddings_payload(
     return MediaPayload.precomputed(handle)
 
 
+class SamplingFields(Protocol):
+    """The token-choice fields chat and text completion requests share."""
+
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def top_k(self) -> int | None: ...
+    @property
+    def min_p(self) -> float | None: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def frequency_penalty(self) -> float | None: ...
+    @property
+    def presence_penalty(self) -> float | None: ...
+    @property
+    def repetition_penalty(self) -> float | None: ...
+    @property
+    def logit_bias(self) -> dict[str, float] | None: ...
+    @property
+    def n(self) -> int: ...
+
+
+class StopFields(Protocol):
+    """The fields of when a completion ends that chat and text completion requests share."""
+
+    @property
+    def stop(self) -> str | list[str] | None: ...
+    @property
+    def stop_token_ids(self) -> list[int] | None: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+    @property
+    def min_tokens(self) -> int: ...
+    @property
+    def skip_special_tokens(self) -> bool: ...
+    @property
+    def include_stop_str_in_output(self) -> bool: ...
+
+
+def stop_rules(request: StopFields, max_tokens: int) -> StopConditions:
+    """When the request's completion ends, within `max_tokens`, and how its text ends."""
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    return StopConditions(
+        max_tokens=max_tokens,
+        stop=stop,
+        stop_token_ids=list(request.stop_token_ids or []),
+        ignore_eos=request.ignore_eos,
+        min_tokens=request.min_tokens,
+        skip_special_tokens=request.skip_special_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+    )
+
+
 def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
     """The request's token choice, OpenAI's defaults where it gives none; `logprobs` asks
     the engines for the chosen token's and `top_logprobs` more."""
+    return token_choice(request, logprobs=(request.top_logprobs or 0) if request.logprobs else None)
+
+
+def token_choice(
+    request: SamplingFields, logprobs: int | None, prompt_logprobs: int | None = None
+) -> SamplingParams:
+    """A request's token choice, OpenAI's defaults where it gives none, and the
+    log-probabilities it asks of the engines."""
     return SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
@@ -547,7 +636,8 @@ def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
         presence_penalty=request.presence_penalty or 0.0,
         repetition_penalty=request.repetition_penalty or 1.0,
         logit_bias={int(key): value for key, value in (request.logit_bias or {}).items()},
-        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         n=request.n,
     )
 

@@ -8,14 +8,18 @@ import msgspec
 
 from mmserve import __version__
 from mmserve.protocol import (
+    COMPLETION_DEFAULT_ONLY_OPTIONS,
     DEFAULT_ONLY_OPTIONS,
     PAN_AND_SCAN_OPTIONS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
     ModelList,
     OpenAIError,
 )
+from mmserve.protocol.openai import DEFAULT_MAX_N
 
 if TYPE_CHECKING:
     from mmserve.frontend.mm_options import PanAndScanRange, VideoRange
@@ -47,15 +51,18 @@ def _error_responses(*statuses: int) -> dict[str, Any]:
     }
 
 
-def _restrict_chat_request(schema: dict[str, Any], model: str) -> None:
-    """Narrows the request's schema to what the server accepts: the served model only, and the
-    options it does not implement only at their defaults, `logit_bias` keyed by token ids."""
+def _restrict_chat_request(
+    schema: dict[str, Any], model: str, default_only: dict[str, tuple[Any, ...]]
+) -> None:
+    """Narrows a request's schema to what the server accepts: the served model only, and the
+    options it does not implement (`default_only`) only at their defaults, `logit_bias` keyed
+    by token ids."""
     properties = schema["properties"]
     properties["model"] |= {
         "enum": [model],
         "description": "The served model, as `GET /v1/models` lists it; any other answers 404",
     }
-    for name, accepted in DEFAULT_ONLY_OPTIONS.items():
+    for name, accepted in default_only.items():
         properties[name] |= {
             "enum": list(accepted),
             "description": "Not implemented: accepted only at its default",
@@ -64,6 +71,41 @@ def _restrict_chat_request(schema: dict[str, Any], model: str) -> None:
     for variant in properties["logit_bias"]["anyOf"]:
         if variant.get("type") == "object":
             variant["propertyNames"] = {"pattern": "^[0-9]+$"}
+
+
+def _restrict_choices(schema: dict[str, Any], max_n: int) -> None:
+    """`n` up to the server's `--max-n`, and `best_of` unset or equal to `n` (one variant per
+    `n`: JSON Schema cannot compare two fields)."""
+    schema["properties"]["n"]["maximum"] = max_n
+    unset = {"not": {"required": ["n"]}, "properties": {"best_of": {"enum": [None, 1]}}}
+    schema["anyOf"] = [unset] + [
+        {"required": ["n"], "properties": {"n": {"const": n}, "best_of": {"enum": [None, n]}}}
+        for n in range(1, max_n + 1)
+    ]
+
+
+_TOKEN_IDS = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    "minItems": 1,
+}
+_TEXT = {"type": "string", "minLength": 1}
+
+
+def _restrict_completion_request(schema: dict[str, Any]) -> None:
+    """A prompt is one of its four forms, none empty (ids outside the vocabulary answer
+    `token_not_in_vocabulary`); `max_tokens` 0 needs `echo`."""
+    schema["properties"]["prompt"] = {
+        "description": schema["properties"]["prompt"]["description"],
+        "oneOf": [
+            _TEXT,
+            {"type": "array", "items": _TEXT, "minItems": 1},
+            _TOKEN_IDS,
+            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+        ],
+    }
+    schema["if"] = {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}}
+    schema["then"] = {"required": ["echo"], "properties": {"echo": {"const": True}}}
 
 
 def _restrict_pixel_bounds(
@@ -127,24 +169,58 @@ def _require_url_or_uuid(schema: dict[str, Any]) -> None:
     ]
 
 
-# One server-sent event of a streamed completion, as its fields (`data`, `event`, ...): an event
-# stream's schema describes each event, as OpenAPI 3.2's `itemSchema` does.
-_STREAM_EVENT = {
-    "type": "object",
-    "required": ["data"],
-    "properties": {
-        "data": {
-            "description": "A ChatCompletionChunk as JSON; OpenAI's error JSON when the stream "
-            "fails after it started; `[DONE]` last",
-            "type": "string",
-            "if": {"const": "[DONE]"},
-            "else": {
-                "contentMediaType": "application/json",
-                "contentSchema": {"anyOf": [_ref(ChatCompletionChunk), _ref(OpenAIError)]},
+def _stream_event(chunk: type) -> dict[str, Any]:
+    """One server-sent event of a streamed completion of `chunk`s, as its fields (`data`,
+    `event`, ...): an event stream's schema describes each event, as OpenAPI 3.2's
+    `itemSchema` does."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "description": f"A {chunk.__name__} as JSON; OpenAI's error JSON when the "
+                "stream fails after it started; `[DONE]` last",
+                "type": "string",
+                "if": {"const": "[DONE]"},
+                "else": {
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"anyOf": [_ref(chunk), _ref(OpenAIError)]},
+                },
+            }
+        },
+    }
+
+
+def _completion_operation(
+    summary: str, operation_id: str, request: type, response: type, chunk: type
+) -> dict[str, Any]:
+    """A POST route that answers `response`, or with `stream: true` events of `chunk`s."""
+    return {
+        "post": {
+            "summary": summary,
+            "operationId": operation_id,
+            # A key is needed only when the server sets one.
+            "security": _SECURITY,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(request)}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The completion; with `stream: true`, server-sent events "
+                    f"each carrying a {chunk.__name__}, then `data: [DONE]`",
+                    "content": {
+                        "application/json": {"schema": _ref(response)},
+                        "text/event-stream": {"schema": _stream_event(chunk)},
+                    },
+                },
+                **_error_responses(400, 401, 404, 413, 500, 502, 503, 504),
             },
         }
-    },
-}
+    }
+
+
+_SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {}]
 
 
 def _health(status: str, description: str) -> dict[str, Any]:
@@ -160,53 +236,52 @@ def openapi_document(
     pixels: tuple[int, int],
     video: VideoRange | None = None,
     pan_and_scan: PanAndScanRange | None = None,
+    max_n: int = DEFAULT_MAX_N,
 ) -> dict[str, Any]:
     """The document of a server that serves `model` with images resized within `pixels`
-    (min_pixels, max_pixels), videos sampled within `video` (None: no video) and images
-    panned and scanned within `pan_and_scan` (None: not at all)."""
+    (min_pixels, max_pixels), videos sampled within `video` (None: no video), images
+    panned and scanned within `pan_and_scan` (None: not at all) and at most `max_n`
+    completions a request."""
     (_, components) = msgspec.json.schema_components(
         [
             ChatCompletionRequest,
             ChatCompletionResponse,
             ChatCompletionChunk,
+            CompletionRequest,
+            CompletionResponse,
             ModelList,
             OpenAIError,
         ],
         ref_template=_REF,
     )
-    _restrict_chat_request(components["ChatCompletionRequest"], model)
+    _restrict_chat_request(components["ChatCompletionRequest"], model, DEFAULT_ONLY_OPTIONS)
+    _restrict_chat_request(components["CompletionRequest"], model, COMPLETION_DEFAULT_ONLY_OPTIONS)
+    _restrict_completion_request(components["CompletionRequest"])
+    for request in ("ChatCompletionRequest", "CompletionRequest"):
+        _restrict_choices(components[request], max_n)
     _restrict_pixel_bounds(components["MMProcessorKwargs"], pixels, video)
     _restrict_video_sampling([components["MMProcessorKwargs"], components["VideoIoKwargs"]], video)
     _restrict_pan_and_scan(components["MMProcessorKwargs"], pan_and_scan)
     _require_url_or_uuid(components["ImageUrlPart"])
-    # A key is needed only when the server sets one.
-    security: list[dict[str, list[str]]] = [{"bearer": []}, {}]
+    security = _SECURITY
     return {
         "openapi": "3.1.0",
         "info": {"title": "mmserve OpenAI-compatible API", "version": __version__},
         "paths": {
-            "/v1/chat/completions": {
-                "post": {
-                    "summary": "Create a chat completion (text, images and videos)",
-                    "operationId": "createChatCompletion",
-                    "security": security,
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": _ref(ChatCompletionRequest)}},
-                    },
-                    "responses": {
-                        "200": {
-                            "description": "The completion; with `stream: true`, server-sent "
-                            "events each carrying a ChatCompletionChunk, then `data: [DONE]`",
-                            "content": {
-                                "application/json": {"schema": _ref(ChatCompletionResponse)},
-                                "text/event-stream": {"schema": _STREAM_EVENT},
-                            },
-                        },
-                        **_error_responses(400, 401, 404, 413, 500, 502, 503, 504),
-                    },
-                }
-            },
+            "/v1/chat/completions": _completion_operation(
+                "Create a chat completion (text, images and videos)",
+                "createChatCompletion",
+                ChatCompletionRequest,
+                ChatCompletionResponse,
+                ChatCompletionChunk,
+            ),
+            "/v1/completions": _completion_operation(
+                "Create a text completion (OpenAI's legacy completions, vLLM's prompt logprobs)",
+                "createCompletion",
+                CompletionRequest,
+                CompletionResponse,
+                CompletionResponse,
+            ),
             "/v1/models": {
                 "get": {
                     "summary": "List the served models",

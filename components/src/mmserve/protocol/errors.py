@@ -79,8 +79,8 @@ PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_MIN_TOKENS_OVER_MAX_TOKENS, 400, "min_tokens is greater than max_tokens"),
     ErrorCode(ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS, 400, "top_logprobs is set without logprobs "
               "set to true"),
-    ErrorCode(ERROR_TOKEN_NOT_IN_VOCABULARY, 400, "a token id (a logit_bias key) is not in "
-              "the model's vocabulary"),
+    ErrorCode(ERROR_TOKEN_NOT_IN_VOCABULARY, 400, "a token id (a logit_bias key, a prompt's id) "
+              "is not in the model's vocabulary"),
     ErrorCode(ERROR_MIN_PIXELS_OVER_MAX_PIXELS, 400, "mm_processor_kwargs: min_pixels is greater "
               "than max_pixels"),
     ErrorCode(ERROR_CHAT_TEMPLATE, 400, "the model's chat template rejected the messages"),

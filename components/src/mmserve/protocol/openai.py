@@ -174,6 +174,24 @@ MAX_LOGIT_BIAS = 300
 DEFAULT_MAX_N = 16  # the most completions a request may ask for, unless --max-n says
 
 
+LogitBias = Annotated[
+    dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]],
+    msgspec.Meta(max_length=MAX_LOGIT_BIAS),
+]
+Choices = Annotated[
+    int,
+    msgspec.Meta(
+        ge=1,
+        le=_INT64_MAX,
+        description="Completions of each prompt, sampled on one worker from one prefill (at most "
+        "the server's --max-n); on /v1/completions choice i*n+j is prompt i's j-th",
+    ),
+]
+BestOf = Annotated[
+    int | None, msgspec.Meta(description="Extension (vLLM's): only equal to n (or unset) is served")
+]
+
+
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
 
@@ -186,19 +204,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     top_k: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] | None = None  # 0: off
     seed: Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)] | None = None
     stop: str | list[str] | None = None
-    n: Annotated[
-        int,
-        msgspec.Meta(
-            ge=1,
-            le=_INT64_MAX,
-            description="Completions of the prompt, sampled on one worker from one prefill "
-            "(at most the server's --max-n)",
-        ),
-    ] = 1
-    best_of: Annotated[
-        int | None,
-        msgspec.Meta(description="Extension (vLLM's): only equal to n (or unset) is served"),
-    ] = None
+    n: Choices = 1
+    best_of: BestOf = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's and SGLang's extensions.
@@ -257,13 +264,7 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     ) = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    logit_bias: (
-        Annotated[
-            dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]],
-            msgspec.Meta(max_length=MAX_LOGIT_BIAS),
-        ]
-        | None
-    ) = None
+    logit_bias: LogitBias | None = None
     stop_token_ids: (
         Annotated[
             list[int],
@@ -290,11 +291,7 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     def unsupported_options(self) -> list[str]:
         """Names of options set to a value mmserve cannot honour (the frontend answers 400)."""
-        return [
-            name
-            for name, accepted in DEFAULT_ONLY_OPTIONS.items()
-            if getattr(self, name) not in accepted
-        ]
+        return _unsupported(self, DEFAULT_ONLY_OPTIONS)
 
 
 # The known OpenAI options mmserve does not implement, with the values it accepts for each
@@ -304,6 +301,10 @@ DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
 }
+
+
+def _unsupported(request: msgspec.Struct, accepted: dict[str, tuple[Any, ...]]) -> list[str]:
+    return [name for name, values in accepted.items() if getattr(request, name) not in values]
 
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -419,3 +420,133 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
 class ModelList(msgspec.Struct, frozen=True, kw_only=True):
     data: list[ModelCard]
     object: Literal["list"] = "list"
+
+
+# -- text completions (`POST /v1/completions`, OpenAI's legacy API with vLLM's extras) -----------
+
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit of the legacy `logprobs`
+
+_TokenId = Annotated[int, msgspec.Meta(ge=-(2**31), lt=2**31)]
+CompletionPrompt = Annotated[
+    str | list[str | _TokenId | list[_TokenId]],
+    msgspec.Meta(
+        description="A string, a list of strings, a list of token ids, or a list of lists of "
+        "token ids: one choice per prompt, `index` its place in the list"
+    ),
+]
+
+
+class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/completions` body. Unknown fields are ignored (see module docstring)."""
+
+    model: str
+    prompt: CompletionPrompt
+    max_tokens: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=_INT64_MAX,
+            description="At most this many tokens (OpenAI's default 16); 0 only with echo: "
+            "the prompt is scored, nothing generated",
+        ),
+    ] = 16
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] | None = None  # 0: off
+    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)] | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: Annotated[
+        bool,
+        msgspec.Meta(description="The prompt comes first in the text (and in the logprobs)"),
+    ] = False
+    logprobs: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=0,
+                le=MAX_COMPLETION_LOGPROBS,
+                description="Each token's log-probability and this many most likely tokens' "
+                "(with echo, the prompt's tokens too)",
+            ),
+        ]
+        | None
+    ) = None
+    prompt_logprobs: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=0,
+                le=MAX_TOP_LOGPROBS,
+                description="Extension (vLLM's): the prompt's log-probabilities, each position's "
+                "token and this many most likely, in `choices[].prompt_logprobs`",
+            ),
+        ]
+        | None
+    ) = None
+    frequency_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    logit_bias: LogitBias | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    user: str | None = None
+    n: Choices = 1
+    best_of: BestOf = None
+    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
+    suffix: str | None = None
+
+    def unsupported_options(self) -> list[str]:
+        """Names of options set to a value mmserve cannot honour (the frontend answers 400)."""
+        return _unsupported(self, COMPLETION_DEFAULT_ONLY_OPTIONS)
+
+
+COMPLETION_DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "suffix": (None,),
+}
+
+
+class CompletionLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """OpenAI's legacy log-probabilities: per token its text, log-probability (None for the
+    echoed prompt's first), the most likely tokens' by text (None likewise) and its offset in
+    the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class PromptLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """vLLM's entry of a prompt position's token."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    # vLLM's: None for the first token, then per position the token's and the most likely
+    # ones' entries by token id.
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+
+
+class CompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """A text completion, and each chunk of a streamed one (`usage` on the last, with
+    `stream_options.include_usage`, and `choices` empty there)."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: OpenAIUsage | None = None
+    object: Literal["text_completion"] = "text_completion"

@@ -32,6 +32,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: int | None = None
     # Completions of the one prompt, each its own stream of draws (`TokenChunk.index`).
     n: int = 1
+    # The same for every prompt token after the first (vLLM's `prompt_logprobs`): the engine
+    # scores the whole prompt, recomputing any prefix its cache holds.
+    prompt_logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:
@@ -47,7 +50,7 @@ class StopConditions(msgspec.Struct, frozen=True, kw_only=True):
     before `min_tokens` tokens neither EOS, a stop id nor a stop string ends it (vLLM's
     rules)."""
 
-    max_tokens: int = 16
+    max_tokens: int = 16  # 0: a prefill only (prompt scoring), no token is emitted
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
@@ -288,11 +291,14 @@ class PrefillRequest(WireMessage, frozen=True):
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     """A chosen token's log-probability and the `top` most likely tokens' (id, logprob), most
-    likely first: of the model's own distribution, before any sampling step (vLLM's "raw")."""
+    likely first: of the model's own distribution, before any sampling step (vLLM's "raw").
+    `rank` is the token's 1-based rank in that distribution, where the engine gives it (the
+    prompt's tokens)."""
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = []
+    rank: int | None = None
 
 
 class FirstToken(msgspec.Struct, frozen=True, array_like=True):
@@ -317,6 +323,8 @@ class PrefillDone(WireMessage, frozen=True):
     cached_tokens: int = 0
     kv: dict[str, TensorHandle] = {}
     sampling_seed: int | None = None
+    # One per prompt token after the first, where the request asks for them.
+    prompt_logprobs: list[TokenLogprob] = []
 
     @property
     def first_token_id(self) -> int:
@@ -330,7 +338,9 @@ PrefillReply = BootstrapInfo | PrefillDone
 class TokenChunk(WireMessage, frozen=True):
     """A step of one choice's generation (`index`, 0 unless the request asks for `n` > 1):
     each choice's last chunk has its `finish_reason`, and the stream's last chunk also the
-    `usage` of all of them (the prompt counted once)."""
+    `usage` of all of them (the prompt counted once); the stream's first chunk carries the
+    prompt's log-probabilities where the request asks for them (one per prompt token after the
+    first). A request with `max_tokens` 0 streams one chunk without token ids."""
 
     request_id: str
     token_ids: list[int] = []
@@ -339,3 +349,4 @@ class TokenChunk(WireMessage, frozen=True):
     usage: Usage | None = None
     logprobs: list[TokenLogprob] = []  # one per token id, where the request asks for them
     index: int = 0
+    prompt_logprobs: list[TokenLogprob] = []

@@ -91,9 +91,11 @@ def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str,
         params["stop"] = list(stop.stop)
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
-    if sampling.logprobs is not None:
-        # The adapter does not read SGLang's returned logprobs yet: refused, never dropped.
-        raise EngineError("logprobs are not served by the sglang engine yet")
+    # The adapter does not read SGLang's returned logprobs yet (`return_logprob`,
+    # `top_logprobs_num`, `logprob_start_len`): refused by name, never dropped.
+    for name in ("logprobs", "prompt_logprobs"):
+        if getattr(sampling, name) is not None:
+            raise EngineError(f"{name} are not served by the sglang engine yet")
     if sampling.n != 1:
         # SGLang's `n` forks its streams by index; the adapter reads one stream per request.
         raise EngineError("n > 1 is not served by the sglang engine yet")
