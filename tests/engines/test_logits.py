@@ -13,6 +13,7 @@ from mmserve.engines.logits import (
     apply_penalties,
     ban,
     draw,
+    most_likely,
     step_seed,
 )
 from mmserve.protocol import SamplingParams
@@ -165,6 +166,22 @@ def test_a_draw_follows_the_distribution_and_never_picks_a_banned_id():
     # The last id with any mass is reachable, and one id alone is always drawn.
     assert draw(torch.tensor([float("-inf"), 0.0]), 5) == 1
     assert {draw(torch.tensor([0.0]), seed) for seed in range(20)} == {0}
+
+
+@pytest.mark.parametrize("vocab", [5, 5000, 151_936])
+def test_most_likely_is_torch_topk(vocab: int) -> None:
+    generator = torch.Generator().manual_seed(vocab)
+    rows = torch.randn(3, vocab, generator=generator)
+    rows[0, -1] = 50.0  # past the last whole block
+    rows[1, :] = float("-inf")
+    rows[1, 3] = 0.0  # one id with any mass, the rest tied
+    for k in (1, 5, 20):
+        values, indices = most_likely(rows, k)
+        expected = torch.topk(rows, min(k, vocab))
+        assert torch.equal(values, expected.values)
+        assert torch.equal(indices[[0, 2]], expected.indices[[0, 2]])  # row 1's ties: any order
+        assert indices[1, 0] == 3 and torch.equal(rows[1, indices[1]], expected.values[1])
+    assert int(most_likely(rows[0], 1)[1][0]) == vocab - 1
 
 
 def test_step_seeds_differ_by_seed_choice_and_index():
