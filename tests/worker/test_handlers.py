@@ -541,6 +541,9 @@ async def test_the_frontend_sends_a_request_whose_image_the_prefix_cache_holds_p
             await deployment.start(Role.DECODE, decode_engine)
         await deployment.start(Role.ENCODE, encoder_engine, encode=True)
         dispatcher = await NatsDispatcher.start(await deployment.runtime())
+        # As a frontend's /health: the workers in this process heartbeat from the test's own
+        # loop, and a loop starved past the lease hides them from discovery for a moment.
+        await wait_until_async(dispatcher.ready, what="discovery holds the workers")
         index = dispatcher.routers[language.role].indexer
         language_id = language.runtime.instance_id
 
