@@ -14,6 +14,7 @@ from mmserve.engines.logits import (
     ban,
     draw,
     most_likely,
+    next_tokens,
     step_seed,
 )
 from mmserve.protocol import SamplingParams
@@ -156,16 +157,17 @@ def test_a_draw_follows_the_distribution_and_never_picks_a_banned_id():
     probs = torch.softmax(scores, dim=-1)
     draws = 20_000
     counts = torch.bincount(
-        torch.tensor([draw(scores, step_seed(3, 0, i)) for i in range(draws)]), minlength=6
+        torch.tensor(draw(scores.expand(draws, -1), [step_seed(3, 0, i) for i in range(draws)])),
+        minlength=6,
     )
     assert counts[3] == counts[5] == 0
     # Each id's share within five standard deviations of its probability.
     spread = 5 * torch.sqrt(probs * (1 - probs) / draws)
     assert torch.all((counts / draws - probs).abs() <= spread + 1e-9), counts
-    assert draw(scores, 11) == draw(scores, 11)
+    assert draw(scores[None], [11]) == draw(scores[None], [11])
     # The last id with any mass is reachable, and one id alone is always drawn.
-    assert draw(torch.tensor([float("-inf"), 0.0]), 5) == 1
-    assert {draw(torch.tensor([0.0]), seed) for seed in range(20)} == {0}
+    assert draw(torch.tensor([[float("-inf"), 0.0]]), [5]) == [1]
+    assert set(draw(torch.zeros(20, 1), list(range(20)))) == {0}
 
 
 @pytest.mark.parametrize("vocab", [5, 5000, 151_936])
@@ -182,6 +184,39 @@ def test_most_likely_is_torch_topk(vocab: int) -> None:
         assert torch.equal(indices[[0, 2]], expected.indices[[0, 2]])  # row 1's ties: any order
         assert indices[1, 0] == 3 and torch.equal(rows[1, indices[1]], expected.values[1])
     assert int(most_likely(rows[0], 1)[1][0]) == vocab - 1
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.8, min_p=0.05, seed=4, logprobs=2),
+        SamplingParams(
+            temperature=1.2,
+            seed=9,
+            frequency_penalty=0.7,
+            presence_penalty=0.2,
+            repetition_penalty=1.3,
+            logit_bias={5: 4.0, 9: -100.0},
+        ),
+    ],
+)
+def test_a_batch_of_choices_draws_what_each_would_alone(params: SamplingParams) -> None:
+    batch = [Sampler(params, [1, 2, 3], VOCAB, CPU, seed=7, choice=i) for i in range(3)]
+    alone = [Sampler(params, [1, 2, 3], VOCAB, CPU, seed=7, choice=i) for i in range(3)]
+    steps = [torch.stack(rows(3)) + step for step in range(6)]
+    for logits in steps:
+        together = next_tokens(batch, logits, banned={11})
+        for row, sampler, (token, logprob) in zip(logits, alone, together, strict=True):
+            own_token, own_logprob = sampler.next(row, {11})
+            assert token == own_token != 11
+            if params.logprobs is not None:
+                assert logprob is not None and own_logprob is not None
+                assert logprob.logprob == pytest.approx(own_logprob.logprob, abs=1e-6)
+                assert [i for i, _ in logprob.top] == [i for i, _ in own_logprob.top]
+    assert [s.history for s in batch] == [s.history for s in alone]
+    if params.temperature > 0:
+        assert len({tuple(s.history) for s in batch}) > 1  # choices draw their own
 
 
 def test_step_seeds_differ_by_seed_choice_and_index():

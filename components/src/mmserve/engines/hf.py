@@ -43,7 +43,7 @@ from mmserve.engines.base import (
 from mmserve.engines.caching import CachingEngine
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
-from mmserve.engines.logits import Sampler, read_prompt_logprobs
+from mmserve.engines.logits import Sampler, next_tokens, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
@@ -447,11 +447,11 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         with self.admission():
             try:
 
-                async def next_tokens(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
+                async def step(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
                     return await self._call(self._decode_step, state, steps)
 
                 async for chunk in stream_completion(
-                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_tokens
+                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, step
                 ):
                     yield chunk
             finally:
@@ -476,10 +476,10 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         inputs_embeds = self._inner.get_input_embeddings()(ids)
         output = self._text_model(inputs_embeds, positions, state.cache, {})
         logits = self.model.lm_head(output.last_hidden_state[:, -1])
-        return [
-            state.samplers[choice].next(row, banned)
-            for row, (choice, _, banned) in zip(logits, steps, strict=True)
-        ]
+        # The choices of a round have made as many tokens: the same ids are banned for all.
+        banned = steps[0][2]
+        assert all(each == banned for _, _, each in steps)
+        return next_tokens([state.samplers[choice] for choice in choices], logits, banned)
 
     def release(self, kv: KvHandle[_KvState]) -> None:
         kv.state.cache = None

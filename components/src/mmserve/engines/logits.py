@@ -1,5 +1,7 @@
-"""The logits step: one row of logits through a chain of processors to the chosen token, and
-the log-probabilities read from it. The order and the formulas are vLLM's sampler's:
+"""The logits step: rows of logits (one per choice of a request, as one batch) through a chain
+of processors to the chosen tokens, and the log-probabilities read from them. Every processor
+works on the last dimension, on one row or many. The order and the formulas are vLLM's
+sampler's:
 
 1. the log-probabilities, of the model's own distribution (vLLM's "raw" logprobs mode);
 2. ids that may not come yet (a stop id before `min_tokens`) and `logit_bias`;
@@ -39,7 +41,7 @@ def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tens
         return logits
     ids = torch.tensor(list(bias), device=logits.device)
     values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
-    return logits.index_add(-1, ids, values)
+    return logits.index_add(-1, ids, values.expand(*logits.shape[:-1], -1))
 
 
 def apply_penalties(
@@ -69,14 +71,14 @@ def apply_min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
     if min_p <= 0:
         return scores
     probs = torch.softmax(scores, dim=-1)
-    return scores.masked_fill(probs < min_p * probs.max(), NEG_INF)
+    return scores.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), NEG_INF)
 
 
 def apply_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
     """Keep the `top_k` most likely ids (0: all)."""
     if top_k <= 0 or top_k >= scores.shape[-1]:
         return scores
-    kth = torch.topk(scores, top_k).values[-1]
+    kth = torch.topk(scores, top_k).values[..., -1:]
     return scores.masked_fill(scores < kth, NEG_INF)
 
 
@@ -96,14 +98,19 @@ def step_seed(seed: int, choice: int, index: int) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
-def draw(scores: torch.Tensor, seed: int) -> int:
-    """One id drawn from softmax(`scores`), its randomness all from `seed`: the id where one
-    uniform number falls in the cumulative distribution (in float64). One number, not one
-    per id as `torch.multinomial` draws: over a 152k vocabulary on a CPU, 0.3 ms, not 5."""
-    cumulative = torch.softmax(scores.double(), dim=-1).cumsum(-1)
-    target = random.Random(seed).random() * cumulative[-1]
-    index = int(torch.searchsorted(cumulative, target, right=True))
-    return min(index, scores.shape[-1] - 1)
+def draw(scores: torch.Tensor, seeds: Sequence[int]) -> list[int]:
+    """One id drawn from softmax of each row of `scores` (`[len(seeds), vocab]`), its
+    randomness all from its seed: the id where one uniform number falls in the row's
+    cumulative distribution. One number, not one per id as `torch.multinomial` draws: 0.3 ms
+    a row of 152k ids on a CPU, not 5. Float32, as vLLM samples: ids without mass add nothing
+    to the sum, so they are never drawn."""
+    cumulative = torch.softmax(scores.float(), dim=-1).cumsum(-1)
+    uniform = [random.Random(seed).random() for seed in seeds]
+    targets = torch.tensor(uniform, device=scores.device)[:, None] * cumulative[:, -1:]
+    index = torch.searchsorted(cumulative, targets, right=True)[:, 0]
+    # A target rounded up to the whole mass falls past the end: on the last id with any.
+    last = (cumulative < cumulative[:, -1:]).sum(-1)
+    return torch.minimum(index, last).tolist()
 
 
 _TOP_BLOCK = 1024  # ids per block of `most_likely`'s first pass
@@ -132,14 +139,21 @@ def most_likely(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.stack(values).reshape(shape), torch.stack(indices).reshape(shape)
 
 
-def read_logprobs(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
-    """`token`'s log-probability and the `top` most likely ids', from a row of logits."""
-    normalizer = torch.logsumexp(logits, dim=-1)
-    top_pairs: list[tuple[int, float]] = []
+def read_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Each token's log-probability and the `top` most likely ids', from its row of logits
+    (`[len(tokens), vocab]`)."""
+    normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
+    ids = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)[:, None]
+    chosen = (logits.gather(-1, ids) - normalizer)[:, 0].tolist()
+    tops: list[list[tuple[int, float]]] = [[] for _ in tokens]
     if top:
         values, indices = most_likely(logits, top)
-        top_pairs = list(zip(indices.tolist(), (values - normalizer).tolist(), strict=True))
-    return TokenLogprob(token_id=token, logprob=float(logits[token] - normalizer), top=top_pairs)
+        pairs = zip(indices.tolist(), (values - normalizer).tolist(), strict=True)
+        tops = [list(zip(i, v, strict=True)) for i, v in pairs]
+    return [
+        TokenLogprob(token_id=token, logprob=value, top=row)
+        for token, value, row in zip(tokens, chosen, tops, strict=True)
+    ]
 
 
 def read_prompt_logprobs(
@@ -188,22 +202,27 @@ class Sampler:
         self._prompt_ids = prompt_ids
         self._vocab_size = vocab_size
         self._device = device
-        self._counts = (
+        # How often each id came in the completion, for the penalties (None: none asked).
+        self.counts = (
             torch.zeros(vocab_size, dtype=torch.float32, device=device)
             if params.penalized
             else None
         )
-        self._prompt_mask: torch.Tensor | None = None
+        self.prompt_mask: torch.Tensor | None = None  # the prompt's ids, for repetition
         if params.repetition_penalty != 1:
             mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             ids = [i for i in prompt_ids if 0 <= i < vocab_size]
             if ids:
                 mask[torch.tensor(ids, device=device)] = True
-            self._prompt_mask = mask
+            self.prompt_mask = mask
 
     @property
     def generated(self) -> int:
         return len(self.history)
+
+    def draw_seed(self) -> int:
+        """The seed of this choice's next draw."""
+        return step_seed(self.seed, self.choice, self.generated)
 
     def with_params(self, params: SamplingParams) -> Sampler:
         """This stream (seed, choice, history) under other sampling parameters."""
@@ -219,26 +238,40 @@ class Sampler:
     ) -> tuple[int, TokenLogprob | None]:
         """The next token from one row of logits (never one of `banned`), with its
         log-probabilities where the request asks for them; the token counts as generated."""
-        logits = logits.float()
-        params = self.params
-        scores = apply_logit_bias(ban(logits, banned), params.logit_bias)
-        if self._counts is not None:
-            scores = apply_penalties(scores, self._prompt_mask, self._counts, params)
-        if params.temperature == 0:
-            token = int(torch.argmax(scores))
-        else:
-            scores = scores / params.temperature
-            scores = apply_min_p(scores, params.min_p)
-            scores = apply_top_p(apply_top_k(scores, params.top_k), params.top_p)
-            token = draw(scores, step_seed(self.seed, self.choice, self.generated))
-        logprob = None
-        if params.logprobs is not None:
-            logprob = read_logprobs(logits, token, params.logprobs)
-        self.observe(token)
-        return token, logprob
+        return next_tokens([self], logits[None], banned)[0]
 
     def observe(self, token: int) -> None:
         """Count `token` as generated (one sampled elsewhere, such as the prefill's first)."""
         self.history.append(token)
-        if self._counts is not None and 0 <= token < self._counts.shape[-1]:
-            self._counts[token] += 1
+        if self.counts is not None and 0 <= token < self.counts.shape[-1]:
+            self.counts[token] += 1
+
+
+def next_tokens(
+    samplers: Sequence[Sampler], logits: torch.Tensor, banned: Collection[int] = ()
+) -> list[tuple[int, TokenLogprob | None]]:
+    """The next token of each of one request's choices (`samplers`, on one prompt and one set
+    of parameters) from its row of `logits` (`[len(samplers), vocab]`), as one batch, none of
+    them `banned`, with its log-probabilities where the request asks for them; each token
+    counts as its choice's."""
+    logits = logits.float()
+    first = samplers[0]
+    params = first.params
+    scores = apply_logit_bias(ban(logits, banned), params.logit_bias)
+    counts = [sampler.counts for sampler in samplers]
+    if params.penalized and all(each is not None for each in counts):
+        stacked = torch.stack([each for each in counts if each is not None])
+        scores = apply_penalties(scores, first.prompt_mask, stacked, params)
+    if params.temperature == 0:
+        tokens: list[int] = scores.argmax(-1).tolist()
+    else:
+        scores = scores / params.temperature
+        scores = apply_min_p(scores, params.min_p)
+        scores = apply_top_p(apply_top_k(scores, params.top_k), params.top_p)
+        tokens = draw(scores, [sampler.draw_seed() for sampler in samplers])
+    logprobs: list[TokenLogprob | None] = [None] * len(samplers)
+    if params.logprobs is not None:
+        logprobs = list(read_logprobs(logits, tokens, params.logprobs))
+    for sampler, token in zip(samplers, tokens, strict=True):
+        sampler.observe(token)
+    return list(zip(tokens, logprobs, strict=True))

@@ -85,7 +85,8 @@ class StopRules:
 
 
 Step = tuple[int, int, frozenset[int]]
-"""A choice's next step: (choice index, its previous token, the ids it may not sample)."""
+"""A choice's next step: (choice index, its previous token, the ids it may not sample; the
+same for every choice of a round, which have all made as many tokens)."""
 
 NextTokens = Callable[[list[Step]], Awaitable[list[tuple[int, TokenLogprob | None]]]]
 """The next token of each step (in one call: an engine may batch the choices), with its
