@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mmserve.engines.logits import (
+    UNLIKELY,
     Sampler,
     apply_logit_bias,
     apply_min_p,
@@ -168,6 +169,26 @@ def test_a_draw_follows_the_distribution_and_never_picks_a_banned_id():
     # The last id with any mass is reachable, and one id alone is always drawn.
     assert draw(torch.tensor([[float("-inf"), 0.0]]), [5]) == [1]
     assert set(draw(torch.zeros(20, 1), list(range(20)))) == {0}
+
+
+def test_processed_logprobs_are_of_the_distribution_drawn_from():
+    """`--logprobs-mode processed_logprobs`: after the bias and the temperature; an id top_k
+    rules out reads UNLIKELY (JSON has no -inf)."""
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(VOCAB, generator=generator) * 3
+    params = SamplingParams(temperature=0.5, top_k=3, seed=2, logprobs=5, logit_bias={7: 30.0})
+    sampler = Sampler(params, [], VOCAB, CPU, logprobs_mode="processed_logprobs")
+    token, logprob = sampler.next(logits)
+    biased = logits.clone()
+    biased[7] += 30.0
+    kept = torch.topk(biased, 3).indices
+    processed = torch.full_like(logits, float("-inf"))
+    processed[kept] = biased[kept] / 0.5
+    expected = torch.log_softmax(processed, dim=-1)
+    assert logprob is not None and token in kept.tolist()
+    assert logprob.logprob == pytest.approx(float(expected[token]), abs=1e-5)
+    assert [other for other, _ in logprob.top[:3]] == kept.tolist()
+    assert [value for _, value in logprob.top[3:]] == [UNLIKELY, UNLIKELY]
 
 
 @pytest.mark.parametrize("vocab", [5, 5000, 151_936])

@@ -43,7 +43,7 @@ from mmserve.engines.base import (
 from mmserve.engines.caching import CachingEngine
 from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
 from mmserve.engines.encoder_cache import EncoderCache
-from mmserve.engines.logits import Sampler, next_tokens, read_prompt_logprobs
+from mmserve.engines.logits import LogprobsMode, Sampler, next_tokens, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
@@ -99,8 +99,10 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         encoder_cache_bytes: int = DEFAULT_ENCODER_CACHE_BYTES,
         max_queue: int = DEFAULT_MAX_QUEUE,
         pad_scheme: PadScheme = PadScheme.DYNAMO,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> None:
         """Load the checkpoint (blocking: use `HfEngine.load` from async code)."""
+        self.logprobs_mode: LogprobsMode = logprobs_mode
         import transformers
 
         self.spec: ModelSpec = resolve_model_spec(model_path)
@@ -355,11 +357,20 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     def _samplers(self, request: EngineRequest, seed: int | None = None) -> list[Sampler]:
         """One sampler per choice, all on one seed (`seed`, else the request's, else drawn)."""
         vocab_size = self.model.get_output_embeddings().weight.shape[0]
-        first = Sampler(request.sampling, request.token_ids, vocab_size, self.device, seed)
-        return [first] + [
-            Sampler(request.sampling, request.token_ids, vocab_size, self.device, first.seed, i)
-            for i in range(1, request.sampling.n)
-        ]
+
+        def sampler(seed: int | None, choice: int) -> Sampler:
+            return Sampler(
+                request.sampling,
+                request.token_ids,
+                vocab_size,
+                self.device,
+                seed,
+                choice,
+                self.logprobs_mode,
+            )
+
+        first = sampler(seed, 0)
+        return [first] + [sampler(first.seed, choice) for choice in range(1, request.sampling.n)]
 
     def _deepstack_inputs(
         self, live: list[ItemEmbedding], skipped: int, suffix_mask: torch.Tensor

@@ -16,15 +16,24 @@ token (the prefill its first, a decode worker the rest) draws what an aggregated
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import struct
 from collections.abc import Collection, Sequence
+from typing import Literal
 
 import torch
 
 from mmserve.protocol import SamplingParams, TokenLogprob
 
 NEG_INF = float("-inf")
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+"""Whose log-probabilities a request gets (vLLM's `--logprobs-mode`): the model's own
+distribution, or the one the token was drawn from (after `logit_bias`, the penalties,
+temperature, `min_p`, `top_k` and `top_p`; an id those rule out reads `UNLIKELY`)."""
+LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("raw_logprobs", "processed_logprobs")
+UNLIKELY = -9999.0  # OpenAI's value for a token without probability (JSON has no -inf)
 
 
 def ban(logits: torch.Tensor, ids: Collection[int]) -> torch.Tensor:
@@ -192,8 +201,10 @@ class Sampler:
         device: torch.device,
         seed: int | None = None,
         choice: int = 0,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> None:
         self.params = params
+        self.logprobs_mode = logprobs_mode
         self.seed: int = next(
             value for value in (seed, params.seed, random.getrandbits(63)) if value is not None
         )
@@ -227,7 +238,13 @@ class Sampler:
     def with_params(self, params: SamplingParams) -> Sampler:
         """This stream (seed, choice, history) under other sampling parameters."""
         sampler = Sampler(
-            params, self._prompt_ids, self._vocab_size, self._device, self.seed, self.choice
+            params,
+            self._prompt_ids,
+            self._vocab_size,
+            self._device,
+            self.seed,
+            self.choice,
+            self.logprobs_mode,
         )
         for token in self.history:
             sampler.observe(token)
@@ -271,7 +288,20 @@ def next_tokens(
         tokens = draw(scores, [sampler.draw_seed() for sampler in samplers])
     logprobs: list[TokenLogprob | None] = [None] * len(samplers)
     if params.logprobs is not None:
-        logprobs = list(read_logprobs(logits, tokens, params.logprobs))
+        source = logits if first.logprobs_mode == "raw_logprobs" else scores
+        read = read_logprobs(source, tokens, params.logprobs)
+        logprobs = [_finite(each) for each in read]
     for sampler, token in zip(samplers, tokens, strict=True):
         sampler.observe(token)
     return list(zip(tokens, logprobs, strict=True))
+
+
+def _finite(logprob: TokenLogprob) -> TokenLogprob:
+    """`logprob` with the ids the processing ruled out at `UNLIKELY` rather than -inf."""
+    if math.isfinite(logprob.logprob) and all(math.isfinite(value) for _, value in logprob.top):
+        return logprob
+    return TokenLogprob(
+        token_id=logprob.token_id,
+        logprob=max(logprob.logprob, UNLIKELY),
+        top=[(token, max(value, UNLIKELY)) for token, value in logprob.top],
+    )

@@ -16,6 +16,7 @@ from mmserve.engines.defaults import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
 )
+from mmserve.engines.logits import LOGPROBS_MODES
 from mmserve.kv.hashing import add_block_size_argument
 from mmserve.kv.pad import PadScheme, add_pad_scheme_argument
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
@@ -54,6 +55,15 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "routing at scale) or sglang (SGLang on GPUs; its own flags go after --) (default: hf)",
     )
     parser.add_argument("--device", default="cpu", help="torch device for the hf engine")
+    parser.add_argument(
+        "--logprobs-mode",
+        choices=LOGPROBS_MODES,
+        default="raw_logprobs",
+        help="hf engine: the log-probabilities requests get, of the model's own distribution "
+        "(raw_logprobs) or of the one each token is drawn from, after logit_bias, the penalties, "
+        "temperature, min_p, top_k and top_p (processed_logprobs); vLLM's option "
+        "(default: %(default)s)",
+    )
     parser.add_argument(
         "--namespace",
         default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
@@ -134,10 +144,14 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
         "max_queue": args.max_queue,
         "pad_scheme": PadScheme(args.pad_scheme),
     }
+    if args.engine != "hf" and args.logprobs_mode != "raw_logprobs":
+        raise SystemExit(f"--logprobs-mode {args.logprobs_mode} is an hf engine option")
     if args.engine == "hf":
         from mmserve.engines.hf import HfEngine
 
-        return await HfEngine.load(model_path, device=args.device, **common)
+        return await HfEngine.load(
+            model_path, device=args.device, logprobs_mode=args.logprobs_mode, **common
+        )
     if args.engine == "mock":
         from mmserve.engines.mock import MockEngine
 
