@@ -13,7 +13,6 @@ import torch
 from mmserve.engines import hf
 from mmserve.engines.base import GREEDY, EngineError, EngineOverloaded, EngineRequest, MediaGone
 from mmserve.engines.hf import HfEngine
-from mmserve.engines.logits import Sampler
 from mmserve.protocol import (
     KvCleared,
     KvRemoved,
@@ -423,13 +422,13 @@ async def test_first_token_logits_are_bit_identical_to_generate(
     # A fresh engine: no prefix-cache hit, all items through the vision tower together, so the
     # arithmetic is generate's own, operation for operation.
     seen: list[torch.Tensor] = []
-    choose = Sampler.next
+    choose = hf.next_tokens
 
-    def keep_logits(sampler, logits, banned=()):
-        seen.append(logits.clone())
-        return choose(sampler, logits, banned)
+    def keep_logits(samplers, logits, banned=()):
+        seen.append(logits[0].clone())
+        return choose(samplers, logits, banned)
 
-    monkeypatch.setattr(Sampler, "next", keep_logits)
+    monkeypatch.setattr(hf, "next_tokens", keep_logits)
     engine = HfEngine(tiny_model)
     images = [make_image(56 + 28 * i, 84 - 14 * i, seed=30 + i) for i in range(3)]
     items = preprocess(tiny_model, images)

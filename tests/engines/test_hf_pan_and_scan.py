@@ -15,9 +15,9 @@ import torch
 from transformers import AutoProcessor
 
 from mmserve.encode.stage import EncodeStage
+from mmserve.engines import hf
 from mmserve.engines.base import EngineRequest, ItemEmbedding
 from mmserve.engines.hf import HfEngine
-from mmserve.engines.logits import Sampler
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
 from mmserve.models.tiny import build_tiny_model
@@ -40,13 +40,13 @@ async def test_greedy_tokens_equal_generate_with_pan_and_scan(
     engine: HfEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     logits: list[torch.Tensor] = []
-    choose = Sampler.next
+    choose = hf.next_tokens
 
-    def keep_logits(sampler, step_logits, banned=()):
-        logits.append(step_logits.clone())
-        return choose(sampler, step_logits, banned)
+    def keep_logits(samplers, step_logits, banned=()):
+        logits.append(step_logits[0].clone())
+        return choose(samplers, step_logits, banned)
 
-    monkeypatch.setattr(Sampler, "next", keep_logits)
+    monkeypatch.setattr(hf, "next_tokens", keep_logits)
     path = engine.spec.path
     # Two crops, no crops (below the activation ratio), three crops.
     images = [make_image(700, 350, 0), make_image(300, 280, 1), make_image(260, 800, 2)]

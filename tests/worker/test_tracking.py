@@ -21,7 +21,7 @@ async def relay(chunks: list[TokenChunk]) -> AsyncGenerator[TokenChunk, None]:
     with tracked("encode", REQUEST) as progress:
         for chunk in chunks:
             yield progress.passing(chunk)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # never: the caller closes the stream
 
 
 async def read(count: int, chunks: list[TokenChunk]) -> None:

@@ -102,9 +102,9 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> None:
         """Load the checkpoint (blocking: use `HfEngine.load` from async code)."""
-        self.logprobs_mode: LogprobsMode = logprobs_mode
         import transformers
 
+        self.logprobs_mode: LogprobsMode = logprobs_mode
         self.spec: ModelSpec = resolve_model_spec(model_path)
         self.device = torch.device(device)
         self.dtype = dtype
@@ -330,7 +330,8 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             )
         samplers = self._samplers(request)
         banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
-        first_tokens = [FirstToken(*sampler.next(logits, banned)) for sampler in samplers]
+        drawn = next_tokens(samplers, logits.expand(len(samplers), -1), banned)
+        first_tokens = [FirstToken(token, logprob) for token, logprob in drawn]
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),

@@ -271,12 +271,12 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 for stream in streams:
                     stream.randrange(*PSEUDO_TOKENS)  # the first draw is the first token's
 
-                async def next_tokens(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
+                async def step(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
                     await asyncio.sleep(self.decode_s_per_token)  # one step of the batch
                     return [_chosen(_draw(streams[i], banned), sampling) for i, _, banned in steps]
 
                 async for chunk in stream_completion(
-                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, next_tokens
+                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, step
                 ):
                     yield chunk
             finally:

@@ -57,6 +57,7 @@ from mmserve.protocol import (
     ModelList,
     OpenAIUsage,
     PreprocessedRequest,
+    TokenChunk,
     TokenLogprob,
 )
 from mmserve.runtime.errors import RemoteError
@@ -70,7 +71,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
-_SSE = SSE_HEADERS
 _encoder = msgspec.json.Encoder()
 # The frontend's series, looked up once: `labels()` validates and hashes its values each call.
 _REQUESTS = metrics.REQUESTS.labels(COMPONENT)
@@ -351,16 +351,6 @@ class FrontendApp:
         _PREPROCESS_SECONDS.observe(time.perf_counter() - arrival)
 
 
-@dataclass(frozen=True)
-class _Delta:
-    """What one token chunk adds to its choice."""
-
-    index: int
-    text: str
-    finish: FinishReason | None
-    logprobs: list[TokenLogprob]
-
-
 @dataclass
 class _Choice:
     """A choice collected for a non-streamed answer."""
@@ -388,13 +378,12 @@ class _Generation:
         options = request.stream_options
         self._continuous_usage = options is not None and options.continuous_usage_stats
 
-    async def _texts(self) -> AsyncGenerator[tuple[_Delta, bool]]:
-        """Each chunk's delta, and whether it is the last: every choice has its finish."""
+    async def _chunks(self) -> AsyncGenerator[tuple[TokenChunk, bool]]:
+        """Each chunk, and whether it is the last: every choice has its finish."""
         chunks = self._reader.chunks()
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
-                delta = _Delta(chunk.index, chunk.text, chunk.finish_reason, chunk.logprobs)
-                yield delta, self._reader.finished
+                yield chunk, self._reader.finished
 
     def usage(self) -> OpenAIUsage:
         """The worker's usage (its last chunk carries it), else counted here."""
@@ -418,11 +407,11 @@ class _Generation:
 
     async def collect(self) -> ChatCompletionResponse:
         choices = [_Choice() for _ in range(self._request.n)]
-        async for delta, _ in self._texts():
-            choice = choices[delta.index]
-            choice.parts.append(delta.text)
-            choice.logprobs += delta.logprobs
-            choice.finish = delta.finish
+        async for chunk, _ in self._chunks():
+            choice = choices[chunk.index]
+            choice.parts.append(chunk.text)
+            choice.logprobs += chunk.logprobs
+            choice.finish = chunk.finish_reason
         return ChatCompletionResponse(
             id=self._preprocessed.request_id,
             created=self._created,
@@ -443,23 +432,23 @@ class _Generation:
         """One write per chunk from the worker: the events it makes, a choice's role with its
         first, the closing ones with the last (a 1-token completion is one write after the
         head)."""
-        texts = self._texts()
+        chunks = self._chunks()
         started: set[int] = set()
         events: list[bytes] = []
-        async with contextlib.aclosing(texts):
+        async with contextlib.aclosing(chunks):
             # Wait for the first chunk before committing to a 200.
-            delta, last = await anext(texts)
-            await exchange.start(200, _SSE)
+            chunk, last = await anext(chunks)
+            await exchange.start(200, SSE_HEADERS)
             while True:
-                if delta.index not in started:
-                    started.add(delta.index)
-                    events.append(self._event(ChoiceDelta(role="assistant", content=""), delta))
-                events += self._text_events(delta)
+                if chunk.index not in started:
+                    started.add(chunk.index)
+                    events.append(self._event(ChoiceDelta(role="assistant", content=""), chunk))
+                events += self._text_events(chunk)
                 if last:
                     break
                 await exchange.body(b"".join(events), True)
                 events = []
-                delta, last = await anext(texts)
+                chunk, last = await anext(chunks)
         options = self._request.stream_options
         if options is not None and options.include_usage:
             usage_chunk = self._chunk([], self.usage())
@@ -467,21 +456,21 @@ class _Generation:
         events.append(b"data: [DONE]\n\n")
         await exchange.body(b"".join(events))
 
-    def _text_events(self, delta: _Delta) -> list[bytes]:
+    def _text_events(self, chunk: TokenChunk) -> list[bytes]:
         """A chunk's events: its text with its tokens' log-probabilities (asked for, they come
         even while the text waits for the rest of a character), then the finish."""
-        chosen = self._logprobs(delta.logprobs) if delta.logprobs else None
+        chosen = self._logprobs(chunk.logprobs) if chunk.logprobs else None
         events = []
-        if delta.text or chosen is not None:
-            events.append(self._event(ChoiceDelta(content=delta.text), delta, logprobs=chosen))
-        if delta.finish is not None:
-            events.append(self._event(ChoiceDelta(), delta, delta.finish))
+        if chunk.text or chosen is not None:
+            events.append(self._event(ChoiceDelta(content=chunk.text), chunk, logprobs=chosen))
+        if chunk.finish_reason is not None:
+            events.append(self._event(ChoiceDelta(), chunk, chunk.finish_reason))
         return events
 
     def _event(
         self,
         content: ChoiceDelta,
-        of: _Delta,
+        of: TokenChunk,
         finish: FinishReason | None = None,
         logprobs: ChoiceLogprobs | None = None,
     ) -> bytes:
