@@ -83,3 +83,27 @@ def test_the_topology_imports_no_other_package() -> None:
 def test_only_the_frontend_imports_the_router() -> None:
     importers = {owner for owner, targets in _imports().items() if "router" in targets}
     assert importers == {"frontend"}
+
+
+def test_the_role_core_names_no_transport() -> None:
+    """The roles' logic is written once: the NATS workers and the Dynamo backend adapt it, and
+    it reaches neither of them, nor the NATS runtime beyond its error type."""
+    edges = _imports()
+    assert not edges["roles"] & {"worker", "dynamo", "frontend"}
+    assert {"worker", "dynamo"} <= {owner for owner, targets in edges.items() if "roles" in targets}
+    probe = "import sys, mmserve.roles; print('nats' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_the_dynamo_backend_shares_only_the_options_of_the_nats_workers() -> None:
+    """Dynamo's adapters stand beside the NATS ones, not on them: of `worker` they use only the
+    flags and engine loading every worker process shares."""
+    modules = set()
+    for source in (PACKAGE / "dynamo").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmserve.worker"):
+                modules.add(node.module)
+    assert modules == {"mmserve.worker.options"}

@@ -43,11 +43,7 @@ from mmserve.protocol import (
 from mmserve.runtime import RemoteError, Runtime, Unavailable
 from mmserve.topology import GENERATE, Role
 from mmserve.transfer import DEFAULT_INLINE_THRESHOLD, TransferAgent, create_transfer_agent
-from mmserve.worker.aggregated import AggregatedHandler
-from mmserve.worker.base import RoleHandler
-from mmserve.worker.decode import DecodeHandler
-from mmserve.worker.encode import EncodeHandler
-from mmserve.worker.prefill import PrefillHandler
+from mmserve.worker.endpoints import ENDPOINTS, Endpoints, serve_role
 from mmserve.worker.publishers import (
     EncoderEventPublisher,
     KvEventPublisher,
@@ -59,12 +55,6 @@ from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 
-HANDLERS: dict[Role, type[RoleHandler]] = {
-    Role.WORKER: AggregatedHandler,
-    Role.PREFILL: PrefillHandler,
-    Role.DECODE: DecodeHandler,
-    Role.ENCODE: EncodeHandler,
-}
 NO_SIMULATED_TIME = {
     "prefill_us_per_token": 0.0,
     "decode_ms_per_token": 0.0,
@@ -96,7 +86,7 @@ class InProcess:
     namespace: str = field(default_factory=lambda: f"handlers-{uuid.uuid4().hex[:8]}")
     runtimes: list[Runtime] = field(default_factory=list)
     transfers: list[TransferAgent] = field(default_factory=list)
-    handlers: dict[Role, RoleHandler] = field(default_factory=dict)
+    handlers: dict[Role, Endpoints] = field(default_factory=dict)
     publishers: list[KvEventPublisher | EncoderEventPublisher] = field(default_factory=list)
     _caller: Runtime | None = None
 
@@ -107,7 +97,7 @@ class InProcess:
 
     async def start(
         self, role: Role, engine: MockEngine, *, encode: bool = False, kv_events: bool = False
-    ) -> RoleHandler:
+    ) -> Endpoints:
         """Serve `role`'s handler (with an encode stage if `encode`, publishing the engine's
         KV events if `kv_events`, and its embedding-cache events too if it also encodes) and
         wait until a caller on the namespace sees it registered."""
@@ -119,8 +109,7 @@ class InProcess:
             self.publishers.append(await publish_kv_events(runtime, engine, role.value))
             if encode:
                 self.publishers.append(await publish_encoder_events(runtime, engine, role.value))
-        handler = HANDLERS[role](runtime, engine, transfer, stage)
-        await handler.serve()
+        handler = await serve_role(role, runtime, engine, transfer, stage)
         self.handlers[role] = handler
         caller = await self.caller()
 
@@ -304,7 +293,7 @@ async def test_e_p_d_gives_the_aggregated_tokens(
     agg: InProcess, e_p_d: InProcess, prompts: Prompts, names: list[str]
 ) -> None:
     request = await prompts.request([IMAGES[name] for name in names])
-    before = {role: requests_seen(role.value) for role in HANDLERS}
+    before = {role: requests_seen(role.value) for role in ENDPOINTS}
     reference = await agg.stream(Role.WORKER, request)
     chunks = await e_p_d.stream(Role.ENCODE, request)
     assert_complete(chunks, request)
@@ -313,8 +302,8 @@ async def test_e_p_d_gives_the_aggregated_tokens(
         reference[-1].usage, cached_tokens=chunks[-1].usage.cached_tokens
     )
     # Each handler ran the request once: the tokens came through encode, decode and prefill.
-    assert {role: requests_seen(role.value) - before[role] for role in HANDLERS} == dict.fromkeys(
-        HANDLERS, 1.0
+    assert {role: requests_seen(role.value) - before[role] for role in ENDPOINTS} == dict.fromkeys(
+        ENDPOINTS, 1.0
     )
 
 
@@ -506,7 +495,7 @@ async def test_a_reset_names_the_instances_that_failed_or_timed_out(
             await engine.close()
 
 
-def skipped_items(handler: RoleHandler, result: str) -> float:
+def skipped_items(handler: Endpoints, result: str) -> float:
     labels = {"component": handler.component, "worker": handler.runtime.instance_id}
     value = REGISTRY.get_sample_value(
         "mmserve_encoder_skipped_items_total", labels | {"result": result}
@@ -544,7 +533,7 @@ async def test_the_frontend_sends_a_request_whose_image_the_prefix_cache_holds_p
         # As a frontend's /health: the workers in this process heartbeat from the test's own
         # loop, and a loop starved past the lease hides them from discovery for a moment.
         await wait_until_async(dispatcher.ready, what="discovery holds the workers")
-        index = dispatcher.routers[language.role].indexer
+        index = dispatcher.routers[language.core.role].indexer
         language_id = language.runtime.instance_id
 
         question = "Look closely at this picture and say what is in it, in a few words"

@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from mmserve.protocol import PreprocessedRequest, RequestPlan, TokenChunk
-from mmserve.worker.tracking import tracked
+from mmserve.roles.tracking import tracked
 
 REQUEST = PreprocessedRequest(
     request_id="req-1", deadline=0.0, model="m", plan=RequestPlan(token_ids=[1, 2, 3])

@@ -7,8 +7,10 @@ token ids with one image placeholder per image, and the images' URLs - through
 encode stage and the engine, and streams Dynamo's output dicts back.
 
 - `requests`: Dynamo's request and response dicts to and from mmserve's types;
-- `handler`: the endpoints' generators (planning, encode here or on an encode worker, engine,
-  cancellation, errors), and the encode worker's;
+- `handler`: each role's core (`mmserve.roles`) behind an adapter that translates Dynamo's
+  requests, replies and errors;
+- `images`: a request's images planned here, or by an encode worker;
+- `stopping`: Dynamo stopping a request, and the steps and streams that end when it does;
 - `kv_events`: the engine's prefix-cache changes as Dynamo's KV events;
 - `cli`: the process: arguments, the runtime, the model card.
 """

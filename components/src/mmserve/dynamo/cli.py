@@ -22,11 +22,16 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mmserve.media.policy import MediaPolicy
 from mmserve.topology import GENERATE, Role
 from mmserve.worker.options import add_worker_arguments
+
+if TYPE_CHECKING:
+    from mmserve.engines.base import Engine
+    from mmserve.transfer import TransferAgent
 
 log = logging.getLogger("mmserve.dynamo")
 
@@ -131,22 +136,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
+    from dynamo.llm import ModelInput, register_model
     from dynamo.runtime import DistributedRuntime
 
-    from mmserve.dynamo.handler import (
-        DynamoDecodeHandler,
-        DynamoEncodeHandler,
-        DynamoHandler,
-        DynamoPrefillHandler,
-        Images,
-        LocalImages,
-        RemoteImages,
-        ended_when_cut,
-    )
-    from mmserve.dynamo.kv_events import DynamoKvEvents
-    from mmserve.encode.stage import EncodeStage
-    from mmserve.kv.pad import PadScheme
+    from mmserve.dynamo.handler import dynamo_endpoint, ended_when_cut
     from mmserve.observability.metrics import serve_metrics
     from mmserve.transfer import create_transfer_agent
     from mmserve.worker.options import load_engine, resolve_model_path
@@ -163,62 +156,14 @@ async def _serve(args: argparse.Namespace) -> int:
         endpoint = runtime.endpoint(path)
         name = args.served_model_name or model_path.name
         serve_metrics(args.metrics_port)
-        card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
-        generate: Any
-        if args.role is Role.DECODE:
-            # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
-            generate = DynamoDecodeHandler(engine, transfer, args.default_max_tokens, name).generate
-            model_type = ModelType.Chat | ModelType.Completions
-            card |= {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
-        else:
-            local = LocalImages(
-                EncodeStage(engine, transfer, model_path, args.role.value),
-                MediaPolicy.from_args(args),
-                name,
-            )
-            if args.role is Role.ENCODE:
-                generate = DynamoEncodeHandler(local, transfer).generate
-                model_type = ModelType.Empty
-                # It serves the workers that run prompts: aggregated ones or prefill ones.
-                card = {
-                    "worker_type": WorkerType.Encode,
-                    "needs": [[WorkerType.Aggregated], [WorkerType.Prefill]],
-                }
-            else:
-                kv_events = DynamoKvEvents(
-                    KvEventPublisher(endpoint, kv_block_size=args.block_size),
-                    args.block_size,
-                    PadScheme(args.pad_scheme),
-                )
-                engine.subscribe_kv_events(kv_events.sink)
-                images: Images = local
-                encoders = []
-                if args.route_to_encoder:
-                    encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
-                    images = RemoteImages(await encoder.client(), transfer, local)
-                    encoders = [WorkerType.Encode]
-                if args.role is Role.PREFILL:
-                    generate = DynamoPrefillHandler(
-                        engine, images, transfer, args.default_max_tokens, kv_events
-                    ).generate
-                    # Dynamo's marker of a prefill worker's card, as its SGLang prefill sets.
-                    model_type = ModelType.Prefill
-                    card |= {
-                        "worker_type": WorkerType.Prefill,
-                        "needs": [[WorkerType.Decode, *encoders]],
-                    }
-                else:
-                    generate = DynamoHandler(
-                        engine, images, args.default_max_tokens, kv_events
-                    ).generate
-                    model_type = ModelType.Chat | ModelType.Completions
-                    card |= {
-                        "worker_type": WorkerType.Aggregated,
-                        "needs": [encoders] if encoders else None,
-                    }
+        generate, model_type, card = await _role_endpoint(
+            args, runtime, endpoint, engine, transfer, model_path, name
+        )
         cut = asyncio.Event()
         serving = asyncio.ensure_future(
-            endpoint.serve_endpoint(ended_when_cut(generate, cut), graceful_shutdown=True)
+            endpoint.serve_endpoint(
+                ended_when_cut(dynamo_endpoint(generate), cut), graceful_shutdown=True
+            )
         )
         stopping = asyncio.Event()
 
@@ -246,6 +191,69 @@ async def _serve(args: argparse.Namespace) -> int:
         await engine.close()
         await transfer.close()
     return 0
+
+
+async def _role_endpoint(
+    args: argparse.Namespace,
+    runtime: Any,
+    endpoint: Any,
+    engine: Engine,
+    transfer: TransferAgent,
+    model_path: Path,
+    name: str,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The role's core behind its Dynamo adapter: the endpoint's handler, the model type and
+    the card its registration carries."""
+    from dynamo.llm import KvEventPublisher, ModelType, WorkerType
+
+    from mmserve.dynamo.handler import ADAPTERS, Translator
+    from mmserve.dynamo.images import Images, LocalImages, RemoteImages
+    from mmserve.dynamo.kv_events import DynamoKvEvents
+    from mmserve.encode.stage import EncodeStage
+    from mmserve.kv.pad import PadScheme
+    from mmserve.roles import build_core
+
+    role: Role = args.role
+    instance_id = f"{endpoint.connection_id():x}"
+    translator = Translator(name, args.default_max_tokens)
+    card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
+    if role is Role.DECODE:
+        # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
+        core = build_core(role, engine, transfer, None, instance_id=instance_id)
+        card |= {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
+        generate = ADAPTERS[role](core, translator).generate
+        return generate, ModelType.Chat | ModelType.Completions, card
+    stage = EncodeStage(engine, transfer, model_path, role.value)
+    core = build_core(role, engine, transfer, stage, instance_id=instance_id)
+    local = LocalImages(stage.spec, MediaPolicy.from_args(args), name)
+    if role is Role.ENCODE:
+        translator.images = local
+        # It serves the workers that run prompts: aggregated ones or prefill ones.
+        card = {
+            "worker_type": WorkerType.Encode,
+            "needs": [[WorkerType.Aggregated], [WorkerType.Prefill]],
+        }
+        return ADAPTERS[role](core, translator).generate, ModelType.Empty, card
+    translator.kv_events = DynamoKvEvents(
+        KvEventPublisher(endpoint, kv_block_size=args.block_size),
+        args.block_size,
+        PadScheme(args.pad_scheme),
+    )
+    engine.subscribe_kv_events(translator.kv_events.sink)
+    images: Images = local
+    encoders = []
+    if args.route_to_encoder:
+        encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
+        images = RemoteImages(await encoder.client(), local)
+        encoders = [WorkerType.Encode]
+    translator.images = images
+    generate = ADAPTERS[role](core, translator).generate
+    if role is Role.PREFILL:
+        # Dynamo's marker of a prefill worker's card, as its SGLang prefill sets.
+        card |= {"worker_type": WorkerType.Prefill, "needs": [[WorkerType.Decode, *encoders]]}
+        return generate, ModelType.Prefill, card
+    card |= {"worker_type": WorkerType.Aggregated, "needs": [encoders] if encoders else None}
+    return generate, ModelType.Chat | ModelType.Completions, card
 
 
 async def _serve_until_drained(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mmserve.encode.embeddings import load_embeddings
 from mmserve.engines.base import ItemEmbedding, VisionCost
@@ -28,9 +29,11 @@ from mmserve.protocol import (
     MediaPayload,
     PlannedMedia,
 )
-from mmserve.runtime import Runtime
 from mmserve.topology import PULL_EMBEDDINGS, Role
 from mmserve.transfer import TransferAgent
+
+if TYPE_CHECKING:  # the worker passes its runtime in: importing the stage loads no NATS
+    from mmserve.runtime import Runtime
 
 log = logging.getLogger("mmserve.encode")
 

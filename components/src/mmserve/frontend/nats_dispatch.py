@@ -317,7 +317,7 @@ class NatsDispatcher:
         is left to encode once the items the routed language worker's prefix cache holds are
         skipped, else straight to the language hop. A retry after an instance refused routes
         again; on to the language hop, it keeps the first routing's skipped items (a worker
-        whose cache lacks one encodes it after all, `worker.base`)."""
+        whose cache lacks one encodes it after all, `roles.base`)."""
         language = language_hop(self._deployed)
         if language is None:
             raise Unavailable(None, missing_language_hop_message())

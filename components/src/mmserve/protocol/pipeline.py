@@ -175,7 +175,7 @@ class ItemState(enum.Enum):
     PRECOMPUTED = "precomputed"  # its embeddings travel: the client's own, or an encoder's
     # The routed language worker's prefix cache holds every token of it (the router's KV
     # index says so): no encoder runs it, and that worker encodes it after all, or asks an
-    # encode worker to, when its cache dropped it meanwhile (`worker.base`).
+    # encode worker to, when its cache dropped it meanwhile (`roles.base`).
     SKIPPED = "skipped"
 
     @property

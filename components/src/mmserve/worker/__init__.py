@@ -1,3 +1,3 @@
-"""The NATS workers, one module per role: encode, aggregated (prefill + decode), prefill and
-decode, on the shared `base`, with their options (`options`), the cache-event publishers
-(`publishers`) and the KV handover (`handover`)."""
+"""mmserve's NATS workers: each role's core (`mmserve.roles`) served on the NATS runtime
+(`endpoints`), with their options and the services a worker process holds (`options`), the
+cache-event publishers (`publishers`) and the command line (`cli`)."""

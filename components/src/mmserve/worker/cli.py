@@ -52,19 +52,9 @@ async def _main(args: argparse.Namespace) -> int:
     from mmserve.encode.peer_pull import PeerPuller
     from mmserve.encode.stage import EncodeStage
     from mmserve.runtime.heap import freeze_startup_heap
-    from mmserve.worker.aggregated import AggregatedHandler
-    from mmserve.worker.base import RoleHandler
-    from mmserve.worker.decode import DecodeHandler
-    from mmserve.worker.encode import EncodeHandler
+    from mmserve.worker.endpoints import serve_role
     from mmserve.worker.options import encodes, start_services
-    from mmserve.worker.prefill import PrefillHandler
 
-    handlers: dict[Role, type[RoleHandler]] = {
-        Role.WORKER: AggregatedHandler,
-        Role.PREFILL: PrefillHandler,
-        Role.DECODE: DecodeHandler,
-        Role.ENCODE: EncodeHandler,
-    }
     role: Role = args.role
     services = await start_services(args)
     try:
@@ -77,9 +67,8 @@ async def _main(args: argparse.Namespace) -> int:
             stage = EncodeStage(
                 services.engine, services.transfer, services.model_path, role.value, puller
             )
-        handler = handlers[role](services.runtime, services.engine, services.transfer, stage)
         freeze_startup_heap()
-        await handler.serve()
+        await serve_role(role, services.runtime, services.engine, services.transfer, stage)
         services.runtime.install_signal_handlers()
         log.info(
             "%s ready: instance %s, model %s, namespace %s",

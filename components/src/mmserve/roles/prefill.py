@@ -1,45 +1,38 @@
-"""The prefill role (`mmserve prefill`): runs prompts for decode workers; with `--encode`,
-encodes their media too.
+"""The prefill role: runs prompts for decode workers; with an encode stage, encodes their media
+too.
 
 When its engine moves the KV cache itself (SGLang), prefill answers decode at once with the
 engine's `BootstrapInfo`, so decode joins the handover while the prompt runs. It then prefills
-and ends with a `PrefillDone`: the first token and, for engines whose KV travels as tensors,
-their handles; the stream ends once decode has read them.
+and hands over a `PrefillDone`: the first tokens and, for engines whose KV travels as tensors,
+their handles, offered until decode has read them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from mmserve.engines.base import Embeddings
 from mmserve.observability import metrics, nvtx
-from mmserve.protocol import (
-    BootstrapInfo,
-    PrefillDone,
-    PrefillReply,
-    PrefillRequest,
-    PreprocessedRequest,
-)
-from mmserve.runtime import RequestContext
-from mmserve.topology import GENERATE, Role
+from mmserve.protocol import BootstrapInfo, PrefillDone, PrefillReply, PreprocessedRequest
+from mmserve.roles.base import RoleCore, engine_request
+from mmserve.roles.handover import hand_over_kv
+from mmserve.roles.tracking import tracked
+from mmserve.topology import Role
 from mmserve.transfer import Lease
-from mmserve.worker.base import RoleHandler, engine_request
-from mmserve.worker.handover import hand_over_kv
-from mmserve.worker.tracking import tracked
 
 
-class PrefillHandler(RoleHandler):
+class PrefillCore(RoleCore):
     role = Role.PREFILL
 
-    async def serve(self) -> None:
-        await self.serve_reset_prefix_cache()
-        await self.runtime.serve(self.component, GENERATE, self.generate, PrefillRequest)
-
-    async def generate(
-        self, prefill: PrefillRequest, ctx: RequestContext
-    ) -> AsyncIterator[PrefillReply]:
-        request = prefill.request
+    async def prefill(
+        self, request: PreprocessedRequest, *, wait_for_reads: bool
+    ) -> AsyncGenerator[PrefillReply, None]:
+        """The engine's bootstrap (where it has one), then the handover. With
+        `wait_for_reads`, the stream ends once decode has read the offered KV (mmserve's
+        decode reads it while the stream is open); otherwise at once, the buffers staying
+        offered until read or their lease's timeout (Dynamo's router reads the stream to its
+        end before it calls decode)."""
         with tracked(self.component, request):
             with nvtx.nvtx_range(nvtx.PREFILL_BOOTSTRAP):
                 bootstrap = self.engine.bootstrap_info()
@@ -49,8 +42,9 @@ class PrefillHandler(RoleHandler):
                 embeddings = await self.embeddings(request)
             done, leases = await self._prefill(request, embeddings, bootstrap)
             yield done
-            with nvtx.nvtx_range(nvtx.NIXL_WAIT_COMPLETION):
-                await asyncio.gather(*(lease.wait() for lease in leases))
+            if wait_for_reads:
+                with nvtx.nvtx_range(nvtx.NIXL_WAIT_COMPLETION):
+                    await asyncio.gather(*(lease.wait() for lease in leases))
 
     async def _prefill(
         self,

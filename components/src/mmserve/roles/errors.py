@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from mmserve import _mm, protocol
 from mmserve.engines.base import EngineOverloaded, MediaGone
 from mmserve.protocol import ERROR_MEDIA_ID_GONE
-from mmserve.runtime import RemoteError
+from mmserve.runtime.errors import RemoteError
 
 
 def as_remote_error(exc: Exception) -> RemoteError:

@@ -1,29 +1,22 @@
-"""The aggregated role (`mmserve worker`): prefill and decode in one engine; with `--encode`,
-encode too."""
+"""The aggregated role: prefill and decode in one engine; with an encode stage, encode too."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from mmserve.engines.base import Embeddings
 from mmserve.observability import nvtx
 from mmserve.protocol import PreprocessedRequest, TokenChunk
-from mmserve.runtime import RequestContext
-from mmserve.topology import GENERATE, Role
-from mmserve.worker.base import RoleHandler, engine_request, started, stream_tokens
-from mmserve.worker.tracking import tracked
+from mmserve.roles.base import RoleCore, engine_request, started, stream_tokens
+from mmserve.roles.tracking import tracked
+from mmserve.topology import Role
 
 
-class AggregatedHandler(RoleHandler):
+class AggregatedCore(RoleCore):
     role = Role.WORKER
 
-    async def serve(self) -> None:
-        await self.serve_reset_prefix_cache()
-        await self.runtime.serve(self.component, GENERATE, self.generate, PreprocessedRequest)
-
-    async def generate(
-        self, request: PreprocessedRequest, ctx: RequestContext
-    ) -> AsyncIterator[TokenChunk]:
+    async def generate(self, request: PreprocessedRequest) -> AsyncGenerator[TokenChunk, None]:
+        """The request's completion: its embeddings, its prompt, its tokens."""
         with tracked(self.component, request) as progress, nvtx.nvtx_range(nvtx.PD_GENERATE):
             with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
                 embeddings = await self.embeddings(request)

@@ -2,8 +2,8 @@
 whose KV travels as exported tensors: prefill exports the prompt's cache and offers each tensor
 by transfer (`hand_over_kv`: the `PrefillDone` with their handles, the first token and the
 prompt and cached counts), decode fetches them (`fetch_kv`) and imports them into its engine
-with its own request (the plan, which the handover does not carry back). mmserve's own
-prefill and decode roles and the Dynamo backend's prefill and decode workers share it."""
+with its own request (the plan, which the handover does not carry back). The prefill and
+decode cores use it, whichever transport serves them."""
 
 from __future__ import annotations
 

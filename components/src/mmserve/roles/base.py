@@ -1,15 +1,15 @@
-"""What every role's handler shares: the engine, transfer, the encode stage where the worker
+"""What every role's core shares: the engine, transfer, the encode stage where the worker
 encodes, getting a request's embeddings from whoever encoded them (and encoding the items the
-router skipped for a prefix cache that dropped them since), and clearing the engine's caches
-(`<role>.reset_prefix_cache`, served beside `generate`)."""
+router skipped for a prefix cache that dropped them since), clearing the engine's caches, and
+the token stream's metrics. Nothing here names a transport: the NATS endpoints (`worker`) and
+the Dynamo backend (`dynamo`) translate their requests into these calls."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from mmserve import protocol
 from mmserve.encode.embeddings import load_embeddings
@@ -19,58 +19,55 @@ from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     CachesCleared,
     EmbeddingPullReply,
-    EncodeItemsRequest,
     ItemState,
     MediaPayload,
     PreprocessedRequest,
-    ResetCachesRequest,
     TokenChunk,
 )
-from mmserve.runtime import RemoteError, RequestContext, Runtime
-from mmserve.runtime.retry import stream_routed
-from mmserve.topology import ENCODE_ITEMS, RESET_PREFIX_CACHE, Role
+from mmserve.roles.errors import typed_errors
+from mmserve.runtime.errors import RemoteError
+from mmserve.topology import Role
 from mmserve.transfer import TransferAgent
-from mmserve.worker.errors import typed_errors
 
 log = logging.getLogger("mmserve.worker")
 
 T = TypeVar("T")
 
 
-class RoleHandler:
-    """Base of the handler of each role; `serve` registers it at `<role>.generate`."""
+class EncodeElsewhere(Protocol):
+    """Encode the items of a request (`PreprocessedRequest.encoding_skipped()`) on an encode
+    worker: the handle of each item's embeddings by item index, None for the others. What a
+    language worker without an encode stage calls when its prefix cache dropped an item the
+    router skipped."""
+
+    def __call__(self, request: PreprocessedRequest) -> Awaitable[EmbeddingPullReply]: ...
+
+
+class RoleCore:
+    """The role logic one worker process runs, whatever transport brought the request."""
 
     role: Role
 
     def __init__(
         self,
-        runtime: Runtime,
         engine: Engine,
         transfer: TransferAgent,
         encoder: EncodeStage | None,
+        *,
+        instance_id: str,
+        encode_elsewhere: EncodeElsewhere | None = None,
     ) -> None:
-        self.runtime = runtime
         self.engine = engine
         self.transfer = transfer
         self.encoder = encoder
+        self.instance_id = instance_id
+        self.encode_elsewhere = encode_elsewhere
 
     @property
     def component(self) -> str:
         return self.role.value
 
-    async def serve(self) -> None:
-        """Serve `reset_prefix_cache` (`serve_reset_prefix_cache`), then `generate`: an
-        instance the frontend discovers by `generate` already answers resets."""
-        raise NotImplementedError
-
-    async def serve_reset_prefix_cache(self) -> None:
-        await self.runtime.serve(
-            self.component, RESET_PREFIX_CACHE, self.reset_prefix_cache, ResetCachesRequest
-        )
-
-    async def reset_prefix_cache(
-        self, request: ResetCachesRequest, ctx: RequestContext
-    ) -> CachesCleared:
+    async def clear_caches(self) -> CachesCleared:
         """Clear the engine's prefix and encoder caches; its KV events tell the routers."""
         with typed_errors():
             cleared = await self.engine.clear_caches()
@@ -138,30 +135,26 @@ class RoleHandler:
             )
             encoded = await self._encode_skipped(request, skipped)
             result = await run([encoded.get(i, e) for i, e in enumerate(embeddings)])
-            counted(self.component, self.runtime.instance_id, "encoded").inc(len(skipped))
+            counted(self.component, self.instance_id, "encoded").inc(len(skipped))
             return result
-        counted(self.component, self.runtime.instance_id, "skipped").inc(len(skipped))
+        counted(self.component, self.instance_id, "skipped").inc(len(skipped))
         return result
 
     async def _encode_skipped(
         self, request: PreprocessedRequest, skipped: list[int]
     ) -> dict[int, ItemEmbedding]:
         """The embeddings of the `skipped` items, by index: from this worker's encode stage, or
-        from the encode worker the request came through (any one if it is gone, or it came
-        straight to this hop)."""
+        from an encode worker (`encode_elsewhere`)."""
         wanted = request.encoding_skipped()
         if self.encoder is not None:
             return await self.encoder.run(wanted)
-        replies: AsyncGenerator[EmbeddingPullReply, None] = stream_routed(
-            self.runtime.client(Role.ENCODE.value, ENCODE_ITEMS),
-            EncodeItemsRequest(request=wanted),
-            EmbeddingPullReply,
-            instance_id=request.route.get(Role.ENCODE.value),
-            request_id=request.request_id,
-            deadline=request.deadline,
-        )
-        async with contextlib.aclosing(replies):
-            reply = await anext(replies)
+        if self.encode_elsewhere is None:
+            raise RemoteError(
+                protocol.ERROR_UNAVAILABLE,
+                f"this {self.component} worker's prefix cache dropped a skipped media item, and "
+                "it has no encoder to encode it again",
+            )
+        reply = await self.encode_elsewhere(wanted)
         handles = {i: h for i, h in enumerate(reply.embeddings) if i in skipped and h is not None}
         with metrics.timed_stage(self.component, "transfer"):
             loaded = await load_embeddings(
@@ -174,7 +167,7 @@ class RoleHandler:
 
 async def started(chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
     """`chunks` once its first chunk came, so a prefill that fails fails here, before anything
-    streamed (`RoleHandler.run_prompt` may then run it again)."""
+    streamed (`RoleCore.run_prompt` may then run it again)."""
     first = await anext(chunks)
 
     async def stream() -> AsyncIterator[TokenChunk]:

@@ -8,13 +8,16 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from mmserve.observability import metrics
 from mmserve.protocol import PreprocessedRequest, TokenChunk
-from mmserve.runtime import RemoteError
-from mmserve.worker.errors import typed_errors
+from mmserve.roles.errors import typed_errors
+from mmserve.runtime.errors import RemoteError
 
 log = logging.getLogger("mmserve.worker")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -24,11 +27,12 @@ class Progress:
 
     finished: bool = False
 
-    def passing(self, chunk: TokenChunk) -> TokenChunk:
-        """Note `chunk` on its way to the caller."""
-        if chunk.finish_reason is not None:
+    def passing(self, reply: T) -> T:
+        """Note `reply` on its way to the caller: a stream of token chunks ends with the one
+        that has a finish reason."""
+        if isinstance(reply, TokenChunk) and reply.finish_reason is not None:
             self.finished = True
-        return chunk
+        return reply
 
 
 @contextlib.contextmanager
