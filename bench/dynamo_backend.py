@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 
-from mmserve.models import scenes
-from mmserve.models.trained import build_trained_model
 from mmserve.runtime.nats_server import nats_url_from_env_or_private
+from mmserve.tiny import scenes
+from mmserve.tiny.trained import build_trained_model
 from tests.support.deployment import Deployment
 from tests.support.dynamo import DynamoDeployment, dynamo_missing
 from tests.support.images import png_data_url

@@ -29,8 +29,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import PATTERNS, Deployment, serve_directory
 
 MAX_TOKENS = 8

@@ -35,8 +35,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.router import ChatWorkload, Measured, MockCosts, run_workload
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import nats_url_from_env_or_private
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment, free_port
 
 IMAGE_TOKENS = 256  # a 448x448 image for Qwen2-VL

@@ -23,8 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from mmserve.engines.base import EngineRequest, MediaInput
 from mmserve.engines.hf import HfEngine
-from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from mmserve.protocol import SamplingParams, StopConditions
+from mmserve.tiny.checkpoints import TINY_FAMILIES, build_tiny_model
 from tests.support.engines import expand_prompt, make_image, planned_request, preprocess
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -60,8 +60,8 @@ from PIL import Image
 from bench.load import cpu_s, percentile, read_stream, run_streams
 from bench.router import DynamoDeployment, MockCosts, dynamo_unavailable
 from mmserve.frontend.cli import raise_open_file_limit
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import PATTERNS, Deployment, serve_directory
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

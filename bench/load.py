@@ -42,8 +42,8 @@ import uvloop
 from PIL import Image
 
 from mmserve.frontend.cli import raise_open_file_limit
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import PATTERNS, Deployment, serve_directory
 
 MAX_DURATION_S = 900.0

@@ -30,8 +30,8 @@ from typing import Literal
 import httpx
 import torch
 
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime.nats_server import NatsServer
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.transfer.nixl_backend import NixlTransferAgent
 from mmserve.transfer.probe import ProbeProcess
 from tests.reliability.streams import chat_body, stream_until

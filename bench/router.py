@@ -49,11 +49,11 @@ import numpy as np
 from mmserve.engines.defaults import DEFAULT_CACHE_BLOCKS
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE, compute_seq_hashes
 from mmserve.kv.view import RoutingView, routing_view
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import KvBlock, KvStored, PlannedMedia
 from mmserve.router.indexer import KvIndexer
 from mmserve.router.scheduler import Router, RouteRequest, RouterMode
 from mmserve.runtime.nats_server import nats_url_from_env_or_private
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.images import photo_like
 

@@ -21,8 +21,8 @@ import msgspec
 import torch
 
 from mmserve.engines.hf import HfEngine
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import SamplingParams, StopConditions
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.engines import expand_prompt, planned_request
 
 PROMPT = "Describe a quiet harbour town at dawn, its boats, its streets and its people."

@@ -104,6 +104,12 @@ def test_the_dynamo_backend_shares_only_the_options_of_the_nats_workers() -> Non
     modules = set()
     for source in (PACKAGE / "dynamo").rglob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmserve.worker"):
-                modules.add(node.module)
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module is not None and module.startswith("mmserve.worker"):
+                modules.add(module)
     assert modules == {"mmserve.worker.options"}
+
+
+def test_the_models_package_holds_checkpoint_facts_not_test_model_builders() -> None:
+    assert sorted(p.name for p in (PACKAGE / "models").glob("*.py")) == ["__init__.py", "family.py"]
+    assert not _reaches(_imports(), "models", "tiny")

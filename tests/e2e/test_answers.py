@@ -19,9 +19,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmserve.models import scenes
 from mmserve.models.family import resolve_model_spec
-from mmserve.models.trained import build_trained_model
+from mmserve.tiny import scenes
+from mmserve.tiny.trained import build_trained_model
 from tests.support.deployment import Deployment
 from tests.support.images import png_data_url
 

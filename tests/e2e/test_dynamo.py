@@ -34,9 +34,9 @@ import openai
 import pytest
 from PIL import Image
 
-from mmserve.models import scenes
-from mmserve.models.tiny import build_tiny_model
-from mmserve.models.trained import build_trained_model
+from mmserve.tiny import scenes
+from mmserve.tiny.checkpoints import build_tiny_model
+from mmserve.tiny.trained import build_trained_model
 from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment, serve_directory
 from tests.support.dynamo import DynamoDeployment, dynamo_missing
 from tests.support.images import png_data_url

@@ -15,7 +15,7 @@ import pytest
 
 from bench import encode_router as bench
 from bench.router import ChatWorkload, MockCosts
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 
 ENCODERS = 4
 # Four sessions at once over 12 images: a session often shows an image another encoder holds.

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment
 
 DATA = Path(__file__).parent / "data" / "lm_eval_tiny.jsonl"

@@ -14,8 +14,8 @@ import openai
 import pytest
 import torch
 
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime import Runtime
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.transfer.probe import ProbeError, ProbeProcess
 from mmserve.transfer.shm_backend import ShmTransferAgent
 from tests.reliability.streams import BOUND_S, Outcome, chat_body, stream_chat

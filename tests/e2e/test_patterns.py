@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from mmserve.models.family import resolve_model_spec
-from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
+from mmserve.tiny.checkpoints import TINY_FAMILIES, build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import file_data_url

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import router as bench
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 
 WORKERS = 4
 CONCURRENCY = 2  # sessions at once: a session's next turn finds its worker free

@@ -17,9 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.encode_router import scrape_encoders
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import EmbeddingPullReply, EmbeddingPullRequest, EncoderItem
 from mmserve.runtime import Runtime
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.topology import PULL_EMBEDDINGS, Role
 from tests.support.deployment import Deployment, free_port
 from tests.support.images import file_data_url

@@ -17,7 +17,7 @@ from langchain_core.messages import HumanMessage
 from langchain_core.outputs import ChatGeneration
 from langchain_openai import ChatOpenAI
 
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment, free_port
 from tests.support.images import file_data_url, photo_like, png_bytes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
+from mmserve.tiny.checkpoints import TINY_FAMILIES, build_tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)

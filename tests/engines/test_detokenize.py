@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from mmserve.engines.detokenize import IncrementalDetokenizer
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 
 TEXT = "Grüße aus Köln 🌍🚀 — naïve café, 東京タワー!"
 STOPS = ["Köln", "🚀", "café,", "タワ", " ", "\ufffd"]

@@ -20,8 +20,8 @@ from mmserve.engines.base import EngineRequest, ItemEmbedding
 from mmserve.engines.hf import HfEngine
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import ChatCompletionRequest, PreprocessedRequest, StopConditions
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.transfer.inline import InlineTransferAgent
 from tests.support.engines import make_image
 from tests.support.images import png_data_url

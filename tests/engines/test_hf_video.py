@@ -31,7 +31,6 @@ from mmserve.media import MediaPolicy, VideoSettings, plan_request_here
 from mmserve.media.text_pieces import text_pieces
 from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import ModelSpec
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     ItemState,
     MediaPayload,
@@ -43,6 +42,7 @@ from mmserve.protocol import (
     TokenChunk,
 )
 from mmserve.protocol.pipeline import VideoSampling
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.transfer.inline import InlineTransferAgent
 from tests.support.engines import IMAGE_TOKEN_ID, make_image
 from tests.support.video import hf_processor

@@ -12,8 +12,8 @@ import msgspec
 import torch
 
 from mmserve.engines.hf import HfEngine
-from mmserve.models.tiny import TINY_FAMILIES, build_tiny_model
 from mmserve.protocol import SamplingParams, StopConditions
+from mmserve.tiny.checkpoints import TINY_FAMILIES, build_tiny_model
 from tests.support.engines import expand_prompt, make_image, planned_request, preprocess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,6 @@ from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
 from mmserve.media.processing import spec_with_pan_and_scan
 from mmserve.media.text_pieces import text_pieces
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     KvCleared,
     KvRemoved,
@@ -31,6 +30,7 @@ from mmserve.protocol import (
     StopConditions,
     TokenChunk,
 )
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.mm.qwen_refs import png_bytes
 from tests.support.engines import IMAGE_TOKEN_ID, placements
 

@@ -46,7 +46,6 @@ from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.kv.pad import PadScheme, pad_values
 from mmserve.kv.view import routing_view
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     BootstrapInfo,
     KvCleared,
@@ -59,6 +58,7 @@ from mmserve.protocol import (
     Usage,
     mm_hash_hex,
 )
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.worker.options import load_engine
 from tests.engines.test_hf_video import SAMPLING, Item, driver_plan, png
 from tests.support.engines import make_image
@@ -576,7 +576,7 @@ else:
         sglang_splits_images,
     )
     from mmserve.engines.sglang.convert import encoder_item
-    from mmserve.models.tiny import TINY_FAMILIES
+    from mmserve.tiny.checkpoints import TINY_FAMILIES
 
     def installed_scheme() -> PadScheme:
         """The scheme of the installed release: 0.5.1x pads with one value, 0.5.2x with four."""

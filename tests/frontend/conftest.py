@@ -21,9 +21,9 @@ import uvloop
 from mmserve.engines.detokenize import IncrementalDetokenizer
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.cli import add_arguments, build_app, load_model
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 from mmserve.runtime.errors import RemoteError
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.local_media import MediaServer, media_server_over
 
 

@@ -20,8 +20,8 @@ from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.media.processing import spec_with_pan_and_scan
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import ChatCompletionRequest, MMProcessorKwargs
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.engines import make_image
 from tests.support.images import png_bytes, png_data_url
 

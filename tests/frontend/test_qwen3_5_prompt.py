@@ -20,8 +20,8 @@ from transformers import AutoProcessor
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
 from mmserve.models.family import FAMILIES
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import ChatCompletionRequest
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.engines import make_image
 from tests.support.images import png_data_url
 

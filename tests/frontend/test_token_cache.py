@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.frontend.token_cache import TokenCache, message_boundary
 from mmserve.media import MediaPolicy
-from mmserve.models.tiny import build_tiny_model
 from mmserve.observability import metrics
 from mmserve.protocol import ChatCompletionRequest, ChatMessage
+from mmserve.tiny.checkpoints import build_tiny_model
 
 
 class CountingEncoder:

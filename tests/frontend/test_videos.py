@@ -19,8 +19,8 @@ from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.media.video import video_options
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import ChatCompletionRequest, PreprocessedRequest
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.images import data_url, encode_image
 from tests.support.local_media import MediaServer
 from tests.support.video import FFMPEG, hf_reference, make_video

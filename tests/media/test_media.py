@@ -14,7 +14,7 @@ from mmserve import _mm, media
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.images import data_url, encode_image
 from tests.support.local_media import MediaServer, media_server_over
 

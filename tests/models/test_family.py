@@ -11,7 +11,7 @@ import pytest
 from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
 from mmserve.models.family import UnsupportedModel, resolve_model_spec
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 
 
 def _texts(checkpoint: Path) -> tuple[str, str, str]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment, free_port, serve_directory
 from tests.support.images import photo_like
 from tests.support.waiting import wait_until_async

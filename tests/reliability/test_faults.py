@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime import Runtime
 from mmserve.runtime.nats_server import NatsServer
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment, free_port
 from tests.support.waiting import wait_until_async
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from mmserve import _mm
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.images import png_bomb
 

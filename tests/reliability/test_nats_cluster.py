@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment, free_port
 from tests.support.nats_cluster import NatsCluster
 from tests.support.waiting import wait_until

@@ -27,8 +27,8 @@ from schemathesis.engine import Status, events, from_schema
 
 from mmserve.frontend.cli import serve
 from mmserve.frontend.dispatch import Pipeline
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TokenChunk, decode, encode
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.frontend.conftest import InlineTensorSink, parse_frontend_args
 from tests.support.deployment import free_port
 

@@ -22,9 +22,9 @@ import pytest
 
 from bench.encode_router import scrape_encoders
 from mmserve.encode.peer_pull import PULL_TIMEOUT_S
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import CachesCleared, ResetCachesRequest
 from mmserve.runtime import Runtime
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.topology import RESET_PREFIX_CACHE, Role
 from tests.e2e.test_routing import (
     KV,

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, TokenChunk
+from mmserve.tiny.checkpoints import build_tiny_model
 
 from .conftest import Trial
 from .media import sample

@@ -18,11 +18,11 @@ import nkeys
 import pytest
 
 from mmserve import protocol
-from mmserve.models.tiny import build_tiny_model
 from mmserve.runtime import Disconnected, Runtime
 from mmserve.runtime.discovery import list_instances
 from mmserve.runtime.nats_options import nats_connect_options
 from mmserve.runtime.nats_server import NatsServer
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.nats_cluster import NatsCluster
 from tests.support.tls import Certificates, make_certificates

@@ -219,7 +219,7 @@ class Deployment:
     @classmethod
     def mock_agg(cls, nats_url: str, log_dir: Path) -> Deployment:
         """The aggregated pattern on the tiny Qwen2-VL with the mock engine (not started)."""
-        from mmserve.models.tiny import build_tiny_model
+        from mmserve.tiny.checkpoints import build_tiny_model
 
         return cls(
             "agg",

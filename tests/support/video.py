@@ -21,7 +21,7 @@ from mmserve import _mm
 from mmserve.media import VideoSettings
 from mmserve.media.video import video_options
 from mmserve.models.family import ModelSpec, resolve_model_spec
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 
 FFMPEG = shutil.which("ffmpeg")
 

@@ -15,7 +15,6 @@ from mmserve.frontend.mm_options import VideoRange
 from mmserve.kv.view import prompt_block_keys
 from mmserve.media import MediaPolicy, plan_request_here
 from mmserve.media.text_pieces import text_pieces
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     KvStored,
     MMProcessorKwargs,
@@ -23,6 +22,7 @@ from mmserve.protocol import (
     SamplingParams,
     StopConditions,
 )
+from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.images import encode_image
 from tests.support.video import FFMPEG, IMAGE, VIDEO, checkpoint, make_video
 

@@ -18,7 +18,7 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoP
 from transformers.video_utils import VideoMetadata
 
 from mmserve import _mm
-from mmserve.models.tiny import build_tiny_model
+from mmserve.tiny.checkpoints import build_tiny_model
 
 from ..mm.qwen_refs import IMAGE_TOKEN, VISION_END, VISION_START
 from ..mm.test_positions import tiny_model

@@ -30,7 +30,6 @@ from mmserve.frontend.nats_dispatch import NatsDispatcher
 from mmserve.kv.view import reusable_blocks
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import (
     MediaPayload,
     PrefillReply,
@@ -41,6 +40,7 @@ from mmserve.protocol import (
     TokenChunk,
 )
 from mmserve.runtime import RemoteError, Runtime, Unavailable
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.topology import GENERATE, Role
 from mmserve.transfer import DEFAULT_INLINE_THRESHOLD, TransferAgent, create_transfer_agent
 from mmserve.worker.endpoints import ENDPOINTS, Endpoints, serve_role

@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 
 from mmserve.engines.hf import HfEngine
-from mmserve.models.tiny import build_tiny_model
 from mmserve.protocol import PreprocessedRequest, SamplingParams, StopConditions
+from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.topology import Role
 from tests.engines.test_hf_video import (
     NEW_TOKENS,

@@ -15,8 +15,8 @@ from typing import NoReturn
 from mmserve.runtime.lifetime import exit_without_teardown, follow_launcher
 
 COMPONENT_MODULES: list[str] = [
-    "mmserve.models.tiny",
-    "mmserve.models.training",
+    "mmserve.tiny.checkpoints",
+    "mmserve.tiny.training",
     "mmserve.frontend.cli",
     "mmserve.runtime.nats_server",
     "mmserve.runtime.ports",

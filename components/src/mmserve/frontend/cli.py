@@ -199,7 +199,7 @@ def load_model(args: argparse.Namespace) -> ServedModel:
 
     model_path = args.model_path
     if model_path is None:
-        from mmserve.models.tiny import default_model_path
+        from mmserve.tiny.checkpoints import default_model_path
 
         model_path = default_model_path()
     return ServedModel.load(model_path, args.served_model_name)

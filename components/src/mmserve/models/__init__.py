@@ -1,3 +1,2 @@
-"""Model checkpoints: `family` (the facts of a checkpoint's family every worker needs), and the
-offline tiny test models with their builders: `tiny`, `trained`, `training`, `scenes`, the
-tokenizers (`tokenizer`, `gemma_tokenizer`), `chat_template` and the shipped `weights/`."""
+"""Model checkpoints: `family`, the facts of a checkpoint's family every worker needs (the
+offline test models and their builders are `mmserve.tiny`)."""

@@ -131,7 +131,7 @@ def resolve_model_path(args: argparse.Namespace) -> Path:
         if not (path / "config.json").is_file():
             raise SystemExit(f"--model-path {path}: no config.json there")
         return path
-    from mmserve.models.tiny import default_model_path
+    from mmserve.tiny.checkpoints import default_model_path
 
     return default_model_path()
 

@@ -14,7 +14,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from mmserve.models.tiny import (
+from mmserve.tiny.checkpoints import (
     VOCAB_SIZE,
     cache_dir,
     has_marker,

@@ -8,7 +8,7 @@ over a synthetic vocabulary, `models/gemma_tokenizer.py`), tiny hidden sizes (CP
 milliseconds) and weights drawn with a scale large enough that image pixels and token positions
 visibly move the logits. Building is deterministic for a seed and idempotent. `--trained`
 builds the default model instead, the tiny Qwen2-VL trained on synthetic scenes
-(`models/trained.py`).
+(`tiny/trained.py`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def tiny_model_dir(family: str, seed: int = DEFAULT_SEED, out: Path | None = Non
 
 def _first_special_id(family: str) -> int:
     """The id of `<|endoftext|>`, the first of the Qwen special tokens."""
-    from mmserve.models.tokenizer import QWEN2_NUM_RANKS, QWEN3_5_FIRST_SPECIAL_ID
+    from mmserve.tiny.tokenizer import QWEN2_NUM_RANKS, QWEN3_5_FIRST_SPECIAL_ID
 
     return QWEN3_5_FIRST_SPECIAL_ID if family in _QWEN3_5 else QWEN2_NUM_RANKS
 
@@ -135,7 +135,7 @@ def _text_config(family: str) -> dict[str, Any]:
 
 
 def _gemma3_text_config() -> dict[str, Any]:
-    from mmserve.models import gemma_tokenizer as ids
+    from mmserve.tiny import gemma_tokenizer as ids
 
     return {
         "vocab_size": GEMMA3_VOCAB_SIZE,
@@ -244,7 +244,7 @@ def _build_model(family: str, seed: int) -> Any:
 
     config: transformers.PreTrainedConfig
     if family == "gemma3":
-        from mmserve.models import gemma_tokenizer as ids
+        from mmserve.tiny import gemma_tokenizer as ids
 
         config = transformers.Gemma3Config(
             text_config=_gemma3_text_config(),
@@ -323,8 +323,8 @@ def write_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     staging.chmod(0o755)
     try:
-        from mmserve.models import gemma_tokenizer
-        from mmserve.models.tokenizer import write_qwen2_vl_tokenizer
+        from mmserve.tiny import gemma_tokenizer
+        from mmserve.tiny.tokenizer import write_qwen2_vl_tokenizer
 
         model.save_pretrained(staging)
         if family == "gemma3":
@@ -374,7 +374,7 @@ def build_tiny_model(
 
 def default_model_path() -> Path:
     """The default model (the tiny Qwen2-VL trained on scenes), built if missing."""
-    from mmserve.models.trained import build_trained_model
+    from mmserve.tiny.trained import build_trained_model
 
     return build_trained_model()
 
@@ -382,7 +382,7 @@ def default_model_path() -> Path:
 def _handle(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser() if args.out else None
     if args.trained:
-        from mmserve.models.trained import build_trained_model
+        from mmserve.tiny.trained import build_trained_model
 
         print(build_trained_model(out))
         return 0

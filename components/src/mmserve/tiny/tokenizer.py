@@ -13,7 +13,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from mmserve.models.chat_template import QWEN2_VL_CHAT_TEMPLATE
+from mmserve.tiny.chat_template import QWEN2_VL_CHAT_TEMPLATE
 
 # Qwen2's pre-tokenizer split: single digits, unlike tiktoken's cl100k pattern.
 QWEN2_SPLIT_PATTERN = (

@@ -11,8 +11,8 @@ from transformers import AutoTokenizer
 
 from mmserve.cli import main
 from mmserve.models.family import UnsupportedModel, resolve_model_spec
-from mmserve.models.tiny import MARKER_FILE, TINY_FAMILIES, build_tiny_model, tiny_model_dir
-from mmserve.models.tokenizer import QWEN2_VL_SPECIAL_TOKENS
+from mmserve.tiny.checkpoints import MARKER_FILE, TINY_FAMILIES, build_tiny_model, tiny_model_dir
+from mmserve.tiny.tokenizer import QWEN2_VL_SPECIAL_TOKENS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

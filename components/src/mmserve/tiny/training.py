@@ -7,7 +7,7 @@ followed by `<|im_end|>`, so greedy decoding through mmserve says the answer and
 Only the token ids that occur in training sequences take part: the model is trained with a
 vocabulary of just those rows (initialised from the seeded table), and the rows are scattered
 back into the full 151,936-row table afterwards. Every other row keeps its seeded value exactly,
-which is what lets `models/trained.py` ship the trained rows alone. The held-out accuracy is
+which is what lets `tiny/trained.py` ship the trained rows alone. The held-out accuracy is
 measured on the checkpoint rebuilt from the written weights, through the transformers image
 processor that the Rust core matches bit for bit, and greedy `generate` over the full vocabulary.
 """
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from mmserve.models import scenes
-from mmserve.models.trained import (
+from mmserve.tiny import scenes
+from mmserve.tiny.trained import (
     EMBED_KEY,
     ROW_IDS_KEY,
     ROW_WEIGHTS_KEY,
@@ -219,7 +219,7 @@ def train(
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from mmserve.models.tiny import build_tiny_model
+    from mmserve.tiny.checkpoints import build_tiny_model
 
     # The random tiny Qwen2-VL has the same tokenizer files the trained checkpoint gets.
     prompts = Prompts(AutoTokenizer.from_pretrained(build_tiny_model("qwen2_vl")))

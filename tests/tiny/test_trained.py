@@ -17,10 +17,11 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from mmserve.cli import main
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
-from mmserve.models import scenes, training
 from mmserve.models.family import resolve_model_spec
-from mmserve.models.tiny import MARKER_FILE, default_model_path
-from mmserve.models.trained import (
+from mmserve.protocol import ChatCompletionRequest
+from mmserve.tiny import scenes, training
+from mmserve.tiny.checkpoints import MARKER_FILE, default_model_path
+from mmserve.tiny.trained import (
     EMBED_KEY,
     ROW_IDS_KEY,
     ROW_WEIGHTS_KEY,
@@ -30,7 +31,6 @@ from mmserve.models.trained import (
     scenes_preprocessor_config,
     seeded_embeddings,
 )
-from mmserve.protocol import ChatCompletionRequest
 from tests.support.images import png_data_url
 
 
