@@ -258,7 +258,15 @@ def choice_tokens(chunks: list[TokenChunk], n: int) -> list[list[int]]:
 
 async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEngine):
     """Every choice draws from its own seeded stream over one batch: choice 0 is the n=1
-    completion; choices that stop early leave the batch, and those left keep their tokens."""
+    completion; choices that stop early leave the batch, and those left keep their tokens.
+
+    Exactly so where a row's logits do not depend on the other rows of its batch. A MoE's
+    experts run as grouped matmuls whose rounding follows how many rows each expert gets
+    (`torch._grouped_mm`, float32 only), so once a choice leaves, a draw at temperature 1.5
+    that lands within float32 rounding of the boundary between two ids may flip (seen:
+    170464 for 170465 at the fourth token); there the choices keep their prefill-drawn first
+    tokens and each still ends where its own stream stops."""
+    batch_invariant = "moe" not in engine.spec.family.name
     ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
     sampling = SamplingParams(temperature=1.5, seed=3, n=4)
     long = StopConditions(max_tokens=12, ignore_eos=True)
@@ -279,7 +287,12 @@ async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEng
     )
     for free_tokens, tokens in zip(streams, choice_tokens(stopped, 4), strict=True):
         end = free_tokens.index(stop_id) + 1 if stop_id in free_tokens else len(free_tokens)
-        assert tokens == free_tokens[:end]
+        if batch_invariant:
+            assert tokens == free_tokens[:end]
+        else:
+            assert tokens[0] == free_tokens[0]
+            assert tokens[-1] == stop_id or len(tokens) == len(free_tokens)
+    assert choice_tokens(stopped, 4)[1][-1] == stop_id
     assert stopped[-1].usage is not None
 
 
