@@ -566,6 +566,11 @@ def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
         for prompt in prompts:
             assert ask(prompt) >= 16 * 4, prompt
     assert [served(name) for name in theirs.worker_names] == [3, 3]
+    # The worker holding the image's tokens did not encode it again: it found them in its own
+    # prefix cache (Dynamo's router marks nothing).
+    holder = theirs.worker_names[1]
+    skipped = theirs.worker_counter(holder, "mmserve_encoder_skipped_items", result="skipped")
+    assert skipped == 2
 
 
 def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(

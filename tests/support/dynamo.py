@@ -202,6 +202,10 @@ class DynamoDeployment:
             if self.processes[name].poll() is None
         )
 
+    def worker_counter(self, worker: str, name: str, **labels: str) -> float:
+        """A counter of one worker, over the samples with `labels`."""
+        return _counter(f"http://127.0.0.1:{self.metrics_ports[worker]}/metrics", name, labels)
+
     def kv_events_applied(self) -> float:
         """The KV events the frontend's router applied to its index (any outcome)."""
         return _counter(f"{self.base_url}/metrics", "dynamo_component_kv_cache_events_applied")
@@ -222,13 +226,15 @@ class DynamoDeployment:
         stop_processes(self.processes.values())
 
 
-def _counter(url: str, name: str) -> float:
-    """A counter's total over all its labels, scraped from `url`."""
+def _counter(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """A counter's total over its samples with `labels` (all of them by default), scraped
+    from `url`."""
     text = httpx.get(url, timeout=5).text
+    wanted = (labels or {}).items()
     return sum(
         point.value
         for family in text_string_to_metric_families(text)
         if family.name == name
         for point in family.samples
-        if point.name == f"{name}_total"
+        if point.name == f"{name}_total" and wanted <= point.labels.items()
     )

@@ -341,7 +341,11 @@ async def test_an_encode_stage_names_bytes_that_do_not_match_the_plan_and_serves
     agg: InProcess, e_p_d: InProcess, prompts: Prompts, entry: Role, swapped_in: str
 ) -> None:
     deployment = agg if entry is Role.WORKER else e_p_d
-    request = await prompts.request([IMAGES["wide"]], payload_bytes=[IMAGES[swapped_in]])
+    # An image no other request sent: a worker whose prefix cache held its tokens would not
+    # encode it, nor read the bytes.
+    seed = 10 + 2 * ["wide_other", "tall"].index(swapped_in) + (entry is Role.ENCODE)
+    unseen = png_bytes(photo_like(84, 56, seed=seed))
+    request = await prompts.request([unseen], payload_bytes=[IMAGES[swapped_in]])
     planned = request.plan.media[0]
     with pytest.raises(RemoteError) as raised:
         await deployment.stream(entry, request)
@@ -505,6 +509,30 @@ def skipped_items(handler: Endpoints, result: str) -> float:
 
 def lookups(engine: MockEngine) -> int:
     return sum(engine.encoder_cache.stats())
+
+
+async def test_a_worker_that_encodes_skips_an_image_its_own_prefix_cache_holds(
+    agg: InProcess, engines: list[MockEngine], prompts: Prompts
+) -> None:
+    """A request nobody marked (Dynamo's router, a round-robin one): the worker finds the
+    image's tokens in its own prefix cache and neither encodes it nor looks it up again, with
+    the same tokens; once the cache is cleared it encodes the image again."""
+    worker, engine = agg.handlers[Role.WORKER], engines[0]
+    image = png_bytes(photo_like(84, 56, seed=40))
+    first = await prompts.request([image])
+    tokens = await agg.stream(Role.WORKER, first)
+    assert_complete(tokens, first)
+    looked_up, skipped = lookups(engine), skipped_items(worker, "skipped")
+    again = await agg.stream(Role.WORKER, await prompts.request([image]))
+    assert [c.token_ids for c in again] == [c.token_ids for c in tokens]
+    usage = again[-1].usage
+    assert usage is not None and usage.cached_tokens >= first.plan.media[0].end
+    assert lookups(engine) == looked_up
+    assert skipped_items(worker, "skipped") == skipped + 1
+    await engine.clear_caches()
+    third = await prompts.request([image])
+    assert_complete(await agg.stream(Role.WORKER, third), third)
+    assert lookups(engine) == looked_up + 1 and skipped_items(worker, "skipped") == skipped + 1
 
 
 @pytest.mark.parametrize("pattern", ["e_pd", "e_p_d"])

@@ -368,6 +368,13 @@ class Engine(abc.ABC, Generic[StateT]):
         nothing (an item named by its media id alone); all None for an engine without one."""
         return [None for _ in items]
 
+    async def media_in_cached_prefix(self, request: EngineRequest) -> list[int]:
+        """The indices of the request's media items every token of which this engine's prefix
+        cache holds, as far as a prefill would reuse them: their embeddings would go unread.
+        None for an engine that does not say (its caller encodes everything)."""
+        del request
+        return []
+
     def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
         """Keep embeddings made elsewhere (pulled from a peer encoder) in the encoder cache, as
         if encoded here; an engine without one keeps nothing."""

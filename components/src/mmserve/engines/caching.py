@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from mmserve.engines.base import Engine, ItemEmbedding, StateT
+from mmserve.engines.base import Engine, EngineRequest, ItemEmbedding, StateT
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.kv.encoder_events import EncoderEventSink
 from mmserve.kv.events import KvEventSink
+from mmserve.kv.pad import PadScheme
+from mmserve.kv.view import items_in_cached_prefix, prompt_block_keys
+from mmserve.models.family import ModelSpec
 from mmserve.protocol import CachesCleared, EncoderEntry
 
 Payload = TypeVar("Payload")
@@ -27,6 +30,8 @@ class CachingEngine(Engine[StateT], Generic[StateT, Payload]):
 
     prefix_cache: PrefixCache[Payload]
     encoder_cache: EncoderCache
+    spec: ModelSpec
+    pad_scheme: PadScheme
 
     async def _on_cache_owner(self, fn: Callable[[], Result]) -> Result:
         """`fn()` where the caches' owner runs it: by default the caller (the event loop)."""
@@ -54,6 +59,16 @@ class CachingEngine(Engine[StateT], Generic[StateT, Payload]):
         return await self._on_cache_owner(
             lambda: [self.encoder_cache.get(mm_hash, grid) for mm_hash, grid in wanted]
         )
+
+    async def media_in_cached_prefix(self, request: EngineRequest) -> list[int]:
+        # As a prefill: a hybrid model reuses no block, and a prompt scored reuses none.
+        if not self.spec.reuses_prefix_blocks or request.sampling.prompt_logprobs is not None:
+            return []
+        block_size = self.prefix_cache.block_size
+        keys = prompt_block_keys(request.token_ids, request.media, block_size, self.pad_scheme)
+        # Read here, not on the cache's owner thread: its lock guards the entries.
+        held = self.prefix_cache.held(keys.seq_hashes)
+        return items_in_cached_prefix(len(request.token_ids), request.media, held, block_size)
 
     def store_embeddings(self, items: Sequence[ItemEmbedding]) -> None:
         for item in items:

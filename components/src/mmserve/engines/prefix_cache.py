@@ -80,6 +80,14 @@ class PrefixCache(Generic[Payload]):
         self._touch(seq_hashes[: len(found)])
         return found
 
+    def held(self, seq_hashes: Sequence[int]) -> int:
+        """How many leading blocks of `seq_hashes` are cached; nothing is touched."""
+        with self._lock:
+            for count, seq_hash in enumerate(seq_hashes):
+                if seq_hash not in self._entries:
+                    return count
+        return len(seq_hashes)
+
     def store(self, keys: BlockKeys, start: int, payloads: Sequence[Payload]) -> None:
         """Store the payloads of blocks `start, start + 1, ...` of a prompt with `keys`."""
         end = start + len(payloads)

@@ -75,9 +75,9 @@ PEER_PULLS = Counter(
 
 SKIPPED_ENCODES = Counter(
     "mmserve_encoder_skipped_items",
-    "Media items the router sent unencoded because the worker's prefix cache held all their "
-    "tokens, by result (skipped: the cache served them; encoded: it had dropped them, so they "
-    "were encoded after all)",
+    "Media items left unencoded because the worker's prefix cache held all their tokens (as "
+    "the router or the worker itself found), by result (skipped: the cache served them; "
+    "encoded: it had dropped them, so they were encoded after all)",
     ["component", "worker", "result"],
 )
 

@@ -19,6 +19,7 @@ class AggregatedCore(RoleCore):
         """The request's completion: its embeddings, its prompt, its tokens."""
         with tracked(self.component, request) as progress, nvtx.nvtx_range(nvtx.PD_GENERATE):
             with nvtx.nvtx_range(nvtx.PD_LOAD_MULTIMODAL):
+                request = await self.skipping_cached(request)
                 embeddings = await self.embeddings(request)
             chunks = self._chunks(request, embeddings)
             async for chunk in stream_tokens(self.component, chunks, nvtx.PD_TTFT, prefills=True):

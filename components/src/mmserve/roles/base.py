@@ -79,6 +79,17 @@ class RoleCore:
         )
         return cleared
 
+    async def skipping_cached(self, request: PreprocessedRequest) -> PreprocessedRequest:
+        """`request` with the items this worker would encode but its prefix cache already
+        holds all the tokens of marked `ItemState.SKIPPED`, as a router that knows the cache
+        marks them before the first hop (one behind Dynamo's router, or a round-robin one,
+        does not): their embeddings would go unread. Should the cache drop one before the
+        prompt runs, `run_prompt` encodes them after all."""
+        if self.encoder is None or not request.items_to_encode():
+            return request
+        cached = await self.engine.media_in_cached_prefix(engine_request(request))
+        return request.skipping(cached) if cached else request
+
     async def embeddings(self, request: PreprocessedRequest) -> list[ItemEmbedding | None]:
         """The embeddings of the request's planned media, whoever made them: loaded by
         transfer where a payload carries them (an upstream encoder's, or the client's own

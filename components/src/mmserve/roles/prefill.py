@@ -39,6 +39,7 @@ class PrefillCore(RoleCore):
                 if bootstrap is not None:
                     yield bootstrap
             with nvtx.nvtx_range(nvtx.PREFILL_LOAD_MULTIMODAL):
+                request = await self.skipping_cached(request)
                 embeddings = await self.embeddings(request)
             done, leases = await self._prefill(request, embeddings, bootstrap)
             yield done
