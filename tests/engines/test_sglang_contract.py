@@ -17,7 +17,7 @@ import importlib.util
 import inspect
 import os
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,22 +37,32 @@ from mmserve.engines.base import (
     ItemEmbedding,
     MediaInput,
 )
-from mmserve.engines.sglang.args import GENERATE_FIELDS, sglang_argv
+from mmserve.engines.logits import UNLIKELY
+from mmserve.engines.sglang.args import GENERATE_FIELDS, RAW_LOGPROBS_ENV, sglang_argv
 from mmserve.engines.sglang.checks import PAD_PROBE_HASH
-from mmserve.engines.sglang.convert import generate_kwargs, media_item, sampling_params
+from mmserve.engines.sglang.convert import (
+    choice_seed,
+    generate_calls,
+    generate_kwargs,
+    media_item,
+    sampling_params,
+)
 from mmserve.engines.sglang.engine import SglangEngine
 from mmserve.engines.sglang.kv_events import SglangKvEventBridge
+from mmserve.engines.sglang.outputs import logprob_value, rank_in, top_list
 from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.kv.pad import PadScheme, pad_values
 from mmserve.kv.view import routing_view
 from mmserve.models.family import ModelSpec, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
+    FirstToken,
     KvCleared,
     KvRemoved,
     KvStored,
     MRopePositions,
     PlannedMedia,
+    PrefillDone,
     SamplingParams,
     StopConditions,
     Usage,
@@ -209,7 +219,17 @@ def test_request_the_adapter_builds() -> None:
     kwargs = generate_kwargs(
         _request(), _embeddings(), BootstrapInfo(host="10.0.0.1", port=8998, room=42)
     )
-    assert set(kwargs) == set(GENERATE_FIELDS) - {"video_data"}
+    logprob_fields = {
+        "return_logprob",
+        "top_logprobs_num",
+        "logprob_start_len",
+        "token_ids_logprob",
+    }
+    assert set(kwargs) == set(GENERATE_FIELDS) - {"video_data"} - logprob_fields
+    scored = replace(
+        _request(), sampling=msgspec.structs.replace(GREEDY, logprobs=1, prompt_logprobs=1)
+    )
+    assert set(generate_kwargs(scored, _embeddings(), None)) >= logprob_fields
     assert kwargs["mm_hashes"] == ["fedcba9876543210", "0000000012345678"]
     assert [int(h, 16) for h in kwargs["mm_hashes"]] == [MM_A, MM_B]
     (item,) = kwargs["image_data"]
@@ -971,9 +991,392 @@ else:
         assert torch.allclose(features, pixels.mean().expand(1, tokens, hidden))
 
 
-@pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
-def test_log_probabilities_are_refused_by_name(name: str) -> None:
-    """The adapter does not read SGLang's returned log-probabilities yet."""
-    sampling = msgspec.structs.replace(GREEDY, **{name: 1})
-    with pytest.raises(EngineError, match=name):
-        sampling_params(sampling, StopConditions())
+class LogprobFakeSglang(FakeSglangEngine):
+    """`sglang.Engine` as far as log-probabilities and choices go: the outputs its tokenizer
+    manager streams (`meta_info` as `add_logprob_to_meta_info` fills it: entries
+    `(logprob, id, None)`, top lists of `top_logprobs_num`, the prompt's lists whole, from a
+    `None` first position; with `--incremental-streaming-output` the output lists sliced as
+    the ids), one stream per call, call c being choice c. Choice c makes `lengths[c]` tokens
+    `10 * c + 5, ...` and ends with `finishes[c]`; top lists come least likely first, to show
+    the adapter sorts them. Media positions score as SGLang scores them: id 0 (the clipped
+    pad value), a meaningless value, the placeholder's own in `input_token_ids_logprobs`."""
+
+    def __init__(
+        self,
+        lengths: list[int],
+        finishes: list[str] | None = None,
+        *,
+        incremental: bool = False,
+        media: tuple[PlannedMedia, ...] = (),
+    ) -> None:
+        super().__init__([])
+        self.lengths = lengths
+        self.finishes = finishes or ["length"] * len(lengths)
+        self.incremental = incremental
+        self.media = {p for m in media for p in range(m.offset, m.end)}
+
+    async def async_generate(self, **kwargs: Any) -> AsyncIterator[dict[str, object]]:
+        self.calls.append(kwargs)
+        return self._streams(kwargs, len(self.calls) - 1)
+
+    @staticmethod
+    def output_logprob(choice: int, step: int) -> float:
+        return -0.25 * (step + 1) - choice
+
+    @staticmethod
+    def prompt_logprob(position: int) -> float:
+        return -0.01 * position
+
+    def _top(self, best: list[tuple[float, int]], k: int) -> list[tuple[float, int, None]]:
+        return [(value, token, None) for value, token in reversed(sorted(best)[::-1][:k])]
+
+    def _prompt_meta(self, kwargs: dict[str, Any]) -> dict[str, object]:
+        if kwargs.get("logprob_start_len") != 0:
+            return {"input_token_logprobs": []}
+        ids, k = kwargs["input_ids"], kwargs["top_logprobs_num"]
+        tokens = [(None, ids[0], None)]
+        tops: list[object] = [None]
+        placeholders: list[object] = [None]
+        for p in range(1, len(ids)):
+            value = self.prompt_logprob(p)
+            if p in self.media:
+                tokens.append((-50.0, 0, None))
+                tops.append(self._top([(-0.001, 42), (-0.002, 43), (-0.003, 44)], k))
+            else:
+                tokens.append((value, ids[p], None))
+                tops.append(self._top([(-0.001, 42), (value - 1, 43), (value, ids[p])], k))
+            wanted = kwargs.get("token_ids_logprob") or []
+            placeholders.append([(-3.0, t, None) for t in wanted])
+        meta: dict[str, object] = {"input_token_logprobs": tokens}
+        if k:
+            meta["input_top_logprobs"] = tops
+        if "token_ids_logprob" in kwargs:
+            meta["input_token_ids_logprobs"] = placeholders
+        return meta
+
+    async def _streams(self, kwargs: dict[str, Any], call: int) -> AsyncIterator[dict[str, object]]:
+        params = kwargs["sampling_params"]
+        assert "n" not in params  # one request per choice
+        choices = [call]
+        k = kwargs.get("top_logprobs_num", 0)
+        prompt = self._prompt_meta(kwargs) if kwargs.get("return_logprob") else {}
+        steps = max(min(self.lengths[c], params["max_new_tokens"]) for c in choices)
+        for step in range(steps):
+            for c in choices:
+                length = min(self.lengths[c], params["max_new_tokens"])
+                if step >= length:
+                    continue
+                tokens = [10 * c + 5 + t for t in range(step + 1)]
+                logprobs = [(self.output_logprob(c, t), tokens[t], None) for t in range(step + 1)]
+                tops = [
+                    self._top([(lp, tok), (lp - 0.5, 100 + t), (lp - 1, 200)], k)
+                    for t, (lp, tok, _) in enumerate(logprobs)
+                ]
+                start = step if self.incremental else 0
+                done = step == length - 1
+                meta: dict[str, object] = {
+                    "id": kwargs["rid"],
+                    "finish_reason": {"type": self.finishes[c]} if done else None,
+                    "prompt_tokens": 10,
+                    "completion_tokens": step + 1,
+                    "cached_tokens": 3 if c == 0 else 9,
+                }
+                if kwargs.get("return_logprob"):
+                    meta |= prompt
+                    meta["output_token_logprobs"] = logprobs[start:]
+                    if k:
+                        meta["output_top_logprobs"] = tops[start:]
+                yield {
+                    "output_ids": tokens[start:],
+                    "text": "".join(f"<{t}>" for t in tokens[start:]),
+                    "meta_info": meta,
+                }
+        if params["max_new_tokens"] == 0:
+            yield {
+                "output_ids": [],
+                "text": "",
+                "meta_info": {
+                    "finish_reason": {"type": "length"},
+                    "prompt_tokens": 10,
+                    "completion_tokens": 0,
+                    "cached_tokens": 0,
+                    **prompt,
+                },
+            }
+
+
+def _params(call: dict[str, object]) -> dict[str, Any]:
+    params = call["sampling_params"]
+    assert isinstance(params, dict)
+    return params
+
+
+def _logprob_engine(fake: FakeSglangEngine, mode: str = "null") -> SglangEngine:
+    engine = _engine(mode, fake)
+    engine.incremental = getattr(fake, "incremental", False)
+    return engine
+
+
+def _sampled(**fields: Any) -> EngineRequest:
+    request = _request()
+    return replace(request, sampling=msgspec.structs.replace(request.sampling, **fields))
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_logprobs_stream_with_their_tokens_most_likely_first(incremental: bool) -> None:
+    """`logprobs` k: SGLang's `return_logprob` and `top_logprobs_num` k; every chunk carries
+    one entry per token: its id, its logprob, the k most likely sorted (SGLang's order
+    reversed by the fake), no rank (the hf engine gives ranks for prompt tokens only)."""
+    fake = LogprobFakeSglang([3], incremental=incremental)
+    request = _sampled(logprobs=2)
+    chunks = [c async for c in _logprob_engine(fake).generate(request, _embeddings())]
+    (call,) = fake.calls
+    assert (call["return_logprob"], call["top_logprobs_num"]) == (True, 2)
+    assert "logprob_start_len" not in call and "token_ids_logprob" not in call
+    assert [c.token_ids for c in chunks] == [[5], [6], [7]]
+    for step, chunk in enumerate(chunks):
+        (entry,) = chunk.logprobs
+        value = fake.output_logprob(0, step)
+        assert (entry.token_id, entry.logprob, entry.rank) == (5 + step, value, None)
+        assert entry.top == [(5 + step, value), (100 + step, value - 0.5)]
+        assert chunk.prompt_logprobs == []
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage is not None
+
+
+async def test_logprobs_zero_is_the_chosen_token_alone_and_none_is_nothing() -> None:
+    fake = LogprobFakeSglang([2])
+    chunks = [c async for c in _logprob_engine(fake).generate(_sampled(logprobs=0), _embeddings())]
+    assert fake.calls[0]["top_logprobs_num"] == 0
+    assert [[(e.token_id, e.top) for e in c.logprobs] for c in chunks] == [[(5, [])], [(6, [])]]
+    plain = LogprobFakeSglang([2])
+    chunks = [c async for c in _logprob_engine(plain).generate(_request(), _embeddings())]
+    assert all(c.logprobs == [] for c in chunks)
+    assert not {"return_logprob", "top_logprobs_num"} & set(plain.calls[0])
+
+
+def test_log_probability_values_mmserve_sends() -> None:
+    """SGLang's -inf, its clamp at float32's minimum and NaN go as the hf engine's -9999.0
+    (JSON has no -inf); a top list is sorted most likely first, ties in SGLang's order."""
+    assert [logprob_value(v) for v in (-0.5, float("-inf"), -3.4e38, float("nan"))] == [
+        -0.5,
+        UNLIKELY,
+        UNLIKELY,
+        UNLIKELY,
+    ]
+    entries = [(-2.0, 1, None), (-1.0, 2, None), (-1.0, 3, None), (float("-inf"), 4, None)]
+    assert top_list(entries) == [(2, -1.0), (3, -1.0), (1, -2.0), (4, UNLIKELY)]
+    assert rank_in(-1.0, top_list(entries)) == 1 and rank_in(-2.0, top_list(entries)) == 3
+    assert rank_in(-20000.0, top_list(entries)) is None and rank_in(-1.0, []) is None
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_prompt_logprobs_on_the_first_chunk_one_per_token_after_the_first(
+    incremental: bool,
+) -> None:
+    """`prompt_logprobs` k: `logprob_start_len` 0 and the items' placeholder ids in
+    `token_ids_logprob`; the first chunk carries one entry per prompt token after the first
+    (the hf engine's shape), the request's ids (SGLang's say 0 at media positions), a media
+    position's value its placeholder's, the k most likely sorted, and the rank where the top
+    list decides it. Output logprobs stay off unless asked for."""
+    fake = LogprobFakeSglang([2], incremental=incremental, media=_request().media)
+    request = _sampled(prompt_logprobs=2)
+    chunks = [c async for c in _logprob_engine(fake).generate(request, _embeddings())]
+    (call,) = fake.calls
+    assert (call["logprob_start_len"], call["token_ids_logprob"]) == (0, [9])
+    assert call["top_logprobs_num"] == 2
+    first, *rest = chunks
+    assert all(c.logprobs == [] for c in chunks) and all(c.prompt_logprobs == [] for c in rest)
+    ids = request.token_ids
+    prompt = first.prompt_logprobs
+    assert [e.token_id for e in prompt] == list(ids[1:])
+    media = {p for m in request.media for p in range(m.offset, m.end)}
+    for position, entry in enumerate(prompt, start=1):
+        if position in media:
+            assert (entry.logprob, entry.rank) == (-3.0, None)
+            assert entry.top == [(42, -0.001), (43, -0.002)]
+        else:
+            value = fake.prompt_logprob(position)
+            assert (entry.logprob, entry.rank) == (value, 2)
+            assert entry.top == [(42, -0.001), (ids[position], value)]
+
+
+async def test_prompt_logprobs_with_max_tokens_zero_score_the_prompt_once() -> None:
+    """A prefill only (max_tokens 0): one call without `n`, one chunk, no token, the prompt's
+    logprobs, finish "length"."""
+    fake = LogprobFakeSglang([4, 4, 4])
+    request = replace(
+        _sampled(prompt_logprobs=0, n=3, seed=None), stop=StopConditions(max_tokens=0)
+    )
+    (chunk,) = [c async for c in _logprob_engine(fake).generate(request, _embeddings())]
+    (call,) = fake.calls
+    assert call["rid"] == "req-1" and call["token_ids_logprob"] == [9]
+    assert chunk.token_ids == [] and chunk.finish_reason == "length"
+    assert len(chunk.prompt_logprobs) == len(request.token_ids) - 1
+    assert all(e.top == [] for e in chunk.prompt_logprobs)
+    assert chunk.usage == Usage(prompt_tokens=10, completion_tokens=0, cached_tokens=0)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_n_choices_are_one_request_each_indexed_with_their_own_finish(
+    incremental: bool,
+) -> None:
+    """`n` without a seed: one request per choice (rid `<id>.<i>`, no seed, the same prompt,
+    items and `mm_hashes`); each choice's chunks by `index`, its own tokens and logprobs,
+    its own finish reason on its last chunk; the usage once, on the stream's last chunk, the
+    prompt counted once (choice 0's prompt and cached tokens) and every choice's tokens."""
+    fake = LogprobFakeSglang([2, 4, 3], ["stop", "length", "stop"], incremental=incremental)
+    request = _sampled(n=3, seed=None, temperature=1.0, logprobs=1)
+    chunks = [c async for c in _logprob_engine(fake).generate(request, _embeddings())]
+    assert [call["rid"] for call in fake.calls] == ["req-1.0", "req-1.1", "req-1.2"]
+    assert all("sampling_seed" not in _params(call) for call in fake.calls)
+    first = fake.calls[0]
+    for call in fake.calls:
+        assert call["input_ids"] == first["input_ids"]
+        assert call["mm_hashes"] == [mm_hash_hex(MM_A), mm_hash_hex(MM_B)]
+        assert call["image_data"][0]["precomputed_embeddings"] is not None
+    by_choice = {i: [c for c in chunks if c.index == i] for i in range(3)}
+    for i, length in enumerate(fake.lengths):
+        mine = by_choice[i]
+        assert [t for c in mine for t in c.token_ids] == [10 * i + 5 + t for t in range(length)]
+        assert [e.logprob for c in mine for e in c.logprobs] == [
+            fake.output_logprob(i, t) for t in range(length)
+        ]
+        assert [c.finish_reason for c in mine] == [None] * (length - 1) + [fake.finishes[i]]
+    assert sorted({c.index for c in chunks[:3]}) == [0, 1, 2]  # the choices interleave
+    assert [c.usage for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].usage == Usage(prompt_tokens=10, completion_tokens=9, cached_tokens=3)
+
+
+async def test_seeded_choices_each_have_their_own_seed() -> None:
+    """`n` with a seed: choice 0 with the request's seed (so it draws as the request with `n`
+    1), the others with seeds derived from (seed, choice), all different."""
+    fake = LogprobFakeSglang([1, 3, 2], ["length", "stop", "length"])
+    request = _sampled(n=3, seed=7, temperature=1.0)
+    chunks = [c async for c in _logprob_engine(fake).generate(request, _embeddings())]
+    seeds = [call["sampling_params"]["sampling_seed"] for call in fake.calls]
+    assert seeds == [7, choice_seed(7, 1), choice_seed(7, 2)] and len(set(seeds)) == 3
+    assert all(0 <= seed < 2**63 for seed in seeds[1:])
+    for i, length in enumerate(fake.lengths):
+        mine = [c for c in chunks if c.index == i]
+        assert [t for c in mine for t in c.token_ids] == [10 * i + 5 + t for t in range(length)]
+        assert mine[-1].finish_reason == fake.finishes[i]
+    assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].usage == Usage(prompt_tokens=10, completion_tokens=6, cached_tokens=3)
+    single = generate_calls(_sampled(seed=7, temperature=1.0), _embeddings(), None)
+    assert [call["sampling_params"] for call in single] == [fake.calls[0]["sampling_params"]]
+    assert single[0]["rid"] == "req-1"
+
+
+async def test_closing_the_stream_closes_every_choices_request() -> None:
+    """A client that goes away mid-stream: every choice's SGLang stream is closed and no read
+    is left pending."""
+    closed: list[int] = []
+
+    class Endless(FakeSglangEngine):
+        async def async_generate(self, **kwargs: object) -> AsyncIterator[dict[str, object]]:
+            self.calls.append(kwargs)
+            return self._forever(len(self.calls) - 1)
+
+        async def _forever(self, call: int) -> AsyncIterator[dict[str, object]]:
+            try:
+                for n in range(1, 10**6):
+                    yield {"output_ids": [1] * n, "text": "", "meta_info": {}}
+                    await asyncio.sleep(0)
+            finally:
+                closed.append(call)
+
+    stream = _engine("null", Endless([])).generate(
+        _sampled(n=2, seed=3, temperature=1.0), _embeddings()
+    )
+    assert isinstance(stream, AsyncGenerator)
+    async for _ in stream:
+        break
+    await stream.aclose()
+    assert sorted(closed) == [0, 1]
+
+
+async def test_pd_refuses_n_and_prompt_logprobs_by_name_and_serves_logprobs() -> None:
+    """P/D through SGLang's bootstrap room: `n` > 1 and `prompt_logprobs` are refused by name
+    on both sides before anything is sent; output `logprobs` go with both sides' requests
+    (SGLang moves the first token's logprobs from prefill to decode)."""
+    prefill_fake, decode_fake = LogprobFakeSglang([1]), LogprobFakeSglang([2])
+    prefill = _logprob_engine(prefill_fake, "prefill")
+    decode = _logprob_engine(decode_fake, "decode")
+    bootstrap = prefill.bootstrap_info()
+    for fields, name in (({"n": 2, "seed": None}, "n > 1"), ({"prompt_logprobs": 1}, "prompt")):
+        refused = _sampled(**fields)
+        with pytest.raises(EngineError, match=name):
+            await prefill.prefill(refused, _embeddings(), bootstrap)
+        with pytest.raises(EngineError, match=name):
+            await decode.import_kv(refused, _done(), {"embeddings": torch.zeros(6, 8)}, bootstrap)
+    assert prefill_fake.calls == [] and decode_fake.calls == []
+    request = _sampled(logprobs=1)
+    kv = await prefill.prefill(request, _embeddings(), bootstrap)
+    imported = await decode.import_kv(
+        request, kv.prefill_done(), await prefill.export_kv(kv), bootstrap
+    )
+    chunks = [c async for c in decode.decode(imported, request.sampling, request.stop)]
+    assert [e.token_id for c in chunks for e in c.logprobs] == [5, 6]
+    await asyncio.sleep(0)
+    for call in (prefill_fake.calls[0], decode_fake.calls[0]):
+        assert (call["return_logprob"], call["top_logprobs_num"]) == (True, 1)
+    # A decode stream asked for more choices than its prefill made is refused as well.
+    more = decode.decode(imported, msgspec.structs.replace(request.sampling, n=2), request.stop)
+    with pytest.raises(EngineError, match="n > 1"):
+        await anext(more)
+
+
+def _done() -> PrefillDone:
+    return PrefillDone(request_id="req-1", first_tokens=[FirstToken(-1)], prompt_tokens=10)
+
+
+if HAS_SGLANG:
+
+    def test_sglang_takes_the_logprob_arguments_and_each_choices_request() -> None:
+        """Each choice's call normalizes as one single request with its `mm_hashes` and the
+        log-probability arguments; SGLang's own `n` would turn it into a batch that refuses
+        the engine's `mm_hashes` (one list per request, one hash per `image_data` entry)."""
+        from sglang.srt.sampling.sampling_params import SamplingParams as SglSamplingParams
+
+        request = _sampled(logprobs=3, prompt_logprobs=5, n=2, seed=-5, temperature=1.0)
+        calls = generate_calls(request, _embeddings(), None, splits_images=True)
+        assert len(calls) == 2
+        for call in calls:
+            SglSamplingParams(**call["sampling_params"]).verify(vocab_size=1000)
+            obj = GenerateReqInput(**call)
+            obj.normalize_batch_and_arguments()
+            assert obj.is_single and obj.parallel_sample_num == 1
+            assert obj.mm_hashes == [mm_hash_hex(MM_A), mm_hash_hex(MM_B)]
+            assert (obj.return_logprob, obj.top_logprobs_num) == (True, 5)
+            assert (obj.logprob_start_len, obj.token_ids_logprob) == (0, [9])
+        parallel = {**calls[0], "sampling_params": {**calls[0]["sampling_params"], "n": 2}}
+        with pytest.raises(ValueError, match="mm_hashes"):
+            GenerateReqInput(**parallel).normalize_batch_and_arguments()
+
+    def test_sglang_streams_logprobs_as_the_adapter_reads_them() -> None:
+        """The entry format (`detokenize_logprob_tokens`: `(logprob, id, None)` without
+        `return_text_in_logprobs`; a top row None where empty), which lists an incremental
+        stream slices (the output ones, not the prompt's), and SGLang's name of the
+        raw-logprobs switch the engine sets."""
+        from sglang.srt.environ import envs
+        from sglang.srt.managers import tokenizer_manager
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+        entries = TokenizerManager.detokenize_logprob_tokens(None, [-0.5, -1.0], [7, 8], False)
+        assert entries == [(-0.5, 7, None), (-1.0, 8, None)]
+        rows = TokenizerManager.detokenize_top_logprobs_tokens(
+            types.SimpleNamespace(
+                detokenize_logprob_tokens=functools.partial(
+                    TokenizerManager.detokenize_logprob_tokens, None
+                )
+            ),
+            [[], [-0.1, -0.2]],
+            [[], [3, 4]],
+            False,
+        )
+        assert rows == [None, [(-0.1, 3, None), (-0.2, 4, None)]]
+        assert top_list(rows[1]) == [(3, -0.1), (4, -0.2)]
+        sliced = set(tokenizer_manager._INCREMENTAL_STREAMING_META_INFO_KEYS)
+        assert {"output_token_logprobs", "output_top_logprobs"} <= sliced
+        assert not {"input_token_logprobs", "input_top_logprobs"} & sliced
+        assert hasattr(envs, RAW_LOGPROBS_ENV[0])

@@ -1,6 +1,7 @@
 """The sglang engine: SGLang 0.5.x runs the model stages on GPUs behind mmserve's interface.
 
 `engine` (`SglangEngine`: encode, prefill, decode, P/D through SGLang's bootstrap rooms),
+`outputs` (SGLang's streamed outputs as `TokenChunk`s: choices, log-probabilities, usage),
 `checks` (the installed SGLang against the adapter: its request fields, `mm_hashes`, its pad
 values; `check_sglang`, `SglangStartupError`), `args` (SGLang's command line for a worker and
 its parser), `convert` (mmserve's requests and items as SGLang's arguments), `kv_events` (SGLang's
@@ -17,6 +18,7 @@ from typing import Any
 
 _EXPORTS = {
     "GENERATE_FIELDS": "args",
+    "RAW_LOGPROBS_ENV": "args",
     "ROLE_SGLANG_ARGS": "args",
     "kv_events_config": "args",
     "parse_sglang_args": "args",
@@ -27,11 +29,15 @@ _EXPORTS = {
     "sglang_pad_values": "checks",
     "sglang_splits_images": "checks",
     "encoder_item": "convert",
+    "check_disaggregated": "convert",
     "finish_reason": "convert",
+    "generate_calls": "convert",
     "generate_kwargs": "convert",
+    "logprob_kwargs": "convert",
     "media_item": "convert",
     "sampling_params": "convert",
     "SglangEngine": "engine",
+    "SglangStream": "outputs",
     "SglangKvEventBridge": "kv_events",
     "zmq_reader": "kv_events",
 }

@@ -19,8 +19,19 @@ GENERATE_FIELDS = (
     "bootstrap_host",
     "bootstrap_port",
     "bootstrap_room",
+    "return_logprob",
+    "top_logprobs_num",
+    "logprob_start_len",
+    "token_ids_logprob",
 )
-"""Every argument the engine passes to `sglang.Engine.async_generate`."""
+"""Every argument the engine passes to `sglang.Engine.async_generate` (the last four where a
+request asks for log-probabilities: `convert.logprob_kwargs`)."""
+
+RAW_LOGPROBS_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
+"""Set for SGLang's processes unless the user set it: SGLang's logprobs are then those of the
+logits before temperature (`Sampler.forward`), as the hf engine's `raw_logprobs` and vLLM's
+default; SGLang's own default divides by the temperature first. (Its logits already carry
+`logit_bias` and the penalties, which the hf engine's raw logprobs do not.)"""
 
 ROLE_SGLANG_ARGS: dict[str, tuple[tuple[str, ...], ...]] = {
     "prefill": (

@@ -11,8 +11,10 @@ Rust core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its mo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+import msgspec
 import torch
 
 from mmserve.engines.base import (
@@ -22,6 +24,7 @@ from mmserve.engines.base import (
     MediaInput,
     MediaModality,
 )
+from mmserve.engines.logits import step_seed
 from mmserve.protocol import (
     BootstrapInfo,
     FinishReason,
@@ -91,14 +94,6 @@ def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str,
         params["stop"] = list(stop.stop)
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
-    # The adapter does not read SGLang's returned logprobs yet (`return_logprob`,
-    # `top_logprobs_num`, `logprob_start_len`): refused by name, never dropped.
-    for name in ("logprobs", "prompt_logprobs"):
-        if getattr(sampling, name) is not None:
-            raise EngineError(f"{name} are not served by the sglang engine yet")
-    if sampling.n != 1:
-        # SGLang's `n` forks its streams by index; the adapter reads one stream per request.
-        raise EngineError("n > 1 is not served by the sglang engine yet")
     params |= {
         "min_p": sampling.min_p,
         "frequency_penalty": sampling.frequency_penalty,
@@ -152,7 +147,95 @@ def generate_kwargs(
         kwargs["bootstrap_host"] = bootstrap.host
         kwargs["bootstrap_port"] = bootstrap.port
         kwargs["bootstrap_room"] = bootstrap.room
+    kwargs |= logprob_kwargs(request)
     return kwargs
+
+
+def logprob_kwargs(request: EngineRequest) -> dict[str, Any]:
+    """SGLang's log-probability arguments for the request's `logprobs` and `prompt_logprobs`
+    (none where it asks for neither): `return_logprob`, one `top_logprobs_num` for the
+    output and the prompt (the larger of the two counts; each side is cut to its own), and
+    for prompt log-probabilities `logprob_start_len` 0 (the whole prompt, which SGLang then
+    recomputes rather than reading its radix cache) and, with media, `token_ids_logprob` of
+    the items' placeholder ids: SGLang scores an item's positions as its pad values (clamped
+    to the vocabulary), so the placeholder's own log-probability there comes from that list."""
+    sampling = request.sampling
+    if sampling.logprobs is None and sampling.prompt_logprobs is None:
+        return {}
+    top = max(sampling.logprobs or 0, sampling.prompt_logprobs or 0)
+    kwargs: dict[str, Any] = {"return_logprob": True, "top_logprobs_num": top}
+    if sampling.prompt_logprobs is not None:
+        kwargs["logprob_start_len"] = 0
+        placeholders = sorted({request.token_ids[item.offset] for item in request.media})
+        if placeholders:
+            kwargs["token_ids_logprob"] = placeholders
+    return kwargs
+
+
+def check_disaggregated(sampling: SamplingParams) -> None:
+    """Refuse by name what a prefill/decode pair joined through SGLang's bootstrap room cannot
+    serve (SGLang 0.5.23): `n` > 1, since a bootstrap room pairs one prefill request with one
+    decode request, and the handover has one room and one first token (SGLang's own `n`
+    would send its prefix warm-up and every sample with the one room); and
+    `prompt_logprobs`, which SGLang's prefill computes but does not hand decode (only the
+    first output token's log-probabilities cross, in its metadata buffers). Output
+    `logprobs` are served."""
+    if sampling.n != 1:
+        raise EngineError(
+            "n > 1 is not served by a prefill/decode-disaggregated sglang engine: a SGLang "
+            "bootstrap room pairs one prefill request with one decode request"
+        )
+    if sampling.prompt_logprobs is not None:
+        raise EngineError(
+            "prompt_logprobs are not served by a prefill/decode-disaggregated sglang engine: "
+            "SGLang's decode does not receive the prompt's log-probabilities from its prefill"
+        )
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The `sampling_seed` of choice `choice` of a seeded request: the request's own for
+    choice 0 (so it draws as the request with `n` 1 would), one derived from (seed, choice)
+    for the others (`logits.step_seed`, within SGLang's signed 64-bit range)."""
+    return seed if choice == 0 else step_seed(seed, choice, 0)
+
+
+def generate_calls(
+    request: EngineRequest,
+    embeddings: Sequence[ItemEmbedding],
+    bootstrap: BootstrapInfo | None,
+    *,
+    splits_images: bool = True,
+) -> list[dict[str, Any]]:
+    """The `async_generate` calls of one request, one per choice (choice i's outputs are
+    call i's): for `n` > 1, choice i goes with rid `<id>.<i>` and, for a seeded request,
+    `sampling_seed` `choice_seed(seed, i)`. A request with `max_tokens` 0 scores the prompt
+    only: one call whatever its `n`.
+
+    Not SGLang's own `n` (`sampling_params["n"]`, parallel sampling) in SGLang 0.5.23: it
+    turns the request into a batch, whose `mm_hashes` must hold one list per request with one
+    hash per `image_data` entry (the engine sends one bundled entry per modality, and video
+    hashes), so a request with a video or a split multi-image bundle is refused, and without
+    `mm_hashes` SGLang pads with its own hashes, which KV routing cannot predict; and it gives
+    every sample the one `sampling_params`, hence one `sampling_seed`, with which SGLang's
+    seeded draws (a hash of seed and position) are the same for every sample. Its one gain,
+    the prompt prefilled once, is what the radix cache gives n requests under a cache-aware
+    `--schedule-policy` (`lpm`: SGLang schedules one of the prompts sharing a prefix first);
+    under SGLang's default `fcfs`, the n requests of one prompt are prefilled together, each
+    on its own."""
+    sampling = request.sampling
+    n = sampling.n if request.stop.max_tokens > 0 else 1
+    if n == 1:
+        return [generate_kwargs(request, embeddings, bootstrap, splits_images=splits_images)]
+    calls = []
+    for choice in range(n):
+        seed = None if sampling.seed is None else choice_seed(sampling.seed, choice)
+        one = replace(
+            request,
+            request_id=f"{request.request_id}.{choice}",
+            sampling=msgspec.structs.replace(sampling, seed=seed, n=1),
+        )
+        calls.append(generate_kwargs(one, embeddings, bootstrap, splits_images=splits_images))
+    return calls
 
 
 def finish_reason(sglang_reason: Any) -> FinishReason:

@@ -34,10 +34,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import secrets
 import socket
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,12 @@ from mmserve.engines.base import (
     MediaInput,
 )
 from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
-from mmserve.engines.sglang.args import kv_events_config, parse_sglang_args, sglang_argv
+from mmserve.engines.sglang.args import (
+    RAW_LOGPROBS_ENV,
+    kv_events_config,
+    parse_sglang_args,
+    sglang_argv,
+)
 from mmserve.engines.sglang.checks import (
     SglangStartupError,
     check_sglang,
@@ -65,12 +72,14 @@ from mmserve.engines.sglang.checks import (
     sglang_splits_images,
 )
 from mmserve.engines.sglang.convert import (
+    check_disaggregated,
     encoder_item,
-    finish_reason,
+    generate_calls,
     generate_kwargs,
     sglang_rows,
 )
 from mmserve.engines.sglang.kv_events import SglangKvEventBridge, zmq_reader
+from mmserve.engines.sglang.outputs import SglangStream
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.protocol import (
@@ -81,7 +90,6 @@ from mmserve.protocol import (
     SamplingParams,
     StopConditions,
     TokenChunk,
-    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -180,6 +188,8 @@ class SglangEngine(Engine[SglangKv]):
         else:
             import sglang
 
+            os.environ.setdefault(*RAW_LOGPROBS_ENV)  # read by its spawned scheduler
+
             self._llm = sglang.Engine(server_args=ServerArgs.from_cli_args(self.args))
 
     def _make_encoder(self, **overrides: Any) -> Any:
@@ -246,6 +256,7 @@ class SglangEngine(Engine[SglangKv]):
         if self.mode == "prefill":
             if bootstrap is None:
                 raise EngineError("a prefill-mode sglang engine prefills into a bootstrap room")
+            check_disaggregated(request.sampling)
             stream = await llm.async_generate(
                 **self._generate_kwargs(request, embeddings, bootstrap)
             )
@@ -267,46 +278,31 @@ class SglangEngine(Engine[SglangKv]):
         request.check_media(given)
         embeddings = request.live_embeddings(given, 0)
         self.bridge.remember(item.mm_hash for item in embeddings)
-        async for chunk in self._stream(request, embeddings, None):
-            yield chunk
+        async with aclosing(self._stream(request, embeddings, None)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def _stream(
         self,
         request: EngineRequest,
         embeddings: Sequence[ItemEmbedding],
         bootstrap: BootstrapInfo | None,
-    ) -> AsyncIterator[TokenChunk]:
+    ) -> AsyncGenerator[TokenChunk, None]:
         llm = self._language_model()
+        if bootstrap is not None:
+            check_disaggregated(request.sampling)
+        calls = generate_calls(request, embeddings, bootstrap, splits_images=self.splits_images)
+        choices = request.sampling.n if request.stop.max_tokens > 0 else 1
+        reader = SglangStream(request, choices, incremental=self.incremental)
         with self.admission():
-            stream = await llm.async_generate(
-                **self._generate_kwargs(request, embeddings, bootstrap)
-            )
-            sent_ids = 0
-            sent_text = ""
-            async for out in stream:
-                ids = list(out.get("output_ids") or ())
-                text = out.get("text") or ""
-                meta = out.get("meta_info") or {}
-                finish = meta.get("finish_reason")
-                if self.incremental:  # --incremental-streaming-output: outputs are deltas
-                    chunk_ids, chunk_text = ids, text
-                    sent_ids += len(ids)
-                else:  # SGLang's default: each output repeats everything so far
-                    chunk_ids, chunk_text = ids[sent_ids:], text[len(sent_text) :]
-                    sent_ids, sent_text = len(ids), text
-                if finish is None:
-                    if chunk_ids:
-                        yield TokenChunk(request.request_id, chunk_ids, chunk_text)
-                    continue
-                usage = Usage(
-                    prompt_tokens=int(meta.get("prompt_tokens", len(request.token_ids))),
-                    completion_tokens=int(meta.get("completion_tokens", sent_ids)),
-                    cached_tokens=int(meta.get("cached_tokens", 0)),
-                )
-                yield TokenChunk(
-                    request.request_id, chunk_ids, chunk_text, finish_reason(finish), usage
-                )
-                return
+            streams = [await llm.async_generate(**kwargs) for kwargs in calls]
+            async with aclosing(_outputs(streams)) as outputs:
+                async for index, out in outputs:
+                    chunk = reader.read(index, out)
+                    if chunk is not None:
+                        yield chunk
+                    if reader.done:
+                        return
 
     async def export_kv(self, kv: KvHandle[SglangKv]) -> dict[str, torch.Tensor]:
         if self.mode != "prefill" or kv.state.bootstrap is None:
@@ -328,6 +324,7 @@ class SglangEngine(Engine[SglangKv]):
     ) -> KvHandle[SglangKv]:
         if self.mode != "decode" or bootstrap is None:
             raise EngineError("only a decode-mode sglang engine joins a prefill's bootstrap room")
+        check_disaggregated(request.sampling)
         rows = tensors.get("embeddings", torch.empty(0))
         expected = sum(item.length for item in request.media)
         if rows.shape[0] != expected:
@@ -419,6 +416,47 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def _outputs(
+    streams: Sequence[AsyncIterator[dict[str, Any]]],
+) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
+    """Each output of the request's streams (one per choice) as it comes, with its choice. Every
+    stream is closed at the end, and a pending read cancelled, so none is left running
+    behind a client that went away. (Closing does not abort SGLang's request: its tokenizer
+    manager aborts an engine request only when asked to.)"""
+    if len(streams) == 1:
+        (stream,) = streams
+        try:
+            async for out in stream:
+                yield 0, out
+        finally:
+            await _close(stream)
+        return
+    pending = {asyncio.ensure_future(anext(stream)): index for index, stream in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                index = pending.pop(task)
+                try:
+                    out = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(streams[index]))] = index
+                yield index, out
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await _close(stream)
+
+
+async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
 
 
 async def _drain(stream: AsyncIterator[dict[str, Any]]) -> None:
