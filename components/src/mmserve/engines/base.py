@@ -57,6 +57,11 @@ class EngineError(Exception):
     """A request the engine cannot run as given (bad shapes, counts, ids)."""
 
 
+class UnsupportedRequest(EngineError):
+    """A request this engine does not serve as asked (an option, in this engine's mode): the
+    client's 400 `unsupported_option`, not the deployment's fault."""
+
+
 class EngineOverloaded(EngineError):
     """The engine's queue is full; the caller should retry elsewhere or later (HTTP 503)."""
 

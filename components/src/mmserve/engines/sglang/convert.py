@@ -18,11 +18,11 @@ import msgspec
 import torch
 
 from mmserve.engines.base import (
-    EngineError,
     EngineRequest,
     ItemEmbedding,
     MediaInput,
     MediaModality,
+    UnsupportedRequest,
 )
 from mmserve.engines.logits import step_seed
 from mmserve.protocol import (
@@ -181,12 +181,12 @@ def check_disaggregated(sampling: SamplingParams) -> None:
     first output token's log-probabilities cross, in its metadata buffers). Output
     `logprobs` are served."""
     if sampling.n != 1:
-        raise EngineError(
+        raise UnsupportedRequest(
             "n > 1 is not served by a prefill/decode-disaggregated sglang engine: a SGLang "
             "bootstrap room pairs one prefill request with one decode request"
         )
     if sampling.prompt_logprobs is not None:
-        raise EngineError(
+        raise UnsupportedRequest(
             "prompt_logprobs are not served by a prefill/decode-disaggregated sglang engine: "
             "SGLang's decode does not receive the prompt's log-probabilities from its prefill"
         )

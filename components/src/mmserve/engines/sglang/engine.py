@@ -59,6 +59,7 @@ from mmserve.engines.base import (
     MediaInput,
 )
 from mmserve.engines.defaults import DEFAULT_MAX_QUEUE
+from mmserve.engines.sampling import check_sampling
 from mmserve.engines.sglang.args import (
     RAW_LOGPROBS_ENV,
     kv_events_config,
@@ -248,6 +249,7 @@ class SglangEngine(Engine[SglangKv]):
         given: Embeddings,
         bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle[SglangKv]:
+        check_sampling(request.sampling, request.stop)
         request.check_media(given)
         # SGLang's radix cache is not read from here: every item needs its embedding.
         embeddings = request.live_embeddings(given, 0)
@@ -275,6 +277,7 @@ class SglangEngine(Engine[SglangKv]):
     async def generate(
         self, request: EngineRequest, given: Embeddings = ()
     ) -> AsyncIterator[TokenChunk]:
+        check_sampling(request.sampling, request.stop)
         request.check_media(given)
         embeddings = request.live_embeddings(given, 0)
         self.bridge.remember(item.mm_hash for item in embeddings)
