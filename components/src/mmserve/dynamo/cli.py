@@ -215,38 +215,37 @@ async def _role_endpoint(
 
     role: Role = args.role
     instance_id = f"{endpoint.connection_id():x}"
-    translator = Translator(name, args.default_max_tokens)
     card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
     if role is Role.DECODE:
         # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
         core = build_core(role, engine, transfer, None, instance_id=instance_id)
         card |= {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
-        generate = ADAPTERS[role](core, translator).generate
+        generate = ADAPTERS[role](core, Translator(name, args.default_max_tokens)).generate
         return generate, ModelType.Chat | ModelType.Completions, card
     stage = EncodeStage(engine, transfer, model_path, role.value)
     core = build_core(role, engine, transfer, stage, instance_id=instance_id)
     local = LocalImages(stage.spec, MediaPolicy.from_args(args), name)
     if role is Role.ENCODE:
-        translator.images = local
         # It serves the workers that run prompts: aggregated ones or prefill ones.
         card = {
             "worker_type": WorkerType.Encode,
             "needs": [[WorkerType.Aggregated], [WorkerType.Prefill]],
         }
-        return ADAPTERS[role](core, translator).generate, ModelType.Empty, card
-    translator.kv_events = DynamoKvEvents(
+        generate = ADAPTERS[role](core, Translator(name, args.default_max_tokens, local)).generate
+        return generate, ModelType.Empty, card
+    kv_events = DynamoKvEvents(
         KvEventPublisher(endpoint, kv_block_size=args.block_size),
         args.block_size,
         PadScheme(args.pad_scheme),
     )
-    engine.subscribe_kv_events(translator.kv_events.sink)
+    engine.subscribe_kv_events(kv_events.sink)
     images: Images = local
     encoders = []
     if args.route_to_encoder:
         encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
         images = RemoteImages(await encoder.client(), local)
         encoders = [WorkerType.Encode]
-    translator.images = images
+    translator = Translator(name, args.default_max_tokens, images, kv_events)
     generate = ADAPTERS[role](core, translator).generate
     if role is Role.PREFILL:
         # Dynamo's marker of a prefill worker's card, as its SGLang prefill sets.
