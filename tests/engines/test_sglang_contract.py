@@ -356,11 +356,16 @@ def test_role_flags_unless_given() -> None:
 
 
 class FakeTokenizerManager:
-    """SGLang's tokenizer manager as far as `flush_cache` goes: it refuses while busy."""
+    """SGLang's tokenizer manager as far as `flush_cache` (it refuses while busy) and
+    `abort_request` go."""
 
     def __init__(self) -> None:
         self.busy = False
         self.flushes = 0
+        self.aborted: list[str] = []
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.aborted.append(rid)
 
     async def flush_cache(self) -> argparse.Namespace:
         if self.busy:
@@ -412,6 +417,19 @@ def _engine(mode: str, fake: FakeSglangEngine) -> SglangEngine:
     engine = SglangEngine(args, block_size=16, max_queue=4, pad_scheme=PadScheme.DYNAMO)
     engine._llm = fake
     return engine
+
+
+async def test_a_stream_left_before_its_end_aborts_sglangs_request() -> None:
+    """SGLang generates an engine request to its end unless asked to abort it; a stream
+    read to its end aborts nothing."""
+    fake = FakeSglangEngine([5, 6, 7])
+    engine = _engine("null", fake)
+    chunks = engine.generate(_request(), _embeddings())
+    assert (await anext(chunks)).token_ids == [5]
+    await chunks.aclose()
+    assert fake.tokenizer_manager.aborted == [fake.calls[0]["rid"]]
+    assert [c.token_ids async for c in engine.generate(_request(), _embeddings())][-1] == [7]
+    assert len(fake.tokenizer_manager.aborted) == 1
 
 
 async def test_stream_sends_each_token_once_and_the_usage_last() -> None:
@@ -708,6 +726,14 @@ else:
                 block_size=16,
                 pad_scheme=installed_scheme(),
             )
+
+    def test_abort_request_takes_the_rid_and_is_called_without_awaiting() -> None:
+        """What `SglangEngine._stream` calls on a stream its caller left."""
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+        assert not inspect.iscoroutinefunction(TokenizerManager.abort_request)
+        params = inspect.signature(TokenizerManager.abort_request).parameters
+        assert "rid" in params and params["rid"].default == ""
 
     def test_flush_cache_is_the_tokenizer_managers_coroutine() -> None:
         """What `SglangEngine.clear_caches` awaits: `Engine.flush_cache` wraps it, it answers

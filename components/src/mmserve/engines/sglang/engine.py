@@ -299,13 +299,20 @@ class SglangEngine(Engine[SglangKv]):
         reader = SglangStream(request, choices, incremental=self.incremental)
         with self.admission():
             streams = [await llm.async_generate(**kwargs) for kwargs in calls]
-            async with aclosing(_outputs(streams)) as outputs:
-                async for index, out in outputs:
-                    chunk = reader.read(index, out)
-                    if chunk is not None:
-                        yield chunk
-                    if reader.done:
-                        return
+            try:
+                async with aclosing(_outputs(streams)) as outputs:
+                    async for index, out in outputs:
+                        chunk = reader.read(index, out)
+                        if chunk is not None:
+                            yield chunk
+                        if reader.done:
+                            return
+            finally:
+                if not reader.done:
+                    # The caller left (or a read failed): SGLang aborts an engine request only
+                    # when asked, and would otherwise generate it to its end.
+                    for kwargs in calls:
+                        llm.tokenizer_manager.abort_request(rid=kwargs["rid"])
 
     async def export_kv(self, kv: KvHandle[SglangKv]) -> dict[str, torch.Tensor]:
         if self.mode != "prefill" or kv.state.bootstrap is None:
@@ -426,8 +433,8 @@ async def _outputs(
 ) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
     """Each output of the request's streams (one per choice) as it comes, with its choice. Every
     stream is closed at the end, and a pending read cancelled, so none is left running
-    behind a client that went away. (Closing does not abort SGLang's request: its tokenizer
-    manager aborts an engine request only when asked to.)"""
+    behind a client that went away (`_stream` then asks SGLang to abort the requests, which
+    closing alone does not)."""
     if len(streams) == 1:
         (stream,) = streams
         try:
