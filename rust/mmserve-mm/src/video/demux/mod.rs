@@ -24,6 +24,11 @@
 //! and range (BT.601 when unspecified), then turned by the stream's display matrix in
 //! quarter turns, as torchcodec's CPU path does.
 
+mod convert;
+mod error;
+mod probe;
+mod rotation;
+
 use std::ffi::{c_int, c_void, CStr};
 use std::mem::ManuallyDrop;
 use std::ptr;
@@ -33,22 +38,17 @@ use std::time::Instant;
 use ff::ffi;
 use ffmpeg_next as ff;
 
-use crate::image::decode::exif::{self, Orientation};
 use crate::pipeline::DecodedImage;
 use crate::video::error::VideoError;
 use crate::video::sampling::VideoMeta;
 use crate::video::timeline::{PacketTime, Timeline};
+use convert::{check_pixel_format, pixel_format_name, to_rgb};
+use error::ff_error;
+use probe::probe_container;
+use rotation::{display_rotation, rotate};
 
 /// Bytes handed to FFmpeg per read.
 const IO_BUFFER: usize = 64 * 1024;
-/// Bytes the container is named from: the first 2 KiB, doubled up to 1 MiB while no demuxer
-/// is sure (libavformat's `av_probe_input_buffer2` steps and scores).
-const PROBE_MIN_BYTES: usize = 2048;
-const PROBE_BYTES: usize = 1 << 20;
-/// `AVPROBE_SCORE_RETRY`: below the full probe, a demuxer must score above it to be taken.
-const PROBE_SCORE_RETRY: c_int = ffi::AVPROBE_SCORE_MAX / 4;
-/// Demuxers that may open the data (libavformat's names).
-const CONTAINERS: [&str; 2] = ["mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"];
 /// Packets read for a frame size the headers leave to the bitstream: its VOL header comes
 /// before the first picture.
 const SIZE_PACKETS: usize = 4;
@@ -271,66 +271,6 @@ fn quiet_logs() {
     static QUIET: Once = Once::new();
     // FFmpeg would print every complaint about a hostile file to stderr.
     QUIET.call_once(|| ff::util::log::set_level(ff::util::log::Level::Quiet));
-}
-
-/// Names the container from the first bytes without opening a demuxer, as libavformat's
-/// own probing does: every demuxer's probe runs over the head, so a short one that a demuxer
-/// is sure of spares reading the rest of the first MiB.
-fn probe_container(data: &[u8]) -> Result<*const ffi::AVInputFormat, VideoError> {
-    let mut size = PROBE_MIN_BYTES;
-    let format = loop {
-        let head = &data[..data.len().min(size)];
-        let last = head.len() == data.len() || size >= PROBE_BYTES;
-        let mut padded = Vec::with_capacity(head.len() + ffi::AVPROBE_PADDING_SIZE as usize);
-        padded.extend_from_slice(head);
-        padded.resize(head.len() + ffi::AVPROBE_PADDING_SIZE as usize, 0);
-        let probe = ffi::AVProbeData {
-            filename: c"".as_ptr(),
-            buf: padded.as_mut_ptr(),
-            buf_size: head.len() as c_int,
-            mime_type: ptr::null(),
-        };
-        let mut score = if last { 0 } else { PROBE_SCORE_RETRY };
-        // SAFETY: `probe` points at `head.len()` bytes plus the zero padding FFmpeg
-        // requires; av_probe_input_format2 returns a demuxer scoring above `score` or null.
-        let format = unsafe { ffi::av_probe_input_format2(&probe, 1, &mut score) };
-        if !format.is_null() || last {
-            break format;
-        }
-        size *= 2;
-    };
-    if format.is_null() {
-        return Err(VideoError::UnknownContainer);
-    }
-    // SAFETY: a non-null AVInputFormat has a static NUL-terminated name.
-    let name = unsafe { CStr::from_ptr((*format).name) }.to_string_lossy();
-    if !CONTAINERS.contains(&name.as_ref()) {
-        return Err(VideoError::UnsupportedContainer(name.into_owned()));
-    }
-    Ok(format)
-}
-
-/// An FFmpeg error met while `doing` something: the deadline's own, or FFmpeg's words.
-fn ff_error(doing: &'static str) -> impl Fn(ff::Error) -> VideoError {
-    move |e| match e {
-        ff::Error::Exit => VideoError::Deadline,
-        other => VideoError::Corrupt(format!("{doing}: {}", error_text(c_int::from(other)))),
-    }
-}
-
-/// FFmpeg's own words for an error code. ffmpeg-next's `Display` reads a table that only
-/// `ffmpeg_next::init` fills (empty strings otherwise), so av_strerror is asked directly.
-fn error_text(code: c_int) -> String {
-    let mut buf = [0 as std::ffi::c_char; ffi::AV_ERROR_MAX_STRING_SIZE];
-    // SAFETY: av_strerror writes at most `buf.len()` bytes, NUL-terminated.
-    let known = unsafe { ffi::av_strerror(code, buf.as_mut_ptr(), buf.len()) } >= 0;
-    // SAFETY: `buf` is NUL-terminated (zeroed, and av_strerror terminates what it writes).
-    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
-    if known && !text.is_empty() {
-        text.into_owned()
-    } else {
-        format!("FFmpeg error {code}")
-    }
 }
 
 impl<'a> Demuxer<'a> {
@@ -843,40 +783,6 @@ impl Drop for Parser {
     }
 }
 
-/// The stream's display matrix as quarter turns counter-clockwise, in degrees: what
-/// torchcodec reads (`av_display_rotation_get`, rounded to the nearest multiple of 90) and
-/// turns each frame by; 0 without one.
-fn display_rotation(stream: &ff::format::stream::Stream<'_>) -> u32 {
-    let mut size = 0usize;
-    // SAFETY: the stream is live; the side data, when present, is `size` bytes it owns.
-    let degrees = unsafe {
-        let matrix = ffi::av_stream_get_side_data(
-            stream.as_ptr(),
-            ffi::AVPacketSideDataType::AV_PKT_DATA_DISPLAYMATRIX,
-            &mut size,
-        );
-        if matrix.is_null() || size < 9 * std::mem::size_of::<i32>() {
-            return 0;
-        }
-        ffi::av_display_rotation_get(matrix as *const i32)
-    };
-    if !degrees.is_finite() {
-        return 0;
-    }
-    ((degrees / 90.0).round() as i64).rem_euclid(4) as u32 * 90
-}
-
-/// A decoded frame turned by the stream's rotation (exact: pixels are only moved).
-fn rotate(frame: DecodedImage, rotation: u32) -> Result<DecodedImage, VideoError> {
-    let orientation = match rotation {
-        90 => Orientation::Rotate90,
-        180 => Orientation::Rotate180,
-        270 => Orientation::Rotate270,
-        _ => return Ok(frame),
-    };
-    exif::apply(frame, orientation).map_err(|e| VideoError::Corrupt(e.to_string()))
-}
-
 fn ends_early(frames: u64, info: &VideoInfo) -> VideoError {
     VideoError::Corrupt(format!(
         "the video ends after {frames} frames, its header claims {}",
@@ -923,140 +829,4 @@ fn header_frame_count(stream: &ff::format::stream::Stream) -> u64 {
 fn is_discarded(packet: &ff::Packet) -> bool {
     // SAFETY: the packet is live.
     unsafe { (*ff::packet::Ref::as_ptr(packet)).flags & ffi::AV_PKT_FLAG_DISCARD as c_int != 0 }
-}
-
-fn pixel_format_name(format: c_int) -> String {
-    // Walks libavutil's descriptor table: a header's raw value is never cast to the enum.
-    let mut desc: *const ffi::AVPixFmtDescriptor = ptr::null();
-    loop {
-        // SAFETY: av_pix_fmt_desc_next takes null or a previous result; descriptors and
-        // their names are static.
-        unsafe {
-            desc = ffi::av_pix_fmt_desc_next(desc);
-            if desc.is_null() {
-                return format!("pixel format {format}");
-            }
-            if ffi::av_pix_fmt_desc_get_id(desc) as c_int == format {
-                return CStr::from_ptr((*desc).name).to_string_lossy().into_owned();
-            }
-        }
-    }
-}
-
-/// 8-bit YUV only: deeper samples would be rounded to 8 bits, which no reference pins down.
-fn check_pixel_format(format: c_int, name: &str) -> Result<(), VideoError> {
-    use ffi::AVPixelFormat::*;
-    let allowed = [
-        AV_PIX_FMT_YUV420P,
-        AV_PIX_FMT_YUVJ420P,
-        AV_PIX_FMT_YUV422P,
-        AV_PIX_FMT_YUVJ422P,
-        AV_PIX_FMT_YUV444P,
-        AV_PIX_FMT_YUVJ444P,
-        AV_PIX_FMT_NV12,
-    ];
-    if allowed.iter().any(|&f| f as c_int == format) {
-        Ok(())
-    } else {
-        Err(VideoError::UnsupportedPixelFormat(name.to_owned()))
-    }
-}
-
-/// One decoded frame as packed RGB8, through a scaler kept for the stream.
-fn to_rgb(
-    frame: &ff::frame::Video,
-    scaler: &mut Option<ff::software::scaling::Context>,
-) -> Result<DecodedImage, VideoError> {
-    let format = frame.format();
-    let raw = ffi::AVPixelFormat::from(format) as c_int;
-    check_pixel_format(raw, &pixel_format_name(raw))?;
-    let (width, height) = (frame.width(), frame.height());
-    let stale = scaler.as_ref().is_none_or(|s| {
-        let input = s.input();
-        (input.format, input.width, input.height) != (format, width, height)
-    });
-    if stale {
-        let mut context = ff::software::scaling::Context::get(
-            format,
-            width,
-            height,
-            ff::format::Pixel::RGB24,
-            width,
-            height,
-            ff::software::scaling::Flags::BILINEAR,
-        )
-        .map_err(ff_error("setting up the RGB conversion"))?;
-        set_colorspace(&mut context, frame);
-        *scaler = Some(context);
-    }
-    let Some(context) = scaler.as_mut() else {
-        return Err(VideoError::Corrupt("no scaler".into()));
-    };
-    let mut rgb = ff::frame::Video::empty();
-    context
-        .run(frame, &mut rgb)
-        .map_err(ff_error("converting to RGB"))?;
-    let row = width as usize * 3;
-    let stride = rgb.stride(0);
-    let plane = rgb.data(0);
-    let mut data = Vec::with_capacity(row * height as usize);
-    for y in 0..height as usize {
-        let Some(line) = plane.get(y * stride..y * stride + row) else {
-            return Err(VideoError::Corrupt("short RGB plane".into()));
-        };
-        data.extend_from_slice(line);
-    }
-    Ok(DecodedImage {
-        width,
-        height,
-        data,
-    })
-}
-
-/// The frame's YUV matrix and range for the conversion (BT.601 when unspecified).
-fn set_colorspace(context: &mut ff::software::scaling::Context, frame: &ff::frame::Video) {
-    use ff::format::Pixel;
-    let full = frame.color_range() == ff::util::color::Range::JPEG
-        || matches!(
-            frame.format(),
-            Pixel::YUVJ420P | Pixel::YUVJ422P | Pixel::YUVJ444P
-        );
-    // SAFETY: the scaler is live; sws_getCoefficients takes any colorspace value and
-    // returns a static table.
-    unsafe {
-        let space = (*frame.as_ptr()).colorspace as c_int;
-        let src = ffi::sws_getCoefficients(space);
-        let dst = ffi::sws_getCoefficients(ffi::SWS_CS_DEFAULT as c_int);
-        ffi::sws_setColorspaceDetails(
-            context.as_mut_ptr(),
-            src,
-            c_int::from(full),
-            dst,
-            0,
-            0,
-            1 << 16,
-            1 << 16,
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ffmpeg_errors_keep_their_words() {
-        assert_eq!(
-            error_text(ffi::AVERROR_INVALIDDATA),
-            "Invalid data found when processing input"
-        );
-        let VideoError::Corrupt(why) = ff_error("reading a packet")(ff::Error::Eof) else {
-            panic!("not corrupt");
-        };
-        assert_eq!(why, "reading a packet: End of file");
-        assert!(matches!(
-            ff_error("decoding")(ff::Error::Exit),
-            VideoError::Deadline
-        ));
-    }
 }
