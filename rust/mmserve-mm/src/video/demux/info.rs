@@ -220,7 +220,6 @@ impl Drop for Parser {
     }
 }
 
-/// Whether the container marks the packet's frame as one to drop (an mp4 edit list does).
 /// The frame count the container's headers give: mp4's sample count less the samples its
 /// edit list discards (a file cut with `-c copy` keeps the packets from the keyframe before
 /// the cut, marked discarded in the index), which is what torchcodec's exact mode counts.

@@ -53,6 +53,7 @@ impl Demuxer<'_> {
     }
 }
 
+/// Whether the container marks the packet's frame as one to drop (an mp4 edit list does).
 pub(super) fn is_discarded(packet: &ff::Packet) -> bool {
     // SAFETY: the packet is live.
     unsafe { (*ff::packet::Ref::as_ptr(packet)).flags & ffi::AV_PKT_FLAG_DISCARD as c_int != 0 }
