@@ -105,25 +105,13 @@ impl Demuxer<'_> {
                 limit: limits.max_frames,
             });
         }
-        let duration_s = if stream_duration > 0 && time_base > 0.0 {
-            stream_duration as f64 * time_base
-        } else {
-            let container = self.input.duration();
-            if container > 0 {
-                container as f64 / f64::from(ffi::AV_TIME_BASE)
-            } else {
-                rate.map_or(0.0, |r| total_frames as f64 / r)
-            }
-        };
-        let fps = match rate {
-            Some(r) => r,
-            None if duration_s > 0.0 => total_frames as f64 / duration_s,
-            None => return Err(VideoError::NoFrameRate),
-        };
-        if !(fps.is_finite() && fps > 0.0) {
-            return Err(VideoError::NoFrameRate);
-        }
-        let duration_s = duration_s.max(total_frames as f64 / fps);
+        let (fps, duration_s) = rate_and_duration(
+            rate,
+            stream_duration,
+            time_base,
+            self.input.duration(),
+            total_frames,
+        )?;
         if duration_s > limits.max_duration_s {
             return Err(VideoError::TooLong {
                 seconds: duration_s,
@@ -194,6 +182,35 @@ impl Demuxer<'_> {
     }
 }
 
+/// The frame rate and the duration in seconds, from the header values: the stream's rate,
+/// else the frames over the duration; the stream's duration (in `time_base` units), else the
+/// container's (in `AV_TIME_BASE` units), else the frames at the rate; never shorter than
+/// the frames last at that rate.
+fn rate_and_duration(
+    rate: Option<f64>,
+    stream_duration: i64,
+    time_base: f64,
+    container_duration: i64,
+    total_frames: u64,
+) -> Result<(f64, f64), VideoError> {
+    let duration_s = if stream_duration > 0 && time_base > 0.0 {
+        stream_duration as f64 * time_base
+    } else if container_duration > 0 {
+        container_duration as f64 / f64::from(ffi::AV_TIME_BASE)
+    } else {
+        rate.map_or(0.0, |r| total_frames as f64 / r)
+    };
+    let fps = match rate {
+        Some(r) => r,
+        None if duration_s > 0.0 => total_frames as f64 / duration_s,
+        None => return Err(VideoError::NoFrameRate),
+    };
+    if !(fps.is_finite() && fps > 0.0) {
+        return Err(VideoError::NoFrameRate);
+    }
+    Ok((fps, duration_s.max(total_frames as f64 / fps)))
+}
+
 /// A libavcodec parser, told that each packet is one whole frame.
 struct Parser(*mut ffi::AVCodecParserContext);
 
@@ -238,4 +255,54 @@ fn header_frame_count(stream: &ff::format::stream::Stream) -> u64 {
             .count()
     };
     samples.saturating_sub(discarded as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_and_duration_prefer_the_stream_then_the_container_then_the_frames() {
+        // The stream's duration, in its time base.
+        assert_eq!(
+            rate_and_duration(Some(25.0), 1000, 0.01, 0, 100).ok(),
+            Some((25.0, 10.0))
+        );
+        // The container's, in AV_TIME_BASE units, when the stream gives none.
+        assert_eq!(
+            rate_and_duration(Some(25.0), 0, 0.01, 8_000_000, 100).ok(),
+            Some((25.0, 8.0))
+        );
+        // Neither: the frames at the rate.
+        assert_eq!(
+            rate_and_duration(Some(20.0), 0, 0.0, 0, 100).ok(),
+            Some((20.0, 5.0))
+        );
+        // No rate: the frames over the duration.
+        assert_eq!(
+            rate_and_duration(None, 400, 0.01, 0, 100).ok(),
+            Some((25.0, 4.0))
+        );
+    }
+
+    #[test]
+    fn rate_and_duration_never_end_before_the_frames() {
+        // 100 frames at 25 fps last 4 s, longer than the 2 s the stream claims.
+        assert_eq!(
+            rate_and_duration(Some(25.0), 200, 0.01, 0, 100).ok(),
+            Some((25.0, 4.0))
+        );
+    }
+
+    #[test]
+    fn rate_and_duration_need_a_rate_or_a_duration() {
+        assert!(matches!(
+            rate_and_duration(None, 0, 0.0, 0, 100),
+            Err(VideoError::NoFrameRate)
+        ));
+        assert!(matches!(
+            rate_and_duration(Some(f64::INFINITY), 0, 0.0, 0, 100),
+            Err(VideoError::NoFrameRate)
+        ));
+    }
 }
