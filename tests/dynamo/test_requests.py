@@ -10,7 +10,14 @@ import pytest
 
 from mmserve import protocol
 from mmserve.dynamo import requests
-from mmserve.protocol import FirstToken, PrefillDone, TensorHandle, TokenChunk, Usage
+from mmserve.protocol import (
+    FirstToken,
+    PrefillDone,
+    TensorHandle,
+    TokenChunk,
+    TokenLogprob,
+    Usage,
+)
 from mmserve.runtime import RemoteError
 
 # A request Dynamo 1.6.1's frontend sent for a chat with one image (the data URL shortened).
@@ -74,7 +81,11 @@ def test_defaults_where_dynamo_sends_none() -> None:
         ({"token_ids": [1], "multi_modal_data": {"image_url": [{"Decoded": {}}]}}, "Decoded"),
         ({"token_ids": [1], "sampling_options": {"guided_decoding": {"json": {}}}}, "guided"),
         ({"token_ids": [1], "sampling_options": {"n": 2}}, "implement: n$"),
-        ({"token_ids": [1], "output_options": {"logprobs": 2}}, "logprobs"),
+        ({"token_ids": [1], "output_options": {"logprobs": 21}}, r"logprobs must lie in \[0, 20\]"),
+        ({"token_ids": [1], "output_options": {"logprobs": -1}}, "logprobs must lie"),
+        ({"token_ids": [1], "output_options": {"logprobs": True}}, "logprobs must be an integer"),
+        # Dynamo's wire for vLLM's prompt_logprobs=-1 (the whole vocabulary): u32::MAX.
+        ({"token_ids": [1], "output_options": {"prompt_logprobs": 2**32 - 1}}, "prompt_logprobs"),
     ],
 )
 def test_what_the_worker_cannot_serve_is_refused_by_name(request_: dict, refusal: str) -> None:
@@ -94,6 +105,69 @@ def test_the_penalties_dynamo_forwards_are_honoured() -> None:
     sampling = requests.sampling({"sampling_options": {**options, "min_p": 0.1}})
     assert (sampling.repetition_penalty, sampling.presence_penalty) == (1.3, 0.5)
     assert (sampling.frequency_penalty, sampling.min_p) == (-1.0, 0.1)
+
+
+def test_the_log_probability_counts_dynamo_asks_for_are_the_engines_top_counts() -> None:
+    # Dynamo's chat: `top_logprobs` (1 for `logprobs: true` alone); completions: `logprobs`;
+    # `prompt_logprobs` from either.
+    for top in (0, 1, 3, 20):
+        sampling = requests.sampling({"output_options": {"logprobs": top, "prompt_logprobs": top}})
+        assert (sampling.logprobs, sampling.prompt_logprobs) == (top, top)
+    sampling = requests.sampling(
+        {"output_options": {"logprobs": None, "skip_special_tokens": True}}
+    )
+    assert (sampling.logprobs, sampling.prompt_logprobs) == (None, None)
+    assert requests.sampling({}).logprobs is None
+
+
+def test_each_tokens_log_probabilities_go_out_as_dynamos_llm_engine_output() -> None:
+    chunk = TokenChunk(
+        request_id="r",
+        token_ids=[5, 9],
+        logprobs=[
+            TokenLogprob(5, -0.25, top=[(5, -0.25), (7, -1.5)]),
+            TokenLogprob(9, float("-inf"), top=[(3, -0.5), (4, -0.75)]),
+        ],
+    )
+    out = requests.output(chunk)
+    # One entry per token id, by position (Dynamo zips them with `token_ids`); the token's
+    # text left to Dynamo's detokenizer.
+    assert out["log_probs"] == [-0.25, requests.MIN_FINITE_LOGPROB]
+    assert out["top_logprobs"] == [
+        [
+            {"rank": 1, "token_id": 5, "token": None, "logprob": -0.25},
+            {"rank": 2, "token_id": 7, "token": None, "logprob": -1.5},
+        ],
+        [
+            {"rank": 1, "token_id": 3, "token": None, "logprob": -0.5},
+            {"rank": 2, "token_id": 4, "token": None, "logprob": -0.75},
+        ],
+    ]
+    json.dumps(out, allow_nan=False)  # what Dynamo's serde_json can read
+    # `top_logprobs: 0`: the chosen token's logprob, an empty list of others per token.
+    bare = requests.output(
+        TokenChunk(request_id="r", token_ids=[5], logprobs=[TokenLogprob(5, -1.0)])
+    )
+    assert (bare["log_probs"], bare["top_logprobs"]) == ([-1.0], [[]])
+    # None asked for: neither field.
+    assert requests.output(TokenChunk(request_id="r", token_ids=[5])).keys() == {"token_ids"}
+
+
+def test_the_prompts_log_probabilities_go_out_on_the_last_output() -> None:
+    scored = [TokenLogprob(11, -2.0, top=[(12, -0.5), (11, -2.0)], rank=2), TokenLogprob(13, -0.1)]
+    outputs = requests.Outputs()
+    first = outputs.of(TokenChunk(request_id="r", token_ids=[5], prompt_logprobs=scored))
+    assert "engine_data" not in first
+    last = outputs.of(TokenChunk(request_id="r", token_ids=[6], finish_reason="stop"))
+    # Dynamo's PromptLogprobs (vLLM's form): None for the first prompt token, then per position
+    # token id (as a JSON key) -> logprob and rank.
+    assert last["engine_data"] == {
+        "prompt_logprobs": [
+            None,
+            {"12": {"logprob": -0.5, "rank": 1}, "11": {"logprob": -2.0, "rank": 2}},
+            {"13": {"logprob": -0.1}},
+        ]
+    }
 
 
 def test_the_last_chunk_carries_finish_reason_and_usage() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionTokenLogprob
 from PIL import Image
 
 from mmserve.tiny import scenes
@@ -164,6 +165,99 @@ def _assert_same_answers_with_images(ours: str, theirs: str, model: str) -> None
     messages = _image_messages([png_data_url(i) for i in images], text)
     expected = _ask(ours, model, messages, max_tokens=8)
     assert _ask(theirs, model, messages, max_tokens=8) == expected
+
+
+Logprobs = list[tuple[str, float, list[tuple[str, float]]]]
+
+
+def _chat_logprobs(base_url: str, model: str, messages: list[dict], stream: bool) -> Logprobs:
+    """Each token's (text, logprob, [(text, logprob) of the top 3]) of one greedy chat
+    completion asking for `logprobs` and `top_logprobs: 3` (12 tokens, EOS ignored). With
+    `skip_special_tokens` false: Dynamo's detokenizer, which writes each token's text, writes
+    an empty one for a special token otherwise (mmserve's frontend names it either way)."""
+    options: dict = {
+        "max_tokens": 12,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "extra_body": {"ignore_eos": True, "skip_special_tokens": False},
+    }
+    client = _client(base_url).chat.completions
+    entries: list[ChatCompletionTokenLogprob] = []
+    if stream:
+        for chunk in client.create(
+            model=model, messages=messages, temperature=0, stream=True, **options
+        ):
+            for choice in chunk.choices:
+                if choice.logprobs is not None:
+                    entries += choice.logprobs.content or []
+    else:
+        response = client.create(model=model, messages=messages, temperature=0, **options)
+        assert response.choices[0].logprobs is not None
+        entries = response.choices[0].logprobs.content or []
+    return [
+        (each.token, each.logprob, [(top.token, top.logprob) for top in each.top_logprobs])
+        for each in entries
+    ]
+
+
+def _assert_same_logprobs(ours: str, theirs: str, model: str) -> None:
+    """`theirs` gives the tokens, logprobs and top 3 that `ours` gives (within 1e-4), for text
+    and with an image, streamed and not."""
+    image = png_data_url(scenes.question("colour", 34).images[0])
+    for messages in (TEXT, _image_messages([image], "What colour?")):
+        expected = _chat_logprobs(ours, model, messages, stream=False)
+        assert len(expected) == 12 and all(len(top) == 3 for _, _, top in expected)
+        for stream in (False, True):
+            got = _chat_logprobs(theirs, model, messages, stream=stream)
+            assert [token for token, _, _ in got] == [token for token, _, _ in expected]
+            for (_, logprob, top), (_, want, want_top) in zip(got, expected, strict=True):
+                assert logprob == pytest.approx(want, abs=1e-4)
+                assert [text for text, _ in top] == [text for text, _ in want_top]
+                assert [value for _, value in top] == pytest.approx(
+                    [value for _, value in want_top], abs=1e-4
+                )
+
+
+def test_chat_logprobs_are_mmserves(frontends: tuple[Deployment, DynamoDeployment]) -> None:
+    ours, theirs = frontends
+    model = ours.model_path.name
+    _assert_same_logprobs(ours.base_url, theirs.base_url, model)
+    # Out of the engines' range: the client's 400, from the worker (Dynamo's chat checks
+    # top_logprobs itself; prompt_logprobs it passes on).
+    response = httpx.post(
+        f"{theirs.base_url}/v1/chat/completions",
+        json={"model": model, "messages": TEXT, "max_tokens": 2, "prompt_logprobs": 21},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "prompt_logprobs must lie in [0, 20]" in response.json()["message"]
+
+
+def test_chat_prompt_logprobs_come_back_in_vllms_form(
+    frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    _, theirs = frontends
+    response = httpx.post(
+        f"{theirs.base_url}/v1/chat/completions",
+        json={
+            "model": theirs.model_path.name,
+            "messages": TEXT,
+            "max_tokens": 2,
+            "temperature": 0,
+            "prompt_logprobs": 2,
+        },
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    scored = body["prompt_logprobs"]
+    # None for the first prompt token, then per position the prompt's token and the 2 most
+    # likely (one entry where the prompt's token is one of them), ranks from 1.
+    assert len(scored) == body["usage"]["prompt_tokens"] and scored[0] is None
+    for position in scored[1:]:
+        assert 2 <= len(position) <= 3
+        ranks = sorted(entry["rank"] for entry in position.values())
+        assert ranks[:2] == [1, 2] and all(entry["logprob"] <= 0 for entry in position.values())
 
 
 def test_images_give_the_same_greedy_tokens(
@@ -462,6 +556,15 @@ def test_prefill_and_decode_workers_apart_give_the_same_greedy_tokens(
     # A refusal where the images are planned (the prefill or the encode worker) is the
     # client's 400 with its reason, through Dynamo's prefill router.
     _assert_a_sliver_is_refused(theirs.base_url, model)
+
+
+def test_prefill_and_decode_workers_apart_give_mmserves_logprobs(
+    frontends: tuple[Deployment, DynamoDeployment], prefill_apart: DynamoDeployment
+) -> None:
+    # The first token's logprobs come from the prefill worker (`FirstToken.logprob`), the
+    # rest from the decode worker.
+    ours, _ = frontends
+    _assert_same_logprobs(ours.base_url, prefill_apart.base_url, ours.model_path.name)
 
 
 def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(

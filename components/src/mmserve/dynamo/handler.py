@@ -110,8 +110,9 @@ class DynamoAggregated(DynamoAdapter):
         self, request: dict[str, Any], context: StopSignal
     ) -> AsyncGenerator[dict[str, Any], None]:
         planned = await self.translator.planned(request, context)
+        outputs = requests.Outputs()
         async for chunk in until_stopped(self.core.generate(planned), context):
-            yield requests.output(chunk)
+            yield outputs.of(chunk)
 
 
 class DynamoPrefill(DynamoAdapter):
@@ -140,8 +141,9 @@ class DynamoDecode(DynamoAdapter):
     ) -> AsyncGenerator[dict[str, Any], None]:
         handover = requests.prefill_handover(request)
         chunks = self.core.generate(self.translator.as_sent(request, context), _once(handover))
+        outputs = requests.Outputs()
         async for chunk in until_stopped(chunks, context):
-            yield requests.output(chunk)
+            yield outputs.of(chunk)
 
 
 class DynamoEncode(DynamoAdapter):

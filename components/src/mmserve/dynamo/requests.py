@@ -4,9 +4,25 @@ backend) to mmserve's types, and mmserve's token chunks to Dynamo's output dicts
 What the frontend sends (Dynamo 1.6.1): `token_ids` (the chat template's prompt with one image
 placeholder per image), `stop_conditions` {max_tokens, stop, stop_token_ids,
 stop_token_ids_hidden (the EOS ids), min_tokens, ignore_eos}, `sampling_options` {temperature,
-top_p, top_k, seed, ...}, and for images `multi_modal_data` {"image_url": [{"Url": url}]} in
-prompt order. Stop strings stay with Dynamo: its own detokenizer matches them on the tokens this
-worker streams.
+top_p, top_k, seed, ...}, `output_options` {logprobs, prompt_logprobs, ...} and for images
+`multi_modal_data` {"image_url": [{"Url": url}]} in prompt order. Stop strings stay with
+Dynamo: its own detokenizer matches them on the tokens this worker streams.
+
+Log-probabilities (Dynamo 1.6.1's `LLMEngineOutput`, lib/llm/src/protocols/common/llm_backend.rs):
+`output_options.logprobs` is the top count the frontend asks for (chat: `top_logprobs`, or 1
+when the client sets `logprobs: true` alone; completions: `logprobs`), and each output answers
+with `log_probs` (the chosen tokens' logprobs, one per token id) and `top_logprobs` (one list
+per token id of {rank, token_id, token, logprob}, rank from 1, most likely first). The worker
+leaves `token` null: Dynamo's backend operator decodes each id with the model's tokenizer, as
+it does for SGLang's workers. Dynamo's delta generators zip the lists with `token_ids` by
+position, so each chunk carries exactly one entry per token. `output_options.prompt_logprobs`
+(chat's and completions' `prompt_logprobs`) is answered on the last output, in
+`engine_data.prompt_logprobs` (vLLM's form, Dynamo's `PromptLogprobs`): Dynamo's chat puts it
+in the response's `prompt_logprobs`, its completions only in `nvext.prompt_logprobs`, for a
+client that lists it in `nvext.extra_fields`.
+
+`sampling_options.n` > 1 reaches the worker too (Dynamo expects one stream with each output's
+`index`, as its vLLM worker answers); this worker refuses it by name.
 
 With prefill and decode workers apart, Dynamo's prefill router sends the request first to a
 prefill worker with `max_tokens` 1, reads the `disaggregated_params` of its first output (and
@@ -16,16 +32,27 @@ the rest of its stream), and sends the request on to a decode worker with those 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from mmserve import protocol
-from mmserve.protocol import PrefillDone, SamplingParams, StopConditions, TokenChunk
+from mmserve.protocol import (
+    PrefillDone,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+    TokenLogprob,
+)
 from mmserve.runtime import RemoteError
 
 IMAGE_URL = "image_url"
+MAX_LOGPROBS = 20  # mmserve's engines' (and OpenAI's) most top log-probabilities
+# What a non-finite logprob goes to Dynamo as (its vLLM worker's clamp): JSON has no -inf, and
+# the frontend would drop the chunk's logprobs on the null serde_json makes of one.
+MIN_FINITE_LOGPROB = -1e30
 # Dynamo's media keys this worker does not take: refused by name rather than dropped.
 OTHER_MEDIA = ("video_url", "audio_url")
 
@@ -35,20 +62,18 @@ class RequestRefused(ValueError):
 
 
 def sampling(request: Mapping[str, Any]) -> SamplingParams:
+    """mmserve's sampling of a request: Dynamo's `sampling_options`, and the top counts of its
+    `output_options.logprobs` and `output_options.prompt_logprobs` (each 0..20)."""
     options = request.get("sampling_options") or {}
-    # Options Dynamo forwards that mmserve's engines do not implement.
+    # Options Dynamo forwards that this worker does not serve.
     unsupported = []
     if (options.get("n") or 1) != 1 or (options.get("best_of") or 1) != 1:
         unsupported.append("n")
     if options.get("guided_decoding"):
         unsupported.append("guided_decoding")
-    outputs = request.get("output_options") or {}
-    # The backend returns no log-probabilities to Dynamo yet: refused, never dropped.
-    unsupported += [
-        name for name in ("logprobs", "prompt_logprobs") if outputs.get(name) is not None
-    ]
     if unsupported:
         raise RequestRefused(f"mmserve's engines do not implement: {', '.join(unsupported)}")
+    outputs = request.get("output_options") or {}
     temperature = options.get("temperature")
     return SamplingParams(
         temperature=1.0 if temperature is None else float(temperature),
@@ -59,7 +84,20 @@ def sampling(request: Mapping[str, Any]) -> SamplingParams:
         frequency_penalty=float(options.get("frequency_penalty") or 0.0),
         presence_penalty=float(options.get("presence_penalty") or 0.0),
         repetition_penalty=float(options.get("repetition_penalty") or 1.0),
+        logprobs=_top_count(outputs.get("logprobs"), "logprobs"),
+        prompt_logprobs=_top_count(outputs.get("prompt_logprobs"), "prompt_logprobs"),
     )
+
+
+def _top_count(value: Any, name: str) -> int | None:
+    """A count of top log-probabilities as mmserve's engines take it (0..20), None for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestRefused(f"{name} must be an integer, got {value!r}")
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise RequestRefused(f"{name} must lie in [0, {MAX_LOGPROBS}], got {value}")
+    return value
 
 
 def stop_conditions(request: Mapping[str, Any], default_max_tokens: int) -> StopConditions:
@@ -139,18 +177,64 @@ def prefill_handover(request: Mapping[str, Any]) -> PrefillDone:
         ) from None
 
 
+class Outputs:
+    """A stream's token chunks as Dynamo's output dicts (`of`): the new token ids, with their
+    log-probabilities where the request asks for them, and on the last one the finish reason,
+    the usage and the prompt's log-probabilities, which mmserve's first chunk carries and
+    Dynamo reads from the last (`engine_data.prompt_logprobs`)."""
+
+    def __init__(self) -> None:
+        self._prompt_logprobs: list[TokenLogprob] = []
+
+    def of(self, chunk: TokenChunk) -> dict[str, Any]:
+        out: dict[str, Any] = {"token_ids": list(chunk.token_ids)}
+        if chunk.logprobs:
+            out["log_probs"] = [_finite(each.logprob) for each in chunk.logprobs]
+            out["top_logprobs"] = [
+                [
+                    {"rank": rank, "token_id": token_id, "token": None, "logprob": _finite(value)}
+                    for rank, (token_id, value) in enumerate(each.top, start=1)
+                ]
+                for each in chunk.logprobs
+            ]
+        if chunk.prompt_logprobs:
+            self._prompt_logprobs = chunk.prompt_logprobs
+        if chunk.finish_reason is not None:
+            out["finish_reason"] = chunk.finish_reason
+            if self._prompt_logprobs:
+                out["engine_data"] = {"prompt_logprobs": _prompt_logprobs(self._prompt_logprobs)}
+        if chunk.usage is not None:
+            usage = chunk.usage
+            out["completion_usage"] = {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            }
+        return out
+
+
 def output(chunk: TokenChunk) -> dict[str, Any]:
-    """One Dynamo output dict: the new token ids, and on the last one the finish reason and
-    the usage."""
-    out: dict[str, Any] = {"token_ids": list(chunk.token_ids)}
-    if chunk.finish_reason is not None:
-        out["finish_reason"] = chunk.finish_reason
-    if chunk.usage is not None:
-        usage = chunk.usage
-        out["completion_usage"] = {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        }
-    return out
+    """One chunk as Dynamo's output dict, on its own (a stream's goes through `Outputs`)."""
+    return Outputs().of(chunk)
+
+
+def _prompt_logprobs(scored: list[TokenLogprob]) -> list[dict[str, dict[str, Any]] | None]:
+    """Dynamo's `PromptLogprobs`: None for the first prompt token, then per position a map of
+    token id (a string: a JSON key) to {logprob, rank} for the prompt's token and the most
+    likely ones, rank from 1 (vLLM's form; Dynamo's `PromptLogprobEntry`)."""
+    payload: list[dict[str, dict[str, Any]] | None] = [None]
+    for each in scored:
+        position: dict[str, dict[str, Any]] = {}
+        for rank, (token_id, value) in enumerate(each.top, start=1):
+            position[str(token_id)] = {"logprob": _finite(value), "rank": rank}
+        chosen: dict[str, Any] = {"logprob": _finite(each.logprob)}
+        if each.rank is not None:
+            chosen["rank"] = each.rank
+        position[str(each.token_id)] = chosen
+        payload.append(position)
+    return payload
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else MIN_FINITE_LOGPROB
