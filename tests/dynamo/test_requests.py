@@ -80,7 +80,8 @@ def test_defaults_where_dynamo_sends_none() -> None:
         ({"token_ids": [1], "multi_modal_data": {"video_url": [{"Url": "x"}]}}, "video_url"),
         ({"token_ids": [1], "multi_modal_data": {"image_url": [{"Decoded": {}}]}}, "Decoded"),
         ({"token_ids": [1], "sampling_options": {"guided_decoding": {"json": {}}}}, "guided"),
-        ({"token_ids": [1], "sampling_options": {"n": 2}}, "implement: n$"),
+        ({"token_ids": [1], "sampling_options": {"n": 17}}, r"n must be an integer in \[1, 16\]"),
+        ({"token_ids": [1], "sampling_options": {"n": 2, "best_of": 3}}, "best_of must equal n"),
         ({"token_ids": [1], "output_options": {"logprobs": 21}}, r"logprobs must lie in \[0, 20\]"),
         ({"token_ids": [1], "output_options": {"logprobs": -1}}, "logprobs must lie"),
         ({"token_ids": [1], "output_options": {"logprobs": True}}, "logprobs must be an integer"),
@@ -98,6 +99,16 @@ def test_what_the_worker_cannot_serve_is_refused_by_name(request_: dict, refusal
 def test_neutral_values_of_unimplemented_options_pass() -> None:
     options = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "n": 1}
     assert requests.sampling({"sampling_options": options}).temperature == 1.0
+
+
+def test_n_choices_are_one_stream_whose_outputs_carry_each_choices_index() -> None:
+    """Dynamo forwards `n` and reads each output's `index`, as its vLLM worker answers."""
+    assert requests.sampling({"sampling_options": {"n": 3, "best_of": 3}}).n == 3
+    assert requests.sampling({"sampling_options": {"n": None}}).n == 1
+    outputs = requests.Outputs()
+    first = outputs.of(TokenChunk(request_id="r", token_ids=[4], index=2))
+    assert (first["index"], first["token_ids"]) == (2, [4])
+    assert requests.output(TokenChunk(request_id="r", token_ids=[5]))["index"] == 0
 
 
 def test_the_penalties_dynamo_forwards_are_honoured() -> None:
@@ -150,7 +161,10 @@ def test_each_tokens_log_probabilities_go_out_as_dynamos_llm_engine_output() -> 
     )
     assert (bare["log_probs"], bare["top_logprobs"]) == ([-1.0], [[]])
     # None asked for: neither field.
-    assert requests.output(TokenChunk(request_id="r", token_ids=[5])).keys() == {"token_ids"}
+    assert requests.output(TokenChunk(request_id="r", token_ids=[5])).keys() == {
+        "index",
+        "token_ids",
+    }
 
 
 def test_the_prompts_log_probabilities_go_out_on_the_last_output() -> None:
@@ -171,7 +185,10 @@ def test_the_prompts_log_probabilities_go_out_on_the_last_output() -> None:
 
 
 def test_the_last_chunk_carries_finish_reason_and_usage() -> None:
-    assert requests.output(TokenChunk(request_id="r", token_ids=[5])) == {"token_ids": [5]}
+    assert requests.output(TokenChunk(request_id="r", token_ids=[5])) == {
+        "index": 0,
+        "token_ids": [5],
+    }
     last = TokenChunk(
         request_id="r",
         token_ids=[6],
@@ -179,6 +196,7 @@ def test_the_last_chunk_carries_finish_reason_and_usage() -> None:
         usage=Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=8),
     )
     assert requests.output(last) == {
+        "index": 0,
         "token_ids": [6],
         "finish_reason": "length",
         "completion_usage": {

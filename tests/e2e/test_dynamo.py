@@ -233,6 +233,40 @@ def test_chat_logprobs_are_mmserves(frontends: tuple[Deployment, DynamoDeploymen
     assert "prompt_logprobs must lie in [0, 20]" in response.json()["message"]
 
 
+def _choices(base_url: str, model: str, stream: bool) -> list[tuple[str, str | None]]:
+    """Each choice's (text, finish reason) of one seeded chat completion with `n` 3."""
+    options: dict = {"max_tokens": 10, "n": 3, "temperature": 1.0, "seed": 11}
+    client = _client(base_url).chat.completions
+    texts, reasons = ["", "", ""], [None, None, None]
+    if stream:
+        for chunk in client.create(model=model, messages=TEXT, stream=True, **options):
+            for choice in chunk.choices:
+                texts[choice.index] += choice.delta.content or ""
+                reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    else:
+        response = client.create(model=model, messages=TEXT, **options)
+        for choice in response.choices:
+            texts[choice.index], reasons[choice.index] = (
+                choice.message.content or "",
+                choice.finish_reason,
+            )
+    return list(zip(texts, reasons, strict=True))
+
+
+def _assert_same_choices(ours: str, theirs: str, model: str) -> None:
+    """`theirs` gives `ours`'s three seeded choices, each with its own text and finish
+    reason, streamed and not."""
+    expected = _choices(ours, model, stream=False)
+    assert len({text for text, _ in expected}) == 3, expected  # three draws, not one
+    for stream in (False, True):
+        assert _choices(theirs, model, stream=stream) == expected
+
+
+def test_n_seeded_choices_are_mmserves(frontends: tuple[Deployment, DynamoDeployment]) -> None:
+    ours, theirs = frontends
+    _assert_same_choices(ours.base_url, theirs.base_url, ours.model_path.name)
+
+
 def test_chat_prompt_logprobs_come_back_in_vllms_form(
     frontends: tuple[Deployment, DynamoDeployment],
 ) -> None:
@@ -565,6 +599,14 @@ def test_prefill_and_decode_workers_apart_give_mmserves_logprobs(
     # rest from the decode worker.
     ours, _ = frontends
     _assert_same_logprobs(ours.base_url, prefill_apart.base_url, ours.model_path.name)
+
+
+def test_prefill_and_decode_workers_apart_give_mmserves_seeded_choices(
+    frontends: tuple[Deployment, DynamoDeployment], prefill_apart: DynamoDeployment
+) -> None:
+    # The prompt's KV crosses once; each choice's first token comes from the prefill worker.
+    ours, _ = frontends
+    _assert_same_choices(ours.base_url, prefill_apart.base_url, ours.model_path.name)
 
 
 def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(

@@ -21,8 +21,10 @@ position, so each chunk carries exactly one entry per token. `output_options.pro
 in the response's `prompt_logprobs`, its completions only in `nvext.prompt_logprobs`, for a
 client that lists it in `nvext.extra_fields`.
 
-`sampling_options.n` > 1 reaches the worker too (Dynamo expects one stream with each output's
-`index`, as its vLLM worker answers); this worker refuses it by name.
+`sampling_options.n` (1..16, `protocol.openai.DEFAULT_MAX_N`; Dynamo itself refuses n > 1 at
+temperature 0) reaches the worker too, and is answered as Dynamo's vLLM worker answers it: one
+stream whose outputs carry each choice's `index`, each choice ending with its own finish reason.
+The prompt is planned, encoded and prefilled once for all choices (the role core's `n`).
 
 With prefill and decode workers apart, Dynamo's prefill router sends the request first to a
 prefill worker with `max_tokens` 1, reads the `disaggregated_params` of its first output (and
@@ -46,6 +48,7 @@ from mmserve.protocol import (
     TokenChunk,
     TokenLogprob,
 )
+from mmserve.protocol.openai import DEFAULT_MAX_N
 from mmserve.runtime import RemoteError
 
 IMAGE_URL = "image_url"
@@ -65,14 +68,10 @@ def sampling(request: Mapping[str, Any]) -> SamplingParams:
     """mmserve's sampling of a request: Dynamo's `sampling_options`, and the top counts of its
     `output_options.logprobs` and `output_options.prompt_logprobs` (each 0..20)."""
     options = request.get("sampling_options") or {}
-    # Options Dynamo forwards that this worker does not serve.
-    unsupported = []
-    if (options.get("n") or 1) != 1 or (options.get("best_of") or 1) != 1:
-        unsupported.append("n")
     if options.get("guided_decoding"):
-        unsupported.append("guided_decoding")
-    if unsupported:
-        raise RequestRefused(f"mmserve's engines do not implement: {', '.join(unsupported)}")
+        # Forwarded by Dynamo; this worker does not constrain decoding yet.
+        raise RequestRefused("this worker does not serve guided_decoding")
+    n = _choices(options)
     outputs = request.get("output_options") or {}
     temperature = options.get("temperature")
     return SamplingParams(
@@ -84,9 +83,22 @@ def sampling(request: Mapping[str, Any]) -> SamplingParams:
         frequency_penalty=float(options.get("frequency_penalty") or 0.0),
         presence_penalty=float(options.get("presence_penalty") or 0.0),
         repetition_penalty=float(options.get("repetition_penalty") or 1.0),
+        n=n,
         logprobs=_top_count(outputs.get("logprobs"), "logprobs"),
         prompt_logprobs=_top_count(outputs.get("prompt_logprobs"), "prompt_logprobs"),
     )
+
+
+def _choices(options: Mapping[str, Any]) -> int:
+    """The request's `n` (1..`DEFAULT_MAX_N`); `best_of` only equal to it, as mmserve's
+    frontend takes them."""
+    n = options.get("n") or 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= DEFAULT_MAX_N:
+        raise RequestRefused(f"n must be an integer in [1, {DEFAULT_MAX_N}], got {n!r}")
+    best_of = options.get("best_of")
+    if best_of is not None and best_of != n:
+        raise RequestRefused(f"best_of must equal n ({n}) here, got {best_of!r}")
+    return n
 
 
 def _top_count(value: Any, name: str) -> int | None:
@@ -178,16 +190,17 @@ def prefill_handover(request: Mapping[str, Any]) -> PrefillDone:
 
 
 class Outputs:
-    """A stream's token chunks as Dynamo's output dicts (`of`): the new token ids, with their
-    log-probabilities where the request asks for them, and on the last one the finish reason,
-    the usage and the prompt's log-probabilities, which mmserve's first chunk carries and
-    Dynamo reads from the last (`engine_data.prompt_logprobs`)."""
+    """A stream's token chunks as Dynamo's output dicts (`of`): the choice's index and its new
+    token ids, with their log-probabilities where the request asks for them; on a choice's last
+    one its finish reason and the prompt's log-probabilities, which mmserve's first chunk
+    carries and Dynamo reads from the last (`engine_data.prompt_logprobs`); the usage on the
+    stream's last."""
 
     def __init__(self) -> None:
         self._prompt_logprobs: list[TokenLogprob] = []
 
     def of(self, chunk: TokenChunk) -> dict[str, Any]:
-        out: dict[str, Any] = {"token_ids": list(chunk.token_ids)}
+        out: dict[str, Any] = {"index": chunk.index, "token_ids": list(chunk.token_ids)}
         if chunk.logprobs:
             out["log_probs"] = [_finite(each.logprob) for each in chunk.logprobs]
             out["top_logprobs"] = [
