@@ -237,7 +237,8 @@ def _choices(base_url: str, model: str, stream: bool) -> list[tuple[str, str | N
     """Each choice's (text, finish reason) of one seeded chat completion with `n` 3."""
     options: dict = {"max_tokens": 10, "n": 3, "temperature": 1.0, "seed": 11}
     client = _client(base_url).chat.completions
-    texts, reasons = ["", "", ""], [None, None, None]
+    texts: list[str] = ["", "", ""]
+    reasons: list[str | None] = [None, None, None]
     if stream:
         for chunk in client.create(model=model, messages=TEXT, stream=True, **options):
             for choice in chunk.choices:

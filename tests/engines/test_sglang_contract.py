@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -424,9 +425,8 @@ async def test_a_stream_left_before_its_end_aborts_sglangs_request() -> None:
     read to its end aborts nothing."""
     fake = FakeSglangEngine([5, 6, 7])
     engine = _engine("null", fake)
-    chunks = engine.generate(_request(), _embeddings())
-    assert (await anext(chunks)).token_ids == [5]
-    await chunks.aclose()
+    async with contextlib.aclosing(engine._stream(_request(), _embeddings(), None)) as chunks:
+        assert (await anext(chunks)).token_ids == [5]
     assert fake.tokenizer_manager.aborted == [fake.calls[0]["rid"]]
     assert [c.token_ids async for c in engine.generate(_request(), _embeddings())][-1] == [7]
     assert len(fake.tokenizer_manager.aborted) == 1
