@@ -113,3 +113,17 @@ def test_the_dynamo_backend_shares_only_the_options_of_the_nats_workers() -> Non
 def test_the_models_package_holds_checkpoint_facts_not_test_model_builders() -> None:
     assert sorted(p.name for p in (PACKAGE / "models").glob("*.py")) == ["__init__.py", "family.py"]
     assert not _reaches(_imports(), "models", "tiny")
+
+
+def test_the_command_line_loads_no_torch() -> None:
+    """Every `mmserve` command builds the whole parser first: `mmserve nats`, which a launch
+    script waits on before anything else starts, must not pay seconds of torch's import (more
+    on a loaded machine) for the flags of the components that use it."""
+    probe = (
+        "import sys; from mmserve.cli import build_parser; build_parser(); "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False"

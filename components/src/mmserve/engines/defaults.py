@@ -1,5 +1,13 @@
 """Engine defaults, importable without torch (the command line shows them)."""
 
+from typing import Literal
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+"""Whose log-probabilities a request gets (vLLM's `--logprobs-mode`): the model's own
+distribution, or the one the token was drawn from (after `logit_bias`, the penalties,
+temperature, `min_p`, `top_k` and `top_p`; an id those rule out reads `logits.UNLIKELY`)."""
+LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("raw_logprobs", "processed_logprobs")
+
 DEFAULT_MAX_QUEUE = 64
 """Requests an engine admits at once (encode, prefill, live decode streams); more get 503."""
 

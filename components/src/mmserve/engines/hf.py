@@ -41,9 +41,9 @@ from mmserve.engines.base import (
     MediaModality,
 )
 from mmserve.engines.caching import CachingEngine
-from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE
+from mmserve.engines.defaults import DEFAULT_ENCODER_CACHE_BYTES, DEFAULT_MAX_QUEUE, LogprobsMode
 from mmserve.engines.encoder_cache import EncoderCache
-from mmserve.engines.logits import LogprobsMode, Sampler, next_tokens, read_prompt_logprobs
+from mmserve.engines.logits import Sampler, next_tokens, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE

@@ -20,19 +20,14 @@ import math
 import random
 import struct
 from collections.abc import Collection, Sequence
-from typing import Literal
 
 import torch
 
+from mmserve.engines.defaults import LogprobsMode
 from mmserve.protocol import SamplingParams, TokenLogprob
 
 NEG_INF = float("-inf")
 
-LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
-"""Whose log-probabilities a request gets (vLLM's `--logprobs-mode`): the model's own
-distribution, or the one the token was drawn from (after `logit_bias`, the penalties,
-temperature, `min_p`, `top_k` and `top_p`; an id those rule out reads `UNLIKELY`)."""
-LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("raw_logprobs", "processed_logprobs")
 UNLIKELY = -9999.0  # OpenAI's value for a token without probability (JSON has no -inf)
 
 

@@ -15,8 +15,8 @@ from mmserve.engines.defaults import (
     DEFAULT_ENCODE_US_PER_TOKEN,
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFILL_US_PER_TOKEN,
+    LOGPROBS_MODES,
 )
-from mmserve.engines.logits import LOGPROBS_MODES
 from mmserve.kv.hashing import add_block_size_argument
 from mmserve.kv.pad import PadScheme, add_pad_scheme_argument
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
