@@ -108,7 +108,7 @@ def test_n_choices_are_one_stream_whose_outputs_carry_each_choices_index() -> No
     outputs = requests.Outputs()
     first = outputs.of(TokenChunk(request_id="r", token_ids=[4], index=2))
     assert (first["index"], first["token_ids"]) == (2, [4])
-    assert requests.output(TokenChunk(request_id="r", token_ids=[5]))["index"] == 0
+    assert requests.Outputs().of(TokenChunk(request_id="r", token_ids=[5]))["index"] == 0
 
 
 def test_the_penalties_dynamo_forwards_are_honoured() -> None:
@@ -140,7 +140,7 @@ def test_each_tokens_log_probabilities_go_out_as_dynamos_llm_engine_output() -> 
             TokenLogprob(9, float("-inf"), top=[(3, -0.5), (4, -0.75)]),
         ],
     )
-    out = requests.output(chunk)
+    out = requests.Outputs().of(chunk)
     # One entry per token id, by position (Dynamo zips them with `token_ids`); the token's
     # text left to Dynamo's detokenizer.
     assert out["log_probs"] == [-0.25, requests.MIN_FINITE_LOGPROB]
@@ -156,12 +156,12 @@ def test_each_tokens_log_probabilities_go_out_as_dynamos_llm_engine_output() -> 
     ]
     json.dumps(out, allow_nan=False)  # what Dynamo's serde_json can read
     # `top_logprobs: 0`: the chosen token's logprob, an empty list of others per token.
-    bare = requests.output(
+    bare = requests.Outputs().of(
         TokenChunk(request_id="r", token_ids=[5], logprobs=[TokenLogprob(5, -1.0)])
     )
     assert (bare["log_probs"], bare["top_logprobs"]) == ([-1.0], [[]])
     # None asked for: neither field.
-    assert requests.output(TokenChunk(request_id="r", token_ids=[5])).keys() == {
+    assert requests.Outputs().of(TokenChunk(request_id="r", token_ids=[5])).keys() == {
         "index",
         "token_ids",
     }
@@ -185,7 +185,7 @@ def test_the_prompts_log_probabilities_go_out_on_the_last_output() -> None:
 
 
 def test_the_last_chunk_carries_finish_reason_and_usage() -> None:
-    assert requests.output(TokenChunk(request_id="r", token_ids=[5])) == {
+    assert requests.Outputs().of(TokenChunk(request_id="r", token_ids=[5])) == {
         "index": 0,
         "token_ids": [5],
     }
@@ -195,7 +195,7 @@ def test_the_last_chunk_carries_finish_reason_and_usage() -> None:
         finish_reason="length",
         usage=Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=8),
     )
-    assert requests.output(last) == {
+    assert requests.Outputs().of(last) == {
         "index": 0,
         "token_ids": [6],
         "finish_reason": "length",

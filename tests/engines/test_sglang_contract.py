@@ -1343,7 +1343,6 @@ async def test_pd_refuses_n_and_prompt_logprobs_by_name_and_serves_logprobs() ->
     )
     chunks = [c async for c in decode.decode(imported, request.sampling, request.stop)]
     assert [e.token_id for c in chunks for e in c.logprobs] == [5, 6]
-    await asyncio.sleep(0)
     for call in (prefill_fake.calls[0], decode_fake.calls[0]):
         assert (call["return_logprob"], call["top_logprobs_num"]) == (True, 1)
     # A decode stream asked for more choices than its prefill made is refused as well.

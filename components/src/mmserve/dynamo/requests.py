@@ -227,11 +227,6 @@ class Outputs:
         return out
 
 
-def output(chunk: TokenChunk) -> dict[str, Any]:
-    """One chunk as Dynamo's output dict, on its own (a stream's goes through `Outputs`)."""
-    return Outputs().of(chunk)
-
-
 def _prompt_logprobs(scored: list[TokenLogprob]) -> list[dict[str, dict[str, Any]] | None]:
     """Dynamo's `PromptLogprobs`: None for the first prompt token, then per position a map of
     token id (a string: a JSON key) to {logprob, rank} for the prompt's token and the most
