@@ -295,8 +295,8 @@ class SglangEngine(Engine[SglangKv]):
         if bootstrap is not None:
             check_disaggregated(request.sampling)
         calls = generate_calls(request, embeddings, bootstrap, splits_images=self.splits_images)
-        choices = request.sampling.n if request.stop.max_tokens > 0 else 1
-        reader = SglangStream(request, choices, incremental=self.incremental)
+        # One call per choice (one for a request that only scores its prompt).
+        reader = SglangStream(request, len(calls), incremental=self.incremental)
         with self.admission():
             streams = [await llm.async_generate(**kwargs) for kwargs in calls]
             try:
