@@ -3,6 +3,8 @@ log-probabilities against log_softmax, and the per-step seeds across a handover.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -169,6 +171,26 @@ def test_a_draw_follows_the_distribution_and_never_picks_a_banned_id():
     # The last id with any mass is reachable, and one id alone is always drawn.
     assert draw(torch.tensor([[float("-inf"), 0.0]]), [5]) == [1]
     assert set(draw(torch.zeros(20, 1), list(range(20)))) == {0}
+
+
+@pytest.mark.parametrize("vocab", [1024, 3000, 151_936])
+def test_a_draw_by_blocks_picks_the_id_of_the_whole_rows_cumulative_sum(vocab: int) -> None:
+    """The block sums lead to the id a cumulative sum over the whole row finds for the same
+    number, whether the mass is spread, in one block or past the last whole block."""
+    generator = torch.Generator().manual_seed(vocab)
+    rows = torch.randn(64, vocab, generator=generator) * 4
+    rows[1, :] = float("-inf")
+    rows[1, vocab // 2] = 0.0  # one id with any mass, in a middle block
+    rows[2, : vocab - 7] = float("-inf")  # the mass only in the last few ids
+    rows[3, 1:] = float("-inf")  # only the first
+    seeds = [step_seed(5, 0, i) for i in range(len(rows))]
+    cumulative = torch.softmax(rows, dim=-1).cumsum(-1)
+    uniform = torch.tensor([random.Random(seed).random() for seed in seeds])[:, None]
+    whole_row = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)[:, 0]
+    last = (cumulative < cumulative[:, -1:]).sum(-1)
+    drawn = draw(rows, seeds)
+    assert drawn == torch.minimum(whole_row, last).tolist()
+    assert drawn[1] == vocab // 2 and drawn[2] >= vocab - 7 and drawn[3] == 0
 
 
 def test_processed_logprobs_are_of_the_distribution_drawn_from():

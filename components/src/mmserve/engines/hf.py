@@ -487,11 +487,21 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         ids = torch.tensor([[token] for _, token, _ in steps], device=self.device)
         inputs_embeds = self._inner.get_input_embeddings()(ids)
         output = self._text_model(inputs_embeds, positions, state.cache, {})
-        logits = self.model.lm_head(output.last_hidden_state[:, -1])
+        logits = self._choices_logits(output.last_hidden_state[:, -1])
         # The choices of a round have made as many tokens: the same ids are banned for all.
         banned = steps[0][2]
         assert all(each == banned for _, _, each in steps)
         return next_tokens([state.samplers[choice] for choice in choices], logits, banned)
+
+    def _choices_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The language head on one row of `hidden` per running choice. On a CPU, MKL's GEMM
+        for a few rows against a wide vocabulary runs at half the speed of the product taken
+        vocabulary-first, which reads the weight once: 4 rows on a 152k x 64 head cost 2x one
+        row's time, not 3.5x. One row stays transformers' own call (greedy parity)."""
+        head = self.model.lm_head
+        if len(hidden) == 1 or hidden.device.type != "cpu" or head.bias is not None:
+            return head(hidden)
+        return torch.mm(head.weight, hidden.T).T.contiguous()
 
     def release(self, kv: KvHandle[_KvState]) -> None:
         kv.state.cache = None

@@ -102,19 +102,39 @@ def step_seed(seed: int, choice: int, index: int) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
+_DRAW_BLOCK = 1024  # ids per block of `draw`'s mass
+
+
 def draw(scores: torch.Tensor, seeds: Sequence[int]) -> list[int]:
     """One id drawn from softmax of each row of `scores` (`[len(seeds), vocab]`), its
     randomness all from its seed: the id where one uniform number falls in the row's
-    cumulative distribution. One number, not one per id as `torch.multinomial` draws: 0.3 ms
-    a row of 152k ids on a CPU, not 5. Float32, as vLLM samples: ids without mass add nothing
-    to the sum, so they are never drawn."""
-    cumulative = torch.softmax(scores.float(), dim=-1).cumsum(-1)
+    cumulative distribution. One number, not one per id as `torch.multinomial` draws. The
+    probabilities are summed by blocks of ids and only the block the number falls in is
+    accumulated id by id: a softmax and one pass over its result, 0.1 ms a row of 152k ids on
+    a CPU, where a cumulative sum of the whole row cost 0.4. Float32, as vLLM samples: ids
+    without mass add nothing to the sum, so they are never drawn."""
+    rows, vocab = scores.shape
+    blocks = -(-vocab // _DRAW_BLOCK)
+    probs = torch.softmax(scores.float(), dim=-1)
+    if blocks * _DRAW_BLOCK > vocab:  # the last block padded with ids without mass
+        probs = torch.nn.functional.pad(probs, (0, blocks * _DRAW_BLOCK - vocab))
+    by_block = probs.view(rows, blocks, _DRAW_BLOCK)
+    ends = by_block.sum(-1).cumsum(-1)  # the mass up to the end of each block
+    starts = torch.nn.functional.pad(ends[:, :-1], (1, 0))
     uniform = [random.Random(seed).random() for seed in seeds]
-    targets = torch.tensor(uniform, device=scores.device)[:, None] * cumulative[:, -1:]
+    targets = torch.tensor(uniform, device=scores.device)[:, None] * ends[:, -1:]
+    block = _fall(ends, targets)
+    within = by_block[torch.arange(rows, device=scores.device), block].cumsum(-1)
+    index = _fall(within, targets - starts.gather(-1, block[:, None]))
+    return (block * _DRAW_BLOCK + index).tolist()
+
+
+def _fall(cumulative: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Where each row's target (`[rows, 1]`) falls in its `cumulative` mass: the first
+    position past it; a target rounded up to the whole mass, on the last position with any."""
     index = torch.searchsorted(cumulative, targets, right=True)[:, 0]
-    # A target rounded up to the whole mass falls past the end: on the last id with any.
     last = (cumulative < cumulative[:, -1:]).sum(-1)
-    return torch.minimum(index, last).tolist()
+    return torch.minimum(index, last)
 
 
 _TOP_BLOCK = 1024  # ids per block of `most_likely`'s first pass
@@ -145,14 +165,15 @@ def most_likely(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 
 def read_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """Each token's log-probability and the `top` most likely ids', from its row of logits
-    (`[len(tokens), vocab]`)."""
-    normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
+    (`[len(tokens), vocab]`). `log_softmax` rather than a `logsumexp` to subtract: one fused
+    pass, half the time on a CPU."""
+    logprobs = torch.log_softmax(logits, dim=-1)
     ids = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)[:, None]
-    chosen = (logits.gather(-1, ids) - normalizer)[:, 0].tolist()
+    chosen = logprobs.gather(-1, ids)[:, 0].tolist()
     tops: list[list[tuple[int, float]]] = [[] for _ in tokens]
     if top:
-        values, indices = most_likely(logits, top)
-        pairs = zip(indices.tolist(), (values - normalizer).tolist(), strict=True)
+        values, indices = most_likely(logprobs, top)
+        pairs = zip(indices.tolist(), values.tolist(), strict=True)
         tops = [list(zip(i, v, strict=True)) for i, v in pairs]
     return [
         TokenLogprob(token_id=token, logprob=value, top=row)
@@ -277,7 +298,8 @@ def next_tokens(
     if params.temperature == 0:
         tokens: list[int] = scores.argmax(-1).tolist()
     else:
-        scores = scores / params.temperature
+        if params.temperature != 1.0:  # a pass over the vocabulary saved at the default
+            scores = scores / params.temperature
         scores = apply_min_p(scores, params.min_p)
         scores = apply_top_p(apply_top_k(scores, params.top_k), params.top_p)
         tokens = draw(scores, [sampler.draw_seed() for sampler in samplers])
