@@ -11,7 +11,10 @@ Workloads, each bounded by `--max-requests` (or `--image-requests`) and `--durat
   per turn (as a chat client does); all first turns, then all second turns, and so on;
 - `image-512-data`, `image-512-http`: one 512x512 JPEG per request, as a data URL and as an
   http URL on a loopback file server, `--image-concurrency` streams;
-- `image-1280x960-data`, `image-1280x960-http`: the same with a 1280x960 JPEG.
+- `image-1280x960-data`, `image-1280x960-http`: the same with a 1280x960 JPEG;
+- `aiperf-text`: `text`'s shape (`--max-requests` synthetic prompts of `--prompt-tokens`
+  tokens, 1 output token, `--concurrency` streams) sent by aiperf, NVIDIA's benchmark client
+  (`.venv/aiperf`), as Dynamo's frontend is measured; its own report gives the rate and TTFT.
 
 Every image is distinct (one per request). A request fails when its status is not 200 or its
 stream does not end in one finish reason then `[DONE]`. TTFT is taken at the first event that
@@ -62,6 +65,7 @@ from bench.router import DynamoDeployment, MockCosts, dynamo_unavailable
 from mmserve.frontend.cli import raise_open_file_limit
 from mmserve.runtime.nats_server import NatsServer
 from mmserve.tiny.checkpoints import build_tiny_model
+from tests.support.aiperf import offline_hub, run_aiperf
 from tests.support.deployment import PATTERNS, Deployment, serve_directory
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -81,6 +85,7 @@ WORKLOADS = [
     "image-512-http",
     "image-1280x960-data",
     "image-1280x960-http",
+    "aiperf-text",
 ]
 WORDS = (
     "the of and to in is was that for it with as his on be at by had not are but from or have "
@@ -246,6 +251,33 @@ async def run_workload(
     return outcome, elapsed
 
 
+def run_aiperf_workload(
+    base_url: str, model_path: Path, requests: int, tokens: int, concurrency: int, out: Path
+) -> tuple[Outcome, float]:
+    """`aiperf-text`: aiperf streams `requests` synthetic prompts of `tokens` tokens with one
+    output token, `concurrency` at a time. The outcome's TTFT holds aiperf's p50 and p99."""
+    report = run_aiperf(
+        base_url,
+        model_path.name,
+        offline_hub(model_path, out / "hub"),
+        out / "aiperf",
+        [
+            "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
+            "--synthetic-input-tokens-mean", str(tokens), "--synthetic-input-tokens-stddev", "0",
+            "--output-tokens-mean", "1", "--output-tokens-stddev", "0",
+            "--extra-inputs", "ignore_eos:true", "--random-seed", "0",
+        ],
+    )  # fmt: skip
+    count = int(report["request_count"]["avg"])
+    errors = sum(int(error.get("count", 1)) for error in report["error_summary"])
+    outcome = Outcome(complete=count - errors)
+    if errors:
+        outcome.failed["aiperf errors"] = errors
+    ttft = report["time_to_first_token"]
+    outcome.ttft = [ttft["p50"] / 1e3, ttft["p99"] / 1e3]  # its milliseconds, as seconds
+    return outcome, count / report["request_throughput"]["avg"]
+
+
 def summarize(path: Path, top: int, thread_filter: str = "") -> None:
     """A speedscope profile's (py-spy's) top functions by self and by total time, over the
     threads whose name contains `thread_filter` (all by default), as shares of their samples."""
@@ -400,9 +432,19 @@ def measure(server: Server, workload: str, bodies: list[dict], args: argparse.Na
     before = {name: cpu_s(pid) for name, pid in pids.items()}
     threads_before = thread_cpu_s(pids["frontend"])
     duration = min(args.duration, MAX_DURATION_S)
-    outcome, elapsed = uvloop.run(
-        run_workload(server.deployment.base_url, bodies, concurrency, duration)
-    )
+    if workload == "aiperf-text":
+        outcome, elapsed = run_aiperf_workload(
+            server.deployment.base_url,
+            server.deployment.model_path,
+            args.max_requests,
+            args.prompt_tokens,
+            concurrency,
+            Path(tempfile.mkdtemp(prefix=f"aiperf-{server.name}-")),
+        )
+    else:
+        outcome, elapsed = uvloop.run(
+            run_workload(server.deployment.base_url, bodies, concurrency, duration)
+        )
     cpu = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
     threads = thread_cpu_s(pids["frontend"])
     threads = {t: v - threads_before.get(t, 0.0) for t, v in threads.items()}
@@ -503,6 +545,7 @@ def main() -> int:
         bodies: dict[str, list[dict]] = {
             "text": [text_body(model, p) for p in prompts],
             "text-repeat": [text_body(model, p) for p in prompts],
+            "aiperf-text": [],  # aiperf makes its own
             "chat-turns": [
                 text_body(model, c)
                 for c in conversations(
