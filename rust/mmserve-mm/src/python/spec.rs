@@ -94,7 +94,7 @@ impl PySpec {
     /// timestamp text (Qwen3-VL; `process` then needs the tokenizer's `timestamp_tokens`).
     #[getter]
     fn video_per_group(&self) -> bool {
-        self.family.video_per_group()
+        self.family.capabilities().video_timestamps
     }
 
     /// `(min_crop_size, max_num_crops, min_ratio_to_activate)`: the pan-and-scan knobs of a
@@ -115,7 +115,7 @@ impl PySpec {
     /// crops), for which `process` takes the tokenizer's ids as `text_pieces`.
     #[getter]
     fn text_pieces(&self) -> Vec<&'static str> {
-        self.family.text_pieces().to_vec()
+        self.family.capabilities().texts.to_vec()
     }
 
     #[getter]
