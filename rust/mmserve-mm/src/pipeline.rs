@@ -267,6 +267,12 @@ pub struct Capabilities {
     /// The fixed texts the prompt updates write (Gemma 3's between an image and its
     /// crops), which the caller gives the tokenizer's ids of.
     pub texts: &'static [&'static str],
+    /// The text the caller writes on both sides of each image placeholder before tokenizing
+    /// (Gemma 3's "\n\n"): it joins the words beside it, so only the tokenizer can spell it.
+    pub image_padding: &'static str,
+    /// The text the caller writes before that padding in the announcing prompt (Gemma 3's
+    /// "Here is the original image ", before an image with crops).
+    pub announcing_text: &'static str,
 }
 
 /// A model family's preprocessing, as pure functions over owned data.

@@ -14,10 +14,15 @@ use crate::pipeline::{
     TensorData, UpdatePart,
 };
 
+/// What `Gemma3Processor` writes on both sides of every image before tokenizing.
+const IMAGE_PADDING: &str = "\n\n";
+/// What `Gemma3Processor.replace_image_token` writes before an image with crops.
+const ANNOUNCING_TEXT: &str = "Here is the original image ";
 /// What `Gemma3Processor.replace_image_token` writes between an image and its first crop,
 /// and between two crops: `" and here are some crops to help you see better "` and `" "`,
-/// each with the `"\n\n"` the processor writes on both sides of every image (the text before
-/// the image, `"Here is the original image "`, is the caller's: it joins the prompt's text).
+/// each with the [`IMAGE_PADDING`] of both images beside it. Both lie between special
+/// tokens, so the driver spells them; the padding and the text before the image join the
+/// prompt's words, so the caller writes them (`Capabilities::image_padding`).
 pub const CROPS_INTRO: &str = "\n\n and here are some crops to help you see better \n\n";
 pub const BETWEEN_CROPS: &str = "\n\n \n\n";
 
@@ -62,6 +67,8 @@ impl Family for Gemma3 {
             crops: self.spec.pan_and_scan.filter(|_| self.spec.do_pan_and_scan),
             video_timestamps: false,
             texts: &[CROPS_INTRO, BETWEEN_CROPS],
+            image_padding: IMAGE_PADDING,
+            announcing_text: ANNOUNCING_TEXT,
         }
     }
 

@@ -118,6 +118,20 @@ impl PySpec {
         self.family.capabilities().texts.to_vec()
     }
 
+    /// The text the caller writes on both sides of each image placeholder before tokenizing
+    /// (Gemma 3's "\n\n"; "" where none).
+    #[getter]
+    fn image_text_padding(&self) -> &'static str {
+        self.family.capabilities().image_padding
+    }
+
+    /// The text the caller writes before that padding for an image with pan-and-scan crops,
+    /// in the prompt it gives as `panned_input_ids` (Gemma 3's "Here is the original image ").
+    #[getter]
+    fn panned_image_text(&self) -> &'static str {
+        self.family.capabilities().announcing_text
+    }
+
     #[getter]
     fn patch_size(&self) -> u32 {
         self.spec.patch_size

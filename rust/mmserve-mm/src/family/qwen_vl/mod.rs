@@ -76,6 +76,8 @@ impl Family for QwenVl {
             // `Qwen3VLProcessor` (Qwen3-VL-MoE's and Qwen3.5's too).
             video_timestamps: self.spec.family.is_qwen3_vision() && self.takes_video(),
             texts: &[],
+            image_padding: "",
+            announcing_text: "",
         }
     }
 
