@@ -285,6 +285,14 @@ class Spec:
         """The texts the driver writes into this family's prompts (between an image and its
         crops), for which `process` takes the tokenizer's ids as `text_pieces`."""
     @property
+    def image_text_padding(self) -> str:
+        """The text the caller writes on both sides of each image placeholder before
+        tokenizing (Gemma 3's "\\n\\n"; "" where none)."""
+    @property
+    def panned_image_text(self) -> str:
+        """The text the caller writes before that padding for an image with pan-and-scan
+        crops, in the prompt it gives as `panned_input_ids`."""
+    @property
     def patch_size(self) -> int: ...
     @property
     def merge_size(self) -> int: ...

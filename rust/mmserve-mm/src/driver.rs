@@ -1,14 +1,14 @@
 //! The request driver: the fixed per-request steps and their failure semantics.
 //!
 //! Per item: fetch (inline, in order) -> content hash of the raw bytes -> decode ->
-//! `process_item` (fanned out through `common::par`); then the family's layout ->
-//! expanded ids + per-item offsets -> positions. A video is planned from its container's
-//! headers alone (with the `video` feature): its sampled frames, grid, token count and
-//! identity; its pixels are the encoder's work. A family that writes a video one temporal
-//! group at a time (Qwen3-VL) gets one item per group, each after its timestamp text; a
-//! family that pans and scans (Gemma 3 with `do_pan_and_scan`) gets one item per crop after
-//! its image, the processor's texts between them. Any failure rejects the whole request; an
-//! item's failure carries its index.
+//! `process_item` (fanned out through `common::par`); then each item's prompt update from its
+//! family, applied by the one layout (`family::token_layout`) -> expanded ids + per-item
+//! offsets -> positions. A video is planned from its container's headers alone (with the
+//! `video` feature): its sampled frames, grid, token count and identity; its pixels are the
+//! encoder's work. An update may write several items for one request item (Qwen3-VL's
+//! temporal groups, each after its timestamp text; Gemma 3's pan-and-scan crops after their
+//! image): each embedding run of the update is one planned item. Any failure rejects the
+//! whole request; an item's failure carries its index.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -19,10 +19,14 @@ use crate::common::hash::content_hash;
 use crate::common::par;
 use crate::common::text_pieces::TextPieces;
 use crate::error::ErrorCode;
-use crate::family::token_layout::expand;
+use crate::family::token_layout::{apply, Prompt};
 use crate::image::decode::{decode_image, probe_image, DecodeLimits};
 use crate::image::pan_and_scan::crop;
-use crate::pipeline::{Family, Geometry, Positions, ProcessError, ProcessedItem, TokenId};
+pub use crate::pipeline::Modality;
+use crate::pipeline::{
+    EmbedOf, Family, Geometry, ItemPrompt, Positions, ProcessError, ProcessedItem, PromptUpdate,
+    TokenId,
+};
 use crate::source::fetch::{fetch_bytes, FetchError, FetchPolicy};
 use crate::video::identity::group_identity;
 use crate::video::VideoError;
@@ -71,13 +75,6 @@ pub enum MediaInput<'a> {
     /// An item the caller holds the model features of (precomputed embeddings): its identity
     /// and patch grid are given, nothing is fetched or decoded.
     Planned { hash: u64, grid_thw: [u32; 3] },
-}
-
-/// What a media item is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Modality {
-    Image,
-    Video,
 }
 
 /// One media item of a request: what it is and where it comes from.
@@ -152,9 +149,9 @@ pub struct DriverOptions {
     /// Reading the request's videos' headers ends with `video.deadline` this long after
     /// they were fetched.
     pub video_timeout: Option<Duration>,
-    /// The tokenizer's ids of the texts the driver writes into the prompt: timestamp texts,
-    /// for families that write one before each temporal group of a video; the texts between
-    /// an image and its crops, for families that pan and scan ([`Family::text_pieces`]).
+    /// The tokenizer's ids of the texts prompt updates write: timestamp texts, for families
+    /// that write one before each temporal group of a video; the family's own texts
+    /// ([`Capabilities::texts`](crate::pipeline::Capabilities::texts)).
     pub text_pieces: Option<TextPieces>,
     /// For a family that pans and scans: the prompt tokenized with each image's text
     /// announcing crops, as the processor writes an image that has them (an image that has
@@ -229,12 +226,22 @@ pub fn run(
         prepare_item(family, index, modality, item, options, mode)
     })
     .map_err(|(index, e)| e.at_item(index))?;
-    let (input_ids, prepared) = with_crops(family, input_ids, prepared, options)?;
-    let (input_ids, items) = split_video_groups(family, &input_ids, prepared, options)?;
-
+    let updates = media
+        .iter()
+        .zip(&prepared)
+        .map(|(m, p)| Ok((m.modality, p.prompt_update(family)?)))
+        .collect::<Result<Vec<_>, ProcessError>>()?;
+    let prompt = Prompt {
+        ids: input_ids,
+        announcing_ids: options.panned_input_ids.as_deref(),
+        pieces: options.text_pieces.as_ref(),
+    };
+    let expanded = apply(&prompt, &family.placeholders(), &updates)?;
+    let mut items = Vec::with_capacity(expanded.offsets.len());
+    for (p, (_, update)) in prepared.into_iter().zip(&updates) {
+        items.extend(p.planned_items(update)?);
+    }
     let geometries: Vec<Geometry> = items.iter().map(|item| item.geometry).collect();
-    let layout = family.layout(&input_ids, &geometries)?;
-    let expanded = expand(&layout, &input_ids, items.len())?;
     let positions = family.positions(expanded.ids.len(), &expanded.offsets, &geometries)?;
     Ok(RequestOutput {
         input_ids: expanded.ids,
@@ -244,12 +251,11 @@ pub fn run(
     })
 }
 
-/// One request item as prepared: its plan, for a video that the family writes one
-/// temporal group at a time each group's timestamp text, and for an image that the family
-/// pans and scans its crops' plans.
+/// One request item as prepared: its plan, for a video whose family writes timestamps each
+/// temporal group's text, and for an image that the family pans and scans its crops' plans.
 struct Prepared {
     item: ItemOutput,
-    group_texts: Vec<String>,
+    timestamps: Vec<String>,
     crops: Vec<ItemOutput>,
 }
 
@@ -257,116 +263,57 @@ impl Prepared {
     fn whole(item: ItemOutput) -> Self {
         Prepared {
             item,
-            group_texts: Vec::new(),
+            timestamps: Vec::new(),
             crops: Vec::new(),
         }
     }
-}
 
-/// The prompt and items with each image that has crops followed by them, the prompt as
-/// [`Family::crop_prompt`] writes it.
-fn with_crops<'a>(
-    family: &dyn Family,
-    input_ids: &'a [TokenId],
-    prepared: Vec<Prepared>,
-    options: &DriverOptions,
-) -> Result<(Cow<'a, [TokenId]>, Vec<Prepared>), Error> {
-    if prepared.iter().all(|p| p.crops.is_empty()) {
-        return Ok((Cow::Borrowed(input_ids), prepared));
+    /// What `family` writes this item's placeholder as.
+    fn prompt_update(&self, family: &dyn Family) -> Result<PromptUpdate, ProcessError> {
+        let crops: Vec<Geometry> = self.crops.iter().map(|c| c.geometry).collect();
+        family.prompt_update(&ItemPrompt {
+            geometry: self.item.geometry,
+            crops: &crops,
+            timestamps: &self.timestamps,
+        })
     }
-    let panned = options
-        .panned_input_ids
-        .as_deref()
-        .ok_or(ProcessError::PanAndScan(
-            "the prompt announcing each image's crops was not given",
-        ))?;
-    let pieces = options
-        .text_pieces
-        .as_ref()
-        .ok_or(ProcessError::PanAndScan(
-            "the tokenizer's ids of the texts between an image and its crops were not given",
-        ))?;
-    let counts: Vec<usize> = prepared.iter().map(|p| p.crops.len()).collect();
-    let input_ids = family.crop_prompt(input_ids, panned, &counts, pieces)?;
-    let mut items = Vec::with_capacity(prepared.len() + counts.iter().sum::<usize>());
-    for mut p in prepared {
-        let crops = std::mem::take(&mut p.crops);
-        items.push(p);
-        items.extend(crops.into_iter().map(Prepared::whole));
-    }
-    Ok((Cow::Owned(input_ids), items))
-}
 
-/// The prompt and items with each video that carries group texts split into one item per
-/// temporal group, each group's text tokenized by `options.timestamp_tokens`.
-fn split_video_groups<'a>(
-    family: &dyn Family,
-    input_ids: &'a [TokenId],
-    prepared: Vec<Prepared>,
-    options: &DriverOptions,
-) -> Result<(Cow<'a, [TokenId]>, Vec<ItemOutput>), Error> {
-    if prepared.iter().all(|p| p.group_texts.is_empty()) {
-        return Ok((
-            Cow::Borrowed(input_ids),
-            prepared.into_iter().map(|p| p.item).collect(),
-        ));
+    /// The planned items of `update`'s embedding runs, in prompt order: the item itself, one
+    /// of its crops, or one temporal group of its video (identity `group_identity`).
+    fn planned_items(self, update: &PromptUpdate) -> Result<Vec<ItemOutput>, ProcessError> {
+        let mut crops = self.crops.into_iter().map(Some).collect::<Vec<_>>();
+        let items = update
+            .embeds()
+            .map(|embed| {
+                let item = match embed.of {
+                    EmbedOf::Whole => self.item.clone(),
+                    EmbedOf::Crop(crop) => crop
+                        .checked_sub(1)
+                        .and_then(|k| crops.get_mut(k as usize))
+                        .and_then(Option::take)
+                        .ok_or_else(|| {
+                            ProcessError::Offsets(format!("crop {crop} laid out but not planned"))
+                        })?,
+                    EmbedOf::TemporalGroup(group) => ItemOutput {
+                        hash: group_identity(self.item.hash, group),
+                        temporal_group: Some(group),
+                        ..self.item.clone()
+                    },
+                };
+                Ok(ItemOutput {
+                    geometry: embed.geometry,
+                    num_tokens: embed.n,
+                    ..item
+                })
+            })
+            .collect::<Result<Vec<_>, ProcessError>>()?;
+        if crops.iter().any(Option::is_some) {
+            return Err(ProcessError::Offsets(
+                "a planned crop was not laid out".to_string(),
+            ));
+        }
+        Ok(items)
     }
-    let tokens = options.text_pieces.as_ref().ok_or(VideoError::Unavailable(
-        "the tokenizer's timestamp tokens were not given",
-    ))?;
-    let mut groups = Vec::with_capacity(prepared.len());
-    let mut items = Vec::with_capacity(prepared.len());
-    for Prepared {
-        item, group_texts, ..
-    } in prepared
-    {
-        if group_texts.is_empty() {
-            groups.push(None);
-            items.push(item);
-            continue;
-        }
-        let [t, h, w] = item.geometry.grid_thw();
-        if group_texts.len() != t as usize {
-            return Err(ProcessError::Offsets(format!(
-                "{} timestamp texts for a video of {t} temporal groups",
-                group_texts.len()
-            ))
-            .into());
-        }
-        let texts = group_texts
-            .iter()
-            .map(|text| tokens.ids(text))
-            .collect::<Option<Vec<_>>>()
-            .ok_or(VideoError::Unavailable(
-                "the tokenizer's timestamp tokens do not spell a timestamp text",
-            ))?;
-        groups.push(Some(texts));
-        let geometry = match item.geometry {
-            Geometry::Video {
-                resized_width,
-                resized_height,
-                time_interval,
-                ..
-            } => Geometry::Video {
-                resized_width,
-                resized_height,
-                grid_thw: [1, h, w],
-                time_interval,
-            },
-            image => image,
-        };
-        for group in 0..t {
-            items.push(ItemOutput {
-                hash: group_identity(item.hash, group),
-                geometry,
-                num_tokens: family.num_tokens(&geometry),
-                temporal_group: Some(group),
-                ..item.clone()
-            });
-        }
-    }
-    let input_ids = family.video_group_prompt(input_ids, &groups)?;
-    Ok((Cow::Owned(input_ids), items))
 }
 
 /// Fetches in order, refusing as soon as the running total passes the request cap. Each
@@ -505,7 +452,7 @@ pub fn image_and_crops(
     mode: Mode,
 ) -> Result<Vec<ItemOutput>, Error> {
     let hash = content_hash(bytes);
-    let knobs = family.pan_and_scan();
+    let knobs = family.capabilities().crops;
     let crops_of = |width, height| {
         let crops = knobs.map(|k| k.crops(width, height)).unwrap_or_default();
         // The processor cannot resize an empty crop either.
@@ -560,7 +507,7 @@ pub fn image_and_crops(
 }
 
 /// A video's plan from its headers: sampled frames, grid, token count and identity, and
-/// each temporal group's timestamp text where the family writes one.
+/// each temporal group's timestamp text where the family writes them.
 #[cfg(feature = "video")]
 fn prepare_video(
     family: &dyn Family,
@@ -581,7 +528,7 @@ fn prepare_video(
         (plan.resized_width, plan.resized_height),
         sampled_fps,
     )?;
-    let group_texts = if family.video_per_group() {
+    let timestamps = if family.capabilities().video_timestamps {
         group_timestamps(
             &plan.indices,
             plan.info.fps,
@@ -605,7 +552,7 @@ fn prepare_video(
             temporal_group: None,
             crop: None,
         },
-        group_texts,
+        timestamps,
         crops: Vec::new(),
     })
 }
@@ -624,6 +571,7 @@ fn prepare_video(
 mod tests {
     use super::*;
     use crate::family::registry::{family_from_spec, spec_from_hf_configs};
+    use crate::family::token_layout::{apply, Prompt};
 
     const IMG: TokenId = 151655;
     const START: TokenId = 151652;
@@ -803,47 +751,53 @@ mod tests {
         let family = family_from_spec(&spec_from_hf_configs("{}", config).unwrap()).unwrap();
         const VID: TokenId = 151656;
         let geometry = family.video_geometry([2, 4, 6], (96, 64), 2.0).unwrap();
-        let video = ItemOutput {
-            hash: 7,
-            width: 100,
-            height: 60,
-            geometry,
-            num_tokens: family.num_tokens(&geometry),
-            processed: None,
-            source: 0,
-            temporal_group: None,
-            crop: None,
+        let video = Prepared {
+            item: ItemOutput {
+                hash: 7,
+                width: 100,
+                height: 60,
+                geometry,
+                num_tokens: family.num_tokens(&geometry),
+                processed: None,
+                source: 0,
+                temporal_group: None,
+                crop: None,
+            },
+            timestamps: vec!["<0.2 seconds>".into(), "<1.0 seconds>".into()],
+            crops: Vec::new(),
         };
-        let prepared = || {
-            vec![Prepared {
-                item: video.clone(),
-                group_texts: vec!["<0.2 seconds>".into(), "<1.0 seconds>".into()],
-                crops: Vec::new(),
-            }]
-        };
+        let update = video.prompt_update(family.as_ref()).unwrap();
         let ids = [1, START, VID, END, 2];
-        let err = split_video_groups(family.as_ref(), &ids, prepared(), &DriverOptions::default())
-            .unwrap_err();
-        assert_eq!(err.code(), "video.unavailable");
+        let items = [(Modality::Video, update.clone())];
+        let mut prompt = Prompt {
+            ids: &ids,
+            ..Prompt::default()
+        };
+        let err = apply(&prompt, &family.placeholders(), &items).unwrap_err();
+        assert_eq!(err.code(), "process.prompt_text");
 
         let mut pieces: Vec<(String, Vec<TokenId>)> =
             (0..10).map(|d| (d.to_string(), vec![15 + d])).collect();
         pieces.extend([("<".into(), vec![27]), (".".into(), vec![13])]);
         pieces.push((" seconds>".into(), vec![6486, 29]));
-        let options = DriverOptions {
-            text_pieces: Some(TextPieces::new(pieces)),
-            ..DriverOptions::default()
-        };
-        let (out, items) = split_video_groups(family.as_ref(), &ids, prepared(), &options).unwrap();
+        let pieces = TextPieces::new(pieces);
+        prompt.pieces = Some(&pieces);
+        let out = apply(&prompt, &family.placeholders(), &items).unwrap();
         let text = |digits: [TokenId; 2]| [27, digits[0], 13, digits[1], 6486, 29];
         let mut expected = vec![1, START];
         for digits in [[15, 17], [16, 15]] {
             expected.extend(text(digits));
-            expected.extend([START, VID, END]);
+            expected.push(START);
+            expected.extend([VID; 6]);
+            expected.push(END);
         }
         expected.extend([END, 2]);
-        assert_eq!(*out, expected);
-        let groups: Vec<_> = items
+        assert_eq!(out.ids, expected);
+        // Each group's pads follow its text.
+        assert_eq!(out.offsets, vec![(9, 15), (23, 29)]);
+        let groups: Vec<_> = video
+            .planned_items(&update)
+            .unwrap()
             .iter()
             .map(|i| {
                 (
@@ -859,11 +813,6 @@ mod tests {
             groups,
             [0, 1].map(|g| (group_identity(7, g), [1, 4, 6], 6, 0, Some(g)))
         );
-        // Laid out, each group's pads follow its text.
-        let geometries: Vec<Geometry> = items.iter().map(|i| i.geometry).collect();
-        let layout = family.layout(&out, &geometries).unwrap();
-        let expanded = expand(&layout, &out, items.len()).unwrap();
-        assert_eq!(expanded.offsets, vec![(9, 15), (23, 29)]);
     }
 
     #[test]
@@ -935,7 +884,7 @@ mod tests {
             ..options
         };
         let err = run(family.as_ref(), &ids, &media, &bare, Mode::CountOnly).unwrap_err();
-        assert_eq!(err.code(), "process.pan_and_scan");
+        assert_eq!(err.code(), "process.prompt_text");
     }
 
     #[test]

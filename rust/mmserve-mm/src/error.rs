@@ -129,7 +129,8 @@ error_codes! {
     ProcessOffsets: "process.offsets", 500, "the prompt layout and the items' grids disagree";
     ProcessTensorShape: "process.tensor_shape", 500, "a preprocessed tensor has the wrong shape";
     ProcessPixelBuffer: "process.pixel_buffer", 500, "a pixel buffer has the wrong size";
-    ProcessPanAndScan: "process.pan_and_scan", 500, "pan-and-scan planned without the prompt or texts it needs";
+    ProcessPanAndScan: "process.pan_and_scan", 500, "pan-and-scan planned an image without its pixels";
+    ProcessPromptText: "process.prompt_text", 500, "the prompt needs a text the caller gave no tokenizer ids for (a timestamp, the texts around crops, the prompt announcing crops)";
     // The model's spec (`SpecError`): the deployment's, never a request's.
     SpecInvalid: "spec.invalid", 500, "the model's preprocessing spec is invalid";
     SpecInconsistent: "spec.inconsistent", 500, "the model's config files disagree";

@@ -1,11 +1,10 @@
 //! Carriers that flow between the stages, and the model-family trait.
 //! A family describes data; it never runs the request (that is `driver.rs`).
 
-use std::ops::Range;
+use std::borrow::Cow;
 
 use thiserror::Error;
 
-use crate::common::text_pieces::TextPieces;
 use crate::error::ErrorCode;
 use crate::image::pan_and_scan::PanAndScan;
 
@@ -146,44 +145,94 @@ impl ProcessedItem {
     }
 }
 
-/// The tokens that stand for one media item in the expanded prompt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MediaTokens {
-    /// `n` copies of one placeholder id (Qwen-VL's `<|image_pad|>`).
-    Repeat { id: TokenId, n: usize },
-    /// An explicit sequence (families that interleave separators inside the item).
-    Ids(Vec<TokenId>),
+/// What a media item is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Modality {
+    Image,
+    Video,
 }
 
-impl MediaTokens {
-    pub fn len(&self) -> usize {
+impl Modality {
+    /// The item's kind as an error message names it.
+    pub fn article_name(self) -> &'static str {
         match self {
-            MediaTokens::Repeat { n, .. } => *n,
-            MediaTokens::Ids(ids) => ids.len(),
+            Modality::Image => "an image",
+            Modality::Video => "a video",
         }
     }
+}
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+/// A token the chat template writes once per media item: where that item's
+/// [`PromptUpdate`] goes in the caller's prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placeholder {
+    pub id: TokenId,
+    pub modality: Modality,
+    /// The ids that must sit right before and after it, as the chat template writes them
+    /// (engines that find items by the start token rely on that); `None` where any may.
+    pub between: Option<(TokenId, TokenId)>,
+}
+
+/// Which planned item an [`Embed`] stands for: the request's item itself, one of its
+/// pan-and-scan crops (1 for the first) or one temporal group of its video.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedOf {
+    Whole,
+    Crop(u32),
+    TemporalGroup(u32),
+}
+
+/// The embedding rows of one planned item: `n` copies of placeholder `id`, the item's span
+/// in the expanded prompt (the run vLLM's `is_embed` selects).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embed {
+    pub id: TokenId,
+    pub n: usize,
+    pub geometry: Geometry,
+    pub of: EmbedOf,
+}
+
+/// One run of a [`PromptUpdate`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpdatePart {
+    /// Token ids written as they are; text, outside every item's span.
+    Ids(Vec<TokenId>),
+    /// A text the caller's tokenizer spells (`TextPieces`): a timestamp, the words between
+    /// an image and its crops; outside every item's span.
+    Text(Cow<'static, str>),
+    Embed(Embed),
+}
+
+/// What the placeholder of one request item becomes in the expanded prompt (vLLM's
+/// `PromptReplacement` with its `PromptUpdateDetails`): the placeholder token is replaced by
+/// `parts`, in order; each [`UpdatePart::Embed`] is one planned item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptUpdate {
+    pub parts: Vec<UpdatePart>,
+    /// Whether the prompt's text before the placeholder is taken from the caller's
+    /// announcing spelling of the prompt (Gemma 3's "Here is the original image " before an
+    /// image with crops joins the words before it, so only the tokenizer can spell it).
+    pub announced: bool,
+}
+
+impl PromptUpdate {
+    /// The update's embedding runs, in prompt order.
+    pub fn embeds(&self) -> impl Iterator<Item = &Embed> {
+        self.parts.iter().filter_map(|part| match part {
+            UpdatePart::Embed(embed) => Some(embed),
+            _ => None,
+        })
     }
 }
 
-/// One run of the expanded prompt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Segment {
-    /// A range of the caller's `input_ids`, copied as is.
-    Text(Range<usize>),
-    /// Text tokens the family adds around an item (Gemma 3's end-of-image token); they are
-    /// not part of any item's span.
-    Inserted(Vec<TokenId>),
-    /// The tokens of media item `item` (index into the request's items).
-    Media { item: usize, tokens: MediaTokens },
-}
-
-/// How to build the expanded prompt from the caller's ids; see `family::token_layout`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TokenLayout {
-    pub segments: Vec<Segment>,
+/// What a family writes one request item's prompt update from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ItemPrompt<'a> {
+    pub geometry: Geometry,
+    /// The item's pan-and-scan crops, in order (see [`Capabilities::crops`]).
+    pub crops: &'a [Geometry],
+    /// A video's timestamp text per temporal group (see [`Capabilities::video_timestamps`]).
+    pub timestamps: &'a [String],
 }
 
 /// Rotary position ids for the expanded prompt.
@@ -203,12 +252,27 @@ pub enum RopeKind {
     MRope,
 }
 
-/// What a family can take and what it produces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a family can take, what it produces, and what its prompt updates need.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Capabilities {
     pub images: bool,
     pub video: bool,
     pub rope: RopeKind,
+    /// The pan-and-scan knobs images are cropped by, each crop then an item after its image
+    /// (Gemma 3 with `do_pan_and_scan`); `None` where images are not cropped.
+    pub crops: Option<PanAndScan>,
+    /// Whether a video's prompt update writes a timestamp text before each temporal group
+    /// (Qwen3-VL): the driver then computes the texts, and the caller's pieces spell them.
+    pub video_timestamps: bool,
+    /// The fixed texts the prompt updates write (Gemma 3's between an image and its
+    /// crops), which the caller gives the tokenizer's ids of.
+    pub texts: &'static [&'static str],
+    /// The text the caller writes on both sides of each image placeholder before tokenizing
+    /// (Gemma 3's "\n\n"): it joins the words beside it, so only the tokenizer can spell it.
+    pub image_padding: &'static str,
+    /// The text the caller writes before that padding in the announcing prompt (Gemma 3's
+    /// "Here is the original image ", before an image with crops).
+    pub announcing_text: &'static str,
 }
 
 /// A model family's preprocessing, as pure functions over owned data.
@@ -240,63 +304,14 @@ pub trait Family: Send + Sync {
         Err(ProcessError::VideoUnsupported)
     }
 
-    /// Whether a video is written into the prompt one temporal group at a time, each group
-    /// its own item after its timestamp text (Qwen3-VL), rather than as one item.
-    fn video_per_group(&self) -> bool {
-        false
-    }
-
-    /// The prompt with the placeholder of each video item `i` for which `groups[i]` holds
-    /// its groups' text ids replaced by, per group, that text, vision start, one placeholder
-    /// and vision end (so each group is an item of its own); only for families whose
-    /// [`Family::video_per_group`] is true.
-    fn video_group_prompt(
-        &self,
-        input_ids: &[TokenId],
-        groups: &[Option<Vec<Vec<TokenId>>>],
-    ) -> Result<Vec<TokenId>, ProcessError> {
-        let _ = groups;
-        Ok(input_ids.to_vec())
-    }
-
-    /// The pan-and-scan knobs this family crops elongated images by (Gemma 3 with
-    /// `do_pan_and_scan`), each crop then an item of its own after its image; None where
-    /// images are not cropped.
-    fn pan_and_scan(&self) -> Option<PanAndScan> {
-        None
-    }
-
-    /// The texts the driver writes into prompts for this family (between an image and its
-    /// crops), which the caller gives as [`TextPieces`].
-    fn text_pieces(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    /// The prompt with each image `k` for which `crops[k]` is non-zero written as the
-    /// processor writes an image with that many crops: the text before it taken from
-    /// `panned_ids` (the same prompt tokenized as if every image had crops), then one
-    /// placeholder for the image and one for each crop, with the texts between them spelled
-    /// by `pieces`. Only for families whose [`Family::pan_and_scan`] is set.
-    fn crop_prompt(
-        &self,
-        input_ids: &[TokenId],
-        panned_ids: &[TokenId],
-        crops: &[usize],
-        pieces: &TextPieces,
-    ) -> Result<Vec<TokenId>, ProcessError> {
-        let _ = (panned_ids, crops, pieces);
-        Ok(input_ids.to_vec())
-    }
-
     /// Resize, normalise and lay out one image as the model's input feature.
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error>;
 
-    /// Where each item's tokens go in the prompt (one placeholder per item in `input_ids`).
-    fn layout(
-        &self,
-        input_ids: &[TokenId],
-        geometries: &[Geometry],
-    ) -> Result<TokenLayout, ProcessError>;
+    /// The placeholder tokens the chat template writes, one per request item.
+    fn placeholders(&self) -> Vec<Placeholder>;
+
+    /// What the placeholder of one request item becomes in the prompt.
+    fn prompt_update(&self, item: &ItemPrompt<'_>) -> Result<PromptUpdate, ProcessError>;
 
     /// Position ids for an expanded prompt of `len` tokens whose item `i` occupies
     /// `offsets[i] = (start, end)`.
@@ -358,6 +373,8 @@ pub enum ProcessError {
     PixelBuffer { width: u32, height: u32, len: usize },
     #[error("pan-and-scan cannot be planned: {0}")]
     PanAndScan(&'static str),
+    #[error("the prompt cannot be written: {0}")]
+    PromptText(String),
 }
 
 impl ProcessError {
@@ -375,6 +392,7 @@ impl ProcessError {
             ProcessError::TensorShape { .. } => ErrorCode::ProcessTensorShape,
             ProcessError::PixelBuffer { .. } => ErrorCode::ProcessPixelBuffer,
             ProcessError::PanAndScan(_) => ErrorCode::ProcessPanAndScan,
+            ProcessError::PromptText(_) => ErrorCode::ProcessPromptText,
         }
     }
 
@@ -395,12 +413,5 @@ mod tests {
         let ok = Tensor::new(vec![2, 3], TensorData::I64(vec![0; 6])).unwrap();
         assert_eq!(ok.shape(), &[2, 3]);
         assert_eq!(ok.data().dtype(), "int64");
-    }
-
-    #[test]
-    fn media_tokens_length() {
-        assert_eq!(MediaTokens::Repeat { id: 7, n: 4 }.len(), 4);
-        assert_eq!(MediaTokens::Ids(vec![1, 2]).len(), 2);
-        assert!(MediaTokens::Ids(vec![]).is_empty());
     }
 }

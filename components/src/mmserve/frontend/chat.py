@@ -184,13 +184,14 @@ class ChatPreprocessor:
             else None
         )
         # (placeholder, what the family's processor writes in its place, and what it writes
-        # for an image with pan-and-scan crops), if it pads it.
+        # for an image with pan-and-scan crops), if it pads it: the text part of the family's
+        # prompt update, which joins the words around it (the core's `Spec`).
         self._image_text: tuple[str, str, str] | None = None
-        family = model.spec.family
-        if family.image_text_padding:
+        core = model.spec.core
+        if core.image_text_padding:
             placeholder = model.tokenizer.convert_ids_to_tokens(model.spec.vision_start_token_id)
-            image = f"{family.image_text_padding}{placeholder}{family.image_text_padding}"
-            self._image_text = (placeholder, image, family.panned_image_text + image)
+            image = f"{core.image_text_padding}{placeholder}{core.image_text_padding}"
+            self._image_text = (placeholder, image, core.panned_image_text + image)
 
     async def preprocess(
         self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""

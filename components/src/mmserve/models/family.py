@@ -42,14 +42,6 @@ class FamilyInfo:
     # plan's M-RoPE grid. "own_forward": the model's own forward, which builds the mask from
     # token_type_ids (Gemma 3's bidirectional attention within each image), 1-D positions.
     text_forward: Literal["mrope", "own_forward"] = "mrope"
-    # Text the family's processor writes on both sides of each image placeholder before
-    # tokenizing (Gemma3Processor: "\n\n"); the frontend writes it into the rendered prompt
-    # so the ids are the processor's.
-    image_text_padding: str = ""
-    # Text the processor writes before an image that has pan-and-scan crops (its
-    # `replace_image_token`), before the padding; the texts between the image and its crops
-    # are the core's (`_mm.Spec.text_pieces`).
-    panned_image_text: str = ""
 
 
 FAMILIES: dict[str, FamilyInfo] = {
@@ -69,8 +61,6 @@ FAMILIES: dict[str, FamilyInfo] = {
         has_video=False,
         vision_input="image",
         text_forward="own_forward",
-        image_text_padding="\n\n",
-        panned_image_text="Here is the original image ",
     ),
 }
 

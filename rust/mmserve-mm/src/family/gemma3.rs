@@ -5,20 +5,24 @@
 //! (`image::pan_and_scan`), each an item of its own, with the processor's texts between them.
 //! Mirrors transformers' `Gemma3ImageProcessor(Pil)` and `Gemma3Processor`.
 
-use crate::common::text_pieces::TextPieces;
 use crate::family::registry::{Spec, SpecError};
-use crate::image::pan_and_scan::PanAndScan;
 use crate::image::resize::resize;
 use crate::image::transforms::NormalizeLut;
 use crate::pipeline::{
-    Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
-    ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
+    Capabilities, DecodedImage, Embed, EmbedOf, Family, Geometry, ItemPrompt, Modality,
+    Placeholder, Positions, ProcessError, ProcessedItem, PromptUpdate, RopeKind, Tensor,
+    TensorData, UpdatePart,
 };
 
+/// What `Gemma3Processor` writes on both sides of every image before tokenizing.
+const IMAGE_PADDING: &str = "\n\n";
+/// What `Gemma3Processor.replace_image_token` writes before an image with crops.
+const ANNOUNCING_TEXT: &str = "Here is the original image ";
 /// What `Gemma3Processor.replace_image_token` writes between an image and its first crop,
 /// and between two crops: `" and here are some crops to help you see better "` and `" "`,
-/// each with the `"\n\n"` the processor writes on both sides of every image (the text before
-/// the image, `"Here is the original image "`, is the caller's: it joins the prompt's text).
+/// each with the [`IMAGE_PADDING`] of both images beside it. Both lie between special
+/// tokens, so the driver spells them; the padding and the text before the image join the
+/// prompt's words, so the caller writes them (`Capabilities::image_padding`).
 pub const CROPS_INTRO: &str = "\n\n and here are some crops to help you see better \n\n";
 pub const BETWEEN_CROPS: &str = "\n\n \n\n";
 
@@ -60,6 +64,11 @@ impl Family for Gemma3 {
             images: true,
             video: false,
             rope: RopeKind::Rope1D,
+            crops: self.spec.pan_and_scan.filter(|_| self.spec.do_pan_and_scan),
+            video_timestamps: false,
+            texts: &[CROPS_INTRO, BETWEEN_CROPS],
+            image_padding: IMAGE_PADDING,
+            announcing_text: ANNOUNCING_TEXT,
         }
     }
 
@@ -118,105 +127,46 @@ impl Family for Gemma3 {
         })
     }
 
-    fn pan_and_scan(&self) -> Option<PanAndScan> {
-        self.spec.pan_and_scan.filter(|_| self.spec.do_pan_and_scan)
+    /// The begin-of-image id the chat template writes, one per image.
+    fn placeholders(&self) -> Vec<Placeholder> {
+        vec![Placeholder {
+            id: self.spec.vision_start_token_id,
+            modality: Modality::Image,
+            between: None,
+        }]
     }
 
-    fn text_pieces(&self) -> &'static [&'static str] {
-        &[CROPS_INTRO, BETWEEN_CROPS]
-    }
-
-    /// Each image with crops keeps its begin-of-image id, after the text `panned_ids` has
-    /// before it; each crop gets its text and a begin-of-image id of its own (the layout
-    /// then writes every image's soft tokens and end-of-image id).
-    fn crop_prompt(
-        &self,
-        input_ids: &[TokenId],
-        panned_ids: &[TokenId],
-        crops: &[usize],
-        pieces: &TextPieces,
-    ) -> Result<Vec<TokenId>, ProcessError> {
-        let begin = self.spec.vision_start_token_id;
-        let placeholders = |ids: &[TokenId]| -> Vec<usize> {
-            ids.iter()
-                .enumerate()
-                .filter(|(_, &id)| id == begin)
-                .map(|(i, _)| i)
-                .collect()
+    /// The begin-of-image id kept, then the image's soft tokens and an end-of-image id; each
+    /// crop the same after its text, the text before an image with crops announcing them.
+    fn prompt_update(&self, item: &ItemPrompt<'_>) -> Result<PromptUpdate, ProcessError> {
+        let spec = &self.spec;
+        let image = |geometry, of| {
+            [
+                UpdatePart::Ids(vec![spec.vision_start_token_id]),
+                UpdatePart::Embed(Embed {
+                    id: spec.image_token_id,
+                    n: self.num_tokens(&geometry),
+                    geometry,
+                    of,
+                }),
+                UpdatePart::Ids(vec![spec.vision_end_token_id]),
+            ]
         };
-        let (plain, panned) = (placeholders(input_ids), placeholders(panned_ids));
-        for found in [plain.len(), panned.len()] {
-            if found != crops.len() {
-                return Err(ProcessError::PlaceholderCount {
-                    placeholders: found,
-                    items: crops.len(),
-                });
-            }
-        }
-        let spell = |text| {
-            pieces.ids(text).ok_or(ProcessError::PanAndScan(
-                "the tokenizer's ids of the texts between an image and its crops were not given",
-            ))
-        };
-        let (intro, between) = (spell(CROPS_INTRO)?, spell(BETWEEN_CROPS)?);
-        let mut out = Vec::with_capacity(panned_ids.len());
-        let (mut plain_from, mut panned_from) = (0, 0);
-        for (k, &count) in crops.iter().enumerate() {
-            // Both spellings agree up to the text before the image, which only announces
-            // crops in `panned_ids`.
-            if count == 0 {
-                out.extend_from_slice(&input_ids[plain_from..=plain[k]]);
+        let mut parts = Vec::with_capacity(4 * (item.crops.len() + 1));
+        parts.extend(image(item.geometry, EmbedOf::Whole));
+        for (crop, &geometry) in (1..).zip(item.crops) {
+            let text = if crop == 1 {
+                CROPS_INTRO
             } else {
-                out.extend_from_slice(&panned_ids[panned_from..=panned[k]]);
-            }
-            for crop in 0..count {
-                out.extend_from_slice(if crop == 0 { &intro } else { &between });
-                out.push(begin);
-            }
-            (plain_from, panned_from) = (plain[k] + 1, panned[k] + 1);
+                BETWEEN_CROPS
+            };
+            parts.push(UpdatePart::Text(text.into()));
+            parts.extend(image(geometry, EmbedOf::Crop(crop)));
         }
-        out.extend_from_slice(&input_ids[plain_from..]);
-        Ok(out)
-    }
-
-    /// Each begin-of-image id in `input_ids` is one item: kept, then the item's soft tokens,
-    /// then an end-of-image id. The item's span is the soft tokens alone.
-    fn layout(
-        &self,
-        input_ids: &[TokenId],
-        geometries: &[Geometry],
-    ) -> Result<TokenLayout, ProcessError> {
-        let begin = self.spec.vision_start_token_id;
-        let placeholders: Vec<usize> = input_ids
-            .iter()
-            .enumerate()
-            .filter(|(_, &id)| id == begin)
-            .map(|(i, _)| i)
-            .collect();
-        if placeholders.len() != geometries.len() {
-            return Err(ProcessError::PlaceholderCount {
-                placeholders: placeholders.len(),
-                items: geometries.len(),
-            });
-        }
-        let mut segments = Vec::with_capacity(3 * placeholders.len() + 1);
-        let mut cursor = 0;
-        for (item, (&at, geometry)) in placeholders.iter().zip(geometries).enumerate() {
-            segments.push(Segment::Text(cursor..at + 1));
-            segments.push(Segment::Media {
-                item,
-                tokens: MediaTokens::Repeat {
-                    id: self.spec.image_token_id,
-                    n: self.num_tokens(geometry),
-                },
-            });
-            segments.push(Segment::Inserted(vec![self.spec.vision_end_token_id]));
-            cursor = at + 1;
-        }
-        if cursor < input_ids.len() {
-            segments.push(Segment::Text(cursor..input_ids.len()));
-        }
-        Ok(TokenLayout { segments })
+        Ok(PromptUpdate {
+            parts,
+            announced: !item.crops.is_empty(),
+        })
     }
 
     fn positions(
@@ -232,8 +182,11 @@ impl Family for Gemma3 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::text_pieces::TextPieces;
     use crate::family::registry::spec_from_hf_configs;
-    use crate::family::token_layout::expand;
+    use crate::family::token_layout::{apply, Expanded, Prompt};
+    use crate::image::pan_and_scan::PanAndScan;
+    use crate::pipeline::TokenId;
 
     const BOI: TokenId = 255_999;
     const EOI: TokenId = 256_000;
@@ -244,6 +197,28 @@ mod tests {
             "vision_config": {"image_size": 896, "patch_size": 14}}"#;
         let pp = r#"{"size": {"height": 896, "width": 896}, "resample": 2}"#;
         Gemma3::new(spec_from_hf_configs(pp, config).unwrap()).unwrap()
+    }
+
+    /// `prompt` with image `k` followed by `crops[k]` crops.
+    fn expand(
+        family: &Gemma3,
+        prompt: &Prompt<'_>,
+        crops: &[usize],
+    ) -> Result<Expanded, ProcessError> {
+        let g = family.geometry();
+        let grids = [g; 4];
+        let items = crops
+            .iter()
+            .map(|&n| {
+                let item = ItemPrompt {
+                    geometry: g,
+                    crops: &grids[..n],
+                    timestamps: &[],
+                };
+                Ok((Modality::Image, family.prompt_update(&item)?))
+            })
+            .collect::<Result<Vec<_>, ProcessError>>()?;
+        apply(prompt, &family.placeholders(), &items)
     }
 
     #[test]
@@ -265,13 +240,17 @@ mod tests {
         let family = gemma3();
         let g = family.plan(10, 10).unwrap();
         let ids = [2, 7, BOI, 8, BOI];
-        let out = expand(&family.layout(&ids, &[g, g]).unwrap(), &ids, 2).unwrap();
+        let prompt = |ids| Prompt {
+            ids,
+            ..Prompt::default()
+        };
+        let out = expand(&family, &prompt(&ids), &[0, 0]).unwrap();
         assert_eq!(out.offsets, vec![(3, 259), (262, 518)]);
         assert_eq!(out.ids[..3], [2, 7, BOI]);
         assert!(out.ids[3..259].iter().all(|&t| t == SOFT));
         assert_eq!(out.ids[259..262], [EOI, 8, BOI]);
         assert_eq!(out.ids[518..], [EOI]);
-        let err = family.layout(&[2, BOI], &[g, g]).unwrap_err();
+        let err = expand(&family, &prompt(&[2, BOI]), &[0, 0]).unwrap_err();
         assert_eq!(err.code(), "process.placeholder_count");
         let positions = family.positions(out.ids.len(), &out.offsets, &[g, g]);
         assert_eq!(positions.unwrap(), Positions::Rope1D { len: 519 });
@@ -289,28 +268,51 @@ mod tests {
         // spelling announces crops before each image (11, 21).
         let plain = [10, BOI, 20, BOI, 30];
         let panned = [10, 11, BOI, 20, 21, BOI, 30];
-        let out = family
-            .crop_prompt(&plain, &panned, &[0, 2], &pieces)
-            .unwrap();
-        let expected = [
-            10, BOI, 20, 21, BOI, 108, 40, 108, BOI, 108, 41, 108, BOI, 30,
-        ];
-        assert_eq!(out, expected);
-        let out = family
-            .crop_prompt(&plain, &panned, &[1, 0], &pieces)
-            .unwrap();
-        assert_eq!(out, [10, 11, BOI, 108, 40, 108, BOI, 20, BOI, 30]);
-        let err = family.crop_prompt(&plain, &panned[..3], &[1, 0], &pieces);
-        assert_eq!(err.unwrap_err().code(), "process.placeholder_count");
-        let err = family.crop_prompt(&plain, &panned, &[1, 0], &TextPieces::default());
-        assert_eq!(err.unwrap_err().code(), "process.pan_and_scan");
-        assert_eq!(family.pan_and_scan(), None);
+        let prompt = Prompt {
+            ids: &plain,
+            announcing_ids: Some(&panned),
+            pieces: Some(&pieces),
+        };
+        let image = |after: &[TokenId]| {
+            let mut run = vec![BOI];
+            run.extend([SOFT; 256]);
+            run.push(EOI);
+            run.extend_from_slice(after);
+            run
+        };
+        let out = expand(&family, &prompt, &[0, 2]).unwrap();
+        let mut expected = vec![10];
+        expected.extend(image(&[20, 21]));
+        expected.extend(image(&[108, 40, 108]));
+        expected.extend(image(&[108, 41, 108]));
+        expected.extend(image(&[30]));
+        assert_eq!(out.ids, expected);
+        assert_eq!(out.offsets.len(), 4);
+        let out = expand(&family, &prompt, &[1, 0]).unwrap();
+        let mut expected = vec![10, 11];
+        expected.extend(image(&[108, 40, 108]));
+        expected.extend(image(&[20]));
+        expected.extend(image(&[30]));
+        assert_eq!(out.ids, expected);
+        let short = Prompt {
+            announcing_ids: Some(&panned[..3]),
+            ..prompt
+        };
+        let err = expand(&family, &short, &[0, 1]).unwrap_err();
+        assert_eq!(err.code(), "process.placeholder_count");
+        let unspelled = Prompt {
+            pieces: None,
+            ..prompt
+        };
+        let err = expand(&family, &unspelled, &[1, 0]).unwrap_err();
+        assert_eq!(err.code(), "process.prompt_text");
+        assert_eq!(family.capabilities().crops, None);
         let panning = Gemma3::new(Spec {
             do_pan_and_scan: true,
             ..family.spec.clone()
         })
         .unwrap();
-        assert_eq!(panning.pan_and_scan(), Some(PanAndScan::DEFAULT));
+        assert_eq!(panning.capabilities().crops, Some(PanAndScan::DEFAULT));
     }
 
     #[test]

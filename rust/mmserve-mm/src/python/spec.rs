@@ -94,7 +94,7 @@ impl PySpec {
     /// timestamp text (Qwen3-VL; `process` then needs the tokenizer's `timestamp_tokens`).
     #[getter]
     fn video_per_group(&self) -> bool {
-        self.family.video_per_group()
+        self.family.capabilities().video_timestamps
     }
 
     /// `(min_crop_size, max_num_crops, min_ratio_to_activate)`: the pan-and-scan knobs of a
@@ -115,7 +115,21 @@ impl PySpec {
     /// crops), for which `process` takes the tokenizer's ids as `text_pieces`.
     #[getter]
     fn text_pieces(&self) -> Vec<&'static str> {
-        self.family.text_pieces().to_vec()
+        self.family.capabilities().texts.to_vec()
+    }
+
+    /// The text the caller writes on both sides of each image placeholder before tokenizing
+    /// (Gemma 3's "\n\n"; "" where none).
+    #[getter]
+    fn image_text_padding(&self) -> &'static str {
+        self.family.capabilities().image_padding
+    }
+
+    /// The text the caller writes before that padding for an image with pan-and-scan crops,
+    /// in the prompt it gives as `panned_input_ids` (Gemma 3's "Here is the original image ").
+    #[getter]
+    fn panned_image_text(&self) -> &'static str {
+        self.family.capabilities().announcing_text
     }
 
     #[getter]

@@ -11,8 +11,9 @@ use crate::family::registry::{Spec, SpecError};
 use crate::image::resize::{resize, ResizeError};
 use crate::image::transforms::{patchify, NormalizeLut, PatchGeometry};
 use crate::pipeline::{
-    Capabilities, DecodedImage, Family, Geometry, MediaTokens, Positions, ProcessError,
-    ProcessedItem, RopeKind, Segment, Tensor, TensorData, TokenId, TokenLayout,
+    Capabilities, DecodedImage, Embed, EmbedOf, Family, Geometry, ItemPrompt, Modality,
+    Placeholder, Positions, ProcessError, ProcessedItem, PromptUpdate, RopeKind, Tensor,
+    TensorData, UpdatePart,
 };
 
 /// A Qwen-VL family configured by its spec.
@@ -39,37 +40,6 @@ impl QwenVl {
 
     pub fn spec(&self) -> &Spec {
         &self.spec
-    }
-
-    /// The prompt positions of the media placeholders (image and video pads), each with
-    /// whether it is a video's; checks that every one sits between vision start and end, the
-    /// way the chat template writes it (engines that find items by the start token rely on
-    /// that).
-    fn placeholder_positions(
-        &self,
-        input_ids: &[TokenId],
-    ) -> Result<Vec<(usize, bool)>, ProcessError> {
-        let spec = &self.spec;
-        let mut found = Vec::new();
-        for (i, &id) in input_ids.iter().enumerate() {
-            let video = Some(id) == spec.video_token_id;
-            if id != spec.image_token_id && !video {
-                continue;
-            }
-            let before = i.checked_sub(1).map(|j| input_ids[j]);
-            let after = input_ids.get(i + 1).copied();
-            if before != Some(spec.vision_start_token_id) || after != Some(spec.vision_end_token_id)
-            {
-                return Err(ProcessError::PlaceholderContext {
-                    index: i,
-                    start: spec.vision_start_token_id,
-                    placeholder: id,
-                    end: spec.vision_end_token_id,
-                });
-            }
-            found.push((i, video));
-        }
-        Ok(found)
     }
 
     /// `(resized width, resized height, patch grid)` of a `width` x `height` image.
@@ -102,6 +72,12 @@ impl Family for QwenVl {
             images: true,
             video: self.takes_video(),
             rope: RopeKind::MRope,
+            crops: None,
+            // `Qwen3VLProcessor` (Qwen3-VL-MoE's and Qwen3.5's too).
+            video_timestamps: self.spec.family.is_qwen3_vision() && self.takes_video(),
+            texts: &[],
+            image_padding: "",
+            announcing_text: "",
         }
     }
 
@@ -183,51 +159,6 @@ impl Family for QwenVl {
         })
     }
 
-    /// `Qwen3VLProcessor` (Qwen3-VL-MoE's and Qwen3.5's too): the video's `<|video_pad|>` becomes, per temporal group,
-    /// `<{t:.1f} seconds>`, `<|vision_start|>`, the group's pads and `<|vision_end|>`, all
-    /// inside the prompt's own vision start and end.
-    fn video_per_group(&self) -> bool {
-        self.spec.family.is_qwen3_vision() && self.takes_video()
-    }
-
-    fn video_group_prompt(
-        &self,
-        input_ids: &[TokenId],
-        groups: &[Option<Vec<Vec<TokenId>>>],
-    ) -> Result<Vec<TokenId>, ProcessError> {
-        let placeholders = self.placeholder_positions(input_ids)?;
-        if placeholders.len() != groups.len() {
-            return Err(ProcessError::PlaceholderCount {
-                placeholders: placeholders.len(),
-                items: groups.len(),
-            });
-        }
-        let spec = &self.spec;
-        let extra: usize = groups.iter().flatten().flatten().map(|t| t.len() + 2).sum();
-        let mut out = Vec::with_capacity(input_ids.len() + extra);
-        let mut cursor = 0;
-        for (&(at, video), texts) in placeholders.iter().zip(groups) {
-            let Some(texts) = texts else { continue };
-            if !video {
-                return Err(ProcessError::Offsets(format!(
-                    "the image placeholder at prompt position {at} cannot take a video's groups"
-                )));
-            }
-            out.extend_from_slice(&input_ids[cursor..at]);
-            for text in texts {
-                out.extend_from_slice(text);
-                out.extend([
-                    spec.vision_start_token_id,
-                    input_ids[at],
-                    spec.vision_end_token_id,
-                ]);
-            }
-            cursor = at + 1;
-        }
-        out.extend_from_slice(&input_ids[cursor..]);
-        Ok(out)
-    }
-
     fn process_item(&self, image: &DecodedImage) -> Result<ProcessedItem, crate::Error> {
         image.check_rgb()?;
         let (resized_width, resized_height, grid_thw) =
@@ -262,46 +193,77 @@ impl Family for QwenVl {
         })
     }
 
-    fn layout(
-        &self,
-        input_ids: &[TokenId],
-        geometries: &[Geometry],
-    ) -> Result<TokenLayout, ProcessError> {
-        let placeholders = self.placeholder_positions(input_ids)?;
-        if placeholders.len() != geometries.len() {
-            return Err(ProcessError::PlaceholderCount {
-                placeholders: placeholders.len(),
-                items: geometries.len(),
-            });
-        }
-        let mut segments = Vec::with_capacity(2 * placeholders.len() + 1);
-        let mut cursor = 0;
-        let kind = |video: bool| if video { "a video" } else { "an image" };
-        for (item, (&(at, video), geometry)) in placeholders.iter().zip(geometries).enumerate() {
-            if video != geometry.is_video() {
-                return Err(ProcessError::PlaceholderModality {
-                    index: at,
-                    item,
-                    placeholder: kind(video),
-                    given: kind(geometry.is_video()),
-                });
+    /// Each pad sits in the vision start and end the chat template writes around it.
+    fn placeholders(&self) -> Vec<Placeholder> {
+        let spec = &self.spec;
+        let between = Some((spec.vision_start_token_id, spec.vision_end_token_id));
+        let image = Placeholder {
+            id: spec.image_token_id,
+            modality: Modality::Image,
+            between,
+        };
+        let video = spec.video_token_id.map(|id| Placeholder {
+            id,
+            modality: Modality::Video,
+            between,
+        });
+        std::iter::once(image).chain(video).collect()
+    }
+
+    /// The pad repeated once per token; with timestamps (Qwen3-VL), a video's pad becomes,
+    /// per temporal group, its `<{t:.1f} seconds>` text, vision start, the group's pads and
+    /// vision end, each group an item of its own, all inside the prompt's vision start and end.
+    fn prompt_update(&self, item: &ItemPrompt<'_>) -> Result<PromptUpdate, ProcessError> {
+        let spec = &self.spec;
+        let embed = |id, geometry, of| {
+            UpdatePart::Embed(Embed {
+                id,
+                n: self.num_tokens(&geometry),
+                geometry,
+                of,
+            })
+        };
+        let parts = match item.geometry {
+            Geometry::Image { .. } => {
+                vec![embed(spec.image_token_id, item.geometry, EmbedOf::Whole)]
             }
-            if at > cursor {
-                segments.push(Segment::Text(cursor..at));
+            Geometry::Video {
+                resized_width,
+                resized_height,
+                grid_thw: [t, h, w],
+                time_interval,
+            } => {
+                let pad = spec.video_token_id.ok_or(ProcessError::VideoUnsupported)?;
+                if item.timestamps.is_empty() {
+                    vec![embed(pad, item.geometry, EmbedOf::Whole)]
+                } else {
+                    if item.timestamps.len() != t as usize {
+                        return Err(ProcessError::Offsets(format!(
+                            "{} timestamp texts for a video of {t} temporal groups",
+                            item.timestamps.len()
+                        )));
+                    }
+                    let group = Geometry::Video {
+                        resized_width,
+                        resized_height,
+                        grid_thw: [1, h, w],
+                        time_interval,
+                    };
+                    let mut parts = Vec::with_capacity(4 * item.timestamps.len());
+                    for (g, text) in (0..).zip(item.timestamps) {
+                        parts.push(UpdatePart::Text(text.clone().into()));
+                        parts.push(UpdatePart::Ids(vec![spec.vision_start_token_id]));
+                        parts.push(embed(pad, group, EmbedOf::TemporalGroup(g)));
+                        parts.push(UpdatePart::Ids(vec![spec.vision_end_token_id]));
+                    }
+                    parts
+                }
             }
-            segments.push(Segment::Media {
-                item,
-                tokens: MediaTokens::Repeat {
-                    id: input_ids[at],
-                    n: self.num_tokens(geometry),
-                },
-            });
-            cursor = at + 1;
-        }
-        if cursor < input_ids.len() {
-            segments.push(Segment::Text(cursor..input_ids.len()));
-        }
-        Ok(TokenLayout { segments })
+        };
+        Ok(PromptUpdate {
+            parts,
+            announced: false,
+        })
     }
 
     fn positions(
@@ -337,8 +299,10 @@ impl Family for QwenVl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::text_pieces::TextPieces;
     use crate::family::registry::{spec_from_hf_configs, Spec};
-    use crate::family::token_layout::expand;
+    use crate::family::token_layout::{apply, Expanded, Prompt};
+    use crate::pipeline::TokenId;
 
     const IMG: TokenId = 151655;
     const VID: TokenId = 151656;
@@ -358,6 +322,34 @@ mod tests {
 
     fn qwen2() -> QwenVl {
         qwen_vl("qwen2_vl", "{}")
+    }
+
+    /// `ids` with each item's placeholder replaced by its update, videos without timestamps.
+    fn expand(
+        family: &QwenVl,
+        ids: &[TokenId],
+        geometries: &[Geometry],
+    ) -> Result<Expanded, ProcessError> {
+        let items = geometries
+            .iter()
+            .map(|&geometry| {
+                let modality = match geometry {
+                    Geometry::Video { .. } => Modality::Video,
+                    _ => Modality::Image,
+                };
+                let item = ItemPrompt {
+                    geometry,
+                    crops: &[],
+                    timestamps: &[],
+                };
+                Ok((modality, family.prompt_update(&item)?))
+            })
+            .collect::<Result<Vec<_>, ProcessError>>()?;
+        let prompt = Prompt {
+            ids,
+            ..Prompt::default()
+        };
+        apply(&prompt, &family.placeholders(), &items)
     }
 
     #[test]
@@ -385,8 +377,7 @@ mod tests {
         let g0 = family.plan(56, 56).unwrap(); // 4 tokens
         let g1 = family.plan(112, 56).unwrap(); // 8 tokens
         let ids = [1, START, IMG, END, 2, START, IMG, END, 3];
-        let layout = family.layout(&ids, &[g0, g1]).unwrap();
-        let out = expand(&layout, &ids, 2).unwrap();
+        let out = expand(&family, &ids, &[g0, g1]).unwrap();
         assert_eq!(out.offsets, vec![(2, 6), (9, 17)]);
         assert_eq!(out.ids.len(), ids.len() - 2 + 12);
         assert!(out.ids[2..6].iter().all(|&t| t == IMG));
@@ -399,13 +390,12 @@ mod tests {
         let image = family.plan(56, 56).unwrap(); // 4 tokens
         let video = family.video_geometry([3, 4, 6], (84, 56), 2.0).unwrap(); // 18 tokens
         let ids = [1, START, VID, END, 2, START, IMG, END];
-        let layout = family.layout(&ids, &[video, image]).unwrap();
-        let out = expand(&layout, &ids, 2).unwrap();
+        let out = expand(&family, &ids, &[video, image]).unwrap();
         assert_eq!(out.offsets, vec![(2, 20), (23, 27)]);
         assert!(out.ids[2..20].iter().all(|&t| t == VID));
         assert!(out.ids[23..27].iter().all(|&t| t == IMG));
         // An item in the other modality's place is refused.
-        let err = family.layout(&ids, &[image, video]).unwrap_err();
+        let err = expand(&family, &ids, &[image, video]).unwrap_err();
         assert_eq!(err.code(), "process.placeholder_modality");
 
         // Qwen2-VL: one position per temporal patch; Qwen2.5-VL: tokens_per_second x
@@ -425,19 +415,18 @@ mod tests {
     }
 
     #[test]
-    fn qwen3_families_plan_video_per_group_and_a_checkpoint_without_a_video_pad_refuses_it() {
-        assert!(qwen2().capabilities().video && !qwen2().video_per_group());
+    fn qwen3_families_write_video_timestamps_and_a_checkpoint_without_a_video_pad_refuses_video() {
+        let caps = qwen2().capabilities();
+        assert!(caps.video && !caps.video_timestamps);
         for model_type in ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"] {
-            let qwen3 = qwen_vl(model_type, "{}");
-            assert!(
-                qwen3.capabilities().video && qwen3.video_per_group(),
-                "{model_type}"
-            );
+            let caps = qwen_vl(model_type, "{}").capabilities();
+            assert!(caps.video && caps.video_timestamps, "{model_type}");
         }
         let config = r#"{"model_type": "qwen3_vl_moe", "image_token_id": 151655,
             "vision_start_token_id": 151652, "vision_end_token_id": 151653}"#;
         let padless = QwenVl::new(spec_from_hf_configs("{}", config).unwrap()).unwrap();
-        assert!(!padless.capabilities().video && !padless.video_per_group());
+        let caps = padless.capabilities();
+        assert!(!caps.video && !caps.video_timestamps);
         let err = padless
             .video_geometry([2, 4, 4], (56, 56), 2.0)
             .unwrap_err();
@@ -447,30 +436,59 @@ mod tests {
     #[test]
     fn qwen3_writes_each_temporal_group_after_its_text() {
         let qwen3 = qwen_vl("qwen3_vl", "{}");
-        let ids = [1, START, VID, END, START, IMG, END, 2];
-        let groups = [Some(vec![vec![7, 8], vec![9]]), None];
-        let out = qwen3.video_group_prompt(&ids, &groups).unwrap();
-        let expected = [
-            1, START, 7, 8, START, VID, END, 9, START, VID, END, END, START, IMG, END, 2,
+        let video = qwen3.video_geometry([2, 4, 6], (96, 64), 2.0).unwrap();
+        let image = qwen3.plan(64, 64).unwrap(); // 4 tokens
+        let timestamps = ["a".to_string(), "b".to_string()];
+        let update = |geometry, timestamps| {
+            let item = ItemPrompt {
+                geometry,
+                crops: &[],
+                timestamps,
+            };
+            qwen3.prompt_update(&item)
+        };
+        let items = [
+            (Modality::Video, update(video, &timestamps[..]).unwrap()),
+            (Modality::Image, update(image, &[]).unwrap()),
         ];
-        assert_eq!(out, expected);
-        // Each group is now an item of its own, in its own vision start and end.
-        assert_eq!(qwen3.placeholder_positions(&out).unwrap().len(), 3);
-        let err = qwen3.video_group_prompt(&ids, &[None, Some(vec![vec![7]])]);
-        assert_eq!(err.unwrap_err().code(), "process.offsets");
-        let err = qwen3.video_group_prompt(&ids, &groups[..1]);
-        assert_eq!(err.unwrap_err().code(), "process.placeholder_count");
+        let groups: Vec<_> = items[0].1.embeds().map(|e| (e.n, e.of)).collect();
+        assert_eq!(
+            groups,
+            [
+                (6, EmbedOf::TemporalGroup(0)),
+                (6, EmbedOf::TemporalGroup(1))
+            ]
+        );
+        let pieces = TextPieces::new(vec![("a".into(), vec![7, 8]), ("b".into(), vec![9])]);
+        let ids = [1, START, VID, END, START, IMG, END, 2];
+        let prompt = Prompt {
+            ids: &ids,
+            pieces: Some(&pieces),
+            ..Prompt::default()
+        };
+        let out = apply(&prompt, &qwen3.placeholders(), &items).unwrap();
+        let mut expected = vec![1, START, 7, 8, START];
+        expected.extend([VID; 6]);
+        expected.extend([END, 9, START]);
+        expected.extend([VID; 6]);
+        expected.extend([END, END, START]);
+        expected.extend([IMG; 4]);
+        expected.extend([END, 2]);
+        assert_eq!(out.ids, expected);
+        assert_eq!(out.offsets, vec![(5, 11), (14, 20), (23, 27)]);
+        let err = update(video, &timestamps[..1]).unwrap_err();
+        assert_eq!(err.code(), "process.offsets");
     }
 
     #[test]
     fn layout_refuses_count_mismatch_and_bare_placeholders() {
         let family = qwen2();
         let g = family.plan(56, 56).unwrap();
-        let err = family.layout(&[START, IMG, END], &[g, g]).unwrap_err();
+        let err = expand(&family, &[START, IMG, END], &[g, g]).unwrap_err();
         assert_eq!(err.code(), "process.placeholder_count");
-        let err = family.layout(&[1, IMG, END], &[g]).unwrap_err();
+        let err = expand(&family, &[1, IMG, END], &[g]).unwrap_err();
         assert_eq!(err.code(), "process.placeholder_context");
-        let err = family.layout(&[START, IMG], &[g]).unwrap_err();
+        let err = expand(&family, &[START, IMG], &[g]).unwrap_err();
         assert_eq!(err.code(), "process.placeholder_context");
     }
 }
