@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from typing import NoReturn
 
 from mmserve.runtime.lifetime import exit_without_teardown, follow_launcher
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> NoReturn:
     """The `mmserve` command: `main()` on the command line, exiting as `sys.exit` would but
-    without the interpreter's teardown (`exit_without_teardown`)."""
+    without the interpreter's teardown (`exit_without_teardown`), also when `main()` fails:
+    the traceback is printed as Python prints it, and no leak report follows it."""
     try:
         status = main()
     except SystemExit as stop:
@@ -52,6 +54,13 @@ def run() -> NoReturn:
         else:
             print(stop.code, file=sys.stderr)
             status = 1
+    except KeyboardInterrupt:
+        # Ctrl-C before the component handles SIGINT itself (while it starts): the shell's
+        # status for it, without a traceback of wherever start-up was.
+        status = 130
+    except BaseException:
+        traceback.print_exc()
+        status = 1
     exit_without_teardown(status)
 
 

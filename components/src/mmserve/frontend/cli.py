@@ -24,7 +24,7 @@ from mmserve.media.policy import MediaPolicy
 from mmserve.protocol.openai import DEFAULT_MAX_N
 from mmserve.router.settings import RouterSettings
 from mmserve.runtime.heap import freeze_startup_heap
-from mmserve.runtime.lifetime import add_drain_timeout_argument
+from mmserve.runtime.lifetime import add_drain_timeout_argument, exit_without_teardown
 from mmserve.transfer.options import add_transfer_arguments
 
 if TYPE_CHECKING:
@@ -289,8 +289,13 @@ def raise_open_file_limit() -> int:
 
 
 async def serve(
-    args: argparse.Namespace, pipeline_factory: PipelineFactory = open_pipeline
+    args: argparse.Namespace,
+    pipeline_factory: PipelineFactory = open_pipeline,
+    *,
+    exit_when_stopped: bool = False,
 ) -> None:
+    """Serve until stopped (drained on a signal). With `exit_when_stopped` (the command), the
+    process exits as soon as the pipeline is closed."""
     from mmserve.frontend.drain import DrainingServer
 
     open_files = raise_open_file_limit()
@@ -307,6 +312,10 @@ async def serve(
         await server.serve()
         if not server.started:
             raise RuntimeError(f"cannot listen on {args.http_host}:{args.http_port}")
+    if exit_when_stopped:
+        # Everything of ours is closed. Returning would free the model, the app and the router
+        # object by object: 0.1 to 0.2 s of every Ctrl-C, for memory the exit gives back at once.
+        exit_without_teardown(0)
 
 
 def _non_negative_int(text: str) -> int:
@@ -330,7 +339,7 @@ def _handle(args: argparse.Namespace) -> int:
 
     configure_logging()
     try:
-        uvloop.run(serve(args))
+        uvloop.run(serve(args, exit_when_stopped=True))
     except Exception as err:
         print(f"mmserve frontend: {err}", file=sys.stderr)
         return 1

@@ -5,6 +5,10 @@ tokenizer, the chat template), and every full collection of the cyclic garbage c
 them all again: under load that was a quarter of the frontend's event-loop thread
 (`gc_collect_main` in a native profile). Freezing them after start-up keeps them out of every
 later collection, which then sees only what requests allocate.
+
+Frozen objects are not collected at the interpreter's teardown either: a component therefore
+exits without one (`lifetime.exit_without_teardown`), or triton's extension, when loaded,
+reports them as leaked.
 """
 
 from __future__ import annotations

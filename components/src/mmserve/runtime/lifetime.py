@@ -98,10 +98,12 @@ def _seconds(text: str) -> float:
 
 def exit_without_teardown(status: int) -> NoReturn:
     """Exit with `status` once the command is done, skipping the interpreter's teardown: a
-    process that imported torch has triton's nanobind extension loaded (transformers imports
-    torch._dynamo), which prints dozens of `nanobind: leaked ...` lines at teardown, and
-    collecting a model's objects one by one takes seconds for nothing. Every resource of ours
-    is closed by then; the output is flushed here."""
+    worker has triton's nanobind extension loaded (transformers' masking_utils imports
+    torch._dynamo, which imports triton when it is installed) and its start-up heap frozen
+    (`runtime.heap`); frozen objects are never collected, so at teardown nanobind finds
+    triton's still alive and prints some thirty `nanobind: leaked ...` lines. Freeing a model's
+    objects one by one also takes seconds for nothing. Every resource of ours is closed by
+    then; the output is flushed here."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
