@@ -265,8 +265,10 @@ async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEng
     (seen: 184476 for 184475 on Gemma 3 at temperature 1.5, where a tiny model's 262k ids are
     nearly uniform); at 0.5 the draws land far from the boundaries. A MoE's experts run as
     grouped matmuls whose rounding follows how many rows each expert gets (`torch._grouped_mm`,
-    float32 only), larger moves once a choice leaves: there the choices keep their
-    prefill-drawn first tokens and each still ends where its own stream stops."""
+    float32 only), larger moves (seen: the n=1 completion's tenth token 119140 for 119137,
+    after other tests had run on the same engine): there choice 0 and the n=1 completion share
+    their prefill-drawn first token, and each choice keeps its own first token and ends where
+    its own stream stops."""
     batch_invariant = "moe" not in engine.spec.family.name
     ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
     sampling = SamplingParams(temperature=0.5, seed=3, n=4)
@@ -276,7 +278,9 @@ async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEng
     assert all(len(tokens) == 12 for tokens in streams)
     assert len({tuple(tokens) for tokens in streams}) == 4  # four draws, not one
     alone = await run(engine, ids, sampling=msgspec.structs.replace(sampling, n=1), stop=long)
-    assert tokens_of(alone) == streams[0]
+    assert (
+        tokens_of(alone) == streams[0] if batch_invariant else tokens_of(alone)[0] == streams[0][0]
+    )
     assert free[-1].usage is not None and free[-1].usage.completion_tokens == 48
     assert sum(chunk.finish_reason is not None for chunk in free) == 4
 

@@ -110,6 +110,7 @@ def test_logprobs_are_the_models_own_distribution_whatever_the_sampling():
     expected = torch.log_softmax(logits, dim=-1)
     for params in (
         SamplingParams(temperature=0.0, logprobs=5),
+        SamplingParams(temperature=1.0, seed=1, logprobs=5),  # read from the draw's softmax
         SamplingParams(temperature=0.3, top_k=3, seed=1, logprobs=5),
         SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=0),
     ):
@@ -126,6 +127,18 @@ def test_logprobs_are_the_models_own_distribution_whatever_the_sampling():
     )
     assert logprob is not None and logprob.top[0][0] == token  # greedy: the top alternative
     assert Sampler(SamplingParams(), [], VOCAB, CPU).next(logits)[1] is None
+
+
+def test_logprobs_past_float32s_range_of_probabilities_stay_finite():
+    """At temperature 1 the logprobs come from the draw's probabilities; an alternative whose
+    probability rounds to 0 there still gets its log_softmax value, not -inf."""
+    logits = torch.full((VOCAB,), -200.0)
+    logits[3], logits[5] = 10.0, -150.0
+    params = SamplingParams(temperature=1.0, seed=1, logprobs=2)
+    token, logprob = Sampler(params, [], VOCAB, CPU).next(logits)
+    expected = torch.log_softmax(logits, dim=-1)
+    assert token == 3 and logprob is not None
+    assert logprob.top[1] == (5, pytest.approx(float(expected[5]), abs=1e-4))
 
 
 def rows(count: int) -> list[torch.Tensor]:
@@ -160,17 +173,17 @@ def test_a_draw_follows_the_distribution_and_never_picks_a_banned_id():
     probs = torch.softmax(scores, dim=-1)
     draws = 20_000
     counts = torch.bincount(
-        torch.tensor(draw(scores.expand(draws, -1), [step_seed(3, 0, i) for i in range(draws)])),
+        torch.tensor(draw(probs.expand(draws, -1), [step_seed(3, 0, i) for i in range(draws)])),
         minlength=6,
     )
     assert counts[3] == counts[5] == 0
     # Each id's share within five standard deviations of its probability.
     spread = 5 * torch.sqrt(probs * (1 - probs) / draws)
     assert torch.all((counts / draws - probs).abs() <= spread + 1e-9), counts
-    assert draw(scores[None], [11]) == draw(scores[None], [11])
+    assert draw(probs[None], [11]) == draw(probs[None], [11])
     # The last id with any mass is reachable, and one id alone is always drawn.
-    assert draw(torch.tensor([[float("-inf"), 0.0]]), [5]) == [1]
-    assert set(draw(torch.zeros(20, 1), list(range(20)))) == {0}
+    assert draw(torch.tensor([[0.0, 1.0]]), [5]) == [1]
+    assert set(draw(torch.ones(20, 1), list(range(20)))) == {0}
 
 
 @pytest.mark.parametrize("vocab", [1024, 3000, 151_936])
@@ -188,7 +201,7 @@ def test_a_draw_by_blocks_picks_the_id_of_the_whole_rows_cumulative_sum(vocab: i
     uniform = torch.tensor([random.Random(seed).random() for seed in seeds])[:, None]
     whole_row = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)[:, 0]
     last = (cumulative < cumulative[:, -1:]).sum(-1)
-    drawn = draw(rows, seeds)
+    drawn = draw(torch.softmax(rows, dim=-1), seeds)
     assert drawn == torch.minimum(whole_row, last).tolist()
     assert drawn[1] == vocab // 2 and drawn[2] >= vocab - 7 and drawn[3] == 0
 

@@ -105,26 +105,25 @@ def step_seed(seed: int, choice: int, index: int) -> int:
 _DRAW_BLOCK = 1024  # ids per block of `draw`'s mass
 
 
-def draw(scores: torch.Tensor, seeds: Sequence[int]) -> list[int]:
-    """One id drawn from softmax of each row of `scores` (`[len(seeds), vocab]`), its
+def draw(probs: torch.Tensor, seeds: Sequence[int]) -> list[int]:
+    """One id drawn from each row of `probs` (`[len(seeds), vocab]`, a softmax), its
     randomness all from its seed: the id where one uniform number falls in the row's
     cumulative distribution. One number, not one per id as `torch.multinomial` draws. The
     probabilities are summed by blocks of ids and only the block the number falls in is
-    accumulated id by id: a softmax and one pass over its result, 0.1 ms a row of 152k ids on
-    a CPU, where a cumulative sum of the whole row cost 0.4. Float32, as vLLM samples: ids
-    without mass add nothing to the sum, so they are never drawn."""
-    rows, vocab = scores.shape
+    accumulated id by id: one pass over the row, where a cumulative sum of the whole row and a
+    search for its last id cost 3x as much (0.3 ms a row of 152k ids on a CPU). Float32, as
+    vLLM samples: ids without mass add nothing to the sum, so they are never drawn."""
+    rows, vocab = probs.shape
     blocks = -(-vocab // _DRAW_BLOCK)
-    probs = torch.softmax(scores.float(), dim=-1)
     if blocks * _DRAW_BLOCK > vocab:  # the last block padded with ids without mass
         probs = torch.nn.functional.pad(probs, (0, blocks * _DRAW_BLOCK - vocab))
     by_block = probs.view(rows, blocks, _DRAW_BLOCK)
     ends = by_block.sum(-1).cumsum(-1)  # the mass up to the end of each block
     starts = torch.nn.functional.pad(ends[:, :-1], (1, 0))
     uniform = [random.Random(seed).random() for seed in seeds]
-    targets = torch.tensor(uniform, device=scores.device)[:, None] * ends[:, -1:]
+    targets = torch.tensor(uniform, device=probs.device)[:, None] * ends[:, -1:]
     block = _fall(ends, targets)
-    within = by_block[torch.arange(rows, device=scores.device), block].cumsum(-1)
+    within = by_block[torch.arange(rows, device=probs.device), block].cumsum(-1)
     index = _fall(within, targets - starts.gather(-1, block[:, None]))
     return (block * _DRAW_BLOCK + index).tolist()
 
@@ -163,21 +162,41 @@ def most_likely(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.stack(values).reshape(shape), torch.stack(indices).reshape(shape)
 
 
-def read_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+def read_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], top: int, probs: torch.Tensor | None = None
+) -> list[TokenLogprob]:
     """Each token's log-probability and the `top` most likely ids', from its row of logits
-    (`[len(tokens), vocab]`). `log_softmax` rather than a `logsumexp` to subtract: one fused
-    pass, half the time on a CPU."""
-    logprobs = torch.log_softmax(logits, dim=-1)
+    (`[len(tokens), vocab]`), or from `probs`, their softmax, where the caller has it: then
+    only the few values read are logged, unless one rounded to 0 (past float32's range), where
+    `log_softmax` gives the finite value. `log_softmax` rather than a `logsumexp` to
+    subtract: one fused pass, half the time on a CPU."""
     ids = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)[:, None]
-    chosen = logprobs.gather(-1, ids)[:, 0].tolist()
+    if probs is not None:
+        chosen, indices = probs.gather(-1, ids), None
+        if top:
+            values, indices = most_likely(probs, top)
+            chosen = torch.cat([chosen, values], dim=-1)
+        if bool((chosen > 0).all()):
+            logged = chosen.log()
+            return _logprob_rows(tokens, logged[:, 0], logged[:, 1:], indices)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    values, indices = most_likely(logprobs, top) if top else (logprobs[:, :0], None)
+    return _logprob_rows(tokens, logprobs.gather(-1, ids)[:, 0], values, indices)
+
+
+def _logprob_rows(
+    tokens: Sequence[int],
+    chosen: torch.Tensor,
+    top_values: torch.Tensor,
+    top_ids: torch.Tensor | None,
+) -> list[TokenLogprob]:
     tops: list[list[tuple[int, float]]] = [[] for _ in tokens]
-    if top:
-        values, indices = most_likely(logprobs, top)
-        pairs = zip(indices.tolist(), values.tolist(), strict=True)
+    if top_ids is not None:
+        pairs = zip(top_ids.tolist(), top_values.tolist(), strict=True)
         tops = [list(zip(i, v, strict=True)) for i, v in pairs]
     return [
         TokenLogprob(token_id=token, logprob=value, top=row)
-        for token, value, row in zip(tokens, chosen, tops, strict=True)
+        for token, value, row in zip(tokens, chosen.tolist(), tops, strict=True)
     ]
 
 
@@ -295,6 +314,7 @@ def next_tokens(
     if params.penalized and all(each is not None for each in counts):
         stacked = torch.stack([each for each in counts if each is not None])
         scores = apply_penalties(scores, first.prompt_mask, stacked, params)
+    probs = None  # the distribution drawn from
     if params.temperature == 0:
         tokens: list[int] = scores.argmax(-1).tolist()
     else:
@@ -302,11 +322,15 @@ def next_tokens(
             scores = scores / params.temperature
         scores = apply_min_p(scores, params.min_p)
         scores = apply_top_p(apply_top_k(scores, params.top_k), params.top_p)
-        tokens = draw(scores, [sampler.draw_seed() for sampler in samplers])
+        probs = torch.softmax(scores, dim=-1)
+        tokens = draw(probs, [sampler.draw_seed() for sampler in samplers])
     logprobs: list[TokenLogprob | None] = [None] * len(samplers)
     if params.logprobs is not None:
         source = logits if first.logprobs_mode == "raw_logprobs" else scores
-        read = read_logprobs(source, tokens, params.logprobs)
+        # Each processor returns its input where it is off: at temperature 1 with nothing
+        # else asked, the raw logprobs are of the distribution just drawn from.
+        drawn_from = probs if scores is source else None
+        read = read_logprobs(source, tokens, params.logprobs, drawn_from)
         logprobs = [_finite(each) for each in read]
     for sampler, token in zip(samplers, tokens, strict=True):
         sampler.observe(token)
