@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment
+from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment, stop_processes
 
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 
@@ -64,8 +64,12 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
 
 def restart_worker(deployment: Deployment, name: str, extra: Sequence[str] = ()) -> None:
     """Start worker `name` of `deployment` again with its flags (and `extra`), and wait until
-    it registered."""
+    it registered. One still running is stopped first: a test that restarts a worker does not
+    rely on an earlier test having stopped it (run alone, the second would find its ports
+    taken)."""
     _, role, flags = next(worker for worker in deployment.workers if worker[0] == name)
+    if name in deployment.processes:
+        stop_processes([deployment.processes[name]])
     deployment._spawn(name, [
         role, "--model-path", str(deployment.model_path), "--namespace", deployment.namespace,
         *flags, *deployment.worker_flags, "--transfer", deployment.transfer, *extra,
