@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,24 @@ SCRIPTS = [
 ]
 READY = re.compile(r"\[launch\] ready: curl (\S+)/v1/chat/completions")
 TIMEOUT_S = 300.0
+
+
+@pytest.fixture(autouse=True)
+def sigint_reaches_the_scripts() -> Iterator[None]:
+    """The scripts get Ctrl-C as a terminal's foreground job does, however the suite was
+    started: one run in the background of a non-interactive shell inherits SIGINT ignored, and
+    so would the scripts (bash cannot trap a signal ignored when it starts). A handler here is
+    reset to the default in each child."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 API_KEY = "launch-test-key"
 
 
