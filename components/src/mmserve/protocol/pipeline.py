@@ -13,6 +13,23 @@ from mmserve.protocol.openai import FinishReason, Usage
 from mmserve.protocol.wire import WireMessage, mm_hash_hex
 
 
+GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "ebnf"]
+
+
+class Grammar(msgspec.Struct, frozen=True, kw_only=True):
+    """What a completion's text must follow (vLLM's structured outputs), as the frontend
+    validated it; each worker compiles it for its own tokenizer (`engines.grammar`), and a
+    decode worker rebuilds the matcher from it and the tokens already sampled."""
+
+    kind: GrammarKind
+    # The JSON Schema as JSON text, the regex, the EBNF grammar, or the choices as a JSON list
+    # of strings; empty for `json_object` (any JSON object).
+    spec: str = ""
+    # With a reasoning parser on, the grammar starts after this token id (the reasoning
+    # section's end, `</think>`); None: from the first token.
+    start_after: int | None = None
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """How each token is chosen (the logits chain in `engines.logits`, vLLM's formulas), and
     how many log-probabilities come back with it."""
@@ -35,6 +52,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # The same for every prompt token after the first (vLLM's `prompt_logprobs`): the engine
     # scores the whole prompt, recomputing any prefix its cache holds.
     prompt_logprobs: int | None = None
+    # Constrained decoding: each token is one the grammar allows; None: free text.
+    grammar: Grammar | None = None
 
     @property
     def penalized(self) -> bool:
