@@ -5,7 +5,7 @@ use ffmpeg_next as ff;
 
 use super::convert::to_rgb;
 use super::error::ff_error;
-use super::io::Demuxer;
+use super::input::Demuxer;
 use super::rotation::rotate;
 use super::scan::is_discarded;
 use super::{VideoInfo, VideoLimits};
