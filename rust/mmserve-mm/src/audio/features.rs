@@ -173,6 +173,27 @@ impl Signal<'_> {
         reflected.clamp(0, last) as usize
     }
 
+    /// The frame starting at `first`, times the window, into `out`.
+    fn windowed(&self, first: isize, window: &[f64], out: &mut [f64]) {
+        let inside = usize::try_from(first)
+            .ok()
+            .filter(|&start| start + window.len() <= self.samples.len());
+        match inside {
+            // The frame lies on the clip's own samples: no reflection, no padding.
+            Some(start) => {
+                let frame = &self.samples[start..start + window.len()];
+                for ((x, &s), &w) in out.iter_mut().zip(frame).zip(window) {
+                    *x = f64::from(s) * w;
+                }
+            }
+            None => {
+                for (k, (x, &w)) in out.iter_mut().zip(window).enumerate() {
+                    *x = self.at(first + k as isize) * w;
+                }
+            }
+        }
+    }
+
     fn at(&self, pos: isize) -> f64 {
         let i = self.source_index(pos);
         self.samples
@@ -261,25 +282,43 @@ impl LogMel {
             .step_by(FRAMES_PER_BLOCK)
             .map(|start| (start, (start + FRAMES_PER_BLOCK).min(computed)))
             .collect();
-        let logs: Vec<Vec<f64>> = par::map(&blocks, |&(start, end)| {
-            self.log_mel_block(&signal, start, end)
+        let powers: Vec<Vec<f64>> = par::map(&blocks, |&(start, end)| {
+            self.mel_power_block(&signal, start, end)
         });
-        let mut frame_major: Vec<f64> = logs.into_iter().flatten().collect();
-        if computed < frames {
-            let pad_frame = frame_major[(computed - 1) * mels..computed * mels].to_vec();
-            for _ in computed..frames {
-                frame_major.extend_from_slice(&pad_frame);
+        // The floor is the loudest value less 8 (log10 units): powers at or under its level are
+        // the floor without a logarithm.
+        let loudest = powers
+            .iter()
+            .flatten()
+            .copied()
+            .fold(LOG_FLOOR, f64::max)
+            .log10();
+        let floor = loudest - DYNAMIC_RANGE;
+        let floor_power = 10f64.powf(floor);
+        // A power at or under the floor's level: the floor, or the clamp's log where that is
+        // higher (a clip whose loudest value is within 8 of the clamp).
+        let floored = floor.max(LOG_FLOOR.log10());
+        let scaled = |p: f64| {
+            let log = if p <= floor_power {
+                floored
+            } else {
+                p.max(LOG_FLOOR).log10().max(floor)
+            };
+            ((log + 4.0) / 4.0) as f32
+        };
+        let values: Vec<Vec<f32>> =
+            par::map(&powers, |block| block.iter().map(|&p| scaled(p)).collect());
+        let rows: Vec<&[f32]> = values.iter().flat_map(|b| b.chunks_exact(mels)).collect();
+        let mut data = vec![0f32; mels * frames];
+        for (t, row) in rows.iter().enumerate() {
+            for (m, &v) in row.iter().enumerate() {
+                data[m * frames + t] = v;
             }
         }
-        let max = frame_major
-            .iter()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max);
-        let floor = max - DYNAMIC_RANGE;
-        let mut data = vec![0f32; mels * frames];
-        for (t, row) in frame_major.chunks_exact(mels).enumerate() {
-            for (m, &v) in row.iter().enumerate() {
-                data[m * frames + t] = ((v.max(floor) + 4.0) / 4.0) as f32;
+        // The frames past the last computed one are padding alone, as it is.
+        if let Some(last) = rows.last() {
+            for (m, &v) in last.iter().enumerate() {
+                data[m * frames + rows.len()..(m + 1) * frames].fill(v);
             }
         }
         Ok(LogMelFeatures {
@@ -295,20 +334,15 @@ impl LogMel {
         (t * self.config.hop_length) as isize - (self.config.n_fft / 2) as isize
     }
 
-    /// `log10(max(mel power, 1e-10))` of frames `start..end`, frame-major.
-    fn log_mel_block(&self, signal: &Signal<'_>, start: usize, end: usize) -> Vec<f64> {
-        let n_fft = self.config.n_fft;
+    /// The mel powers of frames `start..end`, frame-major.
+    fn mel_power_block(&self, signal: &Signal<'_>, start: usize, end: usize) -> Vec<f64> {
         let mut input = self.fft.make_input_vec();
         let mut spectrum = self.fft.make_output_vec();
         let mut scratch = self.fft.make_scratch_vec();
         let mut power = vec![0.0; spectrum.len()];
         let mut out = Vec::with_capacity((end - start) * self.filters.len());
         for t in start..end {
-            let first = self.frame_start(t);
-            for (k, (x, w)) in input.iter_mut().zip(&self.window).enumerate() {
-                *x = signal.at(first + k as isize) * w;
-            }
-            debug_assert_eq!(input.len(), n_fft);
+            signal.windowed(self.frame_start(t), &self.window, &mut input);
             // The lengths come from the plan itself, so the transform cannot fail.
             if self
                 .fft
@@ -323,8 +357,7 @@ impl LogMel {
             }
             for filter in &self.filters {
                 let bins = &power[filter.first..filter.first + filter.weights.len()];
-                let mel: f64 = bins.iter().zip(&filter.weights).map(|(p, w)| p * w).sum();
-                out.push(mel.max(LOG_FLOOR).log10());
+                out.push(bins.iter().zip(&filter.weights).map(|(p, w)| p * w).sum());
             }
         }
         out

@@ -56,11 +56,19 @@ pub(super) fn ff_error(doing: &'static str) -> impl Fn(ff::Error) -> AudioError 
     move |e| AudioError::from(failure(e))
 }
 
+/// libavformat probes the content of 16-bit PCM in WAV, in case it hides a compressed stream,
+/// over up to 32 packets (128 KiB), running every demuxer's probe on it six times over: most
+/// of the cost of opening a WAV file. Its first packet tells as much for audio that is PCM.
+const WAV_PROBE_BYTES: i64 = 4096;
+
 impl AudioLimits {
-    pub(super) fn input(&self) -> InputLimits {
+    /// The input's limits; `format` is the probed one, which decides how far libavformat may
+    /// read ahead.
+    pub(super) fn input(&self, format: Option<AudioFormat>) -> InputLimits {
         InputLimits {
             max_streams: self.max_streams,
             deadline: self.deadline,
+            probe_bytes: (format == Some(AudioFormat::Wav)).then_some(WAV_PROBE_BYTES),
         }
     }
 }
@@ -93,7 +101,7 @@ impl<'a> AudioInput<'a> {
                 found: found.name().into(),
             });
         }
-        let mut source = MemoryInput::open(data, format, &limits.input())?;
+        let mut source = MemoryInput::open(data, format, &limits.input(Some(found)))?;
         // As torchcodec does: where the headers leave the sample format, the layout or the
         // first timestamp to the bitstream, libavformat reads (and decodes) the first packets.
         // SAFETY: the format context is live; null options.
@@ -102,7 +110,7 @@ impl<'a> AudioInput<'a> {
         if ret < 0 {
             return Err(ff_error("reading the stream info")(ff::Error::from(ret)));
         }
-        limits.input().check_deadline()?;
+        limits.input(None).check_deadline()?;
         if source.input.nb_streams() as usize > limits.max_streams {
             return Err(AudioError::TooManyStreams {
                 limit: limits.max_streams,

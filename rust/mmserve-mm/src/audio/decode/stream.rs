@@ -32,7 +32,7 @@ impl AudioInput<'_> {
         options: &DecodeOptions,
         limits: &AudioLimits,
     ) -> Result<DecodedAudio, AudioError> {
-        let input_limits = limits.input();
+        let input_limits = limits.input(None);
         let stream = self
             .source
             .input
@@ -169,6 +169,12 @@ impl AudioInput<'_> {
         }
         if complete {
             length.check_complete(out.len())?;
+        }
+        // A float file may hold NaN or infinities, which no model input should carry.
+        if out.iter().any(|s| !s.is_finite()) {
+            return Err(AudioError::Corrupt(
+                "it holds samples that are not finite numbers".into(),
+            ));
         }
         Ok(DecodedAudio {
             samples: out,

@@ -64,12 +64,15 @@ unsafe extern "C" fn interrupted(opaque: *mut c_void) -> c_int {
     c_int::from(deadline.is_some_and(|d| Instant::now() >= d))
 }
 
-/// What an open input may hold and how long it may take.
+/// What an open input may hold, how long it may take, and how far libavformat reads ahead.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct InputLimits {
     pub max_streams: usize,
     /// Opening and reading stop with [`FfError::Deadline`] after this.
     pub deadline: Option<Instant>,
+    /// The bytes libavformat may read to learn a stream's codec and parameters (its
+    /// `probesize`); its default (5 MB) where `None`.
+    pub probe_bytes: Option<i64>,
 }
 
 impl InputLimits {
@@ -176,6 +179,9 @@ impl<'a> MemoryInput<'a> {
             (*ctx).pb = avio;
             (*ctx).flags |= ffi::AVFMT_FLAG_CUSTOM_IO as c_int;
             (*ctx).max_streams = c_int::try_from(limits.max_streams).unwrap_or(c_int::MAX);
+            if let Some(bytes) = limits.probe_bytes {
+                (*ctx).probesize = bytes;
+            }
             (*ctx).interrupt_callback = ffi::AVIOInterruptCB {
                 callback: Some(interrupted),
                 opaque: ptr::addr_of!(*deadline) as *mut c_void,

@@ -39,6 +39,7 @@ impl VideoLimits {
         InputLimits {
             max_streams: self.max_streams,
             deadline: self.deadline,
+            probe_bytes: None,
         }
     }
 }
