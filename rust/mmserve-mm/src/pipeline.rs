@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use thiserror::Error;
 
 use crate::error::ErrorCode;
+use crate::family::registry::Spec;
 use crate::image::pan_and_scan::PanAndScan;
 
 /// A decoded image: interleaved RGB8, row-major (HWC).
@@ -277,6 +278,9 @@ pub struct Capabilities {
 
 /// A model family's preprocessing, as pure functions over owned data.
 pub trait Family: Send + Sync {
+    /// The spec the family was built from (the request's processing options included).
+    fn spec(&self) -> &Spec;
+
     fn capabilities(&self) -> Capabilities;
 
     /// The geometry an image of this size will get, without touching pixels

@@ -59,6 +59,10 @@ impl Gemma3 {
 }
 
 impl Family for Gemma3 {
+    fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             images: true,

@@ -17,6 +17,7 @@ use thiserror::Error;
 use crate::error::ErrorCode;
 use crate::family::gemma3::Gemma3;
 use crate::family::qwen_vl::QwenVl;
+use crate::identity::PixelBounds;
 use crate::image::pan_and_scan::PanAndScan;
 use crate::image::resize::{Backend, Filter};
 use crate::image::transforms::{Convention, NormalizeLut};
@@ -150,6 +151,11 @@ pub struct Spec {
     /// Whether elongated images are cut into `pan_and_scan` crops.
     #[serde(default, skip_serializing_if = "is_false")]
     pub do_pan_and_scan: bool,
+    /// `[min_pixels, max_pixels]` a request set (vLLM's `mm_processor_kwargs`), which images
+    /// are resized within instead of the model's own; they enter each image's identity
+    /// ([`crate::identity::image`]). `None`: the model's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pixel_bounds: Option<PixelBounds>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -222,6 +228,42 @@ impl Spec {
         self.patch_size * self.merge_size
     }
 
+    /// The pixel bounds images are resized within: a request's, else the model's own.
+    pub fn resize_bounds(&self) -> PixelBounds {
+        self.pixel_bounds
+            .unwrap_or([self.min_pixels, self.max_pixels])
+    }
+
+    /// This spec resizing images within a request's `bounds` (`None`, or the model's own: as
+    /// the model does, the images keeping their plain identity).
+    pub fn with_pixel_bounds(&self, bounds: Option<PixelBounds>) -> Result<Spec, SpecError> {
+        let own = [self.min_pixels, self.max_pixels];
+        let spec = Spec {
+            pixel_bounds: bounds.filter(|&b| b != own),
+            ..self.clone()
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// This spec cutting elongated images into crops by `knobs` (`None`: not cutting them),
+    /// for a family that can pan and scan (one whose config gives the knobs).
+    pub fn with_pan_and_scan(&self, knobs: Option<PanAndScan>) -> Result<Spec, SpecError> {
+        if knobs.is_some() && self.pan_and_scan.is_none() {
+            return Err(invalid(
+                "do_pan_and_scan",
+                format!("{:?} does not pan and scan", self.family),
+            ));
+        }
+        let spec = Spec {
+            do_pan_and_scan: knobs.is_some(),
+            pan_and_scan: knobs.or(self.pan_and_scan),
+            ..self.clone()
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
     /// The rescale-and-normalise table of this spec, in its backend's arithmetic.
     pub fn normalize_lut(&self) -> Result<NormalizeLut, SpecError> {
         let convention = match self.backend {
@@ -273,6 +315,20 @@ impl Spec {
                 "max_pixels",
                 format!("{} is over {MAX_PIXELS_LIMIT}", self.max_pixels),
             ));
+        }
+        if let Some([low, high]) = self.pixel_bounds {
+            if low == 0 || low > high || high > MAX_PIXELS_LIMIT {
+                return Err(invalid(
+                    "pixel_bounds",
+                    format!("need 0 < min_pixels <= max_pixels <= {MAX_PIXELS_LIMIT}, got {low} and {high}"),
+                ));
+            }
+            if self.image_size.is_some() {
+                return Err(invalid(
+                    "pixel_bounds",
+                    "a family with a fixed image size resizes every image to it",
+                ));
+            }
         }
         if self.image_std.iter().any(|s| !s.is_finite() || *s == 0.0)
             || self.image_mean.iter().any(|m| !m.is_finite())
@@ -616,6 +672,7 @@ fn spec_from_objects(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
         tokens_per_second: tokens_per_second(family, cfg)?,
         pan_and_scan: None,
         do_pan_and_scan: false,
+        pixel_bounds: None,
     };
     spec.validate()?;
     Ok(spec)
@@ -839,6 +896,7 @@ fn gemma3_spec(pp: &Object, cfg: &Object) -> Result<Spec, SpecError> {
         tokens_per_second: None,
         pan_and_scan: Some(pan_and_scan),
         do_pan_and_scan,
+        pixel_bounds: None,
     };
     spec.validate()?;
     Ok(spec)

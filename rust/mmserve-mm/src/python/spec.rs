@@ -7,7 +7,10 @@ use pyo3::prelude::*;
 
 use super::error::to_py;
 use crate::common::hash::content_hash;
-use crate::family::registry::{checkpoint_from_hf_configs, family_from_spec, ModelFacts, Spec};
+use crate::family::registry::{
+    checkpoint_from_hf_configs, family_from_spec, ModelFacts, Spec, SpecError,
+};
+use crate::image::pan_and_scan::PanAndScan;
 use crate::pipeline::{Family, TokenId};
 
 /// A resolved, validated family spec (immutable) and the family it builds. Made from a
@@ -52,6 +55,16 @@ impl PySpec {
     fn model<T>(&self, fact: impl FnOnce(&ModelFacts) -> Option<T>) -> Option<T> {
         self.model.as_ref().and_then(fact)
     }
+
+    /// `slf` where `spec` is its own, else a new one of the same checkpoint.
+    fn derived(slf: &Bound<'_, Self>, spec: Result<Spec, SpecError>) -> PyResult<Py<Self>> {
+        let spec = spec.map_err(to_py)?;
+        let this = slf.get();
+        if spec == this.spec {
+            return Ok(slf.clone().unbind());
+        }
+        Py::new(slf.py(), Self::new(spec, this.model.clone())?)
+    }
 }
 
 #[pymethods]
@@ -73,6 +86,40 @@ impl PySpec {
 
     fn to_json(&self) -> String {
         self.spec.to_json()
+    }
+
+    /// This spec resizing images within a request's `(min_pixels, max_pixels)` (None, or the
+    /// model's own bounds: as the model does); the images' identities fold the bounds.
+    #[pyo3(signature = (bounds))]
+    fn with_pixel_bounds(slf: &Bound<'_, Self>, bounds: Option<(u64, u64)>) -> PyResult<Py<Self>> {
+        let spec = slf
+            .get()
+            .spec
+            .with_pixel_bounds(bounds.map(|(low, high)| [low, high]));
+        Self::derived(slf, spec)
+    }
+
+    /// This spec cutting elongated images into pan-and-scan crops by `knobs`,
+    /// `(min_crop_size, max_num_crops, min_ratio_to_activate)` (None: not cutting them), for a
+    /// family that can pan and scan; each crop's identity folds the knobs.
+    #[pyo3(signature = (knobs))]
+    fn with_pan_and_scan(
+        slf: &Bound<'_, Self>,
+        knobs: Option<(u32, u32, f64)>,
+    ) -> PyResult<Py<Self>> {
+        let knobs = knobs
+            .map(|(size, crops, ratio)| PanAndScan::new(size, crops, ratio))
+            .transpose()
+            .map_err(to_py)?;
+        let spec = slf.get().spec.with_pan_and_scan(knobs);
+        Self::derived(slf, spec)
+    }
+
+    /// The `(min_pixels, max_pixels)` a request set, which images are resized within (None:
+    /// the model's own).
+    #[getter]
+    fn pixel_bounds(&self) -> Option<(u64, u64)> {
+        self.spec.pixel_bounds.map(|[low, high]| (low, high))
     }
 
     /// The family name, which is also its `model_type`.

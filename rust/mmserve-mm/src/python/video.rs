@@ -50,13 +50,6 @@ fn py_video_timestamps(
     Ok(timestamps(&indices, video_fps, temporal_patch_size))
 }
 
-/// The identity of temporal group `group` of the video whose identity is `mm_hash` (a
-/// Qwen3-VL video's items, one per group, as the request driver plans them).
-#[pyfunction]
-fn video_group_identity(mm_hash: u64, group: u32) -> u64 {
-    crate::video::identity::group_identity(mm_hash, group)
-}
-
 /// The frame indices `family`'s video processor samples from a video of `total_frames`
 /// frames at `video_fps`, by `fps` or by `num_frames` (neither: all frames).
 #[pyfunction]
@@ -170,6 +163,7 @@ mod ffmpeg {
     use pyo3::types::PyDict;
 
     use super::*;
+    use crate::identity;
     use crate::video::demux::{self, VideoInfo, VideoLimits};
     use crate::video::process::{self, VideoPlan};
 
@@ -247,11 +241,20 @@ mod ffmpeg {
         d.set_item("tokens", plan.tokens)?;
         d.set_item("mm_hash", plan.mm_hash)?;
         let groups = timestamps(&plan.indices, plan.info.fps, options.geometry.temporal);
-        let texts: Vec<&str> = match options.sampling.family {
-            VideoFamily::Qwen3Vl => groups.iter().map(|(_, text)| text.as_str()).collect(),
-            VideoFamily::Qwen2Vl => Vec::new(),
+        // Qwen3-VL's processor writes each temporal group after its timestamp, an item of its
+        // own with an identity of its own.
+        let (texts, group_hashes): (Vec<&str>, Vec<u64>) = match options.sampling.family {
+            VideoFamily::Qwen3Vl => groups
+                .iter()
+                .zip(0..)
+                .map(|((_, text), group)| {
+                    (text.as_str(), identity::video_group(plan.mm_hash, group))
+                })
+                .unzip(),
+            VideoFamily::Qwen2Vl => (Vec::new(), Vec::new()),
         };
         d.set_item("timestamp_texts", texts)?;
+        d.set_item("group_mm_hashes", group_hashes)?;
         d.set_item(
             "timestamps",
             groups.iter().map(|(t, _)| *t).collect::<Vec<f64>>(),
@@ -538,7 +541,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sample_frame_indices, m)?)?;
     m.add_function(wrap_pyfunction!(preprocess_video, m)?)?;
     m.add_function(wrap_pyfunction!(py_video_timestamps, m)?)?;
-    m.add_function(wrap_pyfunction!(video_group_identity, m)?)?;
     #[cfg(feature = "video")]
     {
         m.add_function(wrap_pyfunction!(ffmpeg::probe_video, m)?)?;

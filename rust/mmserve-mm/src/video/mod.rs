@@ -4,7 +4,6 @@
 pub mod config;
 pub mod error;
 pub mod frames;
-pub mod identity;
 pub mod sampling;
 pub mod timeline;
 pub mod timestamps;

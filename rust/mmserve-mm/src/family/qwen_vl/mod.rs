@@ -38,20 +38,12 @@ impl QwenVl {
         }
     }
 
-    pub fn spec(&self) -> &Spec {
-        &self.spec
-    }
-
     /// `(resized width, resized height, patch grid)` of a `width` x `height` image.
     fn image_size(&self, width: u32, height: u32) -> Result<(u32, u32, [u32; 3]), ProcessError> {
         let spec = &self.spec;
-        let (resized_height, resized_width) = smart_resize(
-            height,
-            width,
-            spec.factor(),
-            spec.min_pixels,
-            spec.max_pixels,
-        )?;
+        let [min_pixels, max_pixels] = spec.resize_bounds();
+        let (resized_height, resized_width) =
+            smart_resize(height, width, spec.factor(), min_pixels, max_pixels)?;
         let grid_thw = [
             1,
             resized_height / spec.patch_size,
@@ -67,6 +59,10 @@ impl QwenVl {
 }
 
 impl Family for QwenVl {
+    fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             images: true,
