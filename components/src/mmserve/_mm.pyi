@@ -1,6 +1,6 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
-from typing import Final, TypedDict, final
+from typing import Final, Literal, TypedDict, final
 
 import numpy
 
@@ -269,9 +269,7 @@ class Spec:
     @staticmethod
     def from_json(json: str) -> Spec: ...
     @staticmethod
-    def from_hf_configs(
-        preprocessor_config: str, config: str, generation_config: str | None = None
-    ) -> Spec: ...
+    def from_hf_configs(preprocessor_config: str, config: str) -> Spec: ...
     def to_json(self) -> str: ...
     def with_pixel_bounds(self, bounds: tuple[int, int] | None) -> Spec:
         """This spec resizing images within a request's (min_pixels, max_pixels) (None, or
@@ -293,6 +291,13 @@ class Spec:
     def video_per_group(self) -> bool:
         """Whether it plans a video one item per temporal group, each after its timestamp
         text (Qwen3-VL)."""
+    @property
+    def vision_input(self) -> Literal["patches", "image"]:
+        """What the vision tower takes per item: rows of flattened patches and the grid
+        (Qwen-VL), or one [3, height, width] image of its fixed size (SigLIP)."""
+    @property
+    def rope(self) -> Literal["mrope", "1d"]:
+        """The positions the plan gives the language model: M-RoPE rows, or 1-D."""
     @property
     def pan_and_scan(self) -> tuple[int, int, float] | None:
         """(min_crop_size, max_num_crops, min_ratio_to_activate): the pan-and-scan knobs of
@@ -331,35 +336,53 @@ class Spec:
     def vision_start_token_id(self) -> int: ...
     @property
     def vision_end_token_id(self) -> int: ...
-    # Model facts: read from the config files (None where they leave a fact out, and for a
-    # spec made from JSON); not part of the spec JSON, equality or hash.
     @property
-    def video_token_id(self) -> int | None: ...
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """From generation_config.json where it names any, else from the text config."""
-    @property
-    def vocab_size(self) -> int | None: ...
-    @property
-    def hidden_size(self) -> int | None: ...
-    @property
-    def num_layers(self) -> int | None: ...
-    @property
-    def max_position_embeddings(self) -> int | None: ...
-    @property
-    def spec_id(self) -> str | None:
-        """16 hex digits of blake3 over config.json and preprocessor_config.json: equal ids,
-        equal embeddings. None for a spec made from JSON."""
+    def video_token_id(self) -> int | None:
+        """The placeholder a video's tokens expand from (None: the spec plans images only)."""
     def plan(self, width: int, height: int) -> tuple[tuple[int, int, int], int]:
         """((t, h, w) patch grid, token count) of a width x height image, without pixels."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
-def spec_from_hf_configs(
-    preprocessor_config: str, config: str, generation_config: str | None = None
-) -> Spec:
+def spec_from_hf_configs(preprocessor_config: str, config: str) -> Spec:
     """The spec of a checkpoint from the text of its preprocessor_config.json and config.json
-    (and generation_config.json, for the end-of-sequence ids)."""
+    (a spec from bare preprocessing configs may name no video token: it plans images only)."""
+
+@final
+class Checkpoint:
+    """A checkpoint as its config files describe it (immutable): the family's spec and the
+    language model's facts. A family that takes video must name its video token here."""
+
+    @staticmethod
+    def from_hf_configs(
+        preprocessor_config: str, config: str, generation_config: str | None = None
+    ) -> Checkpoint:
+        """From the text of its preprocessor_config.json, config.json and, where it has one,
+        generation_config.json (for the end-of-sequence ids)."""
+    @property
+    def spec(self) -> Spec:
+        """The preprocessing spec the driver and the preprocessing calls take."""
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """From generation_config.json where it names any, else from the text config."""
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int | None: ...
+    @property
+    def linear_attention_layers(self) -> list[int]:
+        """Indices of the language model's linear-attention layers (`layer_types`)."""
+    @property
+    def deepstack_layers(self) -> int:
+        """Vision layers whose features Qwen3-VL adds to the first decoder layers (0: none)."""
+    @property
+    def spec_id(self) -> str:
+        """16 hex digits of blake3 over config.json and preprocessor_config.json: equal ids,
+        equal embeddings."""
 
 def preprocess(
     spec: Spec, data: bytes

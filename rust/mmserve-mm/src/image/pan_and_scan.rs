@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::family::registry::SpecError;
+use crate::family::spec::SpecError;
 use crate::pipeline::{DecodedImage, ProcessError};
 
 /// Pan-and-scan's knobs, as `Gemma3ImageProcessor` names them (`pan_and_scan_*`); in the

@@ -7,6 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::error::to_py;
+use crate::family::registry::FamilyName;
 use crate::image::resize::{Backend, Filter};
 use crate::image::transforms::{Convention, NormalizeLut, PatchGeometry};
 use crate::pipeline::DecodedImage;
@@ -16,14 +17,21 @@ use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
 use crate::video::timestamps::{group_timestamps, timestamp_text};
 use crate::video::{VideoError, VideoFamily};
 
-/// The video rules of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`, `qwen3_5`,
-/// `qwen3_5_moe`).
+/// The video rules of a model type, as the family registry names them.
 fn family(name: &str) -> PyResult<VideoFamily> {
-    VideoFamily::from_model_type(name).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "no video processor for family {name:?} (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe)"
-        ))
-    })
+    FamilyName::from_model_type(name)
+        .and_then(FamilyName::video_processor)
+        .ok_or_else(|| {
+            let with_video: Vec<&str> = FamilyName::ALL
+                .iter()
+                .filter(|f| f.video_processor().is_some())
+                .map(|f| f.model_type())
+                .collect();
+            PyValueError::new_err(format!(
+                "no video processor for family {name:?} ({})",
+                with_video.join(", ")
+            ))
+        })
 }
 
 /// `(seconds, text)` of each temporal group: the text Qwen3-VL's processor writes before the
