@@ -383,6 +383,8 @@ class Checkpoint:
     def spec_id(self) -> str:
         """16 hex digits of blake3 over config.json and preprocessor_config.json: equal ids,
         equal embeddings."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 def preprocess(
     spec: Spec, data: bytes

@@ -322,6 +322,14 @@ impl PyCheckpoint {
         &self.model.config_digest
     }
 
+    fn __eq__(&self, other: &Self) -> bool {
+        self.spec.get().spec == other.spec.get().spec && self.model == other.model
+    }
+
+    fn __hash__(&self) -> u64 {
+        content_hash(self.model.config_digest.as_bytes()) ^ self.spec.get().__hash__()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Checkpoint({}, {:?})",
