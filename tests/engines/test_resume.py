@@ -35,7 +35,8 @@ SEEDED = SamplingParams(
 )
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "gemma3"])
+# The fast tier keeps one family (`tests/conftest.py`); Gemma 3 brings 1-D positions.
+@pytest.fixture(scope="module", params=["qwen2_vl", pytest.param("gemma3", marks=pytest.mark.slow)])
 def hf_engine(request: pytest.FixtureRequest) -> HfEngine:
     return HfEngine(build_tiny_model(request.param))
 
