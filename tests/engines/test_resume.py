@@ -126,7 +126,7 @@ async def test_a_resumed_choice_of_several_continues_its_own_stream(hf_engine: H
 async def test_a_stop_string_across_the_cut_still_ends_the_text(hf_engine: HfEngine):
     request, embeddings = await prompt(hf_engine, SEEDED, LONG)  # varied text
     free = await collect(hf_engine, request, embeddings)
-    pieces = [hf_engine.tokenizer.decode([token]) for token in tokens(free)]
+    pieces = [str(hf_engine.tokenizer.decode([token])) for token in tokens(free)]
     full = "".join(pieces)
     # A stop string made of the end of token `cut - 1`'s text and the start of token `cut`'s,
     # found nowhere before: the text held back at the cut is the stop string's start.

@@ -361,9 +361,11 @@ async def until_served_by(
         counts[0] = 0
         again = msgspec.structs.replace(sent, request_id=f"{sent.request_id}-{attempt}")
         task = counting(dispatcher, again, counts, 0)
-        await wait_until_async(
-            lambda t=task: t.done() or counts[0] >= 5, 30, "tokens or a failure", 0.01
-        )
+
+        def settled(task: asyncio.Task[list[TokenChunk]] = task) -> bool:
+            return task.done() or counts[0] >= 5
+
+        await wait_until_async(settled, 30, "tokens or a failure", 0.01)
         if not task.done() and workers.active(name):
             return task
         task.cancel()

@@ -344,7 +344,7 @@ class NatsDispatcher:
         for component in route:
             self._router(component).on_finish(request_id)
 
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
+    async def generate(self, request: PreprocessedRequest) -> AsyncGenerator[TokenChunk, None]:
         """The request's chunks, migrated to other instances when one is lost mid-stream."""
         try:
             async with contextlib.aclosing(self.migrator.generate(request)) as chunks:
