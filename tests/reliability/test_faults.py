@@ -82,7 +82,7 @@ async def _served(client: httpx.AsyncClient, count: int) -> list[Outcome]:
 def migrations(faulty: Faulty, reason: str) -> float:
     """The frontend's `mmserve_migrations_total` of the workers lost for `reason`."""
     port = faulty.deployment.http_port
-    return metric(port, "mmserve_migrations_total", f'role="worker",reason="{reason}"')
+    return metric(port, "mmserve_migrations_total", f'reason="{reason}",role="worker"')
 
 
 def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:

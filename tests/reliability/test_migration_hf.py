@@ -1,8 +1,8 @@
 """Migration on the hf engine (aggregated, two workers, the tiny Qwen2-VL): the worker serving
-most of 4 streams with images, 2 greedy and 2 seeded, is SIGKILLed at a random token between
+most of 4 streams with images, 1 greedy and 3 seeded, is SIGKILLed at a random token between
 the 5th and the 40th of 48; every stream ends with the fault-free text, which for the seeded
-ones only a continuation of the very draws (the next token index of the same seed, the
-penalties' counts) gives. 48 tokens cost some 40 ms of CPU each on two cores: 4 streams."""
+ones only a continuation of the very draws (the next token index of the same seed) gives.
+A token costs some 40 ms of CPU on two cores: 4 streams."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_sigkill_mid_stream_seeded_streams_go_on_with_the_same_draws(
         hit = asyncio.run(faulted(hf, "kill", cut))
         check(hf, hit.answers)
     trial(
-        f"agg, hf engine: SIGKILL the worker serving most of 4 streams with images (2 seeded) "
+        f"agg, hf engine: SIGKILL the worker serving most of 4 streams with images (3 seeded) "
         f"at token {hit.at} of {TOKENS}",
         1,
         f"every stream ended with its {TOKENS} tokens and the fault-free text, the last "

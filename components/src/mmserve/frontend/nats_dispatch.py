@@ -78,8 +78,9 @@ RESET_TIMEOUT_S = 30.0
 """How long each instance has to clear its caches (an hf engine first finishes the model call
 it is running)."""
 
-DEPARTED_MEMORY = 1024
-"""Instances that left whose role the dispatcher still names (a migration's metric and log)."""
+ROLES_MEMORY = 1024
+"""Instances routed to or gone lately whose role the dispatcher names (a migration's metric and
+log: by the time a call fails for a lost instance, discovery may have dropped it)."""
 
 
 class NatsDispatcher:
@@ -95,7 +96,7 @@ class NatsDispatcher:
         self.runtime = runtime
         self._watchers = watchers
         self._media = media
-        self._departed: collections.OrderedDict[str, Role] = collections.OrderedDict()
+        self._roles: collections.OrderedDict[str, Role] = collections.OrderedDict()
         self.migrator = Migrator(self._attempt, self._offered_again, self.role_of, migration_limit)
         self._clients = {role: runtime.client(role.value, GENERATE) for role in Role}
         self._reset_clients = {
@@ -152,9 +153,7 @@ class NatsDispatcher:
     def _forget(self, role: Role, instance_id: str) -> None:
         """Discovery dropped an instance: no request goes there, its blocks (or embeddings)
         leave the index."""
-        self._departed[instance_id] = role
-        while len(self._departed) > DEPARTED_MEMORY:
-            self._departed.popitem(last=False)
+        self._remember(instance_id, role)
         if role is Role.ENCODE:
             entries = self.encode_router.index.num_entries(instance_id)
             if self._encoder_subscriber is not None:
@@ -190,13 +189,22 @@ class NatsDispatcher:
     def _deployed(self, role: Role) -> bool:
         return bool(self._watchers[role].instances())
 
+    def _remember(self, instance_id: str, role: Role) -> None:
+        self._roles[instance_id] = role
+        self._roles.move_to_end(instance_id)
+        while len(self._roles) > ROLES_MEMORY:
+            self._roles.popitem(last=False)
+
     def role_of(self, instance_id: str) -> str:
-        """The role of an instance discovery lists, or listed lately ("unknown" otherwise)."""
+        """The role of an instance routed to or gone lately, or that discovery lists
+        ("unknown" otherwise)."""
+        role = self._roles.get(instance_id)
+        if role is not None:
+            return role.value
         for role, watcher in self._watchers.items():
             if instance_id in watcher.instance_ids():
                 return role.value
-        departed = self._departed.get(instance_id)
-        return "unknown" if departed is None else departed.value
+        return "unknown"
 
     def ready(self) -> bool:
         return language_hop(self._deployed) is not None
@@ -270,6 +278,7 @@ class NatsDispatcher:
                     routed = RouteRequest(request.request_id, num_blocks=by_prompt.num_blocks)
                 decision = self.routers[role].select(routed, workers)
                 route[role.value] = decision.worker_id
+                self._remember(decision.worker_id, role)
                 if role is not Role.DECODE and self.skip_cached_encode and skip is None:
                     covered = self._cached_items(request, decision.overlap_blocks, role)
                 log.debug(
@@ -316,6 +325,7 @@ class NatsDispatcher:
             decision.held_tokens,
             decision.request_tokens,
         )
+        self._remember(decision.worker_id, Role.ENCODE)
         route = request.route | {Role.ENCODE.value: decision.worker_id}
         peers = self._encode_peers(request, decision.worker_id, workers)
         return msgspec.structs.replace(request, route=route, peers=peers)
