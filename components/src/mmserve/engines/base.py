@@ -148,7 +148,8 @@ class EngineRequest:
     both, `prompt_ids` the prompt alone. The engine continues that choice's completion as if
     it had sampled them: its first new token is the completion's token `len(resumed.token_ids)`
     (its draw's seed, the stop rules' counts), the penalties count them, and its text follows
-    theirs (`engines.sampling`).
+    theirs (`engines.sampling`); a grammar's matcher (`SamplingParams.grammar`, where an
+    engine constrains decoding) is built from the grammar and those tokens the same way.
     """
 
     request_id: str
