@@ -39,11 +39,9 @@ import httpx
 from mmserve.runtime.nats_server import NatsServer
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.reliability.conftest import metric, restart_worker
-from tests.reliability.migration import PATTERNS, image_server
+from tests.reliability.migration import MODEL, PATTERNS, image_server, messages
 from tests.support.deployment import Deployment, free_port
 from tests.support.waiting import wait_until_async
-
-MODEL = "tiny-qwen2_vl-seed0"
 
 
 async def stream(
@@ -52,15 +50,7 @@ async def stream(
     """Stream `i` read to its end, each token's arrival time in `arrivals`: its id."""
     body = {
         "model": MODEL,
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": f"{images}/{i % 4}.png"}},
-                    {"type": "text", "text": f"Tell story {i} about this picture."},
-                ],
-            }
-        ],
+        "messages": messages(images, i),
         "max_tokens": tokens,
         "min_tokens": tokens,
         "temperature": 0,

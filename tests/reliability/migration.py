@@ -133,21 +133,27 @@ def deployed(
                     process.send_signal(signal.SIGCONT)  # a frozen one must hear the SIGTERM
 
 
+def messages(images: str, i: int) -> list[dict[str, object]]:
+    """The chat of stream `i`: one of the four images of `image_server`, and a text of its
+    own."""
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": f"{images}/{i % 4}.png"}},
+                {"type": "text", "text": f"Tell story {i} about this picture."},
+            ],
+        }
+    ]
+
+
 def body(served: Served, i: int) -> dict[str, object]:
     """Stream `i`: an image, exactly `TOKENS` tokens, greedy (every fourth) or seeded: of 4
     streams over 2 workers, the one serving most serves a seeded one."""
     sampling = {"temperature": 0.0} if i % 4 == 0 else {"temperature": TEMPERATURE, "seed": i}
     return {
         "model": MODEL,
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": f"{served.images}/{i % 4}.png"}},
-                    {"type": "text", "text": f"Tell story {i} about this picture."},
-                ],
-            }
-        ],
+        "messages": messages(served.images, i),
         "max_tokens": TOKENS,
         "extra_body": {"min_tokens": TOKENS},
         "stream_options": {"include_usage": True},
