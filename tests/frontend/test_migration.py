@@ -265,8 +265,8 @@ async def test_a_replacement_lost_too_is_replaced_within_the_limit(
     agg: Workers, prompts: Prompts
 ) -> None:
     """Two of three workers crash at once (a replacement may be chosen while it is dead but
-    still listed): every stream lands on the third. Under a limit of 1, a stream whose
-    replacement is lost too ends with the error."""
+    still listed): every stream lands on the third. One stream losing two workers in turn goes
+    on on the third; under a limit of 1 it ends with the error."""
     requests = [await request(prompts, f"saga {i}") for i in range(3)]
     async with agg.dispatcher() as dispatcher:
         free = await asyncio.gather(*(stream(dispatcher, r) for r in requests))
@@ -276,18 +276,37 @@ async def test_a_replacement_lost_too_is_replaced_within_the_limit(
         await asyncio.gather(agg.crash("agg-a"), agg.crash("agg-b"))
         done = await asyncio.wait_for(asyncio.gather(*streams), 40)
     assert [tokens(chunks) for chunks in done] == [tokens(chunks) for chunks in free]
-    await agg.revive()
 
-    async with agg.dispatcher(limit=1) as dispatcher:
-        counts = [0]
-        epic = counting(dispatcher, await request(prompts, "epic"), counts, 0)
-        await after_tokens([epic], counts, 5)
-        await agg.crash(agg.busiest("agg-a", "agg-b", "agg-c"))
-        await wait_until_async(lambda: counts[0] > 6, 30, "the stream migrated", 0.02)
-        await agg.crash(agg.busiest("agg-a", "agg-b", "agg-c"))
-        with pytest.raises(RemoteError) as raised:
-            await asyncio.wait_for(epic, 30)
-    assert raised.value.code == "disconnected"
+    epic = await request(prompts, "epic")
+    for limit in (3, 1):
+        await agg.revive()
+        async with agg.dispatcher(limit=limit) as dispatcher:
+            reference = await stream(dispatcher, epic)
+            twice = await losing_two_workers(agg, dispatcher, epic)
+            if limit == 1:
+                with pytest.raises(RemoteError) as raised:
+                    await asyncio.wait_for(twice, 30)
+                assert raised.value.code == "disconnected"
+            else:
+                chunks = await asyncio.wait_for(twice, 30)
+                assert tokens(chunks) == tokens(reference) and text(chunks) == text(reference)
+
+
+async def losing_two_workers(
+    workers: Workers, dispatcher: NatsDispatcher, sent: PreprocessedRequest
+) -> asyncio.Task[list[TokenChunk]]:
+    """`sent` streamed, its worker crashed at its 5th token and the next at its 15th (once it
+    migrated there)."""
+    progress = [0]
+    task = counting(dispatcher, sent, progress, 0)
+    for lost in (5, 15):
+
+        def reached(n: int = lost) -> bool:
+            return progress[0] >= n
+
+        await wait_until_async(reached, 30, f"{lost} tokens", 0.01)
+        await workers.crash(workers.busiest(*workers.roles))
+    return task
 
 
 async def test_the_client_leaving_during_a_migration_leaves_nothing_running(
