@@ -6,7 +6,7 @@
 //! over the trait and carriers in [`pipeline`]) -> [`driver`] (one request, end to end). [`kv`]
 //! is the KV-aware routing index; [`video`] samples, decodes and patchifies videos; [`audio`]
 //! decodes clips and computes their log-mel features; [`common`] holds what they all share
-//! (hash, par, FFmpeg's input from memory).
+//! (hash, par, FFmpeg's input from memory); [`identity`] names every media item (its mm_hash).
 //!
 //! Default features build a plain single-threaded rlib. `parallel` fans work out
 //! through [`common::par`]; `python` adds the `mmserve._mm` extension module; `video` and
@@ -17,6 +17,7 @@ pub mod common;
 pub mod driver;
 pub mod error;
 pub mod family;
+pub mod identity;
 pub mod image;
 pub mod kv;
 pub mod pipeline;
