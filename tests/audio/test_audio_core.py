@@ -228,14 +228,9 @@ def test_unpadded_features_equal_the_extractor_with_longest_padding(
     """Qwen3-Omni's call: padding="longest" and no truncation, so one clip is its own length."""
     hf = WhisperFeatureExtractor(feature_size=128)
     ours = _mm.AudioFeatureExtractor(feature_size=128, padding="longest", truncation=False)
-    names = [n for n in reference if n.endswith(("wav_s16", "mp3_cbr", "ogg_opus"))]
+    names = [n for n in reference if n.endswith(("wav_s16", "mp3_cbr", "ogg_opus"))][::2]
     for name in names:
         samples = reference[name]
-        if len(samples) <= 200:
-            with pytest.raises(_mm.MediaError) as err:
-                ours(samples)
-            assert err.value.args[0] == "audio.too_short"
-            continue
         [(expected, mask)] = whisper_features(hf, [samples], padding="longest", truncation=False)
         features, valid = ours(samples)
         assert features.shape == expected.shape, name
@@ -243,6 +238,8 @@ def test_unpadded_features_equal_the_extractor_with_longest_padding(
         if np.abs(features - expected).max() > 1e-5:
             exact, _ = float64_log_mel(hf, samples.astype(np.float64), features.shape[1])
             assert np.abs(features - exact).max() <= 1e-6, name
+    # torch's reflected padding needs more samples than the half window it reflects.
+    assert media_error(lambda: ours(np.zeros(200, np.float32)))[0] == "audio.too_short"
 
 
 def media_error(call: Callable[[], object]) -> tuple[str, str]:
@@ -371,6 +368,22 @@ def test_an_empty_clip_is_refused() -> None:
     tiny = wav_bytes(np.full((10, 1), 0.5, np.float32), 8000, "s16")
     assert len(torchcodec_samples(tiny, RATE)) == 0
     assert media_error(lambda: _mm.decode_audio(tiny, sample_rate=RATE))[0] == "audio.empty"
+
+
+def test_samples_that_are_not_numbers_are_refused(short_wav: tuple[np.ndarray, bytes]) -> None:
+    """A float WAV may hold NaN or infinities; torchcodec passes them on to the features."""
+    x, _ = short_wav
+    for bad in (np.nan, np.inf):
+        y = x.astype(np.float32).copy()
+        y[1000] = bad
+        data = wav_bytes(y, 16000, "f32")
+        assert not np.isfinite(torchcodec_samples(data, RATE)).all()
+        code, message = media_error(lambda data=data: _mm.decode_audio(data, sample_rate=RATE))
+        assert code == "audio.corrupt"
+        assert (
+            message
+            == "the audio is corrupt or truncated: it holds samples that are not finite numbers"
+        )
 
 
 def test_a_clip_over_the_duration_cap_is_refused_from_its_headers(clips: Clips) -> None:

@@ -119,11 +119,12 @@ WAV_FORMATS = {
 
 
 def wav_bytes(samples: np.ndarray, rate: int, fmt: str, *, data_size: int | None = None) -> bytes:
-    """`samples` ([n, channels] float in [-1, 1]) as a WAV file of sample format `fmt`; the
-    data chunk's size field says `data_size` when given (a header that lies)."""
+    """`samples` ([n, channels] float) as a WAV file of sample format `fmt` (clipped to [-1, 1]
+    for an integer one, as they are for a float one); the data chunk's size field says
+    `data_size` when given (a header that lies)."""
     tag, width = WAV_FORMATS[fmt]
     channels = samples.shape[1]
-    x = np.clip(samples.astype(np.float64), -1.0, 1.0)
+    x = samples.astype(np.float64) if tag == 3 else np.clip(samples.astype(np.float64), -1, 1)
     if fmt == "u8":
         data = np.round(x * 127 + 128).astype(np.uint8).tobytes()
     elif fmt in ("s16", "s32"):
