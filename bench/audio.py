@@ -28,20 +28,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
-import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.harness import child, command_cpu_ms, serve_child
 
 RATE = 16000
 FEATURE_SIZE = 128
@@ -72,15 +69,6 @@ def clip(seconds: int, fmt: str) -> Path:
         subprocess.run([*command, "-i", "-", *ENCODERS[fmt], str(tmp)], input=pcm, check=True)
         tmp.rename(path)
     return path
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def mmserve_path() -> Callable[[bytes], Any]:
@@ -125,49 +113,10 @@ def librosa_samples(data: bytes) -> np.ndarray:
     return librosa.resample(samples, orig_sr=rate, target_sr=RATE)
 
 
-def measure_single(path: str, clip_path: Path, runs: int) -> dict[str, Any]:
-    data = clip_path.read_bytes()
-    run = mmserve_path() if path == "mmserve" else transformers_path(path)
-    run(data)  # warm-up: imports, tables
-    times = []
-    for _ in range(runs):
-        start = cpu_seconds()
-        run(data)
-        times.append(cpu_seconds() - start)
-    return {"ms": statistics.median(times) * 1e3, "rss_mib": peak_rss_mib()}
-
-
 def ffmpeg_decode_ms(clip_path: Path, runs: int) -> float:
     """CPU time of the ffmpeg program decoding and resampling the clip to 16 kHz mono (median)."""
-    times = []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        command = ["ffmpeg", "-v", "error", "-threads", "1", "-i", str(clip_path), "-ac", "1"]
-        subprocess.run([*command, "-ar", str(RATE), "-f", "f32le", "-y", os.devnull], check=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    return statistics.median(times) * 1e3
-
-
-def measure_pool(clip_path: Path, threads: int, batch: int) -> dict[str, Any]:
-    data = clip_path.read_bytes()
-    run = mmserve_path()
-    run(data)
-    with ThreadPoolExecutor(threads) as pool:
-        start = time.perf_counter()
-        list(pool.map(run, [data] * batch))
-        wall = time.perf_counter() - start
-    return {"clips_per_s": batch / wall, "rss_mib": peak_rss_mib()}
-
-
-def child(args: list[str], threads: int = 1) -> dict[str, Any]:
-    env = dict(os.environ)
-    one = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-    env.update(one | {"MMSERVE_MM_THREADS": str(threads)})
-    command = [sys.executable, "-m", "bench.audio", "--child", *args]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    command = ["ffmpeg", "-v", "error", "-threads", "1", "-i", str(clip_path), "-ac", "1"]
+    return command_cpu_ms([*command, "-ar", str(RATE), "-f", "f32le", "-y", os.devnull], runs)
 
 
 def main() -> None:
@@ -180,15 +129,7 @@ def main() -> None:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        kind, path, clip_path, n = args.child
-        if kind == "single":
-            import torch
-
-            torch.set_num_threads(1)
-            result = measure_single(path, Path(clip_path), int(n))
-        else:
-            result = measure_pool(Path(clip_path), int(path), int(n))
-        print(json.dumps(result))
+        serve_child(args.child, mmserve_path, transformers_path)
         return
     if shutil.which("ffmpeg") is None:
         sys.exit("bench.audio needs the ffmpeg program (make setup)")
@@ -207,20 +148,22 @@ def main() -> None:
     threads = os.cpu_count() or 1
     for seconds, fmt in clips:
         path = str(clip(seconds, fmt))
-        ours = child(["single", "mmserve", path, str(runs)])
+        ours = child("bench.audio", ["single", "mmserve", path, str(runs)])
         floor = ffmpeg_decode_ms(Path(path), runs)
         cells = [f"{seconds} s {fmt}", f"{floor:.0f}", f"{ours['ms']:.1f}"]
         for loader in loaders:
-            theirs = child(["single", loader, path, str(runs)])
+            theirs = child("bench.audio", ["single", loader, path, str(runs)])
             ratio = theirs["ms"] / ours["ms"]
             cells.append(f"{theirs['ms']:.1f} ({ratio:.1f}x, {theirs['rss_mib']:.0f} MiB)")
-        one = child(["pool", "1", path, str(args.batch)])
-        many = child(["pool", str(threads), path, str(args.batch)], threads=threads)
-        cells.append(f"{ours['rss_mib']:.0f} MiB")
-        scaling = many["clips_per_s"] / one["clips_per_s"]
-        cells.append(
-            f"{one['clips_per_s']:.1f} -> {many['clips_per_s']:.1f} ({scaling:.2f}x on {threads})"
+        one = child("bench.audio", ["pool", "1", path, str(args.batch)])
+        many = child(
+            "bench.audio",
+            ["pool", str(threads), path, str(args.batch)],
+            {"MMSERVE_MM_THREADS": str(threads)},
         )
+        cells.append(f"{ours['rss_mib']:.0f} MiB")
+        scaling = many["per_s"] / one["per_s"]
+        cells.append(f"{one['per_s']:.1f} -> {many['per_s']:.1f} ({scaling:.2f}x on {threads})")
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
