@@ -10,6 +10,7 @@ use super::convert::{gcd, Converter};
 use super::input::{ff_error, AudioInput};
 use super::{AudioLimits, DecodeOptions, DecodedAudio};
 use crate::audio::error::AudioError;
+use crate::common::ffmpeg::single_threaded_context;
 
 /// How far the decoded length may stray from the headers' duration before the headers are
 /// taken to lie: more than a codec's priming and padding (an MP3's decoder delay and last
@@ -38,14 +39,7 @@ impl AudioInput<'_> {
             .input
             .stream(self.index)
             .ok_or(AudioError::NoAudioStream)?;
-        let mut context = ff::codec::context::Context::from_parameters(stream.parameters())
-            .map_err(ff_error("reading the codec parameters"))?;
-        // FFmpeg's own threads stay off: fan-out belongs to common::par.
-        context.set_threading(ff::codec::threading::Config {
-            kind: ff::codec::threading::Type::None,
-            count: 1,
-            ..Default::default()
-        });
+        let mut context = single_threaded_context(&stream)?;
         // SAFETY: the context is live and not yet opened.
         unsafe { (*context.as_mut_ptr()).pkt_timebase = self.time_base.into() };
         let mut decoder = context
