@@ -1,6 +1,6 @@
 //! Any bytes through `probe_audio`, then `decode_audio` (whole, and cut short) and the
-//! features of what decodes: an error value, or finite samples no more than asked for, the
-//! probed header, and features of the extractor's shape.
+//! features of the first half second of what decodes: an error value, or finite samples no
+//! more than asked for, the probed header, and features of the extractor's shape.
 #![no_main]
 
 use std::time::{Duration, Instant};
@@ -34,15 +34,17 @@ fuzz_target!(|data: &[u8]| {
         assert!(!samples.is_empty());
         assert!(samples.iter().all(|s| s.is_finite()));
         assert!(max_samples.is_none_or(|max| samples.len() <= max));
-        // Unpadded, so the features' length follows the clip's.
+        // Unpadded, so the features' length follows the clip's; half a second of it, as the
+        // transform's arithmetic is slow under the sanitizer and is the same on every frame.
         let mel = LogMel::new(LogMelConfig {
             padding: Padding::Longest,
             truncation: false,
             ..LogMelConfig::whisper(80)
         })
         .expect("a valid config");
-        if let Ok(features) = mel.extract(samples) {
-            assert_eq!(features.frames, samples.len() / 160);
+        let head = &samples[..samples.len().min(8000)];
+        if let Ok(features) = mel.extract(head) {
+            assert_eq!(features.frames, head.len() / 160);
             assert_eq!(features.data.len(), 80 * features.frames);
             assert!(features.data.iter().all(|v| v.is_finite()));
         }
