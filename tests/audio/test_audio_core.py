@@ -5,6 +5,7 @@ WhisperFeatureExtractor (Qwen2-Audio's), and the stable codes for what is refuse
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Callable
@@ -378,7 +379,7 @@ def test_samples_that_are_not_numbers_are_refused(short_wav: tuple[np.ndarray, b
         y[1000] = bad
         data = wav_bytes(y, 16000, "f32")
         assert not np.isfinite(torchcodec_samples(data, RATE)).all()
-        code, message = media_error(lambda data=data: _mm.decode_audio(data, sample_rate=RATE))
+        code, message = media_error(functools.partial(_mm.decode_audio, data, sample_rate=RATE))
         assert code == "audio.corrupt"
         assert (
             message
