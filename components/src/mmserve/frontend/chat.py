@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 
 from mmserve import media
 from mmserve._mm import MediaError
+from mmserve.frontend.answers import OutputRules
 from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_embeds
 from mmserve.frontend.errors import ApiError
@@ -31,7 +33,17 @@ from mmserve.frontend.mm_options import (
     asks_video_options,
     check_media_counts,
 )
+from mmserve.frontend.reasoning import Opening, ReasoningTokens, reasoning_format
+from mmserve.frontend.template import TemplateFacts, template_messages
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
+from mmserve.frontend.tool_parsers import HermesCalls, NamedCall, Qwen3CoderCalls, RequiredCalls
+from mmserve.frontend.tools import (
+    check_tools,
+    parameter_types,
+    template_tools,
+    tool_grammar,
+    tool_mode,
+)
 from mmserve.media import MediaPolicy, PixelBounds
 from mmserve.media.processing import PanAndScanKnobs
 from mmserve.media.text_pieces import text_pieces
@@ -49,15 +61,15 @@ from mmserve.protocol import (
     ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS,
     ERROR_UNSUPPORTED_OPTION,
     ChatCompletionRequest,
-    ChatMessage,
-    ContentPart,
     EmbeddingsHandle,
+    Grammar,
     ImageEmbedsPart,
     ImageUrlPart,
     ItemState,
     MediaIoKwargs,
     MediaPayload,
     MMProcessorKwargs,
+    NamedToolChoice,
     PreprocessedRequest,
     RequestPlan,
     SamplingParams,
@@ -75,6 +87,11 @@ _ID_COUNTER = itertools.count()
 
 def new_request_id(kind: str = "chatcmpl") -> str:
     return f"{kind}-{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def new_call_id() -> str:
+    """A tool call's id, in OpenAI's form (`call_...`)."""
+    return f"call_{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +146,11 @@ class ChatOptions:
     enable_mm_embeds: bool = False
     # The most completions one request may ask for (`n`; vLLM has no such bound).
     max_n: int = DEFAULT_MAX_N
+    # How tool calls are read from a completion under tool_choice auto (tool_parsers.py):
+    # None is the family's own format, "none" no parser.
+    tool_call_parser: str | None = None
+    # The reasoning section's format (reasoning.py); None: the text is not split.
+    reasoning_parser: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +183,13 @@ class ChatPreprocessor:
             raise ValueError("--enable-mm-embeds needs a tensor sink to ship embeddings")
         self.model = model
         self.options = options
+        self.template = TemplateFacts.of(model.tokenizer)
+        self.tool_call_parser = _tool_call_parser(options.tool_call_parser, model.spec)
+        self.reasoning = (
+            None
+            if options.reasoning_parser is None
+            else ReasoningTokens.of(reasoning_format(options.reasoning_parser), model.tokenizer)
+        )
         self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
         self.pan_and_scan = PanAndScanRange.of(model.spec, options.mm_processor_kwargs)
         # None for a family whose videos the core does not plan: it refuses their parts.
@@ -234,6 +263,7 @@ class ChatPreprocessor:
         max_tokens = self.completion_budget(
             _max_tokens(request), request.min_tokens, len(plan.token_ids)
         )
+        grammar = self._after_reasoning(tool_grammar(request), plan.token_ids)
         payloads = await self._payloads(planned, known, precomputed, request_id)
         for item, source in zip(plan.media, planned.sources, strict=True):
             part = items[source].part
@@ -247,8 +277,41 @@ class ChatPreprocessor:
             model=self.model.name,
             plan=plan,
             payloads=payloads,
-            sampling=sampling_params(request),
+            sampling=sampling_params(request, grammar),
             stop=stop_rules(request, max_tokens),
+        )
+
+    def _after_reasoning(self, grammar: Grammar | None, prompt_ids: list[int]) -> Grammar | None:
+        """With a reasoning parser, a completion that may reason first follows its grammar
+        from the reasoning's end tag on (as vLLM applies it); one whose prompt closed the
+        reasoning (thinking off) follows it from its first token."""
+        if grammar is None or self.reasoning is None:
+            return grammar
+        if self.reasoning.opening(prompt_ids) is not Opening.REASONING:
+            return grammar
+        return msgspec.structs.replace(grammar, start_after=self.reasoning.end_id)
+
+    def output_rules(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> OutputRules:
+        """How the request's completions are read: the reasoning split off (unless the request
+        asks for it whole, SGLang's `separate_reasoning`), the calls its tool_choice asks
+        for."""
+        reasoning = self.reasoning if request.separate_reasoning else None
+        mode = tool_mode(request)
+        calls: Any = None
+        if isinstance(mode, NamedToolChoice):
+            calls = functools.partial(NamedCall, name=mode.function.name)
+        elif mode == "required":
+            calls = RequiredCalls
+        elif mode == "auto" and request.tools and self.tool_call_parser == "qwen3_coder":
+            calls = functools.partial(Qwen3CoderCalls, types=parameter_types(request))
+        elif mode == "auto" and request.tools:
+            calls = HermesCalls
+        return OutputRules(
+            reasoning=None if reasoning is None else reasoning.format,
+            opening=Opening.EITHER if reasoning is None else reasoning.opening(prompt_ids),
+            include_reasoning=request.include_reasoning,
+            calls=calls,
+            single_call=request.parallel_tool_calls is False,
         )
 
     @property
@@ -303,6 +366,8 @@ class ChatPreprocessor:
         self.check_logit_bias(request.logit_bias)
         self.check_n(request.n, request.best_of)
         self.check_supported(request.unsupported_options())
+        self.template.check(request)
+        check_tools(request, self.tool_call_parser)
 
     @staticmethod
     def check_supported(unsupported: list[str]) -> None:
@@ -381,11 +446,15 @@ class ChatPreprocessor:
         each image that has them from there)."""
         from jinja2 import TemplateError
 
-        messages = [_template_message(message) for message in request.messages]
+        messages = template_messages(request)
         tokenizer = self.model.tokenizer
         try:
             text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages,
+                tools=template_tools(request),
+                tokenize=False,
+                add_generation_prompt=True,
+                **(request.chat_template_kwargs or {}),
             )
         except TemplateError as err:
             raise ApiError(
@@ -616,10 +685,13 @@ def stop_rules(request: StopFields, max_tokens: int) -> StopConditions:
     )
 
 
-def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def sampling_params(
+    request: ChatCompletionRequest, grammar: Grammar | None = None
+) -> SamplingParams:
     """The request's token choice, OpenAI's defaults where it gives none; `logprobs` asks
-    the engines for the chosen token's and `top_logprobs` more."""
-    return token_choice(request, logprobs=(request.top_logprobs or 0) if request.logprobs else None)
+    the engines for the chosen token's and `top_logprobs` more; `grammar` constrains it."""
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return msgspec.structs.replace(token_choice(request, logprobs), grammar=grammar)
 
 
 def token_choice(
@@ -669,22 +741,8 @@ def _media_refs(request: ChatCompletionRequest) -> list[_MediaRef]:
     return refs
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    """The message in the form HF chat templates read (`{"type": "image"}` per image,
-    `{"type": "video"}` per video)."""
-    role = "system" if message.role == "developer" else message.role
-    content = message.content
-    if content is None:
-        return {"role": role, "content": ""}
-    if isinstance(content, str):
-        return {"role": role, "content": content}
-    return {
-        "role": role,
-        "content": [_template_part(part) for part in content],
-    }
-
-
-def _template_part(part: ContentPart) -> dict[str, str]:
-    if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text}
-    return {"type": "video" if isinstance(part, VideoUrlPart) else "image"}
+def _tool_call_parser(asked: str | None, spec: ModelSpec) -> str | None:
+    """The tool-call parser in use: the one asked for, else the family's own format."""
+    if asked is None:
+        return spec.family.tool_call_parser
+    return None if asked == "none" else asked

@@ -42,17 +42,29 @@ class FamilyInfo:
     # plan's M-RoPE grid. "own_forward": the model's own forward, which builds the mask from
     # token_type_ids (Gemma 3's bidirectional attention within each image), 1-D positions.
     text_forward: Literal["mrope", "own_forward"] = "mrope"
+    # The format its instruction-tuned checkpoints write tool calls in (the frontend's
+    # `--tool-call-parser` default, vLLM's names); None: they were not trained to call tools.
+    tool_call_parser: str | None = None
 
 
 FAMILIES: dict[str, FamilyInfo] = {
     "qwen2_vl": FamilyInfo("qwen2_vl", "Qwen2VLForConditionalGeneration", has_deepstack=False),
-    "qwen2_5_vl": FamilyInfo("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False),
-    "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
-    "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
-    # Qwen3-VL's vision without deepstack, a hybrid language model (docs/engines.md).
-    "qwen3_5": FamilyInfo("qwen3_5", "Qwen3_5ForConditionalGeneration", has_deepstack=False),
+    "qwen2_5_vl": FamilyInfo(
+        "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False, tool_call_parser="hermes"
+    ),
+    "qwen3_vl": FamilyInfo(
+        "qwen3_vl", "Qwen3VLForConditionalGeneration", True, tool_call_parser="hermes"
+    ),
+    "qwen3_vl_moe": FamilyInfo(
+        "qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True, tool_call_parser="hermes"
+    ),
+    # Qwen3-VL's vision without deepstack, a hybrid language model (docs/engines.md); its
+    # template asks for Qwen3-Coder's XML calls.
+    "qwen3_5": FamilyInfo(
+        "qwen3_5", "Qwen3_5ForConditionalGeneration", False, tool_call_parser="qwen3_coder"
+    ),
     "qwen3_5_moe": FamilyInfo(
-        "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", has_deepstack=False
+        "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", False, tool_call_parser="qwen3_coder"
     ),
     "gemma3": FamilyInfo(
         "gemma3",
