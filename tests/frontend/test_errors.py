@@ -72,7 +72,6 @@ def test_unknown_content_part_type(frontend: RunningFrontend) -> None:
     [
         ({"n": 2, "best_of": 3}, "best_of"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(frontend: RunningFrontend, fields, param) -> None:
