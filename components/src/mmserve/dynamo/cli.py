@@ -10,7 +10,10 @@ asks Dynamo's frontend for token ids (`ModelInput.Tokens`, chat and completions)
 dynamo.frontend` routes requests to them, and serve `generate` until SIGINT/SIGTERM. The encode
 and prefill workers register cards without an OpenAI surface (`WorkerType.Encode`,
 `WorkerType.Prefill`), as Dynamo's own do, so the frontend's readiness gate and prefill router
-count them; each card `needs` the workers it serves or calls.
+count them; each card `needs` the workers it serves or calls. The cards of the workers that
+answer chat also name the model's tool-call and reasoning formats (`--dyn-tool-call-parser`,
+`--dyn-reasoning-parser`, Dynamo's flags): Dynamo's frontend renders tools into the prompt and
+reads calls and reasoning out of the text itself, with its own parsers.
 """
 
 from __future__ import annotations
@@ -96,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="have the images of each request planned and encoded by an encode worker "
         "(--disaggregation-mode encode) instead of in this process",
+    )
+    dynamo.add_argument(
+        "--dyn-tool-call-parser",
+        default=None,
+        help="the parser Dynamo's frontend reads the model's tool calls with (Dynamo's names: "
+        "hermes, qwen3_coder, ...); none: calls stay in the text (default: the family's "
+        "format, as mmserve's frontend reads it: hermes for Qwen2.5-VL and Qwen3-VL, "
+        "qwen3_coder for Qwen3.5)",
+    )
+    dynamo.add_argument(
+        "--dyn-reasoning-parser",
+        default=None,
+        help="the parser Dynamo's frontend splits the reasoning off with (Dynamo's names: "
+        "qwen3, deepseek_r1, ...) (default: none)",
     )
     dynamo.add_argument(
         "--default-max-tokens",
@@ -216,10 +233,11 @@ async def _role_endpoint(
     role: Role = args.role
     instance_id = f"{endpoint.connection_id():x}"
     card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
+    chat_card = {**card, "runtime_config": _parsers(args, model_path)}
     if role is Role.DECODE:
         # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
         core = build_core(role, engine, transfer, None, instance_id=instance_id)
-        card |= {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
+        card = chat_card | {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
         generate = ADAPTERS[role](core, Translator(name, args.default_max_tokens)).generate
         return generate, ModelType.Chat | ModelType.Completions, card
     stage = EncodeStage(engine, transfer, model_path, role.value)
@@ -251,8 +269,27 @@ async def _role_endpoint(
         # Dynamo's marker of a prefill worker's card, as its SGLang prefill sets.
         card |= {"worker_type": WorkerType.Prefill, "needs": [[WorkerType.Decode, *encoders]]}
         return generate, ModelType.Prefill, card
-    card |= {"worker_type": WorkerType.Aggregated, "needs": [encoders] if encoders else None}
+    card = chat_card | {
+        "worker_type": WorkerType.Aggregated,
+        "needs": [encoders] if encoders else None,
+    }
     return generate, ModelType.Chat | ModelType.Completions, card
+
+
+def _parsers(args: argparse.Namespace, model_path: Path) -> Any:
+    """The runtime config naming the model's tool-call and reasoning parsers for Dynamo's
+    frontend (the tool-call parser by default the family's, as mmserve's frontend has it)."""
+    from dynamo.llm import ModelRuntimeConfig
+
+    from mmserve.models.family import resolve_model_spec
+
+    tool_call_parser = args.dyn_tool_call_parser
+    if tool_call_parser is None:
+        tool_call_parser = resolve_model_spec(model_path).family.tool_call_parser
+    config = ModelRuntimeConfig()
+    config.tool_call_parser = None if tool_call_parser == "none" else tool_call_parser
+    config.reasoning_parser = args.dyn_reasoning_parser
+    return config
 
 
 async def _serve_until_drained(
