@@ -7,6 +7,7 @@ name before anything is dispatched, the server serving on."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from mmserve.protocol import Grammar, PreprocessedRequest
 from mmserve.tiny.checkpoints import build_tiny_model
+from tests.support.images import photo_like, png_data_url
 
 from .conftest import RunningFrontend
 
@@ -242,3 +244,37 @@ def test_tool_choice_auto_without_a_parser_is_refused(
     assert response.json()["error"]["code"] == "unsupported_option"
     assert response.json()["error"]["param"] == "tool_choice"
     assert _post(frontend, tools=[WEATHER], tool_choice="required").status_code == 200
+
+
+def test_a_processor_template_kept_apart_is_the_one_rendered(
+    start_frontend: Callable[..., RunningFrontend], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # As Qwen2.5-VL's checkpoints ship them: the text model's template (tools, no images) in
+    # tokenizer_config.json, the processor's (images, no tools) in chat_template.json.
+    tiny = build_tiny_model("qwen2_5_vl")
+    checkpoint = tmp_path_factory.mktemp("qwen2_5_vl") / tiny.name
+    shutil.copytree(tiny, checkpoint)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "chat_template.json").write_text(
+        json.dumps({"chat_template": config["chat_template"]})
+    )
+    config["chat_template"] = TEXT_TEMPLATE
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    frontend = start_frontend("--model-path", str(checkpoint))
+    image = {"type": "image_url", "image_url": {"url": png_data_url(photo_like(64, 48, 0))}}
+    content = [image, {"type": "text", "text": "What is it?"}]
+    body = {"model": frontend.model, "messages": [{"role": "user", "content": content}]}
+    response = httpx.post(frontend.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    response = httpx.post(
+        frontend.url + "/v1/chat/completions", json={**body, "tools": [WEATHER]}, timeout=60
+    )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+
+
+# Qwen2.5's text template, in short: it renders tools and string contents only.
+TEXT_TEMPLATE = (
+    "{%- if tools %}{{- tools | tojson }}{%- endif %}{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)

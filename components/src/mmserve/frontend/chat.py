@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
+import json
 import os
 import secrets
 import time
@@ -109,6 +110,9 @@ class ServedModel:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
+        processor_template = _processor_chat_template(spec.path)
+        if processor_template is not None:
+            tokenizer.chat_template = processor_template
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"{spec.path} has no chat template in its tokenizer config")
         return cls(
@@ -117,6 +121,16 @@ class ServedModel:
             tokenizer=tokenizer,
             created=int(time.time()),
         )
+
+
+def _processor_chat_template(path: Path) -> str | None:
+    """The processor's template of a checkpoint that keeps it apart (`chat_template.json`, as
+    Qwen2-VL's and Qwen2.5-VL's do), which renders images; their tokenizer's, which
+    transformers' tokenizer loads, is the text model's and cannot. vLLM prefers it too."""
+    if (path / "chat_template.jinja").is_file() or not (path / "chat_template.json").is_file():
+        return None
+    template: str = json.loads((path / "chat_template.json").read_text())["chat_template"]
+    return template
 
 
 @dataclass(frozen=True)
