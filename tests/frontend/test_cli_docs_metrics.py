@@ -124,6 +124,8 @@ def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
         "--allowed-media-domains",
         "--allowed-local-media-path",
         "--media-fetch-timeout",
+        "--tool-call-parser",
+        "--reasoning-parser",
     ):
         assert flag in out
 
