@@ -197,6 +197,7 @@ BAD_INPUTS = [
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "invalid_value", "tool_choice"),
     ({"chat_template_kwargs": {"tokenize": True}}, "invalid_value", "chat_template_kwargs"),
     ({"chat_template_kwargs": {"messages": []}}, "invalid_value", "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"namespace": 1}}, "invalid_value", "chat_template_kwargs"),
     ({"messages": [*HISTORY[:2], {**HISTORY[2], "tool_calls": [{"id": "c", "type": "function",
       "function": {"name": "f", "arguments": "{not json"}}]}, HISTORY[3]]},
      "invalid_value", "messages[2].tool_calls[0].function.arguments"),

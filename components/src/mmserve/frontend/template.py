@@ -27,7 +27,7 @@ from mmserve.protocol import (
 class TemplateFacts:
     """What a chat template reads: the tools (`tools`) and an assistant's calls
     (`message.tool_calls`); and the names `chat_template_kwargs` may not take (those the
-    renderer itself is called with)."""
+    renderer itself is called with, and the template's functions)."""
 
     renders_tools: bool
     renders_tool_calls: bool
@@ -51,10 +51,13 @@ class TemplateFacts:
         )
         parameters = inspect.signature(tokenizer.apply_chat_template).parameters
         reserved = {name for name, p in parameters.items() if p.kind is not p.VAR_KEYWORD}
+        # And the template's functions, which a variable of the same name would hide
+        # (jinja's `namespace`, ...; transformers adds `raise_exception` and `strftime_now`).
+        functions = {*jinja2.Environment().globals, "raise_exception", "strftime_now"}
         return cls(
             renders_tools="tools" in meta.find_undeclared_variables(ast),
             renders_tool_calls=reads_calls,
-            reserved=frozenset(reserved | {"messages"}),
+            reserved=frozenset(reserved | functions | {"messages"}),
         )
 
     def check(self, request: ChatCompletionRequest) -> None:
