@@ -182,28 +182,29 @@ def test_text_that_is_no_call_comes_back_as_content_streamed_or_not(
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+RESERVED = "template.reserved_variable"
 BAD_INPUTS = [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "thing"}}}]},
-     "invalid_value", "tools[0].function.parameters"),
+     "tools.schema", "tools[0].function.parameters"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": 5}}}]},
-     "invalid_value", "tools[0].function.parameters"),
+     "tools.schema", "tools[0].function.parameters"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
-     "invalid_value", "tools[0].function.parameters"),
-    ({"tools": [WEATHER, WEATHER]}, "invalid_value", "tools[1]"),
+     "tools.schema", "tools[0].function.parameters"),
+    ({"tools": [WEATHER, WEATHER]}, "tools.duplicate_name", "tools[1]"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "invalid_value", "tool_choice"),
-    ({"tool_choice": "required"}, "invalid_value", "tool_choice"),
+     "tools.choice", "tool_choice"),
+    ({"tool_choice": "required"}, "tools.choice", "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": ""}}]}, "invalid_value", "tools"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "invalid_value", "tool_choice"),
-    ({"chat_template_kwargs": {"tokenize": True}}, "invalid_value", "chat_template_kwargs"),
-    ({"chat_template_kwargs": {"messages": []}}, "invalid_value", "chat_template_kwargs"),
-    ({"chat_template_kwargs": {"namespace": 1}}, "invalid_value", "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"tokenize": True}}, RESERVED, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"messages": []}}, RESERVED, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"namespace": 1}}, RESERVED, "chat_template_kwargs"),
     ({"messages": [*HISTORY[:2], {**HISTORY[2], "tool_calls": [{"id": "c", "type": "function",
       "function": {"name": "f", "arguments": "{not json"}}]}, HISTORY[3]]},
-     "invalid_value", "messages[2].tool_calls[0].function.arguments"),
+     "tools.arguments", "messages[2].tool_calls[0].function.arguments"),
     ({"messages": [*HISTORY[:2], {**HISTORY[2], "tool_calls": [{"id": "c", "type": "function",
       "function": {"name": "f", "arguments": "[1]"}}]}, HISTORY[3]]},
-     "invalid_value", "messages[2].tool_calls[0].function.arguments"),
+     "tools.arguments", "messages[2].tool_calls[0].function.arguments"),
 ]  # fmt: skip
 
 

@@ -14,7 +14,8 @@ from typing import Any
 from mmserve.frontend.errors import ApiError
 from mmserve.protocol import (
     ERROR_CHAT_TEMPLATE,
-    ERROR_INVALID_VALUE,
+    ERROR_TEMPLATE_VARIABLE,
+    ERROR_TOOLS_ARGUMENTS,
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
@@ -79,7 +80,7 @@ class TemplateFacts:
         for name in request.chat_template_kwargs or {}:
             if name in self.reserved:
                 raise ApiError(
-                    ERROR_INVALID_VALUE,
+                    ERROR_TEMPLATE_VARIABLE,
                     f"chat_template_kwargs may not set {name!r}: the server sets it",
                     param="chat_template_kwargs",
                 )
@@ -130,11 +131,11 @@ def _arguments(text: str, param: str) -> dict[str, Any]:
         arguments = json.loads(text)
     except json.JSONDecodeError as err:
         raise ApiError(
-            ERROR_INVALID_VALUE, f"a tool call's arguments are not JSON: {err}", param=param
+            ERROR_TOOLS_ARGUMENTS, f"a tool call's arguments are not JSON: {err}", param=param
         ) from None
     if not isinstance(arguments, dict):
         raise ApiError(
-            ERROR_INVALID_VALUE, "a tool call's arguments must be a JSON object", param=param
+            ERROR_TOOLS_ARGUMENTS, "a tool call's arguments must be a JSON object", param=param
         )
     return arguments
 

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from mmserve.frontend.errors import ApiError
 from mmserve.protocol import (
-    ERROR_INVALID_VALUE,
+    ERROR_TOOLS_CHOICE,
+    ERROR_TOOLS_DUPLICATE,
+    ERROR_TOOLS_SCHEMA,
     ERROR_UNSUPPORTED_OPTION,
     ChatCompletionRequest,
     Grammar,
@@ -41,20 +43,20 @@ def check_tools(request: ChatCompletionRequest, parser: str | None) -> None:
         name = tool.function.name
         if name in names:
             raise ApiError(
-                ERROR_INVALID_VALUE, f"two tools are named {name!r}", param=f"tools[{t}]"
+                ERROR_TOOLS_DUPLICATE, f"two tools are named {name!r}", param=f"tools[{t}]"
             )
         names.add(name)
         _check_parameters(tool.function.parameters, f"tools[{t}].function.parameters")
     mode = tool_mode(request)
     if isinstance(mode, NamedToolChoice) and mode.function.name not in names:
         raise ApiError(
-            ERROR_INVALID_VALUE,
+            ERROR_TOOLS_CHOICE,
             f"tool_choice names {mode.function.name!r}, which is not in tools",
             param="tool_choice",
         )
     if mode == "required" and not names:
         raise ApiError(
-            ERROR_INVALID_VALUE, "tool_choice required needs at least one tool", param="tool_choice"
+            ERROR_TOOLS_CHOICE, "tool_choice required needs at least one tool", param="tool_choice"
         )
     if mode == "auto" and names and parser is None:
         raise ApiError(
@@ -75,12 +77,12 @@ def _check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
         jsonschema_rs.meta.validate(parameters)
     except jsonschema_rs.ValidationError as err:
         raise ApiError(
-            ERROR_INVALID_VALUE, f"not a valid JSON Schema: {err.message}", param=param
+            ERROR_TOOLS_SCHEMA, f"not a valid JSON Schema: {err.message}", param=param
         ) from None
     kind = parameters.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise ApiError(
-            ERROR_INVALID_VALUE,
+            ERROR_TOOLS_SCHEMA,
             f"a tool's parameters must describe an object (its arguments), not {kind!r}",
             param=param,
         )
@@ -125,7 +127,7 @@ def _required_schema(tools: list[Tool], single: bool) -> dict[str, Any]:
         for name, definition in parameters.pop("$defs", {}).items():
             if definitions.setdefault(name, definition) != definition:
                 raise ApiError(
-                    ERROR_INVALID_VALUE,
+                    ERROR_TOOLS_SCHEMA,
                     f"$defs {name!r} differs between tools, which tool_choice required cannot "
                     "serve (their schemas are joined)",
                     param=f"tools[{t}].function.parameters",
