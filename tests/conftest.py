@@ -18,6 +18,7 @@ SLOW_PATHS = (
     "reliability/",
     "engines/test_kv_transfer.py",
     "engines/test_mock_engine.py",
+    "frontend/test_migration.py",
     "frontend/test_qwen3_5_prompt.py",
     "runtime/test_liveness.py",
     "transfer/test_cross_process.py",

@@ -329,7 +329,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
             )
         samplers = self._samplers(request)
-        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(len(request.resumed_ids))
         drawn = next_tokens(samplers, logits.expand(len(samplers), -1), banned)
         first_tokens = [FirstToken(token, logprob) for token, logprob in drawn]
         return KvHandle(
@@ -340,6 +340,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             state=_KvState(cache, rope_delta, samplers),
             sampling_seed=samplers[0].seed,
             prompt_logprobs=prompt_logprobs,
+            resumed=request.resumed,
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, request: EngineRequest) -> list[TokenLogprob]:
@@ -356,13 +357,14 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         return found
 
     def _samplers(self, request: EngineRequest, seed: int | None = None) -> list[Sampler]:
-        """One sampler per choice, all on one seed (`seed`, else the request's, else drawn)."""
+        """One sampler per choice, all on one seed (`seed`, else the request's, else drawn);
+        a resumed choice's has its tokens so far."""
         vocab_size = self.model.get_output_embeddings().weight.shape[0]
 
         def sampler(seed: int | None, choice: int) -> Sampler:
             return Sampler(
                 request.sampling,
-                request.token_ids,
+                request.prompt_ids,
                 vocab_size,
                 self.device,
                 seed,
@@ -370,7 +372,9 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 self.logprobs_mode,
             )
 
-        first = sampler(seed, 0)
+        first = sampler(seed, request.first_choice)
+        for token in request.resumed_ids:
+            first.observe(token)
         return [first] + [sampler(first.seed, choice) for choice in range(1, request.sampling.n)]
 
     def _deepstack_inputs(
@@ -491,7 +495,8 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         # The choices of a round have made as many tokens: the same ids are banned for all.
         banned = steps[0][2]
         assert all(each == banned for _, _, each in steps)
-        return next_tokens([state.samplers[choice] for choice in choices], logits, banned)
+        by_choice = {sampler.choice: sampler for sampler in state.samplers}
+        return next_tokens([by_choice[choice] for choice in choices], logits, banned)
 
     def _choices_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The language head on one row of `hidden` per running choice. On a CPU, MKL's GEMM
@@ -579,6 +584,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             state=_KvState(cache, int(tensors["rope_delta"][0]), samplers),
             sampling_seed=samplers[0].seed,
             prompt_logprobs=done.prompt_logprobs,
+            resumed=request.resumed,
         )
 
     def _import_linear_states(self, cache: Any, tensors: dict[str, torch.Tensor]) -> None:

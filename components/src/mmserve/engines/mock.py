@@ -10,11 +10,12 @@ It serves the router, the frontend and every deployment pattern at scale without
   so its KV events are the ones a real engine would publish for the same prompts (none, and
   no hits, for a model with linear-attention layers, as the hf engine);
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
-  prompt gives the same completion on any worker and in any pattern; there is no distribution,
-  so temperature, the penalties and `logit_bias` change nothing, and log-probabilities are
-  simulated (`simulated_logprob`: deterministic, the chosen token the most likely), the
-  prompt's too (`simulated_prompt_logprobs`; such a request reuses no cached prefix, as on the
-  hf engine);
+  prompt gives the same completion on any worker and in any pattern, and a completion resumed
+  on another worker (`EngineRequest.resumed`) goes on with the ids it would have had; there is
+  no distribution, so temperature, the penalties and `logit_bias` change nothing, and
+  log-probabilities are simulated (`simulated_logprob`: deterministic, the chosen token the
+  most likely), the prompt's too (`simulated_prompt_logprobs`; such a request reuses no cached
+  prefix, as on the hf engine);
 - encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
   one vision tower runs them), then returns
   deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
@@ -114,6 +115,14 @@ def simulated_logprob(token: int, top: int) -> TokenLogprob:
         logprob=logprob,
         top=[(other, logprob - step) for step, other in enumerate(neighbours)],
     )
+
+
+def _drawn(seed: int, choice: int, sampling: SamplingParams, draws: int) -> random.Random:
+    """Choice `choice`'s stream once `draws` tokens were drawn from it."""
+    stream = choice_stream(seed, choice, sampling)
+    for _ in range(draws):
+        stream.randrange(*PSEUDO_TOKENS)
+    return stream
 
 
 def choice_stream(seed: int, choice: int, sampling: SamplingParams) -> random.Random:
@@ -237,10 +246,13 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 if reuses:
                     stored = cached // cache.block_size
                     cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
-        seed = prompt_seed(request.token_ids, [item.mm_hash for item in request.media])
-        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+        # Of the prompt alone: a resumed completion goes on with its own stream of draws.
+        seed = prompt_seed(request.prompt_ids, [item.mm_hash for item in request.media])
+        done = len(request.resumed_ids)
+        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(done)
         sampling = request.sampling
-        firsts = [_draw(choice_stream(seed, i, sampling), banned) for i in range(sampling.n)]
+        choices = range(request.first_choice, request.first_choice + sampling.n)
+        firsts = [_draw(_drawn(seed, i, sampling, done), banned) for i in choices]
         prompt_top = sampling.prompt_logprobs
         return KvHandle(
             request_id=request.request_id,
@@ -253,6 +265,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 if prompt_top is None
                 else simulated_prompt_logprobs(request.token_ids, prompt_top)
             ),
+            resumed=request.resumed,
         )
 
     def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
@@ -267,9 +280,15 @@ class MockEngine(CachingEngine[_MockKv, None]):
         check_sampling(sampling, stop)
         with self.admission():
             try:
-                streams = [choice_stream(state.seed, i, sampling) for i in range(sampling.n)]
-                for stream in streams:
-                    stream.randrange(*PSEUDO_TOKENS)  # the first draw is the first token's
+                resumed = kv.resumed
+                first, done = (
+                    (0, 0) if resumed is None else (resumed.choice, len(resumed.token_ids))
+                )
+                # Past the draws of the tokens so far and of the first token.
+                streams = {
+                    i: _drawn(state.seed, i, sampling, done + 1)
+                    for i in range(first, first + sampling.n)
+                }
 
                 async def step(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
                     await asyncio.sleep(self.decode_s_per_token)  # one step of the batch
@@ -305,6 +324,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
             cached_tokens=done.cached_tokens,
             state=_MockKv(int(seed[0])),
             prompt_logprobs=done.prompt_logprobs,
+            resumed=request.resumed,
         )
 
     async def close(self) -> None:

@@ -12,7 +12,6 @@ import msgspec
 from mmserve.protocol.openai import FinishReason, Usage
 from mmserve.protocol.wire import WireMessage, mm_hash_hex
 
-
 GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "ebnf"]
 
 
@@ -232,6 +231,17 @@ class MediaPayload(msgspec.Struct, frozen=True, kw_only=True):
         return self.data is not None or self.encoded is not None or self.pixel_values is not None
 
 
+class Resumption(msgspec.Struct, frozen=True, kw_only=True):
+    """A completion moved to another instance mid-stream (migration): the tokens choice
+    `choice` had streamed to the client before its instance was lost. The instance reads them
+    after the prompt, as its own completion so far: its draws go on at token index
+    `len(token_ids)` of that choice, the penalties count them, `min_tokens` and `max_tokens`
+    count them, and its text starts after theirs. The request it travels in has `n` 1."""
+
+    choice: int = 0
+    token_ids: list[int]
+
+
 class PreprocessedRequest(WireMessage, frozen=True):
     """What the frontend sends to the first worker: the plan, one payload per planned media
     item, and the sampling. `deadline` is unix time in seconds. `route` names the instance the
@@ -251,6 +261,8 @@ class PreprocessedRequest(WireMessage, frozen=True):
     # Media item index -> an encode instance whose encoder cache holds that item while the
     # routed encoder does not (`--encode-router-mode peer-pull`): the encoder may pull it.
     peers: dict[int, str] = {}
+    # Set when the request continues a stream its first instance lost (migration).
+    resume: Resumption | None = None
 
     def items(self, *states: ItemState) -> list[int]:
         """The indices of the planned items in one of `states`."""
