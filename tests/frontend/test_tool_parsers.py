@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from mmserve.frontend.answers import ChoiceReader, CollectedChoice, OutputRules
-from mmserve.frontend.reasoning import Opening, ReasoningSplitter, reasoning_format
 from mmserve.frontend.tool_parsers import (
     CallExtractor,
     HermesCalls,
@@ -20,6 +19,7 @@ from mmserve.frontend.tool_parsers import (
     Qwen3CoderCalls,
     RequiredCalls,
 )
+from mmserve.reasoning import REASONING_PARSERS, Opening, ReasoningSplitter, reasoning_format
 
 Make = Callable[[Callable[[], str]], CallExtractor]
 
@@ -191,7 +191,9 @@ def test_required_and_named_outputs() -> None:
 
 
 def split(opening: Opening, pieces: list[str], name: str = "qwen3") -> tuple[str, str]:
-    splitter = ReasoningSplitter(reasoning_format(name), opening)
+    format = reasoning_format(name)
+    assert format is not None
+    splitter = ReasoningSplitter(format, opening)
     parts = [splitter.push(piece) for piece in pieces] + [splitter.finish()]
     reasoning, answer = ("".join(part[i] for part in parts) for i in (0, 1))
     return reasoning, answer
@@ -229,7 +231,7 @@ def test_deepseek_r1_reasons_until_its_end_tag() -> None:
 
 def test_reasoning_then_calls_in_one_choice() -> None:
     rules = OutputRules(
-        reasoning=reasoning_format("qwen3"), opening=Opening.REASONING, calls=hermes
+        reasoning=REASONING_PARSERS["qwen3"], opening=Opening.REASONING, calls=hermes
     )
     call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     text = "\nI should call it.\n</think>\n\n" + call

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmserve.media.policy import MediaPolicy
+from mmserve.reasoning import ReasoningTokens, reasoning_format
 from mmserve.topology import GENERATE, Role
 from mmserve.worker.options import add_worker_arguments
 
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dyn-reasoning-parser",
         default=None,
         help="the parser Dynamo's frontend splits the reasoning off with (Dynamo's names: "
-        "qwen3, deepseek_r1, ...) (default: none)",
+        "qwen3, deepseek_r1, ...); with qwen3 or deepseek_r1 a grammar Dynamo sends starts "
+        "after the reasoning when the prompt opens it (default: none)",
     )
     dynamo.add_argument(
         "--default-max-tokens",
@@ -234,11 +236,13 @@ async def _role_endpoint(
     instance_id = f"{endpoint.connection_id():x}"
     card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
     chat_card = {**card, "runtime_config": _parsers(args, model_path)}
+    reasoning = await asyncio.to_thread(_reasoning_tags, args.dyn_reasoning_parser, model_path)
     if role is Role.DECODE:
         # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
         core = build_core(role, engine, transfer, None, instance_id=instance_id)
         card = chat_card | {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
-        generate = ADAPTERS[role](core, Translator(name, args.default_max_tokens)).generate
+        translator = Translator(name, args.default_max_tokens, reasoning=reasoning)
+        generate = ADAPTERS[role](core, translator).generate
         return generate, ModelType.Chat | ModelType.Completions, card
     stage = EncodeStage(engine, transfer, model_path, role.value)
     core = build_core(role, engine, transfer, stage, instance_id=instance_id)
@@ -263,7 +267,7 @@ async def _role_endpoint(
         encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
         images = RemoteImages(await encoder.client(), local)
         encoders = [WorkerType.Encode]
-    translator = Translator(name, args.default_max_tokens, images, kv_events)
+    translator = Translator(name, args.default_max_tokens, images, kv_events, reasoning)
     generate = ADAPTERS[role](core, translator).generate
     if role is Role.PREFILL:
         # Dynamo's marker of a prefill worker's card, as its SGLang prefill sets.
@@ -274,6 +278,18 @@ async def _role_endpoint(
         "needs": [encoders] if encoders else None,
     }
     return generate, ModelType.Chat | ModelType.Completions, card
+
+
+def _reasoning_tags(parser: str | None, model_path: Path) -> ReasoningTokens | None:
+    """The reasoning tags of the model under Dynamo's reasoning parser, when it is one mmserve
+    knows (qwen3, deepseek_r1): a grammar Dynamo sends (tool_choice required or named,
+    response_format) then starts after the reasoning, so the JSON is in the answer Dynamo's
+    parser reads, not in its reasoning."""
+    if parser is None or reasoning_format(parser) is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return ReasoningTokens.of(parser, AutoTokenizer.from_pretrained(str(model_path)))
 
 
 def _parsers(args: argparse.Namespace, model_path: Path) -> Any:

@@ -1,5 +1,5 @@
 """A chat answer's choices read out of their text as it streams: the reasoning
-(`frontend/reasoning.py`), then the content and the tool calls (`frontend/tool_parsers.py`).
+(`mmserve.reasoning`), then the content and the tool calls (`frontend/tool_parsers.py`).
 The frontend holds the client's stream and already has each chunk's text, so the reading runs
 here, per choice, on the pieces as they come; a request that asks for neither (no reasoning
 parser, no tools) is not read at all. A streamed answer and a collected one go through the same
@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mmserve.frontend.reasoning import Opening, ReasoningFormat, ReasoningSplitter
 from mmserve.frontend.tool_parsers import CallDelta, CallExtractor
 from mmserve.protocol import (
     AssistantMessage,
@@ -22,6 +21,7 @@ from mmserve.protocol import (
     ToolCall,
     ToolCallDelta,
 )
+from mmserve.reasoning import Opening, ReasoningFormat, ReasoningSplitter
 
 ExtractorFactory = Callable[[Callable[[], str]], CallExtractor]
 

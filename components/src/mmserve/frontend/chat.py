@@ -34,7 +34,6 @@ from mmserve.frontend.mm_options import (
     asks_video_options,
     check_media_counts,
 )
-from mmserve.frontend.reasoning import Opening, ReasoningTokens, reasoning_format
 from mmserve.frontend.template import TemplateFacts, template_messages
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
 from mmserve.frontend.tool_parsers import HermesCalls, NamedCall, Qwen3CoderCalls, RequiredCalls
@@ -79,6 +78,7 @@ from mmserve.protocol import (
     VideoUrlPart,
 )
 from mmserve.protocol.openai import DEFAULT_MAX_N
+from mmserve.reasoning import Opening, ReasoningTokens, after_reasoning
 
 # Request ids: a random prefix drawn once per process, then a counter (32 hex digits, as a
 # uuid4's): unique across frontends without a system call per request.
@@ -163,7 +163,7 @@ class ChatOptions:
     # How tool calls are read from a completion under tool_choice auto (tool_parsers.py):
     # None is the family's own format, "none" no parser.
     tool_call_parser: str | None = None
-    # The reasoning section's format (reasoning.py); None: the text is not split.
+    # The reasoning section's format (mmserve.reasoning); None: the text is not split.
     reasoning_parser: str | None = None
 
 
@@ -202,7 +202,7 @@ class ChatPreprocessor:
         self.reasoning = (
             None
             if options.reasoning_parser is None
-            else ReasoningTokens.of(reasoning_format(options.reasoning_parser), model.tokenizer)
+            else ReasoningTokens.of(options.reasoning_parser, model.tokenizer)
         )
         self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
         self.pan_and_scan = PanAndScanRange.of(model.spec, options.mm_processor_kwargs)
@@ -277,7 +277,7 @@ class ChatPreprocessor:
         max_tokens = self.completion_budget(
             _max_tokens(request), request.min_tokens, len(plan.token_ids)
         )
-        grammar = self._after_reasoning(tool_grammar(request), plan.token_ids)
+        grammar = after_reasoning(tool_grammar(request), self.reasoning, plan.token_ids)
         payloads = await self._payloads(planned, known, precomputed, request_id)
         for item, source in zip(plan.media, planned.sources, strict=True):
             part = items[source].part
@@ -294,16 +294,6 @@ class ChatPreprocessor:
             sampling=sampling_params(request, grammar),
             stop=stop_rules(request, max_tokens),
         )
-
-    def _after_reasoning(self, grammar: Grammar | None, prompt_ids: list[int]) -> Grammar | None:
-        """With a reasoning parser, a completion that may reason first follows its grammar
-        from the reasoning's end tag on (as vLLM applies it); one whose prompt closed the
-        reasoning (thinking off) follows it from its first token."""
-        if grammar is None or self.reasoning is None:
-            return grammar
-        if self.reasoning.opening(prompt_ids) is not Opening.REASONING:
-            return grammar
-        return msgspec.structs.replace(grammar, start_after=self.reasoning.end_id)
 
     def output_rules(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> OutputRules:
         """How the request's completions are read: the reasoning split off (unless the request

@@ -20,11 +20,11 @@ from mmserve.frontend.mm_options import (
     parse_media_io_kwargs,
     parse_mm_processor_kwargs,
 )
-from mmserve.frontend.reasoning import REASONING_PARSER_ALIASES, REASONING_PARSERS
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.frontend.tool_parsers import TOOL_CALL_PARSERS
 from mmserve.media.policy import MediaPolicy
 from mmserve.protocol.openai import DEFAULT_MAX_N
+from mmserve.reasoning import REASONING_PARSER_ALIASES, REASONING_PARSERS
 from mmserve.router.settings import RouterSettings
 from mmserve.runtime.heap import freeze_startup_heap
 from mmserve.runtime.lifetime import add_drain_timeout_argument, exit_without_teardown

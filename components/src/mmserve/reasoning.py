@@ -1,5 +1,6 @@
-"""Reasoning output (`--reasoning-parser`): a thinking model's `<think>...</think>` section
-split from its answer, as the completion streams.
+"""Reasoning output (`--reasoning-parser`): a thinking model's `<think>...</think>` section,
+where a completion starts and where a grammar applies (both front doors: mmserve's frontend
+and the Dynamo backend), and its split from the answer as the completion streams.
 
 A format names its tags; where the completion starts is read from the end of the rendered
 prompt (`Opening`): a thinking template's generation prompt opens `<think>` (Qwen3.5,
@@ -15,6 +16,10 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
+
+from mmserve.protocol import Grammar
 
 # The prompt's last tokens that can hold the generation prompt's tags (`<think>\n\n</think>\n\n`).
 _PROMPT_TAIL = 16
@@ -48,9 +53,10 @@ REASONING_PARSERS = {
 REASONING_PARSER_ALIASES = {"deepseek-r1": "deepseek_r1"}
 
 
-def reasoning_format(name: str) -> ReasoningFormat:
-    """The format of a parser name (vLLM's or SGLang's spelling)."""
-    return REASONING_PARSERS[REASONING_PARSER_ALIASES.get(name, name)]
+def reasoning_format(name: str) -> ReasoningFormat | None:
+    """The format of a parser name (vLLM's or SGLang's spelling), or None for a name mmserve
+    does not know (Dynamo's registry has more)."""
+    return REASONING_PARSERS.get(REASONING_PARSER_ALIASES.get(name, name))
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,12 @@ class ReasoningTokens:
     end_id: int
 
     @classmethod
-    def of(cls, format: ReasoningFormat, tokenizer: Any) -> ReasoningTokens:
-        """The tags' ids; each must be one token of the vocabulary (a checkpoint without them
-        has no reasoning section to parse)."""
+    def of(cls, parser: str, tokenizer: Any) -> ReasoningTokens:
+        """The tags' ids under a parser's format; each must be one token of the vocabulary (a
+        checkpoint without them has no reasoning section to parse)."""
+        format = reasoning_format(parser)
+        if format is None:
+            raise ValueError(f"no reasoning parser is named {parser!r}")
         ids = []
         for tag in (format.start, format.end):
             encoded = tokenizer.encode(tag, add_special_tokens=False)
@@ -85,6 +94,20 @@ class ReasoningTokens:
             if token == self.start_id:
                 return Opening.REASONING
         return Opening.REASONING if self.format.always else Opening.EITHER
+
+
+def after_reasoning(
+    grammar: Grammar | None, reasoning: ReasoningTokens | None, prompt_ids: Sequence[int]
+) -> Grammar | None:
+    """With a reasoning parser, a completion that starts in its reasoning follows `grammar`
+    from the reasoning's end tag on (as vLLM applies it), so the JSON lands in the answer;
+    one whose prompt closed the reasoning (thinking off), or that may not reason, from its
+    first token."""
+    if grammar is None or reasoning is None:
+        return grammar
+    if reasoning.opening(prompt_ids) is not Opening.REASONING:
+        return grammar
+    return msgspec.structs.replace(grammar, start_after=reasoning.end_id)
 
 
 class _State(enum.Enum):
