@@ -568,17 +568,20 @@ class Qwen3CoderCalls(TaggedCalls):
         return _XmlFunction(self._calls, self._parameter_types)
 
 
-class RequiredCalls(CallExtractor):
-    """`tool_choice: "required"`'s output: a JSON array of `{"name": ..., "parameters":
-    {...}}` objects, one call each (the grammar makes it so; anything else is broken)."""
-
-    _OPEN, _ITEM, _AFTER, _DONE = range(4)
+class _CallsOnly(CallExtractor):
+    """An output that is nothing but calls (a grammar's): no content; text that is not the
+    calls' JSON, or that ends before it does, is broken (and returned whole)."""
 
     def __init__(self, new_id: Callable[[], str]) -> None:
         super().__init__(new_id)
-        self._state = self._OPEN
-        self._item: _CallObject | None = None
         self._raw = ""
+
+    @property
+    def _complete(self) -> bool:
+        raise NotImplementedError
+
+    def _feed(self, text: str) -> None:
+        raise NotImplementedError
 
     def push(self, text: str) -> Extracted:
         if self.broken:
@@ -592,10 +595,26 @@ class RequiredCalls(CallExtractor):
         return Extracted("", self._calls.take())
 
     def finish(self) -> Extracted:
-        if self._state != self._DONE and not self.broken:
+        if not self._complete and not self.broken:
             self.broken = True
             return Extracted(self._raw, self._calls.take())
         return Extracted("", self._calls.take())
+
+
+class RequiredCalls(_CallsOnly):
+    """`tool_choice: "required"`'s output: a JSON array of `{"name": ..., "parameters":
+    {...}}` objects, one call each."""
+
+    _OPEN, _ITEM, _AFTER, _DONE = range(4)
+
+    def __init__(self, new_id: Callable[[], str]) -> None:
+        super().__init__(new_id)
+        self._state = self._OPEN
+        self._item: _CallObject | None = None
+
+    @property
+    def _complete(self) -> bool:
+        return self._state == self._DONE
 
     def _feed(self, text: str) -> None:
         while text:
@@ -621,7 +640,7 @@ class RequiredCalls(CallExtractor):
                 raise Malformed(f"unexpected {char!r} in the array of calls")
 
 
-class NamedCall(CallExtractor):
+class NamedCall(_CallsOnly):
     """A named tool's output: the call's arguments object; the call is announced with the
     output's first character and its arguments stream as they come."""
 
@@ -630,24 +649,10 @@ class NamedCall(CallExtractor):
         self._name = name
         self._value: _Value | None = None
         self._arguments = ""
-        self._raw = ""
 
-    def push(self, text: str) -> Extracted:
-        if self.broken:
-            return Extracted(text)
-        self._raw += text
-        try:
-            self._feed(text)
-        except Malformed:
-            self.broken = True
-            return Extracted(self._raw, self._calls.take())
-        return Extracted("", self._calls.take())
-
-    def finish(self) -> Extracted:
-        if (self._value is None or not self._value.done) and not self.broken:
-            self.broken = True
-            return Extracted(self._raw, self._calls.take())
-        return Extracted("", self._calls.take())
+    @property
+    def _complete(self) -> bool:
+        return self._value is not None and self._value.done
 
     def _feed(self, text: str) -> None:
         if self._value is None:
