@@ -105,9 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dyn-tool-call-parser",
         default=None,
         help="the parser Dynamo's frontend reads the model's tool calls with (Dynamo's names: "
-        "hermes, qwen3_coder, ...); none: calls stay in the text (default: the family's "
-        "format, as mmserve's frontend reads it: hermes for Qwen2.5-VL and Qwen3-VL, "
-        "qwen3_coder for Qwen3.5)",
+        "hermes for Qwen2.5-VL and Qwen3-VL, qwen3_coder for Qwen3.5, ...) (default: none, as "
+        "Dynamo's own workers: calls stay in the text)",
     )
     dynamo.add_argument(
         "--dyn-reasoning-parser",
@@ -235,7 +234,7 @@ async def _role_endpoint(
     role: Role = args.role
     instance_id = f"{endpoint.connection_id():x}"
     card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
-    chat_card = {**card, "runtime_config": _parsers(args, model_path)}
+    chat_card = {**card, "runtime_config": _parsers(args)}
     reasoning = await asyncio.to_thread(_reasoning_tags, args.dyn_reasoning_parser, model_path)
     if role is Role.DECODE:
         # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
@@ -292,18 +291,13 @@ def _reasoning_tags(parser: str | None, model_path: Path) -> ReasoningTokens | N
     return ReasoningTokens.of(parser, AutoTokenizer.from_pretrained(str(model_path)))
 
 
-def _parsers(args: argparse.Namespace, model_path: Path) -> Any:
+def _parsers(args: argparse.Namespace) -> Any:
     """The runtime config naming the model's tool-call and reasoning parsers for Dynamo's
-    frontend (the tool-call parser by default the family's, as mmserve's frontend has it)."""
+    frontend."""
     from dynamo.llm import ModelRuntimeConfig
 
-    from mmserve.models.family import resolve_model_spec
-
-    tool_call_parser = args.dyn_tool_call_parser
-    if tool_call_parser is None:
-        tool_call_parser = resolve_model_spec(model_path).family.tool_call_parser
     config = ModelRuntimeConfig()
-    config.tool_call_parser = None if tool_call_parser == "none" else tool_call_parser
+    config.tool_call_parser = args.dyn_tool_call_parser
     config.reasoning_parser = args.dyn_reasoning_parser
     return config
 

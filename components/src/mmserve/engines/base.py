@@ -99,7 +99,7 @@ class MediaInput:
     encoder cache key, with the grid.
     `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`
     (Qwen-VL patch rows; a video's `pixel_values_videos`), or one `[3, size, size]` image for a
-    fixed-size tower (Gemma 3; see `FamilyInfo.vision_input`).
+    fixed-size tower (Gemma 3; see `ModelSpec.vision_input`).
     """
 
     mm_hash: int

@@ -49,7 +49,7 @@ from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_com
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
-from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.models.family import ModelSpec, model_class, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
     FirstToken,
@@ -110,13 +110,17 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         self.dtype = dtype
         self.admission = Admission(max_queue)
         self.pad_scheme = pad_scheme
-        model_class = getattr(transformers, self.spec.family.model_class)
-        self.model = model_class.from_pretrained(self.spec.path, dtype=dtype).to(self.device)
+        model: Any = model_class(self.spec.family).from_pretrained(self.spec.path, dtype=dtype)
+        self.model = model.to(self.device)
         self.model.eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.spec.path)
         self._inner = self.model.model
         self._text_config = self.model.config.get_text_config()
         self._linear_layers = frozenset(self.spec.linear_attention_layers)
+        # With M-RoPE the plan's positions go to the text model itself; with 1-D positions the
+        # model's own forward runs, which builds its mask from token_type_ids (Gemma 3's
+        # bidirectional attention within each image).
+        self._own_forward = self.spec.core.rope == "1d"
         self._attention_layers = [
             index
             for index in range(self._text_config.num_hidden_layers)
@@ -206,7 +210,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
         """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's
         rows."""
-        if self.spec.family.vision_input == "image":
+        if self.spec.vision_input == "image":
             pixel_values = torch.stack([item.pixel_values for item in items])
             return self._inner.get_image_features(
                 pixel_values.to(self.device, self.dtype), return_dict=True
@@ -226,7 +230,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             raise EngineError(
                 f"{item.modality} grid {item.grid_thw} does not fit merge size {merge}"
             )
-        if self.spec.family.vision_input == "image":
+        if self.spec.vision_input == "image":
             patch = self.spec.patch_size
             if tuple(item.pixel_values.shape) != (3, h * patch, w * patch):
                 raise EngineError(
@@ -240,8 +244,8 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             )
 
     def _check_takes_video(self) -> None:
-        if not self.spec.family.has_video:
-            raise EngineError(f"{self.spec.family.name} models take no video")
+        if not self.spec.core.takes_video:
+            raise EngineError(f"{self.spec.family} models take no video")
 
     # -- prefill --------------------------------------------------------------------------------
 
@@ -312,7 +316,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             rows = torch.cat([item.embeddings for item in live])[skipped:]
             inputs_embeds[0, suffix_mask] = rows.to(self.device, inputs_embeds.dtype)
         extra = self._deepstack_inputs(live, skipped, suffix_mask)
-        if self.spec.family.text_forward == "own_forward":
+        if self._own_forward:
             # From the start of the prompt: the model reads the image spans by position.
             extra["token_type_ids"] = request.media_mask().to(self.device, torch.long)[None]
         output = self._text_model(inputs_embeds, positions[:, :, cached:], cache, extra)
@@ -382,7 +386,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     ) -> dict[str, Any]:
         """Qwen3-VL's deepstack features for the image tokens that are not cached: those of
         the `live` items past their first `skipped` rows."""
-        if not self.spec.family.has_deepstack or not live:
+        if not self.spec.deepstack_layers or not live:
             return {}
         num_layers = len(live[0].deepstack)
         features = [
@@ -416,7 +420,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     ) -> Any:
         """The language model over `inputs_embeds` at `positions` (`[3, 1, len]`), extending
         `cache`."""
-        if self.spec.family.text_forward == "own_forward":
+        if self._own_forward:
             return self._inner(
                 inputs_embeds=inputs_embeds,
                 position_ids=positions[0],

@@ -161,7 +161,7 @@ class ChatOptions:
     # The most completions one request may ask for (`n`; vLLM has no such bound).
     max_n: int = DEFAULT_MAX_N
     # How tool calls are read from a completion under tool_choice auto (tool_parsers.py):
-    # None is the family's own format, "none" no parser.
+    # None is the format the chat template writes calls in, "none" no parser.
     tool_call_parser: str | None = None
     # The reasoning section's format (mmserve.reasoning); None: the text is not split.
     reasoning_parser: str | None = None
@@ -198,7 +198,7 @@ class ChatPreprocessor:
         self.model = model
         self.options = options
         self.template = TemplateFacts.of(model.tokenizer)
-        self.tool_call_parser = _tool_call_parser(options.tool_call_parser, model.spec)
+        self.tool_call_parser = _tool_call_parser(options.tool_call_parser, self.template)
         self.reasoning = (
             None
             if options.reasoning_parser is None
@@ -745,8 +745,9 @@ def _media_refs(request: ChatCompletionRequest) -> list[_MediaRef]:
     return refs
 
 
-def _tool_call_parser(asked: str | None, spec: ModelSpec) -> str | None:
-    """The tool-call parser in use: the one asked for, else the family's own format."""
+def _tool_call_parser(asked: str | None, template: TemplateFacts) -> str | None:
+    """The tool-call parser in use: the one asked for, else the format the chat template
+    writes calls in."""
     if asked is None:
-        return spec.family.tool_call_parser
+        return template.tool_call_format
     return None if asked == "none" else asked

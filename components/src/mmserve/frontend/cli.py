@@ -189,10 +189,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=(*TOOL_CALL_PARSERS, "none"),
         default=None,
         help="how tool calls are read from what the model writes under tool_choice auto: "
-        "hermes (<tool_call>{json}</tool_call>: Qwen2.5-VL, Qwen3-VL) or qwen3_coder "
+        "hermes (<tool_call>{json}</tool_call>: Qwen2.5, Qwen3-VL) or qwen3_coder "
         "(<tool_call><function=...>: Qwen3.5); none refuses tool_choice auto (default: the "
-        "model family's format; none for Qwen2-VL and Gemma 3). tool_choice required and "
-        "named tools constrain decoding and need no parser",
+        "format the model's chat template writes calls in, if one of these). tool_choice "
+        "required and named tools constrain decoding and need no parser",
     )
     parser.add_argument(
         "--reasoning-parser",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmserve.frontend.errors import ApiError
+from mmserve.frontend.tool_parsers import TOOL_CALL_START
 from mmserve.protocol import (
     ERROR_CHAT_TEMPLATE,
     ERROR_TEMPLATE_VARIABLE,
@@ -33,6 +34,9 @@ class TemplateFacts:
     renders_tools: bool
     renders_tool_calls: bool
     reserved: frozenset[str]
+    # The format the template writes an assistant's calls in (`tool_parsers.py`'s names),
+    # which is what its model was trained to write: the default `--tool-call-parser`.
+    tool_call_format: str | None = None
 
     @classmethod
     def of(cls, tokenizer: Any) -> TemplateFacts:
@@ -59,6 +63,7 @@ class TemplateFacts:
             renders_tools="tools" in meta.find_undeclared_variables(ast),
             renders_tool_calls=reads_calls,
             reserved=frozenset(reserved | functions | {"messages"}),
+            tool_call_format=call_format(source) if reads_calls else None,
         )
 
     def check(self, request: ChatCompletionRequest) -> None:
@@ -84,6 +89,15 @@ class TemplateFacts:
                     f"chat_template_kwargs may not set {name!r}: the server sets it",
                     param="chat_template_kwargs",
                 )
+
+
+def call_format(source: str) -> str | None:
+    """The call format a template writes: Qwen3-Coder's XML (`<tool_call>` then
+    `<function=...>`: Qwen3.5), Hermes-style JSON in `<tool_call>` (Qwen2.5, Qwen3-VL), or
+    one no parser here reads (None)."""
+    if TOOL_CALL_START not in source:
+        return None
+    return "qwen3_coder" if "<function=" in source else "hermes"
 
 
 def template_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:

@@ -123,10 +123,10 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     modality: Literal["image", "video"] = "image"
-    # The item's identity: blake3 of the raw encoded bytes truncated to u64 (folded with
-    # `pixel_bounds` when set, `media.processing.item_identity`; for a video folded with every
-    # `video` option, the Rust `video_identity`), or for precomputed embeddings blake3 of the
-    # tensors.
+    # The item's identity, as the Rust core's `identity` module makes it: blake3 of the raw
+    # encoded bytes truncated to u64 (folded with `pixel_bounds` when set, with its crop for a
+    # pan-and-scan crop, with every `video` option for a video, with its group for a temporal
+    # group), or for precomputed embeddings blake3 of the tensors.
     mm_hash: int
     offset: int  # index of the item's first token in `RequestPlan.token_ids`
     length: int  # tokens the item fills: one per row of its embedding
@@ -136,7 +136,7 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     # A video's sampling and sizing (set exactly when `modality` is "video").
     video: VideoSampling | None = None
     # For a family that plans a video one item per temporal group (Qwen3-VL): which group
-    # of its video this item is (its identity is `_mm.video_group_identity` of the video's).
+    # of its video this item is (its identity folds the video's with the group).
     temporal_group: int | None = None
     # Gemma 3's pan-and-scan knobs `(min_crop_size, max_num_crops, min_ratio_to_activate)`
     # the image was planned under (set on an image and its crops when pan-and-scan is on).
