@@ -280,3 +280,11 @@ TEXT_TEMPLATE = (
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+def test_the_default_tool_call_parser_is_the_format_the_template_writes(
+    qwen3_vl: RunningFrontend, qwen3_5: RunningFrontend, frontend: RunningFrontend
+) -> None:
+    assert qwen3_vl.app.preprocessor.tool_call_parser == "hermes"
+    assert qwen3_5.app.preprocessor.tool_call_parser == "qwen3_coder"
+    assert frontend.app.preprocessor.tool_call_parser is None  # Qwen2-VL's writes no calls
