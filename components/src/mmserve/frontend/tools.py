@@ -11,6 +11,8 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
+import jsonschema_rs
+
 from mmserve.frontend.errors import ApiError
 from mmserve.protocol import (
     ERROR_TOOLS_CHOICE,
@@ -69,8 +71,6 @@ def check_tools(request: ChatCompletionRequest, parser: str | None) -> None:
 
 def _check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
     """A valid JSON Schema of an object (the arguments are one)."""
-    import jsonschema_rs
-
     if parameters is None:
         return
     try:
