@@ -72,6 +72,8 @@ def test_unknown_content_part_type(frontend: RunningFrontend) -> None:
     [
         ({"n": 2, "best_of": 3}, "best_of"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(frontend: RunningFrontend, fields, param) -> None:

@@ -373,6 +373,9 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     ] = True
     # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
     response_format: Any | None = None
+    # OpenAI's deprecated function calling, which `tools` replaced.
+    functions: list[Any] | None = None
+    function_call: Any | None = None
     user: str | None = None
 
     def unsupported_options(self) -> list[str]:
@@ -384,6 +387,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 # (their defaults); `/openapi.json` documents these as the options' only values.
 DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
+    "functions": (None,),
+    "function_call": (None,),
 }
 
 
