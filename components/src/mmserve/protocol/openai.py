@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from mmserve.protocol.structured import StructuredOutputFields
+
 
 class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="text"):
     text: str
@@ -192,7 +194,7 @@ BestOf = Annotated[
 ]
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ChatCompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
 
     model: str
@@ -286,7 +288,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
     tools: list[Any] | None = None
     tool_choice: Any | None = None
-    response_format: Any | None = None
     user: str | None = None
 
     def unsupported_options(self) -> list[str]:
@@ -299,7 +300,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -436,7 +436,7 @@ CompletionPrompt = Annotated[
 ]
 
 
-class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class CompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     """`POST /v1/completions` body. Unknown fields are ignored (see module docstring)."""
 
     model: str
