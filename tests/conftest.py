@@ -22,7 +22,11 @@ SLOW_PATHS = (
     "runtime/test_liveness.py",
     "transfer/test_cross_process.py",
 )
-SLOW_TESTS = {"mm/test_qwen_vl.py::test_large_images"}
+SLOW_TESTS = {
+    "mm/test_qwen_vl.py::test_large_images",
+    "grammar/test_generated_schemas.py::test_every_output_of_hundreds_of_schemas_validates",
+    "engines/test_grammar.py::test_outputs_of_generated_schemas_validate_greedy_and_sampled",
+}
 FAST_FAMILY = "qwen2_vl"
 
 

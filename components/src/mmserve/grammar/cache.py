@@ -24,6 +24,7 @@ from mmserve.grammar.xgrammar_backend import XGrammarBackend
 from mmserve.protocol import Grammar
 
 COMPILE_THREADS = 2  # compiles at once per cache (and checks at once per frontend)
+CHECKED = 1024  # grammars a frontend remembers it checked (a request's form, sent again)
 
 
 def default_backend() -> Backend:
@@ -35,9 +36,16 @@ def _check_threads() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(COMPILE_THREADS, "mmserve-grammar-check")
 
 
+_checked: OrderedDict[Grammar, None] = OrderedDict()
+
+
 async def check(grammar: Grammar, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> None:
     """Raise `GrammarError` when `grammar` cannot be compiled or enforced, without a
-    tokenizer, on a thread (the frontend's validation)."""
+    tokenizer, on a thread (the frontend's validation); one checked lately passes at once."""
+    key = _key(grammar)
+    if key in _checked:
+        _checked.move_to_end(key)
+        return
     loop = asyncio.get_running_loop()
     backend = default_backend()
     await loop.run_in_executor(_check_threads(), backend.load)
@@ -46,6 +54,9 @@ async def check(grammar: Grammar, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) 
         await asyncio.wait_for(asyncio.shield(work), timeout_s)
     except TimeoutError:
         raise GrammarTimeout(_too_long("checking", timeout_s)) from None
+    _checked[key] = None
+    if len(_checked) > CHECKED:
+        _checked.popitem(last=False)
 
 
 def _too_long(what: str, timeout_s: float) -> str:

@@ -9,10 +9,16 @@ vLLM builds it, compiled for a tokenizer, matched per choice.
 - `ebnf`: xgrammar's EBNF (GBNF-like, root rule `root`); a grammar without `::=` is read as
   Lark, as vLLM reads it.
 
-One repair: xgrammar 0.2.8 writes a string with `minLength` / `maxLength` as a run of
+One repair: xgrammar 0.2.8 writes a string with `minLength` / `maxLength` as a repetition of
 `[^"\\\r\n]`, which lets raw control characters through (not JSON: a strict parser such as
-pydantic's refuses them) and no escapes; such runs take JSON's characters instead, one escape
-counting as one character, as the schema counts it.
+pydantic's refuses them), and whose token masks cost 2 to 50 ms each to fill inside the
+string. Such a run becomes xgrammar's JSON-string regex of as many characters (`.` in
+`Regex(..., json_string=true)`: no control character, quote or backslash), whose masks fill in
+tens of microseconds; one regex per pair of bounds, shared by every string of those bounds.
+xgrammar expands a regex's repetition only up to 128 (past it the regex loses both its speed
+and its JSON characters), so a longer bound repeats JSON's characters instead: correct, with
+millisecond masks, and slow to compile (seconds for a few hundred characters: the compile
+timeout bounds it).
 
 xgrammar is imported on first use: importing it costs seconds.
 """
@@ -34,10 +40,10 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
 ANY_OBJECT = '{"type": "object"}'
-# xgrammar's bounded string characters, and JSON's: any character but a control one, a quote
-# or a backslash, or an escape.
-_BOUNDED_CHARACTERS = re.compile(r'^(\S+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.M)
-_JSON_CHARACTERS = r'(([^\0-\x1f\"\\]) | ("\\" basic_escape))'
+# A run of xgrammar's string characters with a length bound, as it writes a bounded string.
+_BOUNDED_RUN = re.compile(r"\b(\w+_characters)\{(\d+), (-?\d+)\}")
+_REGEX_REPEAT_MAX = 128  # the longest repetition xgrammar expands in a regex
+_JSON_CHARACTER = 'mmserve_json_character ::= [^\\0-\\x1f\\"\\\\]'
 # "[21:14:32] /project/cpp/grammar_parser.cc:820: " before each of xgrammar's messages.
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
@@ -121,9 +127,19 @@ def _literal(text: str) -> str:
 def json_ebnf(schema: str, any_whitespace: bool) -> str:
     """The EBNF text of a JSON Schema's grammar (bounded strings repaired)."""
     text = str(_xgr().Grammar.from_json_schema(schema, any_whitespace=any_whitespace))
-    if "basic_escape ::=" not in text:
-        return text
-    return _BOUNDED_CHARACTERS.sub(lambda match: f"{match[1]} ::= {_JSON_CHARACTERS}", text)
+    runs: dict[str, str] = {}
+
+    def json_run(match: re.Match[str]) -> str:
+        low, high = match[2], "" if match[3] == "-1" else match[3]
+        if int(high or low) > _REGEX_REPEAT_MAX:
+            runs["mmserve_json_character"] = _JSON_CHARACTER
+            return f"mmserve_json_character{{{match[2]}, {match[3]}}}"
+        name = f"mmserve_json_characters_{low}_{high or 'up'}"
+        runs[name] = f'{name} ::= Regex("^.{{{low},{high}}}$", json_string=true)'
+        return name
+
+    repaired = _BOUNDED_RUN.sub(json_run, text)
+    return "\n".join([repaired, *runs.values()])
 
 
 def _json(schema: str, any_whitespace: bool) -> xgr.Grammar:
@@ -149,12 +165,12 @@ class XGrammarCompiler:
 
 class XGrammarCompiled:
     def __init__(self, compiled: xgr.CompiledGrammar, stop_ids: tuple[int, ...]) -> None:
-        self._compiled = compiled
+        self.native = compiled  # xgrammar's own, for its other integrations
         self.stop_ids = stop_ids
         self.nbytes: int = compiled.memory_size_bytes
 
     def matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(_xgr().GrammarMatcher(self._compiled))
+        return XGrammarMatcher(_xgr().GrammarMatcher(self.native))
 
 
 class XGrammarMatcher:
