@@ -31,6 +31,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from mmserve.grammar.base import Backend, GrammarError, GrammarInvalid
 from mmserve.grammar.schema import check_schema
 from mmserve.protocol import Grammar
@@ -93,6 +95,13 @@ def source(grammar: Grammar) -> xgr.Grammar:
         raise
     except Exception as err:  # xgrammar's own errors are RuntimeErrors of its runtime
         raise GrammarInvalid(_LOCATION.sub("", str(err)).strip()) from None
+
+
+@functools.lru_cache(maxsize=256)
+def ebnf_text(grammar: Grammar) -> str:
+    """`grammar` as xgrammar's EBNF text (for an engine that compiles EBNF itself): the same
+    grammar this backend compiles, repairs and whitespace included."""
+    return str(source(msgspec.structs.replace(grammar, start_after=None)))
 
 
 def parse_json(text: str, what: str) -> Any:
