@@ -22,11 +22,12 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from bench.sampling import alternate
 from mmserve.engines.hf import HfEngine
 from mmserve.grammar.cache import GrammarCache, check
 from mmserve.grammar.constraint import Constraint
@@ -78,16 +79,6 @@ GOALS = {"decode": 1.10, "cached": 1.0, "vs xgrammar hf": 1.0}
 
 def _median(samples: list[float]) -> float:
     return statistics.median(samples)
-
-
-async def alternate(
-    rounds: int, anchor: Callable[[], Awaitable[float]], case: Callable[[], Awaitable[float]]
-) -> tuple[float, float]:
-    anchors, cases = [], []
-    for _ in range(rounds):
-        anchors.append(await anchor())
-        cases.append(await case())
-    return _median(anchors), _median(cases)
 
 
 async def decode(engine: HfEngine, ids: list[int], sampling: SamplingParams, tokens: int):
