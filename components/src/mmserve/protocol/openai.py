@@ -125,6 +125,7 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
 _INT64_MAX = 2**63 - 1
 
 
+_Int64 = Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)]
 _Positive = Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
 _PositiveU32 = Annotated[int, msgspec.Meta(ge=1, le=2**32 - 1)]  # what the core holds as u32
 
@@ -269,7 +270,7 @@ class ChatCompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     logit_bias: LogitBias | None = None
     stop_token_ids: (
         Annotated[
-            list[int],
+            list[_Int64],
             msgspec.Meta(description="Extension (vLLM's): token ids that end the completion"),
         ]
         | None
@@ -490,7 +491,7 @@ class CompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
     logit_bias: LogitBias | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[_Int64] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] = 0
     skip_special_tokens: bool = True
