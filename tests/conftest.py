@@ -16,6 +16,7 @@ from mmserve.runtime.nats_server import NatsServer, nats_url_from_env_or_private
 SLOW_PATHS = (
     "e2e/",
     "reliability/",
+    "engines/test_grammar.py",
     "engines/test_kv_transfer.py",
     "engines/test_mock_engine.py",
     "frontend/test_qwen3_5_prompt.py",
@@ -25,7 +26,6 @@ SLOW_PATHS = (
 SLOW_TESTS = {
     "mm/test_qwen_vl.py::test_large_images",
     "grammar/test_generated_schemas.py::test_every_output_of_hundreds_of_schemas_validates",
-    "engines/test_grammar.py::test_outputs_of_generated_schemas_validate_greedy_and_sampled",
 }
 FAST_FAMILY = "qwen2_vl"
 

@@ -396,7 +396,6 @@ JSON_SCHEMA_FORMAT = {
 }
 STRUCTURED_FORMS: list[dict[str, Any]] = [
     {"response_format": JSON_SCHEMA_FORMAT},
-    {"extra_body": {"guided_json": STRUCTURED_SCHEMA}},
     {"extra_body": {"guided_regex": r"[a-z]{2,5}-\d"}},
     {"extra_body": {"guided_choice": ["red", "green", "blue"]}},
     {"extra_body": {"guided_grammar": 'root ::= "sky " ("red" | "grey")'}},
