@@ -19,6 +19,7 @@ SLOW_PATHS = (
     "engines/test_grammar.py",
     "engines/test_kv_transfer.py",
     "engines/test_mock_engine.py",
+    "frontend/test_migration.py",
     "frontend/test_qwen3_5_prompt.py",
     "runtime/test_liveness.py",
     "transfer/test_cross_process.py",

@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmserve.models.family import resolve_model_spec
+from mmserve.models.family import model_class, resolve_model_spec
 from mmserve.tiny import scenes
 from mmserve.tiny.trained import build_trained_model
 from tests.support.deployment import Deployment
@@ -143,10 +143,8 @@ SCORED = [
 
 def _direct_logprobs(model_path: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
     """log_softmax of transformers' own logits at every position of each prompt."""
-    import transformers
-
-    model_class = getattr(transformers, resolve_model_spec(model_path).family.model_class)
-    model = model_class.from_pretrained(model_path, dtype=torch.float32).eval()
+    family = resolve_model_spec(model_path).family
+    model = model_class(family).from_pretrained(model_path, dtype=torch.float32).eval()
     with torch.inference_mode():
         return [
             torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)

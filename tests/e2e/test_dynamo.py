@@ -14,8 +14,10 @@ prefill router, the KV handed over by transfer: the same answers for text and im
 and not, each request prefilled on the one and decoded on the other, with the prefill's cached
 tokens and its refusals; a decode worker killed mid-stream fails the client's stream. Behind
 Dynamo's KV router, two workers (mock engine; Qwen2-VL and Qwen3-VL): a repeated prompt, with
-or without an image, goes back to the worker holding it; a worker killed mid-stream fails the
-client's stream."""
+or without an image, goes back to the worker holding it; with Dynamo's `--migration-limit`, a
+worker killed mid-stream, or a drained one cut at its deadline (`EngineShutdown`), has its
+stream resent to the other worker, which serves Dynamo's resent request (the prompt with the
+tokens so far, the budget left) to its last token."""
 
 from __future__ import annotations
 
@@ -678,9 +680,9 @@ def test_a_decode_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
 def mock_pair(
     request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DynamoDeployment]:
-    """Dynamo's frontend with its KV router in front of two mmserve workers (mock engine), on
-    the trained Qwen2-VL and on the tiny Qwen3-VL (another patch size: Dynamo's router must
-    count an image's tokens as the worker does)."""
+    """Dynamo's frontend with its KV router and its migration (`--migration-limit 3`) in front
+    of two mmserve workers (mock engine), on the trained Qwen2-VL and on the tiny Qwen3-VL
+    (another patch size: Dynamo's router must count an image's tokens as the worker does)."""
     model_path = (
         build_trained_model() if request.param == "qwen2_vl" else build_tiny_model("qwen3_vl")
     )
@@ -691,7 +693,7 @@ def mock_pair(
         # The drain's timeout cut short for the SIGTERM test, which needs a stream past it.
         worker_flags=["--engine", "mock", "--drain-timeout", "3"],
         workers=2,
-        frontend_flags=["--router-mode", "kv"],
+        frontend_flags=["--router-mode", "kv", "--migration-limit", "3"],
     )
     with theirs.running():
         yield theirs
@@ -769,49 +771,89 @@ def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_holding_it(
     assert skipped == 2
 
 
-def test_a_worker_killed_mid_stream_is_the_clients_error_not_a_hang(
+def _streamed(
+    deployment: DynamoDeployment,
+    max_tokens: int,
+    pin: str | None = None,
+    messages: list[dict] = TEXT,
+) -> Any:
+    """A streamed chat completion of `max_tokens` (10 ms each), where Dynamo's router sends
+    it, or to worker `pin`. A pinned request is not migrated: Dynamo resends it to the same
+    instance."""
+    nvext = {} if pin is None else {"nvext": {"backend_instance_id": _instance(deployment, pin)}}
+    chunks = _client(deployment.base_url).chat.completions.create(
+        model=deployment.model_path.name,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True, **nvext},
+    )
+    assert isinstance(chunks, openai.Stream)
+    return iter(chunks)
+
+
+def _requests(deployment: DynamoDeployment) -> dict[str, float]:
+    return {
+        name: deployment.worker_counter(name, "mmserve_requests", component="worker")
+        for name in deployment.worker_names
+    }
+
+
+def _serving(deployment: DynamoDeployment, before: dict[str, float]) -> str:
+    """The one worker that took a request since `before` (`_requests`)."""
+    after = _requests(deployment)
+    took = [name for name in deployment.worker_names if after[name] > before[name]]
+    assert len(took) == 1, (before, after)
+    return took[0]
+
+
+def _to_the_end(stream: Any) -> tuple[int, str | None]:
+    """The completion tokens of a stream read to its end (its usage), and its finish reason."""
+    tokens, finish = 0, None
+    for chunk in stream:
+        finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return tokens, finish
+
+
+def test_a_worker_killed_mid_stream_migrates_under_dynamos_frontend(
     mock_pair: DynamoDeployment,
 ) -> None:
+    """Dynamo's frontend resends the request to the other worker with the tokens so far
+    appended to the prompt and `max_tokens` what is left, its image by URL again: the worker
+    plans it with that prompt, and the stream ends with every token."""
     theirs = mock_pair
-    instance = _instance(theirs, "worker2")
-    stream = _client(theirs.base_url).chat.completions.create(
-        model=theirs.model_path.name,
-        messages=TEXT,  # type: ignore[arg-type]
-        max_tokens=5000,  # 50 s of decoding
-        stream=True,
-        extra_body={"ignore_eos": True, "nvext": {"backend_instance_id": instance}},
-    )
-    _assert_a_kill_fails_the_stream(theirs, "worker2", stream)
+    before = _requests(theirs)
+    image = png_data_url(scenes.question("colour", 4).images[0])
+    stream = _streamed(theirs, 300, messages=_image_messages([image], "Describe it."))
+    for _ in range(3):
+        next(stream)
+    victim = _serving(theirs, before)
+    theirs.kill(victim)
+    assert _to_the_end(stream) == (300, "length")
+    theirs.start_worker(victim)
+    theirs.wait_ready()
 
 
 def test_a_worker_stopped_with_sigterm_drains_then_exits_0(mock_pair: DynamoDeployment) -> None:
     """After SIGTERM the worker finishes a short stream, cuts one that outlasts its
-    `--drain-timeout` (3 s) and exits 0. Last: it stops the first worker (the kill took worker2)."""
+    `--drain-timeout` (3 s), which Dynamo's frontend migrates to the other worker, and exits
+    0. Last: it stops a worker."""
     theirs = mock_pair
-    instance = _instance(theirs, "worker")
-
-    def stream(max_tokens: int) -> Iterator[Any]:
-        chunks = _client(theirs.base_url).chat.completions.create(
-            model=theirs.model_path.name,
-            messages=TEXT,  # type: ignore[arg-type]
-            max_tokens=max_tokens,  # 10 ms each
-            stream=True,
-            extra_body={"ignore_eos": True, "nvext": {"backend_instance_id": instance}},
-        )
-        assert isinstance(chunks, openai.Stream)
-        return iter(chunks)
-
-    short, long = stream(150), stream(5000)
-    first_short, first_long = next(short), next(long)
-    assert first_short.choices and first_long.choices
+    before = _requests(theirs)
+    long = _streamed(theirs, 600)
+    assert next(long).choices
+    worker = _serving(theirs, before)
+    short = _streamed(theirs, 150, pin=worker)
+    assert next(short).choices
     signalled = time.monotonic()
-    theirs.processes["worker"].send_signal(signal.SIGTERM)
+    theirs.processes[worker].send_signal(signal.SIGTERM)
     finished = [choice.finish_reason for chunk in short for choice in chunk.choices]
     assert finished[-1] == "length", finished[-5:]
-    # Cut at the timeout, with an error, long before its 5000 tokens.
-    with pytest.raises(openai.APIError):  # Dynamo says "Service temporarily unavailable"
-        for _ in long:
-            pass
-    assert theirs.processes["worker"].wait(timeout=30) == 0, theirs.log("worker")[-2000:]
+    # Cut at the timeout (3 s into its 6 s), then resent to the other worker: it finishes.
+    assert _to_the_end(long) == (600, "length")
+    assert theirs.processes[worker].wait(timeout=30) == 0, theirs.log(worker)[-2000:]
     assert time.monotonic() - signalled < 30
-    assert "drain timeout (3 s) reached: ending what is in flight" in theirs.log("worker")
+    assert "drain timeout (3 s) reached: ending what is in flight" in theirs.log(worker)

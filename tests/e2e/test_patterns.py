@@ -304,7 +304,7 @@ def test_precomputed_embeddings_give_the_images_tokens(
     patterns = PATTERNS if family == "qwen2_vl" else ["agg", "e_p_d"]
     model_path = build_tiny_model(family)
     # Gemma 3's tower takes one fixed size: no pixel bounds to try.
-    resizes = resolve_model_spec(model_path).family.vision_input == "patches"
+    resizes = resolve_model_spec(model_path).vision_input == "patches"
     photo = image_dir / "photo.jpg"
     embeds = embeds_part(vision_tower_safetensors(model_path, photo.read_bytes()))
     image = {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}}

@@ -95,7 +95,7 @@ async def test_repeated_image_skips_the_vision_tower(engine: HfEngine):
     second = await engine.encode(items)
     assert engine.encoder_cache.hits == hits + 1
     assert second[0].embeddings is first[0].embeddings
-    assert len(first[0].deepstack) == (2 if engine.spec.family.has_deepstack else 0)
+    assert len(first[0].deepstack) == (2 if engine.spec.deepstack_layers else 0)
 
 
 async def test_encoder_cache_key_separates_grids_under_one_hash(engine: HfEngine):
@@ -103,7 +103,7 @@ async def test_encoder_cache_key_separates_grids_under_one_hash(engine: HfEngine
     wide, tall = preprocess(engine.spec.path, [make_image(112, 56, 12), make_image(56, 112, 12)])
     tall = type(tall)(wide.mm_hash, tall.pixel_values, tall.grid_thw)
     first, second = await engine.encode([wide]), await engine.encode([tall])
-    if engine.spec.family.vision_input == "image":
+    if engine.spec.vision_input == "image":
         # A fixed-size tower gives every image one grid: the hash alone is the key.
         assert wide.grid_thw == tall.grid_thw
         assert second[0].embeddings is first[0].embeddings
@@ -269,7 +269,7 @@ async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEng
     after other tests had run on the same engine): there choice 0 and the n=1 completion share
     their prefill-drawn first token, and each choice keeps its own first token and ends where
     its own stream stops."""
-    batch_invariant = "moe" not in engine.spec.family.name
+    batch_invariant = "moe" not in engine.spec.family
     ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
     sampling = SamplingParams(temperature=0.5, seed=3, n=4)
     long = StopConditions(max_tokens=12, ignore_eos=True)
@@ -471,7 +471,7 @@ async def test_ignore_eos_and_min_tokens_move_where_generation_stops(
             break
     assert free[2] not in free[:2], "the test needs a third token unlike the first two"
     eos = free[2]
-    monkeypatch.setattr(engine, "spec", replace(engine.spec, eos_token_ids=(eos,)))
+    monkeypatch.setattr(type(engine.spec), "eos_token_ids", property(lambda _: (eos,)))
 
     stopped = await run(engine, ids, stop=StopConditions(max_tokens=8), request_id="eos")
     assert tokens_of(stopped) == free[:3] and stopped[-1].finish_reason == "stop"

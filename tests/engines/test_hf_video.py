@@ -98,7 +98,7 @@ def time_interval(engine: HfEngine, plan: dict[str, Any]) -> float:
     """How far apart a video's temporal patches sit in M-RoPE: Qwen2.5-VL's `tokens_per_second
     * second_per_grid_ts` (float32, as torch multiplies), where `second_per_grid_ts` is the
     temporal patch over the sampled frame rate; 1 for Qwen2-VL."""
-    if engine.spec.family.name != "qwen2_5_vl":
+    if engine.spec.family != "qwen2_5_vl":
         return 1.0
     info = plan["info"]
     sampled_fps = len(plan["indices"]) / info["total_frames"] * info["fps"]
@@ -233,7 +233,7 @@ async def test_greedy_tokens_equal_transformers_with_a_video(
     options = video_options(base_options(engine.spec), SAMPLING)
     _, pixel_values_videos = _mm.process_video(video, options)
     assert np.array_equal(pixel_values_videos, inputs["pixel_values_videos"].numpy())
-    if engine.spec.family.name == "qwen2_5_vl":
+    if engine.spec.family == "qwen2_5_vl":
         seconds = float(inputs["second_per_grid_ts"][0])
         assert time_interval(engine, video_plan(engine.spec, video_item)) == float(
             np.float32(engine.model.config.vision_config.tokens_per_second) * np.float32(seconds)

@@ -19,7 +19,6 @@ from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbeddi
 from mmserve.engines.mock import MockEngine, simulated_prompt_logprobs
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys
-from mmserve.media.processing import spec_with_pan_and_scan
 from mmserve.media.text_pieces import text_pieces
 from mmserve.protocol import (
     KvCleared,
@@ -101,7 +100,7 @@ async def test_encode_rows_are_the_plans_token_count_for_every_family(tiny_model
     image_token = engine.spec.image_token_id
     assert sum(e.num_tokens for e in encoded) == list(plan.input_ids).count(image_token)
     if engine.spec.core.pan_and_scan is not None:  # Gemma 3: each crop is an item too
-        panning = spec_with_pan_and_scan(engine.spec.core, (32, 4, 1.2))
+        panning = engine.spec.core.with_pan_and_scan((32, 4, 1.2))
         pieces = text_pieces(tokenizer, engine.spec)
         panned = _mm.process(
             panning, ids, images, count_only=True, text_pieces=pieces, panned_input_ids=ids

@@ -56,6 +56,7 @@ from mmserve.kv.hashing import compute_seq_hashes
 from mmserve.kv.pad import PadScheme, pad_values
 from mmserve.kv.view import routing_view
 from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.models.family import model_class as transformers_class
 from mmserve.protocol import (
     BootstrapInfo,
     FirstToken,
@@ -916,8 +917,8 @@ else:
         from sglang.srt.models.registry import ModelRegistry
 
         spec, request = grouped_video
-        model_class, _ = ModelRegistry.resolve_model_cls([spec.family.model_class])
-        processor = sglang_processor(spec.family.name)
+        model_class, _ = ModelRegistry.resolve_model_cls([transformers_class(spec.family).__name__])
+        processor = sglang_processor(spec.family)
         embeddings = _deepstack_embeddings(spec, request)
         kwargs = generate_kwargs(request, embeddings, None, splits_images=sglang_splits_images())
         out = await _sglang_items(processor, kwargs)
@@ -1035,7 +1036,7 @@ else:
         model_path = build_tiny_model(family)
         check_sglang_padding(model_path)
         spec = resolve_model_spec(model_path)
-        model_class, _ = ModelRegistry.resolve_model_cls([spec.family.model_class])
+        model_class, _ = ModelRegistry.resolve_model_cls([transformers_class(spec.family).__name__])
         padded, expected = sglang_padded_probe(model_class, spec, MM_A)
         assert padded == expected
         ours = np.resize(np.array(pad_values(MM_A, installed_scheme()), dtype=object), 6)

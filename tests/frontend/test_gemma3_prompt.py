@@ -19,7 +19,6 @@ from mmserve import _mm
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
-from mmserve.media.processing import spec_with_pan_and_scan
 from mmserve.protocol import ChatCompletionRequest, MMProcessorKwargs
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.engines import make_image
@@ -228,7 +227,7 @@ async def test_frontend_decoding_ships_each_crops_pixels() -> None:
     sent = await preprocessor.preprocess(request, "r", 1e12)
     assert [m.crop for m in sent.plan.media] == [None, 1, 2]
     assert all(p.data is None and p.pixel_values is not None for p in sent.payloads)
-    panning = spec_with_pan_and_scan(model.spec.core, (256, 4, 1.2))
+    panning = model.spec.core.with_pan_and_scan((256, 4, 1.2))
     expected = _mm.preprocess_with_crops(panning, png_bytes(image))
     shipped = [array for _, array in sink.shipped]
     for (pixels, _, identity), array, item in zip(expected, shipped, sent.plan.media, strict=True):

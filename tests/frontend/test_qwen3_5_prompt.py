@@ -13,13 +13,12 @@ from typing import Any
 import msgspec
 import pytest
 import torch
-import transformers
 from PIL import Image
 from transformers import AutoProcessor
 
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
-from mmserve.models.family import FAMILIES
+from mmserve.models.family import model_class
 from mmserve.protocol import ChatCompletionRequest
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.engines import make_image
@@ -52,8 +51,7 @@ class Checkpoint:
 @pytest.fixture(scope="module", params=QWEN3_5_FAMILIES)
 def checkpoint(request: pytest.FixtureRequest) -> Checkpoint:
     path = build_tiny_model(request.param)
-    model_class = getattr(transformers, FAMILIES[request.param].model_class)
-    model = model_class.from_pretrained(path).eval()
+    model = model_class(request.param).from_pretrained(path).eval()
     return Checkpoint(path, model, ServedModel.load(path), AutoProcessor.from_pretrained(path))
 
 

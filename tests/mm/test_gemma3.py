@@ -17,7 +17,6 @@ from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProces
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
 from mmserve import _mm
-from mmserve.media.processing import spec_with_pan_and_scan
 
 from .images import pipeline_image
 from .qwen_refs import encode, photo
@@ -194,7 +193,7 @@ def test_pan_and_scan_crops_resize_as_the_main_image(references: dict[str, Any])
                 diff = float(np.abs(np.asarray(item.pixel_values) - ref[index]).max())
                 assert diff == 0.0, f"{w}x{h} {backend} crop {index}: max difference {diff}"
             # The core's own crops of the image, as the encode stage cuts them.
-            panning = spec_with_pan_and_scan(spec(backend), (256, 4, 1.2))
+            panning = spec(backend).with_pan_and_scan((256, 4, 1.2))
             cut = _mm.preprocess_with_crops(panning, data)
             assert len(cut) == 1 + num_crops
             for index, (pixels, _, _) in enumerate(cut):

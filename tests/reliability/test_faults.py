@@ -1,7 +1,9 @@
 """Faults under a live aggregated deployment with two workers on a nats-server of its own:
-a worker killed mid-stream, a client that leaves mid-stream, a worker stopped with SIGTERM
-(drained, and cut short by its --drain-timeout), a restarted nats-server, and last the frontend
-stopped with SIGTERM. No request may hang; only the requests a fault touches may fail."""
+a worker killed mid-stream (its streams migrate to the other; with `--migration-limit 0` they
+end with the error), a client that leaves mid-stream, a worker stopped with SIGTERM (drained,
+and cut short by its --drain-timeout: what it cut migrates), a restarted nats-server, and last
+the frontend stopped with SIGTERM. No request may hang; only the requests a fault touches may
+fail."""
 
 from __future__ import annotations
 
@@ -77,33 +79,37 @@ async def _served(client: httpx.AsyncClient, count: int) -> list[Outcome]:
     return list(await asyncio.gather(*(stream_chat(client, chat_body(4)) for _ in range(count))))
 
 
+def migrations(faulty: Faulty, reason: str) -> float:
+    """The frontend's `mmserve_migrations_total` of the workers lost for `reason`."""
+    port = faulty.deployment.http_port
+    return metric(port, "mmserve_migrations_total", f'reason="{reason}",role="worker"')
+
+
 def test_sigkill_of_a_worker_mid_stream(faulty: Faulty, trial: Trial) -> None:
-    async def run() -> tuple[list[Outcome], float, float]:
+    async def run() -> tuple[list[Outcome], list[Outcome], float, float]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             idle = faulty.active()
+            before = migrations(faulty, "disconnected")
             streams = await started_streams(client, 4, 400, "story")
             on_survivor = faulty.active_since(idle)["b"]
             faulty.deployment.kill("a")
             killed_at = time.monotonic()
-            done, _ = await asyncio.wait(streams, timeout=BOUND_S)
-            failed = [t.result() for t in done if not t.result().finished]
-            assert len(failed) == 4 - on_survivor, [t.result() for t in done]
-            assert all(o.status == 200 and o.error for o in failed), failed
-            ended = max((o.ended_at - killed_at for o in failed), default=0.0)
-            # The other worker's streams were not touched: they finish.
-            outcomes = await asyncio.wait_for(asyncio.gather(*streams), 300)
-            assert sum(o.finished for o in outcomes) == on_survivor
+            # Each stream on it goes on on the other worker: all of them finish.
+            outcomes = await asyncio.wait_for(asyncio.gather(*streams), BOUND_S)
+            ended = max(o.ended_at for o in outcomes) - killed_at
+            moved = migrations(faulty, "disconnected") - before
+            assert moved == 4 - on_survivor, (moved, on_survivor)
             # New requests go to the survivor once discovery dropped the dead worker.
             later = await _served(client, 4)
-            return later, ended, on_survivor
+            return outcomes, later, ended, on_survivor
 
-    later, ended, on_survivor = asyncio.run(run())
-    assert all(o.finished for o in later), later
+    outcomes, later, ended, on_survivor = asyncio.run(run())
+    assert all(o.finished and o.error is None for o in outcomes + later), outcomes + later
     trial(
         "SIGKILL an aggregated worker during 4 streams",
         1,
-        f"{4 - int(on_survivor)} streams on it ended with an error event within {ended:.1f} s; "
-        f"{int(on_survivor)} on the other worker finished; 4 new requests served",
+        f"the {4 - int(on_survivor)} streams on it migrated to the other worker and finished, "
+        f"the last {ended:.1f} s after the kill; 4 new requests served",
     )
 
     restart_worker(faulty.deployment, "a")  # text only: no media policy
@@ -176,10 +182,11 @@ def test_sigterm_finishes_in_flight_streams_then_exits(faulty: Faulty, trial: Tr
 def test_drain_timeout_cuts_what_is_left_and_exits(faulty: Faulty, trial: Trial) -> None:
     restart_worker(faulty.deployment, "b", ["--drain-timeout", "1"])
 
-    async def run() -> tuple[list[Outcome], float]:
+    async def run() -> tuple[float, float]:
         async with httpx.AsyncClient(base_url=faulty.deployment.base_url, timeout=120) as client:
             # 6000 tokens take a minute: far past the drain's second.
             idle = faulty.active()
+            before = migrations(faulty, "unavailable")
             streams = await started_streams(client, 4, 6000, "epic")
             on_b = faulty.active_since(idle)["b"]
             assert on_b >= 1
@@ -188,23 +195,24 @@ def test_drain_timeout_cuts_what_is_left_and_exits(faulty: Faulty, trial: Trial)
             code = await asyncio.to_thread(faulty.deployment.processes["b"].wait, BOUND_S)
             exited = time.monotonic() - signalled
             assert code == 0, faulty.deployment.log("b")[-2000:]
-            # Its streams end; the other worker's run on for a minute, not waited for.
+            # What it cut goes on on the other worker: its streams migrate, none ends.
             await wait_until_async(
-                lambda: sum(stream.done() for stream in streams) >= on_b, BOUND_S, "b's streams"
+                lambda: migrations(faulty, "unavailable") - before >= on_b,
+                BOUND_S,
+                "b's streams migrated",
             )
-            cut = [stream.result() for stream in streams if stream.done()]
-            running = [stream for stream in streams if not stream.done()]
-            assert len(cut) == on_b and all(o.error and not o.finished for o in cut), cut
-            for stream in running:  # the other worker's: not to be read to their end
+            assert not any(stream.done() for stream in streams)
+            for stream in streams:  # a minute each: not to be read to their end
                 stream.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-            return cut, exited
+            await asyncio.gather(*streams, return_exceptions=True)
+            return exited, on_b
 
-    cut, exited = asyncio.run(run())
+    exited, on_b = asyncio.run(run())
     trial(
         "SIGTERM a worker started with --drain-timeout 1 during 6000-token streams",
         1,
-        f"it exited 0 after {exited:.1f} s; its {len(cut)} streams ended with an error event",
+        f"it exited 0 after {exited:.1f} s; what it cut ({int(on_b)} of 4 streams) migrated "
+        "to the other worker and went on",
     )
 
 
@@ -232,6 +240,43 @@ def test_nats_restart_under_light_load(faulty: Faulty, trial: Trial) -> None:
         1,
         "both in-flight streams ended with an error event; "
         f"service resumed by itself after {resumed:.1f} s",
+    )
+
+
+def test_without_migration_a_killed_workers_streams_end_with_the_error(
+    faulty: Faulty, trial: Trial
+) -> None:
+    """The frontend started again with `--migration-limit 0`: a worker killed mid-stream ends
+    its streams with an error event (the other worker's finish)."""
+    deployment = faulty.deployment
+    frontend = deployment.processes["frontend"]
+    frontend.send_signal(signal.SIGTERM)
+    assert frontend.wait(timeout=BOUND_S) == 0
+    deployment.start_frontend(["--migration-limit", "0"])
+    restart_worker(deployment, "b")
+    deployment.wait_ready()
+
+    async def run() -> tuple[list[Outcome], float, float]:
+        async with httpx.AsyncClient(base_url=deployment.base_url, timeout=120) as client:
+            idle = faulty.active()
+            streams = await started_streams(client, 4, 400, "legend")
+            on_b = faulty.active_since(idle)["b"]
+            assert on_b >= 1
+            deployment.kill("b")
+            killed_at = time.monotonic()
+            outcomes = await asyncio.wait_for(asyncio.gather(*streams), BOUND_S)
+            failed = [o for o in outcomes if not o.finished]
+            ended = max((o.ended_at - killed_at for o in failed), default=0.0)
+            return outcomes, on_b, ended
+
+    outcomes, on_b, ended = asyncio.run(run())
+    failed = [o for o in outcomes if not o.finished]
+    assert len(failed) == on_b and all(o.status == 200 and o.error for o in failed), outcomes
+    trial(
+        "SIGKILL an aggregated worker during 4 streams, the frontend with --migration-limit 0",
+        1,
+        f"the {int(on_b)} streams on it ended with an error event within {ended:.1f} s; "
+        f"the {4 - int(on_b)} on the other worker finished",
     )
 
 

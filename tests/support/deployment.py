@@ -185,17 +185,25 @@ class Deployment:
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
+    @property
+    def _common(self) -> list[str]:
+        return ["--model-path", str(self.model_path), "--namespace", self.namespace]
+
     def start(self) -> Deployment:
-        media = ["--allowed-media-domains", "127.0.0.1"]
-        common = ["--model-path", str(self.model_path), "--namespace", self.namespace]
         for name, role, flags in self.workers:
             transfer = ["--transfer", self.transfer]
-            self._spawn(name, [role, *common, *flags, *self.worker_flags, *transfer])
+            self._spawn(name, [role, *self._common, *flags, *self.worker_flags, *transfer])
+        self.start_frontend()
+        return self
+
+    def start_frontend(self, extra: list[str] | None = None) -> None:
+        """Start the frontend (again, once the last one exited), with `extra` flags too."""
+        media = ["--allowed-media-domains", "127.0.0.1"]
         self._spawn(
             "frontend",
             [
                 "frontend",
-                *common,
+                *self._common,
                 "--http-host",
                 self.http_host,
                 "--http-port",
@@ -203,9 +211,9 @@ class Deployment:
                 *media,
                 *(["--transfer", self.transfer] if "--transfer" not in self.frontend_flags else []),
                 *self.frontend_flags,
+                *(extra or []),
             ],
         )
-        return self
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Deployment]:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 from safetensors.torch import save
 
 from mmserve import _mm
-from mmserve.models.family import resolve_model_spec
+from mmserve.models.family import model_class, resolve_model_spec
 
 
 def vision_tower_safetensors(model_path: Path, image: bytes) -> bytes:
@@ -20,10 +19,9 @@ def vision_tower_safetensors(model_path: Path, image: bytes) -> bytes:
     deepstack features after the tower's output) and `image_grid_thw` [1, 3] (Gemma 3: the
     plan's grid of its fixed-size tower)."""
     spec = resolve_model_spec(model_path)
-    model_class = getattr(transformers, spec.family.model_class)
-    model = model_class.from_pretrained(model_path, dtype=torch.float32)
+    model = model_class(spec.family).from_pretrained(model_path, dtype=torch.float32)
     with torch.inference_mode():
-        if spec.family.vision_input == "image":
+        if spec.vision_input == "image":
             # One placeholder (Gemma 3: begin of image) for the driver to expand.
             (item,) = _mm.process(spec.core, [spec.vision_start_token_id], [image]).items
             grid = np.asarray(item.image_grid_thw)

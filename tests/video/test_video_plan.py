@@ -111,7 +111,7 @@ def test_plan_equals_the_processor_and_get_rope_index(
             t, h, w = own["grid_thw"]
             group = item.temporal_group
             assert group is not None and group < t and item.grid_thw == (1, h, w)
-            assert item.mm_hash == _mm.video_group_identity(own["mm_hash"], group)
+            assert item.mm_hash == own["group_mm_hashes"][group] != own["mm_hash"]
             assert planned.sources[plan.media.index(item) - group] == source
     groups = Counter(planned.sources)
     videos = [own_groups(family, data, settings) for kind, data in media if kind == "video"]

@@ -1,6 +1,6 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
-from typing import Final, TypedDict, final
+from typing import Final, Literal, TypedDict, final
 
 import numpy
 
@@ -33,6 +33,16 @@ def probe_image(data: bytes, max_pixels: int | None = None) -> tuple[int, int]:
 
 def content_hash(data: bytes) -> int:
     """blake3 of the raw bytes, first 8 digest bytes as a little-endian u64."""
+
+def embeddings_identity(
+    dtype: str,
+    shape: list[int],
+    grid_thw: tuple[int, int, int],
+    data: numpy.ndarray[tuple[int], numpy.dtype[numpy.uint8]],
+) -> int:
+    """The identity of a precomputed image embedding: its raw values (`data`, contiguous
+    row-major bytes) under its dtype (float32, float16 or bfloat16; ValueError for another),
+    shape and grid."""
 
 def fetch_bytes(
     source: str,
@@ -101,10 +111,6 @@ def video_timestamps(
     """(seconds, text) of each temporal group of a video sampled at `indices`: the time
     Qwen3-VL's processor gives the group and the text it writes before the group's
     <|vision_start|> ("<{t:.1f} seconds>")."""
-
-def video_group_identity(mm_hash: int, group: int) -> int:
-    """The identity of temporal group `group` of the video whose identity is `mm_hash` (a
-    Qwen3-VL video's items, one per group, as `process` plans them)."""
 
 def preprocess_video(
     frames: numpy.ndarray[tuple[int, int, int, int], numpy.dtype[numpy.uint8]],
@@ -219,6 +225,9 @@ class _VideoPlan(TypedDict):
     timestamp_texts: list[str]
     """The text before each group's <|vision_start|> ("<t seconds>"): Qwen3-VL's; empty for
     the Qwen2-VL families, which write none."""
+    group_mm_hashes: list[int]
+    """The identity of each temporal group, for the families that plan one item per group
+    (Qwen3-VL's); empty for the others."""
 
 def plan_video(data: bytes, options: VideoOptions, *, timeout_s: float | None = None) -> _VideoPlan:
     """The count-only plan of a video (info, sampled indices, grid, tokens, mm_hash) from its
@@ -260,10 +269,18 @@ class Spec:
     @staticmethod
     def from_json(json: str) -> Spec: ...
     @staticmethod
-    def from_hf_configs(
-        preprocessor_config: str, config: str, generation_config: str | None = None
-    ) -> Spec: ...
+    def from_hf_configs(preprocessor_config: str, config: str) -> Spec: ...
     def to_json(self) -> str: ...
+    def with_pixel_bounds(self, bounds: tuple[int, int] | None) -> Spec:
+        """This spec resizing images within a request's (min_pixels, max_pixels) (None, or
+        the model's own: as the model does); the images' identities fold the bounds."""
+    def with_pan_and_scan(self, knobs: tuple[int, int, float] | None) -> Spec:
+        """This spec cutting elongated images into pan-and-scan crops by (min_crop_size,
+        max_num_crops, min_ratio_to_activate) (None: not cutting them), for a family that
+        can pan and scan; each crop's identity folds the knobs."""
+    @property
+    def pixel_bounds(self) -> tuple[int, int] | None:
+        """The (min_pixels, max_pixels) a request set (None: the model's own)."""
     @property
     def family(self) -> str:
         """The family name, which is also its model_type."""
@@ -274,6 +291,13 @@ class Spec:
     def video_per_group(self) -> bool:
         """Whether it plans a video one item per temporal group, each after its timestamp
         text (Qwen3-VL)."""
+    @property
+    def vision_input(self) -> Literal["patches", "image"]:
+        """What the vision tower takes per item: rows of flattened patches and the grid
+        (Qwen-VL), or one [3, height, width] image of its fixed size (SigLIP)."""
+    @property
+    def rope(self) -> Literal["mrope", "1d"]:
+        """The positions the plan gives the language model: M-RoPE rows, or 1-D."""
     @property
     def pan_and_scan(self) -> tuple[int, int, float] | None:
         """(min_crop_size, max_num_crops, min_ratio_to_activate): the pan-and-scan knobs of
@@ -312,35 +336,55 @@ class Spec:
     def vision_start_token_id(self) -> int: ...
     @property
     def vision_end_token_id(self) -> int: ...
-    # Model facts: read from the config files (None where they leave a fact out, and for a
-    # spec made from JSON); not part of the spec JSON, equality or hash.
     @property
-    def video_token_id(self) -> int | None: ...
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """From generation_config.json where it names any, else from the text config."""
-    @property
-    def vocab_size(self) -> int | None: ...
-    @property
-    def hidden_size(self) -> int | None: ...
-    @property
-    def num_layers(self) -> int | None: ...
-    @property
-    def max_position_embeddings(self) -> int | None: ...
-    @property
-    def spec_id(self) -> str | None:
-        """16 hex digits of blake3 over config.json and preprocessor_config.json: equal ids,
-        equal embeddings. None for a spec made from JSON."""
+    def video_token_id(self) -> int | None:
+        """The placeholder a video's tokens expand from (None: the spec plans images only)."""
     def plan(self, width: int, height: int) -> tuple[tuple[int, int, int], int]:
         """((t, h, w) patch grid, token count) of a width x height image, without pixels."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
-def spec_from_hf_configs(
-    preprocessor_config: str, config: str, generation_config: str | None = None
-) -> Spec:
+def spec_from_hf_configs(preprocessor_config: str, config: str) -> Spec:
     """The spec of a checkpoint from the text of its preprocessor_config.json and config.json
-    (and generation_config.json, for the end-of-sequence ids)."""
+    (a spec from bare preprocessing configs may name no video token: it plans images only)."""
+
+@final
+class Checkpoint:
+    """A checkpoint as its config files describe it (immutable): the family's spec and the
+    language model's facts. A family that takes video must name its video token here."""
+
+    @staticmethod
+    def from_hf_configs(
+        preprocessor_config: str, config: str, generation_config: str | None = None
+    ) -> Checkpoint:
+        """From the text of its preprocessor_config.json, config.json and, where it has one,
+        generation_config.json (for the end-of-sequence ids)."""
+    @property
+    def spec(self) -> Spec:
+        """The preprocessing spec the driver and the preprocessing calls take."""
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """From generation_config.json where it names any, else from the text config."""
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int | None: ...
+    @property
+    def linear_attention_layers(self) -> list[int]:
+        """Indices of the language model's linear-attention layers (`layer_types`)."""
+    @property
+    def deepstack_layers(self) -> int:
+        """Vision layers whose features Qwen3-VL adds to the first decoder layers (0: none)."""
+    @property
+    def spec_id(self) -> str:
+        """16 hex digits of blake3 over config.json and preprocessor_config.json: equal ids,
+        equal embeddings."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 def preprocess(
     spec: Spec, data: bytes
@@ -349,7 +393,8 @@ def preprocess(
     numpy.ndarray[tuple[int, int], numpy.dtype[numpy.int64]],
     int,
 ]:
-    """Encoded image -> (pixel_values [patches, dim], image_grid_thw [1, 3], content hash)."""
+    """Encoded image -> (pixel_values [patches, dim], image_grid_thw [1, 3], identity): its
+    content hash, folded with the spec's pixel bounds where a request set them."""
 
 def preprocess_batch(
     spec: Spec, data: list[bytes]
@@ -377,8 +422,8 @@ def preprocess_with_crops(
     ]
 ]:
     """An encoded image, then each of its pan-and-scan crops where the spec pans and scans,
-    to (pixel_values, image_grid_thw [1, 3], identity): the image's content hash, each
-    crop's identity folded from it."""
+    to (pixel_values, image_grid_thw [1, 3], identity): the image's, each crop's folded
+    from it."""
 
 @final
 class ProcessedMedia:
@@ -400,7 +445,7 @@ class ProcessedMedia:
     @property
     def temporal_group(self) -> int | None:
         """Which temporal group of its video this item is, for a family that plans a video
-        one item per group (Qwen3-VL; the hash is then `video_group_identity`'s)."""
+        one item per group (Qwen3-VL; the hash is then the group's own)."""
     @property
     def crop(self) -> int | None:
         """Which pan-and-scan crop of its image this item is, 1 for the first (the hash is

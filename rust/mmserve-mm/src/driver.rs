@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::common::hash::content_hash;
 use crate::common::par;
 use crate::common::text_pieces::TextPieces;
 use crate::error::ErrorCode;
 use crate::family::token_layout::{apply, Prompt};
+use crate::identity;
 use crate::image::decode::{decode_image, probe_image, DecodeLimits};
 use crate::image::pan_and_scan::crop;
 pub use crate::pipeline::Modality;
@@ -28,7 +28,6 @@ use crate::pipeline::{
     TokenId,
 };
 use crate::source::fetch::{fetch_bytes, FetchError, FetchPolicy};
-use crate::video::identity::group_identity;
 use crate::video::VideoError;
 use crate::Error;
 
@@ -162,8 +161,9 @@ pub struct DriverOptions {
 /// What the driver produced for one item.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ItemOutput {
-    /// blake3 of the raw encoded bytes, truncated to u64; for a video, that folded with its
-    /// sampling and sizing options (`video::identity`).
+    /// The item's identity (mm_hash, [`crate::identity`]): an image's content hash, folded with
+    /// its crop and the request's pixel bounds where it has them; a video's folded with its
+    /// sampling and sizing options; a precomputed item's as given.
     pub hash: u64,
     /// Size of the decoded image (after EXIF orientation), or of the video's frames.
     pub width: u32,
@@ -175,10 +175,10 @@ pub struct ItemOutput {
     /// The index of the request's media item this one comes from.
     pub source: usize,
     /// Which temporal group of its video this item is, for a family that plans a video one
-    /// group per item (its `hash` then `video::identity::group_identity`); `None` otherwise.
+    /// group per item (its `hash` then [`identity::video_group`]); `None` otherwise.
     pub temporal_group: Option<u32>,
     /// Which pan-and-scan crop of its image this item is, 1 for the first (its `hash` then
-    /// `PanAndScan::crop_identity`); `None` for the image itself and everything else.
+    /// [`identity::crop`]'s); `None` for the image itself and everything else.
     pub crop: Option<u32>,
 }
 
@@ -279,7 +279,7 @@ impl Prepared {
     }
 
     /// The planned items of `update`'s embedding runs, in prompt order: the item itself, one
-    /// of its crops, or one temporal group of its video (identity `group_identity`).
+    /// of its crops, or one temporal group of its video (identity [`identity::video_group`]).
     fn planned_items(self, update: &PromptUpdate) -> Result<Vec<ItemOutput>, ProcessError> {
         let mut crops = self.crops.into_iter().map(Some).collect::<Vec<_>>();
         let items = update
@@ -295,7 +295,7 @@ impl Prepared {
                             ProcessError::Offsets(format!("crop {crop} laid out but not planned"))
                         })?,
                     EmbedOf::TemporalGroup(group) => ItemOutput {
-                        hash: group_identity(self.item.hash, group),
+                        hash: identity::video_group(self.item.hash, group),
                         temporal_group: Some(group),
                         ..self.item.clone()
                     },
@@ -443,7 +443,7 @@ fn prepare_item(
 }
 
 /// An image's plan (its pixels too in [`Mode::Full`]), then its crops' where the family
-/// pans and scans: each crop's identity is its image's folded by `PanAndScan::crop_identity`.
+/// pans and scans, each with its identity ([`identity::image`]).
 pub fn image_and_crops(
     family: &dyn Family,
     bytes: &[u8],
@@ -451,8 +451,9 @@ pub fn image_and_crops(
     limits: &DecodeLimits,
     mode: Mode,
 ) -> Result<Vec<ItemOutput>, Error> {
-    let hash = content_hash(bytes);
+    let content = identity::content(bytes);
     let knobs = family.capabilities().crops;
+    let bounds = family.spec().pixel_bounds;
     let crops_of = |width, height| {
         let crops = knobs.map(|k| k.crops(width, height)).unwrap_or_default();
         // The processor cannot resize an empty crop either.
@@ -490,9 +491,9 @@ pub fn image_and_crops(
         .into_iter()
         .zip(0u32..)
         .map(|((width, height, geometry, processed), index)| ItemOutput {
-            hash: match (index, knobs) {
-                (1.., Some(knobs)) => knobs.crop_identity(hash, index),
-                _ => hash,
+            hash: match (index, &knobs) {
+                (1.., Some(knobs)) => identity::image(content, Some((index, knobs)), bounds),
+                _ => identity::image(content, None, bounds),
             },
             width,
             height,
@@ -630,6 +631,30 @@ mod tests {
                 (c.hash, c.geometry, c.num_tokens)
             );
             assert!(f.processed.is_some() && c.processed.is_none());
+        }
+    }
+
+    #[test]
+    fn a_request_s_pixel_bounds_resize_the_image_and_enter_its_identity() {
+        let image = png(300, 200);
+        let media = [MediaItem::image(MediaInput::Bytes(&image))];
+        let plain = family();
+        let spec = plain.spec();
+        let bounded = spec.with_pixel_bounds(Some([3136, 20_000])).unwrap();
+        let own = spec.with_pixel_bounds(Some([spec.min_pixels, spec.max_pixels]));
+        assert_eq!(own.unwrap(), *spec);
+        let bounded = family_from_spec(&bounded).unwrap();
+        let options = DriverOptions::default();
+        for mode in [Mode::Full, Mode::CountOnly] {
+            let a = run(plain.as_ref(), &prompt(1), &media, &options, mode).unwrap();
+            let b = run(bounded.as_ref(), &prompt(1), &media, &options, mode).unwrap();
+            let content = identity::content(&image);
+            assert_eq!(a.items[0].hash, content);
+            assert_eq!(
+                b.items[0].hash,
+                identity::with_pixel_bounds(content, [3136, 20_000])
+            );
+            assert!(b.items[0].num_tokens < a.items[0].num_tokens);
         }
     }
 
@@ -811,7 +836,7 @@ mod tests {
             .collect();
         assert_eq!(
             groups,
-            [0, 1].map(|g| (group_identity(7, g), [1, 4, 6], 6, 0, Some(g)))
+            [0, 1].map(|g| (identity::video_group(7, g), [1, 4, 6], 6, 0, Some(g)))
         );
     }
 
@@ -846,7 +871,7 @@ mod tests {
             (&full.input_ids, &full.offsets),
             (&cheap.input_ids, &cheap.offsets)
         );
-        let image = content_hash(&wide);
+        let image = identity::content(&wide);
         let knobs = PanAndScan::new(8, 4, 1.2).unwrap();
         let items: Vec<_> = full
             .items
@@ -857,10 +882,10 @@ mod tests {
             items,
             [
                 (image, 0, None, (60, 20)),
-                (knobs.crop_identity(image, 1), 0, Some(1), (20, 20)),
-                (knobs.crop_identity(image, 2), 0, Some(2), (20, 20)),
-                (knobs.crop_identity(image, 3), 0, Some(3), (20, 20)),
-                (content_hash(&square), 1, None, (20, 20)),
+                (identity::crop(image, 1, &knobs), 0, Some(1), (20, 20)),
+                (identity::crop(image, 2, &knobs), 0, Some(2), (20, 20)),
+                (identity::crop(image, 3, &knobs), 0, Some(3), (20, 20)),
+                (identity::content(&square), 1, None, (20, 20)),
             ]
         );
         assert!(full.items.iter().all(|i| i.processed.is_some()));

@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use crate::driver::{RequestError, MAX_BYTES_PER_REQUEST, MAX_ITEMS_PER_REQUEST};
 use crate::family::qwen_vl::MAX_ASPECT_RATIO;
-use crate::family::registry::SpecError;
+use crate::family::spec::SpecError;
 use crate::image::{decode::DecodeError, resize::ResizeError};
 use crate::pipeline::ProcessError;
 use crate::source::fetch::{FetchError, MAX_BYTES_PER_SOURCE};

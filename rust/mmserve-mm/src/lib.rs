@@ -5,7 +5,7 @@
 //! [`image`] (decode, resize, transforms) -> [`family`] (the registry and each family's code,
 //! over the trait and carriers in [`pipeline`]) -> [`driver`] (one request, end to end). [`kv`]
 //! is the KV-aware routing index; [`video`] samples, decodes and patchifies videos; [`common`]
-//! holds what they all share (hash, par).
+//! holds what they all share (hash, par); [`identity`] names every media item (its mm_hash).
 //!
 //! Default features build a plain single-threaded rlib. `parallel` fans work out
 //! through [`common::par`]; `python` adds the `mmserve._mm` extension module; `video` links
@@ -15,6 +15,7 @@ pub mod common;
 pub mod driver;
 pub mod error;
 pub mod family;
+pub mod identity;
 pub mod image;
 pub mod kv;
 pub mod pipeline;

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use thiserror::Error;
 
 use crate::error::ErrorCode;
+use crate::family::spec::Spec;
 use crate::image::pan_and_scan::PanAndScan;
 
 /// A decoded image: interleaved RGB8, row-major (HWC).
@@ -153,6 +154,14 @@ pub enum Modality {
 }
 
 impl Modality {
+    /// Its name, as the API and the plan spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Modality::Image => "image",
+            Modality::Video => "video",
+        }
+    }
+
     /// The item's kind as an error message names it.
     pub fn article_name(self) -> &'static str {
         match self {
@@ -252,12 +261,23 @@ pub enum RopeKind {
     MRope,
 }
 
+/// What a family's vision tower takes per item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisionInput {
+    /// Rows of flattened patches, `[patches, channels x patch area]`, and the patch grid
+    /// (Qwen-VL's `pixel_values` with `image_grid_thw`).
+    Patches,
+    /// One `[3, height, width]` image of the tower's fixed size (SigLIP's).
+    Image,
+}
+
 /// What a family can take, what it produces, and what its prompt updates need.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Capabilities {
     pub images: bool,
     pub video: bool,
     pub rope: RopeKind,
+    pub vision_input: VisionInput,
     /// The pan-and-scan knobs images are cropped by, each crop then an item after its image
     /// (Gemma 3 with `do_pan_and_scan`); `None` where images are not cropped.
     pub crops: Option<PanAndScan>,
@@ -277,6 +297,9 @@ pub struct Capabilities {
 
 /// A model family's preprocessing, as pure functions over owned data.
 pub trait Family: Send + Sync {
+    /// The spec the family was built from (the request's processing options included).
+    fn spec(&self) -> &Spec;
+
     fn capabilities(&self) -> Capabilities;
 
     /// The geometry an image of this size will get, without touching pixels

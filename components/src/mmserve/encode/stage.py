@@ -14,7 +14,6 @@ worker and by a worker or prefill worker started with `--encode`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from pathlib import Path
 
@@ -23,7 +22,6 @@ import torch
 from mmserve import _mm, media
 from mmserve.encode.peer_pull import PeerPuller, worth_pulling
 from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
-from mmserve.media.processing import item_identity, spec_with_pan_and_scan
 from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
@@ -164,9 +162,9 @@ class EncodeStage:
                 ),
             )
         processed = dict(zip(images, image_pixels, strict=True))
-        for places, pixels in zip(videos.values(), video_pixels, strict=True):
+        for places, (pixels, group_hashes) in zip(videos.values(), video_pixels, strict=True):
             for place in places:
-                processed[place] = _group_pixels(pixels, planned[place])
+                processed[place] = _group_pixels(pixels, group_hashes, planned[place])
         inputs = []
         for position, (index, item) in enumerate(zip(indices, planned, strict=True)):
             pixels = processed[position]
@@ -200,7 +198,7 @@ class EncodeStage:
         for i in panned:
             knobs, carrier = planned[i].pan_and_scan, carriers[i]
             if carrier not in by_image:
-                spec = spec_with_pan_and_scan(self.spec, knobs)
+                spec = self.spec.with_pan_and_scan(knobs)
                 by_image[carrier] = await media.preprocess_with_crops(spec, data[i])
             parts = by_image[carrier]
             part = planned[i].crop or 0
@@ -216,14 +214,15 @@ class EncodeStage:
                 if item.pixel_bounds == bounds and item.pan_and_scan is None
             ]
             done = await media.preprocess_items(self.spec, [data[i] for i in group], bounds)
-            for i, pixels in zip(group, done, strict=True):
-                identity = item_identity(pixels.mm_hash, bounds)
-                processed[i] = dataclasses.replace(pixels, mm_hash=identity)
+            processed |= dict(zip(group, done, strict=True))
         return [processed[i] for i in range(len(planned))]
 
-    async def _video(self, item: PlannedMedia, data: bytes, deadline: float) -> media.ItemPixels:
+    async def _video(
+        self, item: PlannedMedia, data: bytes, deadline: float
+    ) -> tuple[media.ItemPixels, list[int]]:
         """`pixel_values_videos` of one video, sampled and sized as planned, with its identity
-        as `mm_hash`; decoded in a worker thread (the core releases the GIL), cut off at the
+        as `mm_hash`, and the identity of each temporal group where the family plans one item
+        per group; decoded in a worker thread (the core releases the GIL), cut off at the
         request's deadline."""
         if self.video_base is None:
             raise EngineError(
@@ -236,9 +235,10 @@ class EncodeStage:
             _mm.process_video, data, options, timeout_s=max(deadline - time.time(), 0.0)
         )
         t, h, w = plan["grid_thw"]
-        return media.ItemPixels(
+        pixels = media.ItemPixels(
             mm_hash=int(plan["mm_hash"]), pixel_values=pixel_values, grid_thw=(t, h, w)
         )
+        return pixels, plan["group_mm_hashes"]
 
     async def _encoded_bytes(self, payload: MediaPayload) -> bytes:
         if payload.data is not None:
@@ -266,20 +266,24 @@ class EncodeStage:
         )
 
 
-def _group_pixels(video: media.ItemPixels, item: PlannedMedia) -> media.ItemPixels:
+def _group_pixels(
+    video: media.ItemPixels, group_hashes: list[int], item: PlannedMedia
+) -> media.ItemPixels:
     """The pixels of the part of `video` that `item` stands for: the whole video, or one
-    temporal group's rows of `pixel_values_videos` with its grid `(1, h, w)` and identity."""
+    temporal group's rows of `pixel_values_videos` with its grid `(1, h, w)` and identity
+    (`group_hashes`, one per group)."""
     group = item.temporal_group
     if group is None:
         return video
-    t, h, w = video.grid_thw
-    if group >= t:
+    _, h, w = video.grid_thw
+    if group >= len(group_hashes):
         raise EngineError(
-            f"the plan names temporal group {group} of a video that decodes to {t} groups"
+            f"the plan names temporal group {group} of a video that decodes to "
+            f"{len(group_hashes)} groups"
         )
     rows = h * w
     return media.ItemPixels(
-        mm_hash=_mm.video_group_identity(video.mm_hash, group),
+        mm_hash=group_hashes[group],
         pixel_values=video.pixel_values[group * rows : (group + 1) * rows],
         grid_thw=(1, h, w),
     )

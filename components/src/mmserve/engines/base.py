@@ -41,6 +41,7 @@ from mmserve.protocol import (
     PlannedMedia,
     PrefillDone,
     RequestPlan,
+    Resumption,
     SamplingParams,
     StopConditions,
     TensorHandle,
@@ -98,7 +99,7 @@ class MediaInput:
     encoder cache key, with the grid.
     `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`
     (Qwen-VL patch rows; a video's `pixel_values_videos`), or one `[3, size, size]` image for a
-    fixed-size tower (Gemma 3; see `FamilyInfo.vision_input`).
+    fixed-size tower (Gemma 3; see `ModelSpec.vision_input`).
     """
 
     mm_hash: int
@@ -141,6 +142,14 @@ class EngineRequest:
     `token_ids` is the expanded prompt; `media` says where each item's run of tokens lies (the
     embeddings passed with the request follow the same order, one row per token of the run);
     `positions` are the plan's M-RoPE positions (None: 1-D positions 0..len).
+
+    A request moved mid-stream to this engine (`resumed`, `protocol.Resumption`) runs its
+    prompt with the completion's tokens so far after it: `token_ids` and `positions` hold
+    both, `prompt_ids` the prompt alone. The engine continues that choice's completion as if
+    it had sampled them: its first new token is the completion's token `len(resumed.token_ids)`
+    (its draw's seed, the stop rules' counts), the penalties count them, and its text follows
+    theirs (`engines.sampling`); a grammar's matcher (`SamplingParams.grammar`, where an
+    engine constrains decoding) is built from the grammar and those tokens the same way.
     """
 
     request_id: str
@@ -149,6 +158,7 @@ class EngineRequest:
     stop: StopConditions = field(default_factory=StopConditions)
     media: tuple[PlannedMedia, ...] = ()
     positions: MRopePositions | None = None
+    resumed: Resumption | None = None
 
     @classmethod
     def from_plan(
@@ -157,15 +167,35 @@ class EngineRequest:
         plan: RequestPlan,
         sampling: SamplingParams = GREEDY,
         stop: StopConditions | None = None,
+        resumed: Resumption | None = None,
     ) -> EngineRequest:
+        generated = resumed.token_ids if resumed is not None else []
+        if resumed is not None and sampling.n != 1:
+            raise EngineError(f"a resumed request continues one choice, not n={sampling.n}")
         return cls(
             request_id=request_id,
-            token_ids=tuple(plan.token_ids),
+            token_ids=(*plan.token_ids, *generated),
             media=tuple(plan.media),
-            positions=plan.positions,
+            positions=_continued(plan, len(generated)),
             sampling=sampling,
             stop=stop if stop is not None else StopConditions(),
+            resumed=resumed,
         )
+
+    @property
+    def resumed_ids(self) -> tuple[int, ...]:
+        """The completion's tokens before this engine took it over (none for a new one)."""
+        return () if self.resumed is None else tuple(self.resumed.token_ids)
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        """The prompt alone, without the tokens a resumed completion had."""
+        return self.token_ids[: len(self.token_ids) - len(self.resumed_ids)]
+
+    @property
+    def first_choice(self) -> int:
+        """The index of the request's first choice: the resumed one's, else 0."""
+        return 0 if self.resumed is None else self.resumed.choice
 
     def check_media(self, embeddings: Embeddings) -> None:
         """The embeddings fit the plan: one per item, one row per token of its run, runs in
@@ -208,6 +238,22 @@ class EngineRequest:
         return mask
 
 
+def _continued(plan: RequestPlan, generated: int) -> MRopePositions | None:
+    """The plan's M-RoPE positions with `generated` text tokens after the prompt: each at the
+    next position of all three rows, where decode would have put it (`len + delta` on)."""
+    positions = plan.positions
+    if positions is None or not generated:
+        return positions
+    length = len(plan.token_ids)
+    after = range(length + positions.delta, length + positions.delta + generated)
+    rows = [
+        value
+        for row in range(3)
+        for value in (*positions.rows[row * length : (row + 1) * length], *after)
+    ]
+    return MRopePositions(rows=rows, delta=positions.delta)
+
+
 StateT = TypeVar("StateT")
 """An engine's own state of a prefill's KV (`KvHandle.state`)."""
 
@@ -234,6 +280,9 @@ class KvHandle(Generic[StateT]):
     state: StateT = field(repr=False)
     sampling_seed: int | None = None
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # The request's resumed completion (`EngineRequest.resumed`): `prompt_tokens` and the KV
+    # then hold its tokens too, and the stream continues its choice after them.
+    resumed: Resumption | None = None
 
     @property
     def first_token(self) -> int:

@@ -53,7 +53,7 @@ from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
-from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.models.family import ModelSpec, model_class, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
     FirstToken,
@@ -115,13 +115,17 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         self.dtype = dtype
         self.admission = Admission(max_queue)
         self.pad_scheme = pad_scheme
-        model_class = getattr(transformers, self.spec.family.model_class)
-        self.model = model_class.from_pretrained(self.spec.path, dtype=dtype).to(self.device)
+        model: Any = model_class(self.spec.family).from_pretrained(self.spec.path, dtype=dtype)
+        self.model = model.to(self.device)
         self.model.eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.spec.path)
         self._inner = self.model.model
         self._text_config = self.model.config.get_text_config()
         self._linear_layers = frozenset(self.spec.linear_attention_layers)
+        # With M-RoPE the plan's positions go to the text model itself; with 1-D positions the
+        # model's own forward runs, which builds its mask from token_type_ids (Gemma 3's
+        # bidirectional attention within each image).
+        self._own_forward = self.spec.core.rope == "1d"
         self._attention_layers = [
             index
             for index in range(self._text_config.num_hidden_layers)
@@ -215,7 +219,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
         """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's
         rows."""
-        if self.spec.family.vision_input == "image":
+        if self.spec.vision_input == "image":
             pixel_values = torch.stack([item.pixel_values for item in items])
             return self._inner.get_image_features(
                 pixel_values.to(self.device, self.dtype), return_dict=True
@@ -235,7 +239,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             raise EngineError(
                 f"{item.modality} grid {item.grid_thw} does not fit merge size {merge}"
             )
-        if self.spec.family.vision_input == "image":
+        if self.spec.vision_input == "image":
             patch = self.spec.patch_size
             if tuple(item.pixel_values.shape) != (3, h * patch, w * patch):
                 raise EngineError(
@@ -249,8 +253,8 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             )
 
     def _check_takes_video(self) -> None:
-        if not self.spec.family.has_video:
-            raise EngineError(f"{self.spec.family.name} models take no video")
+        if not self.spec.core.takes_video:
+            raise EngineError(f"{self.spec.family} models take no video")
 
     # -- prefill --------------------------------------------------------------------------------
 
@@ -331,7 +335,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             rows = torch.cat([item.embeddings for item in live])[skipped:]
             inputs_embeds[0, suffix_mask] = rows.to(self.device, inputs_embeds.dtype)
         extra = self._deepstack_inputs(live, skipped, suffix_mask)
-        if self.spec.family.text_forward == "own_forward":
+        if self._own_forward:
             # From the start of the prompt: the model reads the image spans by position.
             extra["token_type_ids"] = request.media_mask().to(self.device, torch.long)[None]
         output = self._text_model(inputs_embeds, positions[:, :, cached:], cache, extra)
@@ -348,7 +352,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
             )
         samplers = self._samplers(request, grammar=grammar)
-        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(len(request.resumed_ids))
         drawn = next_tokens(samplers, logits.expand(len(samplers), -1), banned)
         first_tokens = [FirstToken(token, logprob) for token, logprob in drawn]
         return KvHandle(
@@ -359,6 +363,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             state=_KvState(cache, rope_delta, samplers),
             sampling_seed=samplers[0].seed,
             prompt_logprobs=prompt_logprobs,
+            resumed=request.resumed,
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, request: EngineRequest) -> list[TokenLogprob]:
@@ -381,13 +386,14 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         grammar: CompiledGrammar | None = None,
     ) -> list[Sampler]:
         """One sampler per choice, all on one seed (`seed`, else the request's, else drawn),
-        each with its own matcher of `grammar` (the request's, compiled)."""
+        each with its own matcher of `grammar` (the request's, compiled); a resumed choice's
+        has its tokens so far (its matcher past them)."""
         start_after = request.sampling.grammar.start_after if request.sampling.grammar else None
 
         def sampler(seed: int | None, choice: int) -> Sampler:
             return Sampler(
                 request.sampling,
-                request.token_ids,
+                request.prompt_ids,
                 self.vocab_size,
                 self.device,
                 seed,
@@ -396,7 +402,9 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 None if grammar is None else Constraint(grammar, start_after),
             )
 
-        first = sampler(seed, 0)
+        first = sampler(seed, request.first_choice)
+        for token in request.resumed_ids:
+            first.observe(token)
         return [first] + [sampler(first.seed, choice) for choice in range(1, request.sampling.n)]
 
     def _deepstack_inputs(
@@ -404,7 +412,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     ) -> dict[str, Any]:
         """Qwen3-VL's deepstack features for the image tokens that are not cached: those of
         the `live` items past their first `skipped` rows."""
-        if not self.spec.family.has_deepstack or not live:
+        if not self.spec.deepstack_layers or not live:
             return {}
         num_layers = len(live[0].deepstack)
         features = [
@@ -438,7 +446,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     ) -> Any:
         """The language model over `inputs_embeds` at `positions` (`[3, 1, len]`), extending
         `cache`."""
-        if self.spec.family.text_forward == "own_forward":
+        if self._own_forward:
             return self._inner(
                 inputs_embeds=inputs_embeds,
                 position_ids=positions[0],
@@ -488,8 +496,10 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 async def step(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
                     return await self._call(self._decode_step, state, steps)
 
+                by_choice = {sampler.choice: sampler for sampler in state.samplers}
+
                 def grammar_ended(choice: int) -> bool:
-                    return state.samplers[choice].grammar_ended
+                    return by_choice[choice].grammar_ended
 
                 async for chunk in stream_completion(
                     kv,
@@ -525,7 +535,8 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         # The choices of a round have made as many tokens: the same ids are banned for all.
         banned = steps[0][2]
         assert all(each == banned for _, _, each in steps)
-        return next_tokens([state.samplers[choice] for choice in choices], logits, banned)
+        by_choice = {sampler.choice: sampler for sampler in state.samplers}
+        return next_tokens([by_choice[choice] for choice in choices], logits, banned)
 
     def _choices_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The language head on one row of `hidden` per running choice. On a CPU, MKL's GEMM
@@ -619,6 +630,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             state=_KvState(cache, int(tensors["rope_delta"][0]), samplers),
             sampling_seed=samplers[0].seed,
             prompt_logprobs=done.prompt_logprobs,
+            resumed=request.resumed,
         )
 
     def _import_linear_states(self, cache: Any, tensors: dict[str, torch.Tensor]) -> None:

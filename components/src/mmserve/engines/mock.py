@@ -10,13 +10,14 @@ It serves the router, the frontend and every deployment pattern at scale without
   so its KV events are the ones a real engine would publish for the same prompts (none, and
   no hits, for a model with linear-attention layers, as the hf engine);
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
-  prompt gives the same completion on any worker and in any pattern; under a grammar each
-  token is one it allows (`_grammar_draw`: the end as soon as the grammar may end, else one
-  of the allowed single characters, else any allowed token); there is no distribution,
-  so temperature, the penalties and `logit_bias` change nothing, and log-probabilities are
-  simulated (`simulated_logprob`: deterministic, the chosen token the most likely), the
-  prompt's too (`simulated_prompt_logprobs`; such a request reuses no cached prefix, as on the
-  hf engine);
+  prompt gives the same completion on any worker and in any pattern, and a completion resumed
+  on another worker (`EngineRequest.resumed`) goes on with the ids it would have had; under a
+  grammar each token is one it allows (`_GrammarDraw`: the end as soon as the grammar may end,
+  else one of the allowed single characters, else any allowed token); there is no
+  distribution, so temperature, the penalties and `logit_bias` change nothing, and
+  log-probabilities are simulated (`simulated_logprob`: deterministic, the chosen token the
+  most likely), the prompt's too (`simulated_prompt_logprobs`; such a request reuses no cached
+  prefix, as on the hf engine);
 - encode sleeps `encode_us_per_token` per embedding row it computes, one encode at a time (as
   one vision tower runs them), then returns
   deterministic embeddings of the right row count (grid / merge^2) keyed by the item's hash;
@@ -88,8 +89,8 @@ PSEUDO_TOKENS = (1_000, 100_000)  # ordinary vocabulary ids, far from the specia
 @dataclass
 class _MockKv:
     seed: int  # the completion's pseudo-random stream
-    # Each choice's grammar past its tokens so far (None: free text).
-    constraints: list[Constraint] | None = None
+    # Each choice's grammar past its tokens so far, by choice (None: free text).
+    constraints: dict[int, Constraint] | None = None
     live: bool = True
 
 
@@ -155,6 +156,14 @@ def simulated_logprob(token: int, top: int) -> TokenLogprob:
         logprob=logprob,
         top=[(other, logprob - step) for step, other in enumerate(neighbours)],
     )
+
+
+def _drawn(seed: int, choice: int, sampling: SamplingParams, draws: int) -> random.Random:
+    """Choice `choice`'s stream once `draws` tokens were drawn from it."""
+    stream = choice_stream(seed, choice, sampling)
+    for _ in range(draws):
+        stream.randrange(*PSEUDO_TOKENS)
+    return stream
 
 
 def choice_stream(seed: int, choice: int, sampling: SamplingParams) -> random.Random:
@@ -286,17 +295,20 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 if reuses:
                     stored = cached // cache.block_size
                     cache.store(keys, stored, [None] * (len(keys.seq_hashes) - stored))
-        seed = prompt_seed(request.token_ids, [item.mm_hash for item in request.media])
-        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(0)
+        # Of the prompt alone: a resumed completion goes on with its own stream of draws.
+        seed = prompt_seed(request.prompt_ids, [item.mm_hash for item in request.media])
+        done = len(request.resumed_ids)
+        banned = StopRules(request.stop, self.spec.eos_token_ids).banned(done)
         sampling = request.sampling
-        constraints = await self._constraints(sampling, [[] for _ in range(sampling.n)])
-        draws = self._grammar_draws(constraints, sampling.n)
-        firsts = [
-            _draw(choice_stream(seed, i, sampling), banned, draw) for i, draw in enumerate(draws)
-        ]
-        for draw, token in zip(draws, firsts, strict=True):
-            if draw is not None:
-                draw.constraint.observe(token)
+        choices = range(request.first_choice, request.first_choice + sampling.n)
+        # A resumed choice's grammar past its tokens so far.
+        histories = {i: list(request.resumed_ids if i == choices[0] else ()) for i in choices}
+        constraints = await self._constraints(sampling, histories)
+        draws = self._grammar_draws(constraints)
+        firsts = [_draw(_drawn(seed, i, sampling, done), banned, draws.get(i)) for i in choices]
+        for choice, token in zip(choices, firsts, strict=True):
+            if constraints is not None:
+                constraints[choice].observe(token)
         prompt_top = sampling.prompt_logprobs
         return KvHandle(
             request_id=request.request_id,
@@ -309,22 +321,24 @@ class MockEngine(CachingEngine[_MockKv, None]):
                 if prompt_top is None
                 else simulated_prompt_logprobs(request.token_ids, prompt_top)
             ),
+            resumed=request.resumed,
         )
 
     async def _constraints(
-        self, sampling: SamplingParams, histories: list[list[int]]
-    ) -> list[Constraint] | None:
-        """Each choice's grammar past its tokens so far; None without a grammar."""
+        self, sampling: SamplingParams, histories: dict[int, list[int]]
+    ) -> dict[int, Constraint] | None:
+        """Each choice's grammar past its tokens so far, by choice; None without a grammar."""
         if sampling.grammar is None:
             return None
-        return [await self.grammars.constraint(sampling.grammar, tokens) for tokens in histories]
+        grammar = sampling.grammar
+        return {i: await self.grammars.constraint(grammar, t) for i, t in histories.items()}
 
-    def _grammar_draws(
-        self, constraints: list[Constraint] | None, n: int
-    ) -> list[_GrammarDraw | None]:
-        if constraints is None:
-            return [None] * n
-        return [_GrammarDraw(each, self.spec.vocab_size, self._characters) for each in constraints]
+    def _grammar_draws(self, constraints: dict[int, Constraint] | None) -> dict[int, _GrammarDraw]:
+        """Each choice's draws under its grammar, by choice (none without a grammar)."""
+        return {
+            choice: _GrammarDraw(each, self.spec.vocab_size, self._characters)
+            for choice, each in (constraints or {}).items()
+        }
 
     def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
         if not kv.state.live:
@@ -338,14 +352,22 @@ class MockEngine(CachingEngine[_MockKv, None]):
         check_sampling(sampling, stop)
         with self.admission():
             try:
-                streams = [choice_stream(state.seed, i, sampling) for i in range(sampling.n)]
-                for stream in streams:
-                    stream.randrange(*PSEUDO_TOKENS)  # the first draw is the first token's
-                draws = self._grammar_draws(state.constraints, sampling.n)
+                resumed = kv.resumed
+                first, done = (
+                    (0, 0) if resumed is None else (resumed.choice, len(resumed.token_ids))
+                )
+                # Past the draws of the tokens so far and of the first token.
+                streams = {
+                    i: _drawn(state.seed, i, sampling, done + 1)
+                    for i in range(first, first + sampling.n)
+                }
+                draws = self._grammar_draws(state.constraints)
 
                 async def step(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
                     await asyncio.sleep(self.decode_s_per_token)  # one step of the batch
-                    tokens = [(i, _draw(streams[i], banned, draws[i])) for i, _, banned in steps]
+                    tokens = [
+                        (i, _draw(streams[i], banned, draws.get(i))) for i, _, banned in steps
+                    ]
                     for i, token in tokens:
                         if state.constraints is not None:
                             state.constraints[i].observe(token)
@@ -382,8 +404,12 @@ class MockEngine(CachingEngine[_MockKv, None]):
         seed = tensors.get("seed")
         if seed is None:
             raise EngineError("imported KV lacks 'seed' (not made by a mock engine)")
-        firsts = [[first.token_id] for first in done.first_tokens]
-        constraints = await self._constraints(request.sampling, firsts)
+        first = request.first_choice
+        histories = {
+            first + i: [*(request.resumed_ids if i == 0 else ()), token.token_id]
+            for i, token in enumerate(done.first_tokens)
+        }
+        constraints = await self._constraints(request.sampling, histories)
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=done.prompt_tokens,
@@ -391,6 +417,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
             cached_tokens=done.cached_tokens,
             state=_MockKv(int(seed[0]), constraints),
             prompt_logprobs=done.prompt_logprobs,
+            resumed=request.resumed,
         )
 
     async def close(self) -> None:

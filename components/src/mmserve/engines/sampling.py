@@ -105,7 +105,8 @@ def _free(choice: int) -> bool:
 
 
 class _Choice:
-    """One choice of a stream: its stop rules, text and token count."""
+    """One choice of a stream: its stop rules, text and token count; a resumed one's start
+    after the tokens it had (`resumed`), whose text its instance already sent."""
 
     def __init__(
         self,
@@ -115,6 +116,7 @@ class _Choice:
         eos_token_ids: tuple[int, ...],
         tokenizer: Tokenizer,
         grammar_ended: GrammarEnded,
+        resumed: Sequence[int] = (),
     ) -> None:
         self.index = index
         self.grammar_ended = grammar_ended
@@ -126,9 +128,13 @@ class _Choice:
             skip_special_tokens=stop.skip_special_tokens,
             include_stop_str_in_output=stop.include_stop_str_in_output,
         )
+        # The same pushes as where they were sampled: what they released was sent from there,
+        # what they hold back (a stop string's start, a split character) is held here.
+        for token in resumed:
+            self.detokenizer.push([token])
         self.include_stop = stop.include_stop_str_in_output
         self.token, self.logprob = first.token_id, first.logprob
-        self.completion_tokens = 0
+        self.completion_tokens = len(resumed)
         self.finish: FinishReason | None = None
 
     def step(self) -> tuple[list[int], str, list[TokenLogprob]]:
@@ -170,8 +176,14 @@ async def stream_completion(
     (`grammar_ended`) ends each; a choice's last
     chunk carries its finish reason, the stream's last chunk the usage, and its first the
     prompt's log-probabilities (`kv.prompt_logprobs`). With `max_tokens` 0 the request was a
-    prefill only: no first token is emitted, and the one chunk finishes with "length"."""
-    usage = functools.partial(Usage, prompt_tokens=kv.prompt_tokens, cached_tokens=kv.cached_tokens)
+    prefill only: no first token is emitted, and the one chunk finishes with "length". A
+    resumed completion (`kv.resumed`) goes on as its choice, its tokens so far counted in the
+    stop rules and the usage's completion, not its prompt."""
+    resumed = () if kv.resumed is None else kv.resumed.token_ids
+    prompt_tokens = kv.prompt_tokens - len(resumed)
+    usage = functools.partial(
+        Usage, prompt_tokens=prompt_tokens, cached_tokens=min(kv.cached_tokens, prompt_tokens)
+    )
     prompt_logprobs = kv.prompt_logprobs
     if stop.max_tokens == 0:
         yield TokenChunk(
@@ -181,9 +193,12 @@ async def stream_completion(
             usage=usage(completion_tokens=0),
         )
         return
+    first_choice = 0 if kv.resumed is None else kv.resumed.choice
     every = [
-        _Choice(index, first, stop, tuple(eos_token_ids), tokenizer, grammar_ended)
-        for index, first in enumerate(kv.first_tokens)
+        _Choice(
+            first_choice + i, first, stop, tuple(eos_token_ids), tokenizer, grammar_ended, resumed
+        )
+        for i, first in enumerate(kv.first_tokens)
     ]
     choices = every
     while True:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mmserve.frontend.migration import DEFAULT_MIGRATION_LIMIT
 from mmserve.frontend.mm_options import (
     VideoCaps,
     parse_limit_mm_per_prompt,
@@ -186,6 +187,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--namespace",
         default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
+    )
+    parser.add_argument(
+        "--migration-limit",
+        type=_non_negative_int,
+        default=DEFAULT_MIGRATION_LIMIT,
+        metavar="N",
+        help="how often a request may move to another worker when the one serving it is lost "
+        "mid-stream (crashed, silent, or stopped at its drain deadline): it goes on from the "
+        "tokens the client already has, in the same words for greedy and seeded requests; 0 "
+        "turns it off, the client then gets the error (default: %(default)s)",
     )
     add_drain_timeout_argument(parser, "requests in flight (/health answers 503 meanwhile)")
     add_grammar_arguments(parser, "a request whose grammar takes checking")

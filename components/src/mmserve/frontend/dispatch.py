@@ -32,7 +32,9 @@ class Dispatcher(Protocol):
     client disconnects or the deadline passes (stop strings are the engines' job,
     `engines.sampling`): the implementation must then cancel the work downstream. Failures are
     raised as `mmserve.runtime.RemoteError` (whose code and status the client sees, as the runtime's
-    `Client.stream` raises them); `ready()` is true only while a full path to a worker exists.
+    `Client.stream` raises them); a request whose worker is lost mid-stream is migrated first
+    where the implementation can (`frontend.migration`), the client seeing one stream.
+    `ready()` is true only while a full path to a worker exists.
 
     `reset_prefix_cache()` asks every instance of the deployment, whatever its role, to clear
     its prefix and encoder caches, and returns how many did once all of them have; when any

@@ -223,8 +223,9 @@ def _checked(
     embeds = embeds.contiguous()
     if not _all_finite(embeds):
         raise ApiError(ERROR_EMBEDS_VALUES, "image_embeds holds NaN or infinite values", param)
-    header = f"{EMBEDS}:{embeds.dtype!s}:{list(embeds.shape)}:{list(grid)}:".encode()
-    mm_hash = _mm.content_hash(header + embeds.view(torch.uint8).numpy().tobytes())
+    dtype = str(embeds.dtype).removeprefix("torch.")
+    raw = embeds.view(torch.uint8).reshape(-1).numpy()
+    mm_hash = _mm.embeddings_identity(dtype, list(embeds.shape), grid, raw)
     main = embeds[:, : spec.hidden_size].contiguous()
     deepstack = None
     if spec.deepstack_layers:

@@ -402,7 +402,7 @@ class PanAndScanRange:
         model = spec.core.pan_and_scan
         if model is None:
             if operator is not None and _asks_pan_and_scan(operator):
-                raise ValueError(f"--mm-processor-kwargs: {spec.family.name} does not pan and scan")
+                raise ValueError(f"--mm-processor-kwargs: {spec.family} does not pan and scan")
             return cls(enabled=False, knobs=None, max_num_crops=0)
         enabled = spec.core.do_pan_and_scan
         if operator is not None and operator.do_pan_and_scan is not None:

@@ -15,6 +15,10 @@ from their KV and embedding-cache events and forget a worker as soon as discover
 call to an instance that is gone (or overloaded) before it answered is routed again to another
 one (`runtime.retry`).
 
+A request whose instance is lost mid-stream migrates to another (`frontend.migration`,
+`--migration-limit`): it is routed again among the instances left, with its media offered again
+(`TransferTensorSink` keeps what it offered for the request's life).
+
 `reset_prefix_cache` calls `<role>.reset_prefix_cache` on every instance discovery knows, one
 call each, so every instance answers for itself.
 """
@@ -23,10 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Sequence
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -34,10 +41,12 @@ import torch
 
 from mmserve import protocol
 from mmserve.frontend.dispatch import Pipeline
+from mmserve.frontend.migration import DEFAULT_MIGRATION_LIMIT, Migrator
 from mmserve.kv.view import items_in_cached_prefix
 from mmserve.observability import metrics, nvtx
 from mmserve.protocol import (
     CachesCleared,
+    EmbeddingsHandle,
     ItemState,
     PreprocessedRequest,
     ResetCachesRequest,
@@ -69,6 +78,10 @@ RESET_TIMEOUT_S = 30.0
 """How long each instance has to clear its caches (an hf engine first finishes the model call
 it is running)."""
 
+ROLES_MEMORY = 1024
+"""Instances routed to or gone lately whose role the dispatcher names (a migration's metric and
+log: by the time a call fails for a lost instance, discovery may have dropped it)."""
+
 
 class NatsDispatcher:
     def __init__(
@@ -76,9 +89,15 @@ class NatsDispatcher:
         runtime: Runtime,
         watchers: dict[Role, InstanceWatcher],
         settings: RouterSettings | None = None,
+        *,
+        media: TransferTensorSink | None = None,
+        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
     ) -> None:
         self.runtime = runtime
         self._watchers = watchers
+        self._media = media
+        self._roles: collections.OrderedDict[str, Role] = collections.OrderedDict()
+        self.migrator = Migrator(self._attempt, self._offered_again, self.role_of, migration_limit)
         self._clients = {role: runtime.client(role.value, GENERATE) for role in Role}
         self._reset_clients = {
             role: runtime.client(role.value, RESET_PREFIX_CACHE) for role in Role
@@ -100,10 +119,13 @@ class NatsDispatcher:
         cls,
         runtime: Runtime,
         settings: RouterSettings | None = None,
+        *,
+        media: TransferTensorSink | None = None,
+        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
     ) -> NatsDispatcher:
         """Watch the deployment; in kv mode, follow the KV events of the caching workers."""
         watchers = {role: await runtime.watch(role.value, GENERATE) for role in Role}
-        dispatcher = cls(runtime, watchers, settings)
+        dispatcher = cls(runtime, watchers, settings, media=media, migration_limit=migration_limit)
         for role, router in dispatcher.routers.items():
             if router.mode is RouterMode.KV and role in KV_CACHING_ROLES:
                 subscriber = await KvEventSubscriber(runtime, router.indexer, role.value).start()
@@ -131,6 +153,7 @@ class NatsDispatcher:
     def _forget(self, role: Role, instance_id: str) -> None:
         """Discovery dropped an instance: no request goes there, its blocks (or embeddings)
         leave the index."""
+        self._remember(instance_id, role)
         if role is Role.ENCODE:
             entries = self.encode_router.index.num_entries(instance_id)
             if self._encoder_subscriber is not None:
@@ -165,6 +188,23 @@ class NatsDispatcher:
 
     def _deployed(self, role: Role) -> bool:
         return bool(self._watchers[role].instances())
+
+    def _remember(self, instance_id: str, role: Role) -> None:
+        self._roles[instance_id] = role
+        self._roles.move_to_end(instance_id)
+        while len(self._roles) > ROLES_MEMORY:
+            self._roles.popitem(last=False)
+
+    def role_of(self, instance_id: str) -> str:
+        """The role of an instance routed to or gone lately, or that discovery lists
+        ("unknown" otherwise)."""
+        role = self._roles.get(instance_id)
+        if role is not None:
+            return role.value
+        for role, watcher in self._watchers.items():
+            if instance_id in watcher.instance_ids():
+                return role.value
+        return "unknown"
 
     def ready(self) -> bool:
         return language_hop(self._deployed) is not None
@@ -238,6 +278,7 @@ class NatsDispatcher:
                     routed = RouteRequest(request.request_id, num_blocks=by_prompt.num_blocks)
                 decision = self.routers[role].select(routed, workers)
                 route[role.value] = decision.worker_id
+                self._remember(decision.worker_id, role)
                 if role is not Role.DECODE and self.skip_cached_encode and skip is None:
                     covered = self._cached_items(request, decision.overlap_blocks, role)
                 log.debug(
@@ -284,6 +325,7 @@ class NatsDispatcher:
             decision.held_tokens,
             decision.request_tokens,
         )
+        self._remember(decision.worker_id, Role.ENCODE)
         route = request.route | {Role.ENCODE.value: decision.worker_id}
         peers = self._encode_peers(request, decision.worker_id, workers)
         return msgspec.structs.replace(request, route=route, peers=peers)
@@ -312,17 +354,37 @@ class NatsDispatcher:
         for component in route:
             self._router(component).on_finish(request_id)
 
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[TokenChunk]:
-        """Route the request, then send it to its first hop: an encode worker while an item
-        is left to encode once the items the routed language worker's prefix cache holds are
-        skipped, else straight to the language hop. A retry after an instance refused routes
-        again; on to the language hop, it keeps the first routing's skipped items (a worker
-        whose cache lacks one encodes it after all, `roles.base`)."""
+    async def generate(self, request: PreprocessedRequest) -> AsyncGenerator[TokenChunk, None]:
+        """The request's chunks, migrated to other instances when one is lost mid-stream."""
+        try:
+            async with contextlib.aclosing(self.migrator.generate(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            if self._media is not None:
+                self._media.forget(request.request_id)
+
+    async def _offered_again(
+        self, request: PreprocessedRequest, client_request_id: str
+    ) -> PreprocessedRequest:
+        if self._media is None:
+            return request
+        return await self._media.offer_again(request, client_request_id)
+
+    async def _attempt(
+        self, request: PreprocessedRequest, lost: Sequence[str]
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """Route the request among the instances not `lost`, then send it to its first hop:
+        an encode worker while an item is left to encode once the items the routed language
+        worker's prefix cache holds are skipped, else straight to the language hop. A retry
+        after an instance refused routes again; on to the language hop, it keeps the first
+        routing's skipped items (a worker whose cache lacks one encodes it after all,
+        `roles.base`)."""
         language = language_hop(self._deployed)
         if language is None:
             raise Unavailable(None, missing_language_hop_message())
         with nvtx.nvtx_range(nvtx.FE_ROUTE):
-            first = self.route(request, language)
+            first = self.route(request, language, lost)
         route = first.route
         hop = next_hop(self._deployed, needs_encode=bool(first.items_to_encode()))
         if hop is None:
@@ -337,11 +399,11 @@ class NatsDispatcher:
                 self._release(request.request_id, route)
                 route = {}  # released: a failed routing below must not release it twice
                 with nvtx.nvtx_range(nvtx.FE_ROUTE):
-                    routed = self.route(request, language, gone, skip=skipped)
+                    routed = self.route(request, language, [*lost, *gone], skip=skipped)
                 route = routed.route
             if hop is Role.ENCODE:
                 route = {}  # `_with_encoder` releases the route when it fails
-                routed = self._with_encoder(routed, gone)
+                routed = self._with_encoder(routed, [*lost, *gone])
                 route = routed.route
             return routed, route.get(hop.value)
 
@@ -365,18 +427,78 @@ class NatsDispatcher:
             self._release(request.request_id, route)
 
 
+@dataclass
+class _Kept:
+    expires: float  # time.monotonic()
+    tensors: dict[TensorHandle, torch.Tensor]
+
+
 class TransferTensorSink:
     """Offers a request's arrays by transfer (pixel_values with frontend decoding, else the
     encoded bytes of inline images; precomputed embeddings); the next hop reads them. Each
-    lease gives its buffer back once read (or when it times out)."""
+    lease gives its buffer back once read (or when it times out). The arrays are kept until
+    the request ends (`forget`; at the latest `keep_s` after the offer, a request's deadline),
+    so that a request migrated to other instances can offer them again (`offer_again`)."""
 
-    def __init__(self, transfer: TransferAgent) -> None:
+    def __init__(self, transfer: TransferAgent, keep_s: float) -> None:
         self.transfer = transfer
+        self.keep_s = keep_s
+        self._kept: collections.OrderedDict[str, _Kept] = collections.OrderedDict()
 
     async def __call__(self, request_id: str, array: np.ndarray | torch.Tensor) -> TensorHandle:
         tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
         handle, _lease = await self.transfer.offer(tensor)
+        self._expire()
+        kept = self._kept.get(request_id)
+        if kept is None:
+            kept = self._kept[request_id] = _Kept(time.monotonic() + self.keep_s, {})
+        kept.tensors[handle] = tensor
         return handle
+
+    def forget(self, request_id: str) -> None:
+        self._kept.pop(request_id, None)
+
+    def _expire(self) -> None:
+        """Drop what requests that never reached the pipeline (refused, or their client gone
+        before) left here."""
+        now = time.monotonic()
+        while self._kept and next(iter(self._kept.values())).expires <= now:
+            self._kept.popitem(last=False)
+
+    async def offer_again(
+        self, request: PreprocessedRequest, client_request_id: str
+    ) -> PreprocessedRequest:
+        """`request` with each array this sink offered for client request
+        `client_request_id` offered again."""
+        kept = self._kept.get(client_request_id)
+        if kept is None:
+            return request
+        tensors = kept.tensors
+
+        async def again(handle: TensorHandle | None) -> TensorHandle | None:
+            if handle is None or handle not in tensors:
+                return handle
+            offered, _lease = await self.transfer.offer(tensors[handle])
+            return offered
+
+        payloads = []
+        for payload in request.payloads:
+            embeddings = payload.embeddings
+            if embeddings is not None:
+                aux = {name: await again(handle) for name, handle in embeddings.aux.items()}
+                embeddings = EmbeddingsHandle(
+                    embeddings=await again(embeddings.embeddings) or embeddings.embeddings,
+                    aux={name: handle for name, handle in aux.items() if handle is not None},
+                )
+            payloads.append(
+                msgspec.structs.replace(
+                    payload,
+                    encoded=await again(payload.encoded),
+                    pixel_values=await again(payload.pixel_values),
+                    embeddings=embeddings,
+                )
+            )
+        return msgspec.structs.replace(request, payloads=payloads)
 
 
 @contextlib.asynccontextmanager
@@ -389,6 +511,9 @@ async def open_nats_pipeline(args: argparse.Namespace) -> AsyncIterator[Pipeline
         stack.push_async_callback(runtime.shutdown)
         transfer = create_transfer_agent(args)
         stack.push_async_callback(transfer.close)
-        dispatcher = await NatsDispatcher.start(runtime, settings)
+        media = TransferTensorSink(transfer, keep_s=args.request_timeout)
+        dispatcher = await NatsDispatcher.start(
+            runtime, settings, media=media, migration_limit=args.migration_limit
+        )
         stack.push_async_callback(dispatcher.stop)
-        yield Pipeline(dispatcher, TransferTensorSink(transfer))
+        yield Pipeline(dispatcher, media)

@@ -18,13 +18,7 @@ import numpy as np
 
 from mmserve import _mm
 from mmserve.media.policy import MediaPolicy
-from mmserve.media.processing import (
-    PanAndScanKnobs,
-    PixelBounds,
-    item_identity,
-    spec_with_bounds,
-    spec_with_pan_and_scan,
-)
+from mmserve.media.processing import PanAndScanKnobs, PixelBounds
 from mmserve.media.video import video_options
 from mmserve.protocol import MRopePositions, PlannedMedia, RequestPlan
 from mmserve.protocol.pipeline import VideoSampling
@@ -122,9 +116,9 @@ def plan_request_here(
     `plan_request` is the same in a worker thread."""
     kinds: Sequence[Modality] = modalities or ["image"] * len(sources)
     if spec.pan_and_scan is not None:
-        spec = spec_with_pan_and_scan(spec, pan_and_scan)
+        spec = spec.with_pan_and_scan(pan_and_scan)
     output = _mm.process(
-        spec_with_bounds(spec, pixel_bounds),
+        spec.with_pixel_bounds(pixel_bounds),
         input_ids,
         sources,
         count_only=count_only,
@@ -155,7 +149,7 @@ def plan_request_here(
         else:
             bounds = None if isinstance(source, tuple) else pixel_bounds
             planned = PlannedMedia(
-                mm_hash=item_identity(int(item.hash), bounds),
+                mm_hash=int(item.hash),
                 offset=start,
                 length=end - start,
                 grid_thw=_grid(item.image_grid_thw),
@@ -187,8 +181,7 @@ def _plan(output: _mm.ProcessResult, items: list[PlannedMedia]) -> RequestPlan:
 
 async def preprocess_with_crops(spec: _mm.Spec, data: bytes) -> list[ItemPixels]:
     """Decodes and preprocesses an image, then each of its pan-and-scan crops where `spec`
-    pans and scans (`media.processing.spec_with_pan_and_scan`); `mm_hash` is the image's
-    content hash, each crop's identity."""
+    pans and scans (`Spec.with_pan_and_scan`); `mm_hash` is each one's identity."""
     processed = await asyncio.to_thread(_mm.preprocess_with_crops, spec, data)
     return [
         ItemPixels(mm_hash=int(mm_hash), pixel_values=pixel_values, grid_thw=_grid(grid))
@@ -201,9 +194,9 @@ async def preprocess_items(
 ) -> list[ItemPixels]:
     """Decodes and preprocesses each item's encoded bytes for the vision tower (fanned out in
     the core), under `pixel_bounds` when given; the plan already says where each item goes.
-    `mm_hash` is each item's content hash."""
+    `mm_hash` is each item's identity (its pixel bounds folded in)."""
     processed = await asyncio.to_thread(
-        _mm.preprocess_batch, spec_with_bounds(spec, pixel_bounds), data
+        _mm.preprocess_batch, spec.with_pixel_bounds(pixel_bounds), data
     )
     return [
         ItemPixels(mm_hash=int(mm_hash), pixel_values=pixel_values, grid_thw=_grid(grid))

@@ -1,21 +1,23 @@
-"""Model family resolution from a checkpoint dir's config files.
+"""A checkpoint's family and facts, as the Rust core reads them from its config files.
 
-`resolve_model_spec(path)` reads config.json, generation_config.json and
-preprocessor_config.json and returns the facts the workers and the Rust core need. The Rust
-core's registry parses the files (`_mm.spec_from_hf_configs`, one parser with one set of
-fallbacks); this module adds what Python alone knows about a family (`FAMILIES`), and reads the
-two facts of config.json the core does not carry (deepstack and linear-attention layers). It works
-the same for the tiny checkpoints and for any real local checkpoint of a family in `FAMILIES`.
+`resolve_model_spec(path)` reads the text of config.json, preprocessor_config.json and
+generation_config.json and hands it to the core's family registry (`_mm.Checkpoint`), the one
+parser of those files: it knows every family and what its files say. `ModelSpec` reads its facts
+through; Python adds only the checkpoint's path, and the transformers class that runs the
+family (`model_class`, transformers' own for the model type). It works the same for the tiny
+checkpoints and for any real local checkpoint of a family the registry knows.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from mmserve import _mm
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class UnsupportedModel(ValueError):
@@ -23,87 +25,105 @@ class UnsupportedModel(ValueError):
 
 
 @dataclass(frozen=True)
-class FamilyInfo:
-    """What only the Python side knows about a family."""
-
-    name: str
-    model_class: str
-    # Qwen3-VL adds per-layer vision features to the first decoder layers.
-    has_deepstack: bool
-    # The model takes video, so its config must name a video token.
-    has_video: bool = True
-    # The workers and engines run it end to end; a family with only its preprocessing and
-    # request plan in place is refused at start-up rather than half served.
-    served: bool = True
-    # What the vision tower takes per item: "patches" (Qwen-VL: `[patches, channels]` rows and
-    # the grid) or "image" (SigLIP: one `[3, height, width]` image of the tower's fixed size).
-    vision_input: Literal["patches", "image"] = "patches"
-    # How the hf engine runs the language model. "mrope": the text model directly, with the
-    # plan's M-RoPE grid. "own_forward": the model's own forward, which builds the mask from
-    # token_type_ids (Gemma 3's bidirectional attention within each image), 1-D positions.
-    text_forward: Literal["mrope", "own_forward"] = "mrope"
-
-
-FAMILIES: dict[str, FamilyInfo] = {
-    "qwen2_vl": FamilyInfo("qwen2_vl", "Qwen2VLForConditionalGeneration", has_deepstack=False),
-    "qwen2_5_vl": FamilyInfo("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", False),
-    "qwen3_vl": FamilyInfo("qwen3_vl", "Qwen3VLForConditionalGeneration", has_deepstack=True),
-    "qwen3_vl_moe": FamilyInfo("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", True),
-    # Qwen3-VL's vision without deepstack, a hybrid language model (docs/engines.md).
-    "qwen3_5": FamilyInfo("qwen3_5", "Qwen3_5ForConditionalGeneration", has_deepstack=False),
-    "qwen3_5_moe": FamilyInfo(
-        "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", has_deepstack=False
-    ),
-    "gemma3": FamilyInfo(
-        "gemma3",
-        "Gemma3ForConditionalGeneration",
-        has_deepstack=False,
-        has_video=False,
-        vision_input="image",
-        text_forward="own_forward",
-    ),
-}
-
-
-@dataclass(frozen=True)
 class ModelSpec:
-    """What a worker needs to know about a checkpoint, without loading its weights."""
+    """What a worker needs to know about a checkpoint, without loading its weights: the core's
+    reading of its config files (`checkpoint`), at `path`."""
 
     path: Path
-    family: FamilyInfo
-    core: _mm.Spec  # the Rust core's spec: what its preprocessing and driver read
-    image_token_id: int
-    video_token_id: int | None  # None for image-only families (Gemma 3)
-    # The tokens around an image (Gemma 3: begin and end of image).
-    vision_start_token_id: int
-    vision_end_token_id: int
-    eos_token_ids: tuple[int, ...]
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    patch_size: int
-    temporal_patch_size: int
-    spatial_merge_size: int
-    min_pixels: int
-    max_pixels: int
-    image_mean: tuple[float, float, float]
-    image_std: tuple[float, float, float]
-    # The longest sequence (prompt and completion) the model was built for, if it says.
-    max_position_embeddings: int | None
-    # Digest of the config files: two specs with equal ids produce equal embeddings.
-    spec_id: str
-    # Vision layers whose features Qwen3-VL adds to the first decoder layers (0: none).
-    deepstack_layers: int = 0
-    # Indices of the language model's linear-attention layers (Qwen3.5's Gated DeltaNet,
-    # `text_config.layer_types`): each holds a state of the whole prefix, not a per-token KV.
-    linear_attention_layers: tuple[int, ...] = ()
+    checkpoint: _mm.Checkpoint
+
+    @property
+    def core(self) -> _mm.Spec:
+        """The preprocessing spec the core's driver and preprocessing calls take."""
+        return self.checkpoint.spec
+
+    @property
+    def family(self) -> str:
+        """The family's name, its config.json `model_type`."""
+        return self.core.family
+
+    @property
+    def image_token_id(self) -> int:
+        return self.core.image_token_id
+
+    @property
+    def video_token_id(self) -> int | None:
+        """None for a family without video (Gemma 3)."""
+        return self.core.video_token_id
+
+    @property
+    def vision_start_token_id(self) -> int:
+        """The token before an image (Gemma 3: begin of image)."""
+        return self.core.vision_start_token_id
+
+    @property
+    def vision_end_token_id(self) -> int:
+        return self.core.vision_end_token_id
+
+    @property
+    def patch_size(self) -> int:
+        return self.core.patch_size
+
+    @property
+    def temporal_patch_size(self) -> int:
+        return self.core.temporal_patch_size
+
+    @property
+    def spatial_merge_size(self) -> int:
+        return self.core.merge_size
+
+    @property
+    def min_pixels(self) -> int:
+        return self.core.min_pixels
+
+    @property
+    def max_pixels(self) -> int:
+        return self.core.max_pixels
+
+    @property
+    def vision_input(self) -> Literal["patches", "image"]:
+        """What the vision tower takes per item: patch rows and the grid (Qwen-VL), or one
+        `[3, height, width]` image of its fixed size (SigLIP's)."""
+        return self.core.vision_input
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.checkpoint.eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.checkpoint.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.checkpoint.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.checkpoint.num_layers
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """The longest sequence (prompt and completion) the model was built for, if it says."""
+        return self.checkpoint.max_position_embeddings
+
+    @property
+    def deepstack_layers(self) -> int:
+        """Vision layers whose features Qwen3-VL adds to the first decoder layers (0: none)."""
+        return self.checkpoint.deepstack_layers
+
+    @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        """Indices of the language model's linear-attention layers (Qwen3.5's Gated
+        DeltaNet): each holds a state of the whole prefix, not a per-token KV."""
+        return tuple(self.checkpoint.linear_attention_layers)
 
     @property
     def reuses_prefix_blocks(self) -> bool:
         """Whether a prefill may resume from cached prefix blocks (and announce them). A
         recurrent state exists only at the token where it was taken, so a model with
         linear-attention layers reuses none (docs/engines.md, "Hybrid models")."""
-        return not self.linear_attention_layers
+        return not self.checkpoint.linear_attention_layers
 
     @property
     def image_factor(self) -> int:
@@ -124,72 +144,28 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _required(spec: _mm.Spec, name: str, value: int | None) -> int:
-    if value is None:
-        raise UnsupportedModel(f"{spec.family} checkpoint: config.json gives no {name}")
-    return value
-
-
-def resolve_model_spec(path: str | Path, *, unserved: bool = False) -> ModelSpec:
-    """The family and facts of the checkpoint at `path`. A family the workers cannot serve yet
-    is refused unless `unserved` (for its preprocessing alone)."""
+def resolve_model_spec(path: str | Path) -> ModelSpec:
+    """The family and facts of the checkpoint at `path`."""
     path = Path(path).expanduser().resolve()
     config = _read_text(path / "config.json")
     preprocessor = _read_text(path / "preprocessor_config.json")
     generation_path = path / "generation_config.json"
     generation = _read_text(generation_path) if generation_path.exists() else None
     try:
-        spec = _mm.spec_from_hf_configs(preprocessor, config, generation)
+        checkpoint = _mm.Checkpoint.from_hf_configs(preprocessor, config, generation)
     except _mm.MediaError as error:
         raise UnsupportedModel(f"{path}: {error.args[1]}") from None
-    family = FAMILIES.get(spec.family)
-    if family is None:
-        known = ", ".join(sorted(FAMILIES))
-        raise UnsupportedModel(f"model_type {spec.family!r} is not supported (known: {known})")
-    if not (family.served or unserved):
-        raise UnsupportedModel(
-            f"{path}: {family.name} has its preprocessing and request plan but no engine "
-            "serves it yet"
-        )
-    if spec.spec_id is None:  # set for every spec made from config files
-        raise UnsupportedModel(f"{path}: the core gave no digest of the config files")
-    return ModelSpec(
-        path=path,
-        family=family,
-        core=spec,
-        image_token_id=spec.image_token_id,
-        video_token_id=(
-            _required(spec, "video_token_id", spec.video_token_id)
-            if family.has_video
-            else spec.video_token_id
-        ),
-        vision_start_token_id=spec.vision_start_token_id,
-        vision_end_token_id=spec.vision_end_token_id,
-        eos_token_ids=tuple(spec.eos_token_ids),
-        vocab_size=_required(spec, "vocab_size", spec.vocab_size),
-        hidden_size=_required(spec, "hidden_size", spec.hidden_size),
-        num_layers=_required(spec, "num_hidden_layers", spec.num_layers),
-        patch_size=spec.patch_size,
-        temporal_patch_size=spec.temporal_patch_size,
-        spatial_merge_size=spec.merge_size,
-        min_pixels=spec.min_pixels,
-        max_pixels=spec.max_pixels,
-        image_mean=spec.image_mean,
-        image_std=spec.image_std,
-        max_position_embeddings=spec.max_position_embeddings,
-        spec_id=spec.spec_id,
-        deepstack_layers=_deepstack_layers(config) if family.has_deepstack else 0,
-        linear_attention_layers=_linear_attention_layers(config),
-    )
+    return ModelSpec(path=path, checkpoint=checkpoint)
 
 
-def _linear_attention_layers(config: str) -> tuple[int, ...]:
-    parsed = json.loads(config)
-    text = parsed.get("text_config") or parsed
-    kinds = text.get("layer_types") or []
-    return tuple(index for index, kind in enumerate(kinds) if kind == "linear_attention")
+def model_class(family: str) -> type[PreTrainedModel]:
+    """The transformers class of a family's whole model (vision tower and language model):
+    transformers' own for the model type, the one `AutoModelForImageTextToText` loads."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-
-def _deepstack_layers(config: str) -> int:
-    vision = json.loads(config).get("vision_config") or {}
-    return len(vision.get("deepstack_visual_indexes") or [])
+    name = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(family)
+    if name is None:
+        raise UnsupportedModel(f"transformers {transformers.__version__} has no model for {family}")
+    cls: type[PreTrainedModel] = getattr(transformers, name)
+    return cls

@@ -81,6 +81,14 @@ SKIPPED_ENCODES = Counter(
     ["component", "worker", "result"],
 )
 
+MIGRATIONS = Counter(
+    "mmserve_migrations",
+    "Requests the frontend moved to another instance after the one serving them was lost, by "
+    "the lost instance's role and the reason (disconnected: it crashed, lost its connection "
+    "or went silent past the idle timeout; unavailable: it stopped at its drain deadline)",
+    ["role", "reason"],
+)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 

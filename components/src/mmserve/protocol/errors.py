@@ -152,3 +152,7 @@ class ErrorMessage(WireMessage, frozen=True):
     message: str
     status: int = 500
     request_id: str = ""
+    # The instance whose loss failed the call (it crashed, went silent past the idle timeout,
+    # or stopped at its drain deadline), where one did: a caller that holds the client's
+    # stream migrates the request away from it. Empty for every other failure.
+    lost_instance: str = ""

@@ -126,10 +126,10 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     modality: Literal["image", "video"] = "image"
-    # The item's identity: blake3 of the raw encoded bytes truncated to u64 (folded with
-    # `pixel_bounds` when set, `media.processing.item_identity`; for a video folded with every
-    # `video` option, the Rust `video_identity`), or for precomputed embeddings blake3 of the
-    # tensors.
+    # The item's identity, as the Rust core's `identity` module makes it: blake3 of the raw
+    # encoded bytes truncated to u64 (folded with `pixel_bounds` when set, with its crop for a
+    # pan-and-scan crop, with every `video` option for a video, with its group for a temporal
+    # group), or for precomputed embeddings blake3 of the tensors.
     mm_hash: int
     offset: int  # index of the item's first token in `RequestPlan.token_ids`
     length: int  # tokens the item fills: one per row of its embedding
@@ -139,7 +139,7 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     # A video's sampling and sizing (set exactly when `modality` is "video").
     video: VideoSampling | None = None
     # For a family that plans a video one item per temporal group (Qwen3-VL): which group
-    # of its video this item is (its identity is `_mm.video_group_identity` of the video's).
+    # of its video this item is (its identity folds the video's with the group).
     temporal_group: int | None = None
     # Gemma 3's pan-and-scan knobs `(min_crop_size, max_num_crops, min_ratio_to_activate)`
     # the image was planned under (set on an image and its crops when pan-and-scan is on).
@@ -234,6 +234,17 @@ class MediaPayload(msgspec.Struct, frozen=True, kw_only=True):
         return self.data is not None or self.encoded is not None or self.pixel_values is not None
 
 
+class Resumption(msgspec.Struct, frozen=True, kw_only=True):
+    """A completion moved to another instance mid-stream (migration): the tokens choice
+    `choice` had streamed to the client before its instance was lost. The instance reads them
+    after the prompt, as its own completion so far: its draws go on at token index
+    `len(token_ids)` of that choice, the penalties count them, `min_tokens` and `max_tokens`
+    count them, and its text starts after theirs. The request it travels in has `n` 1."""
+
+    choice: int = 0
+    token_ids: list[int]
+
+
 class PreprocessedRequest(WireMessage, frozen=True):
     """What the frontend sends to the first worker: the plan, one payload per planned media
     item, and the sampling. `deadline` is unix time in seconds. `route` names the instance the
@@ -253,6 +264,8 @@ class PreprocessedRequest(WireMessage, frozen=True):
     # Media item index -> an encode instance whose encoder cache holds that item while the
     # routed encoder does not (`--encode-router-mode peer-pull`): the encoder may pull it.
     peers: dict[int, str] = {}
+    # Set when the request continues a stream its first instance lost (migration).
+    resume: Resumption | None = None
 
     def items(self, *states: ItemState) -> list[int]:
         """The indices of the planned items in one of `states`."""

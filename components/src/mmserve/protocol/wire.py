@@ -15,7 +15,7 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class ProtocolError(ValueError):

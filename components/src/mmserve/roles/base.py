@@ -190,7 +190,9 @@ async def started(chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk
 
 
 def engine_request(request: PreprocessedRequest) -> EngineRequest:
-    return EngineRequest.from_plan(request.request_id, request.plan, request.sampling, request.stop)
+    return EngineRequest.from_plan(
+        request.request_id, request.plan, request.sampling, request.stop, request.resume
+    )
 
 
 async def stream_tokens(

@@ -162,7 +162,11 @@ class Caller:
         if call is None:
             return
         if no_responders:
-            call.fail(Unavailable(None, "no instance serves this endpoint"))
+            call.fail(
+                Unavailable(
+                    None, "no instance serves this endpoint", lost_instance=call.instance_id
+                )
+            )
             return
         try:
             frame = protocol.decode(msg.data, protocol.ServerFrame)
@@ -219,7 +223,9 @@ class Caller:
             for call in calls:
                 call.fail(
                     Disconnected(
-                        None, f"instance {dead} of {component}.{endpoint} stopped heartbeating"
+                        None,
+                        f"instance {dead} of {component}.{endpoint} stopped heartbeating",
+                        lost_instance=dead,
                     )
                 )
 
@@ -329,7 +335,9 @@ class Client:
                     if time.time() >= deadline:
                         continue
                     raise Disconnected(
-                        None, f"{subject} sent nothing for {idle:.1f}s: instance lost?"
+                        None,
+                        f"{subject} sent nothing for {idle:.1f}s: instance lost?",
+                        lost_instance=call.instance_id,
                     ) from None
                 if isinstance(item, RemoteError):
                     call.ended = item.code == protocol.ERROR_UNAVAILABLE

@@ -186,8 +186,14 @@ class Server:
             )
             forced.cancel()
             for call in list(self._calls.values()):
-                self._cancel(call, Unavailable(None, "instance shutting down"))
+                self._cancel(call, self._shutting_down())
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _shutting_down(self) -> Unavailable:
+        """What a call this instance will not finish answers: its caller may migrate the
+        request to another instance."""
+        instance = self._runtime.instance_id
+        return Unavailable(None, "instance shutting down", lost_instance=instance)
 
     def stop_keepalives(self) -> None:
         if self._keepalive_task is not None:
@@ -222,7 +228,7 @@ class Server:
             return
         call.context = RequestContext(frame.request_id, frame.deadline, runtime.instance_id)
         if self.closing:
-            runtime._spawn(self._send_end(call, Unavailable(None, "instance shutting down")))
+            runtime._spawn(self._send_end(call, self._shutting_down()))
             return
         if self._recently_cancelled.pop(reply_subject, None) is not None:
             return

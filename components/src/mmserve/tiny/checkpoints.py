@@ -240,7 +240,7 @@ def _build_model(family: str, seed: int) -> Any:
     import torch
     import transformers
 
-    from mmserve.models.family import FAMILIES
+    from mmserve.models.family import model_class
 
     config: transformers.PreTrainedConfig
     if family == "gemma3":
@@ -273,9 +273,8 @@ def _build_model(family: str, seed: int) -> Any:
             # initialise the weights.
             initializer_range=INIT_SCALE,  # type: ignore[call-arg]
         )
-    model_class = getattr(transformers, FAMILIES[family].model_class)
     torch.manual_seed(seed)
-    model = model_class(config)
+    model = model_class(family)(config)
     if family == "gemma3":
         with torch.no_grad():
             # Gemma 3 initialises its image projection to zeros, which would leave images unseen.

@@ -5,8 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::common::hash::content_hash;
-use crate::family::registry::SpecError;
+use crate::family::spec::SpecError;
 use crate::pipeline::{DecodedImage, ProcessError};
 
 /// Pan-and-scan's knobs, as `Gemma3ImageProcessor` names them (`pan_and_scan_*`); in the
@@ -28,9 +27,6 @@ pub struct CropRect {
     pub width: u32,
     pub height: u32,
 }
-
-/// Distinguishes the crop identity fold from every other use of the hash.
-const TAG: &[u8; 8] = b"pancrop1";
 
 impl PanAndScan {
     /// `Gemma3Processor`'s defaults, for the knobs a config leaves out.
@@ -74,20 +70,6 @@ impl PanAndScan {
             ));
         }
         Ok(())
-    }
-
-    /// The identity of crop `crop` (1 for the first) of the image identified by `image`:
-    /// folded with every knob, so the crops of differently set requests never share an
-    /// encoder-cache entry or a routing prefix.
-    pub fn crop_identity(&self, image: u64, crop: u32) -> u64 {
-        let mut bytes = Vec::with_capacity(TAG.len() + 28);
-        bytes.extend_from_slice(TAG);
-        bytes.extend_from_slice(&image.to_le_bytes());
-        bytes.extend_from_slice(&crop.to_le_bytes());
-        bytes.extend_from_slice(&self.min_crop_size.to_le_bytes());
-        bytes.extend_from_slice(&self.max_num_crops.to_le_bytes());
-        bytes.extend_from_slice(&self.min_ratio_to_activate.to_bits().to_le_bytes());
-        content_hash(&bytes)
     }
 
     /// The crops of a `width` x `height` image, row-major, as `pan_and_scan` computes them
@@ -315,19 +297,5 @@ mod tests {
         };
         let empty = crop(&row, last).unwrap();
         assert!(resize(&empty, 896, 896, Filter::Bilinear, Backend::TorchU8).is_err());
-    }
-
-    #[test]
-    fn every_knob_and_the_crop_change_the_identity() {
-        let knobs = PanAndScan::DEFAULT;
-        let base = knobs.crop_identity(7, 1);
-        let others = [
-            knobs.crop_identity(8, 1),
-            knobs.crop_identity(7, 2),
-            PanAndScan::new(255, 4, 1.2).unwrap().crop_identity(7, 1),
-            PanAndScan::new(256, 3, 1.2).unwrap().crop_identity(7, 1),
-            PanAndScan::new(256, 4, 1.3).unwrap().crop_identity(7, 1),
-        ];
-        assert!(others.iter().all(|&other| other != base && other != 7));
     }
 }

@@ -21,6 +21,7 @@ use super::video::PyVideoOptions;
 use crate::common::par;
 use crate::common::text_pieces::TextPieces;
 use crate::driver::{self, DriverOptions, MediaInput, MediaItem, Modality, Mode};
+use crate::identity;
 use crate::pipeline::{Family, Positions, ProcessError, Tensor, TensorData, TokenId};
 
 fn tensor_to_numpy(py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
@@ -65,10 +66,10 @@ fn preprocess_one(
     family: &dyn Family,
     bytes: &[u8],
 ) -> Result<(Tensor, [u32; 3], u64), crate::Error> {
-    let hash = crate::common::hash::content_hash(bytes);
+    let identity = identity::image(identity::content(bytes), None, family.spec().pixel_bounds);
     let image = crate::image::decode::decode_image(bytes, &Default::default())?;
     let item = family.process_item(&image)?;
-    Ok((item.feature, item.geometry.grid_thw(), hash))
+    Ok((item.feature, item.geometry.grid_thw(), identity))
 }
 
 fn to_preprocessed(
@@ -78,7 +79,8 @@ fn to_preprocessed(
     Ok((tensor_to_numpy(py, feature)?, grid_array(py, grid)?, hash))
 }
 
-/// One encoded image to `(pixel_values, image_grid_thw, hash)`.
+/// One encoded image to `(pixel_values, image_grid_thw, identity)` (its content hash, folded
+/// with the spec's pixel bounds where a request set them).
 #[pyfunction]
 fn preprocess(py: Python<'_>, spec: &PySpec, data: PyBackedBytes) -> PyResult<Preprocessed> {
     let family = Arc::clone(&spec.family);
@@ -88,7 +90,8 @@ fn preprocess(py: Python<'_>, spec: &PySpec, data: PyBackedBytes) -> PyResult<Pr
     to_preprocessed(py, out)
 }
 
-/// Several encoded images, fanned out over the pool; fails on the first bad item (by index).
+/// Several encoded images, each as [`preprocess`], fanned out over the pool; fails on the
+/// first bad item (by index).
 #[pyfunction]
 fn preprocess_batch(
     py: Python<'_>,
@@ -104,7 +107,7 @@ fn preprocess_batch(
 
 /// One encoded image, then each of its pan-and-scan crops where the spec pans and scans, to
 /// `(pixel_values, image_grid_thw, identity)` (a crop's identity is its own, folded from the
-/// image's content hash).
+/// image's).
 #[pyfunction]
 fn preprocess_with_crops(
     py: Python<'_>,

@@ -1,4 +1,4 @@
-//! Bindings for the input side: fetch, decode, content hash. Arguments are borrowed or
+//! Bindings for the input side: fetch, decode. Arguments are borrowed or
 //! copied into owned Rust values under the GIL; the work runs with the GIL released.
 
 use std::path::PathBuf;
@@ -11,7 +11,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::error::to_py;
-use crate::common::hash;
 use crate::driver;
 use crate::image::decode::{self, DecodeLimits};
 use crate::pipeline::DecodedImage;
@@ -53,12 +52,6 @@ pub(super) fn rgb_array(py: Python<'_>, image: DecodedImage) -> PyResult<Bound<'
     let array = Array3::from_shape_vec(shape, image.data)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(array.into_pyarray(py))
-}
-
-/// blake3 of the raw bytes, first 8 digest bytes as a little-endian unsigned integer.
-#[pyfunction]
-fn content_hash(py: Python<'_>, data: &[u8]) -> u64 {
-    py.detach(|| hash::content_hash(data))
 }
 
 /// The bytes of a media source: data: URL, http(s) URL, file:// URL, absolute path or base64.
@@ -107,7 +100,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_BYTES_PER_REQUEST", driver::MAX_BYTES_PER_REQUEST)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
     m.add_function(wrap_pyfunction!(probe_image, m)?)?;
-    m.add_function(wrap_pyfunction!(content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_bytes, m)?)?;
     Ok(())
 }

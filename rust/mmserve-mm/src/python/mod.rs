@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod driver;
 mod error;
+mod identity;
 mod kv;
 mod media;
 mod positions;
@@ -17,6 +18,7 @@ fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     error::register(m)?;
     media::register(m)?;
+    identity::register(m)?;
     resize::register(m)?;
     spec::register(m)?;
     driver::register(m)?;

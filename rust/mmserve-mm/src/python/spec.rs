@@ -1,5 +1,6 @@
-//! Bindings of the family spec: a checkpoint's config files parsed once, here, into the
-//! preprocessing spec and the model facts Python reads (`models/family.py`).
+//! Bindings of the family spec and of a checkpoint: its config files parsed once, here, into
+//! the preprocessing spec the driver takes (`Spec`) and the facts the workers need
+//! (`Checkpoint`), which Python reads through (`models/family.py`).
 
 use std::sync::Arc;
 
@@ -7,50 +8,40 @@ use pyo3::prelude::*;
 
 use super::error::to_py;
 use crate::common::hash::content_hash;
-use crate::family::registry::{checkpoint_from_hf_configs, family_from_spec, ModelFacts, Spec};
-use crate::pipeline::{Family, TokenId};
+use crate::family::config::ModelFacts;
+use crate::family::registry::{checkpoint_from_hf_configs, family_from_spec, spec_from_hf_configs};
+use crate::family::spec::{Spec, SpecError};
+use crate::image::pan_and_scan::PanAndScan;
+use crate::pipeline::{Family, RopeKind, TokenId, VisionInput};
 
-/// A resolved, validated family spec (immutable) and the family it builds. Made from a
-/// checkpoint's config files it also carries the model facts; those are not part of the spec
-/// JSON, of equality or of the hash.
+/// A resolved, validated family spec (immutable) and the family it builds.
 #[pyclass(name = "Spec", module = "mmserve._mm", frozen)]
 pub struct PySpec {
     pub(super) spec: Spec,
     pub(super) family: Arc<dyn Family>,
-    model: Option<ModelFacts>,
 }
 
 impl std::fmt::Debug for PySpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PySpec")
             .field("spec", &self.spec)
-            .field("model", &self.model)
             .finish_non_exhaustive()
     }
 }
 
 impl PySpec {
-    fn new(spec: Spec, model: Option<ModelFacts>) -> PyResult<Self> {
+    fn new(spec: Spec) -> PyResult<Self> {
         let family = family_from_spec(&spec).map_err(to_py)?;
-        Ok(Self {
-            spec,
-            family,
-            model,
-        })
+        Ok(Self { spec, family })
     }
 
-    fn from_configs(
-        preprocessor_config: &str,
-        config: &str,
-        generation_config: Option<&str>,
-    ) -> PyResult<Self> {
-        let checkpoint = checkpoint_from_hf_configs(preprocessor_config, config, generation_config)
-            .map_err(to_py)?;
-        Self::new(checkpoint.spec, Some(checkpoint.model))
-    }
-
-    fn model<T>(&self, fact: impl FnOnce(&ModelFacts) -> Option<T>) -> Option<T> {
-        self.model.as_ref().and_then(fact)
+    /// `slf` where `spec` is its own, else the spec `spec` describes.
+    fn derived(slf: &Bound<'_, Self>, spec: Result<Spec, SpecError>) -> PyResult<Py<Self>> {
+        let spec = spec.map_err(to_py)?;
+        if spec == slf.get().spec {
+            return Ok(slf.clone().unbind());
+        }
+        Py::new(slf.py(), Self::new(spec)?)
     }
 }
 
@@ -58,30 +49,56 @@ impl PySpec {
 impl PySpec {
     #[staticmethod]
     fn from_json(json: &str) -> PyResult<Self> {
-        Self::new(Spec::from_json(json).map_err(to_py)?, None)
+        Self::new(Spec::from_json(json).map_err(to_py)?)
     }
 
     #[staticmethod]
-    #[pyo3(signature = (preprocessor_config, config, generation_config = None))]
-    fn from_hf_configs(
-        preprocessor_config: &str,
-        config: &str,
-        generation_config: Option<&str>,
-    ) -> PyResult<Self> {
-        Self::from_configs(preprocessor_config, config, generation_config)
+    fn from_hf_configs(preprocessor_config: &str, config: &str) -> PyResult<Self> {
+        Self::new(spec_from_hf_configs(preprocessor_config, config).map_err(to_py)?)
     }
 
     fn to_json(&self) -> String {
         self.spec.to_json()
     }
 
+    /// This spec resizing images within a request's `(min_pixels, max_pixels)` (None, or the
+    /// model's own bounds: as the model does); the images' identities fold the bounds.
+    #[pyo3(signature = (bounds))]
+    fn with_pixel_bounds(slf: &Bound<'_, Self>, bounds: Option<(u64, u64)>) -> PyResult<Py<Self>> {
+        let spec = slf
+            .get()
+            .spec
+            .with_pixel_bounds(bounds.map(|(low, high)| [low, high]));
+        Self::derived(slf, spec)
+    }
+
+    /// This spec cutting elongated images into pan-and-scan crops by `knobs`,
+    /// `(min_crop_size, max_num_crops, min_ratio_to_activate)` (None: not cutting them), for a
+    /// family that can pan and scan; each crop's identity folds the knobs.
+    #[pyo3(signature = (knobs))]
+    fn with_pan_and_scan(
+        slf: &Bound<'_, Self>,
+        knobs: Option<(u32, u32, f64)>,
+    ) -> PyResult<Py<Self>> {
+        let knobs = knobs
+            .map(|(size, crops, ratio)| PanAndScan::new(size, crops, ratio))
+            .transpose()
+            .map_err(to_py)?;
+        let spec = slf.get().spec.with_pan_and_scan(knobs);
+        Self::derived(slf, spec)
+    }
+
+    /// The `(min_pixels, max_pixels)` a request set, which images are resized within (None:
+    /// the model's own).
+    #[getter]
+    fn pixel_bounds(&self) -> Option<(u64, u64)> {
+        self.spec.pixel_bounds.map(|[low, high]| (low, high))
+    }
+
     /// The family name, which is also its `model_type`.
     #[getter]
-    fn family(&self) -> String {
-        serde_json::to_value(self.spec.family)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default()
+    fn family(&self) -> &'static str {
+        self.spec.family.model_type()
     }
 
     /// Whether the request driver plans this family's videos.
@@ -95,6 +112,25 @@ impl PySpec {
     #[getter]
     fn video_per_group(&self) -> bool {
         self.family.capabilities().video_timestamps
+    }
+
+    /// What the vision tower takes per item: `"patches"` (rows of flattened patches and the
+    /// grid, Qwen-VL) or `"image"` (one `[3, height, width]` image of its fixed size, SigLIP).
+    #[getter]
+    fn vision_input(&self) -> &'static str {
+        match self.family.capabilities().vision_input {
+            VisionInput::Patches => "patches",
+            VisionInput::Image => "image",
+        }
+    }
+
+    /// The positions the plan gives the language model: `"mrope"` (M-RoPE rows) or `"1d"`.
+    #[getter]
+    fn rope(&self) -> &'static str {
+        match self.family.capabilities().rope {
+            RopeKind::MRope => "mrope",
+            RopeKind::Rope1D => "1d",
+        }
     }
 
     /// `(min_crop_size, max_num_crops, min_ratio_to_activate)`: the pan-and-scan knobs of a
@@ -184,41 +220,10 @@ impl PySpec {
         self.spec.vision_end_token_id
     }
 
+    /// The placeholder a video's tokens expand from (None: the spec plans images only).
     #[getter]
-    fn video_token_id(&self) -> Option<u32> {
-        self.model(|m| m.video_token_id)
-    }
-
-    #[getter]
-    fn eos_token_ids(&self) -> Vec<u32> {
-        self.model(|m| Some(m.eos_token_ids.clone()))
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn vocab_size(&self) -> Option<u64> {
-        self.model(|m| m.vocab_size)
-    }
-
-    #[getter]
-    fn hidden_size(&self) -> Option<u64> {
-        self.model(|m| m.hidden_size)
-    }
-
-    #[getter]
-    fn num_layers(&self) -> Option<u64> {
-        self.model(|m| m.num_layers)
-    }
-
-    #[getter]
-    fn max_position_embeddings(&self) -> Option<u64> {
-        self.model(|m| m.max_position_embeddings)
-    }
-
-    /// Digest of the config files the spec came from (None for a spec from JSON).
-    #[getter]
-    fn spec_id(&self) -> Option<String> {
-        self.model(|m| Some(m.config_digest.clone()))
+    fn video_token_id(&self) -> Option<TokenId> {
+        self.spec.video_token_id
     }
 
     /// `(grid_thw, num_tokens)` for an image of this size, without any pixels.
@@ -241,20 +246,109 @@ impl PySpec {
     }
 }
 
-/// The spec of a checkpoint from its `preprocessor_config.json` and `config.json` text (and
-/// `generation_config.json`'s, for the end-of-sequence ids).
+/// A checkpoint as its config files describe it: the family's spec and the language model's
+/// facts (immutable).
+#[pyclass(name = "Checkpoint", module = "mmserve._mm", frozen)]
+#[derive(Debug)]
+pub struct PyCheckpoint {
+    spec: Py<PySpec>,
+    model: ModelFacts,
+}
+
+#[pymethods]
+impl PyCheckpoint {
+    /// The checkpoint whose `preprocessor_config.json`, `config.json` and, where it has one,
+    /// `generation_config.json` have this text.
+    #[staticmethod]
+    #[pyo3(signature = (preprocessor_config, config, generation_config = None))]
+    fn from_hf_configs(
+        py: Python<'_>,
+        preprocessor_config: &str,
+        config: &str,
+        generation_config: Option<&str>,
+    ) -> PyResult<Self> {
+        let checkpoint = checkpoint_from_hf_configs(preprocessor_config, config, generation_config)
+            .map_err(to_py)?;
+        Ok(Self {
+            spec: Py::new(py, PySpec::new(checkpoint.spec)?)?,
+            model: checkpoint.model,
+        })
+    }
+
+    /// The preprocessing spec, which the driver and the preprocessing calls take.
+    #[getter]
+    fn spec(&self, py: Python<'_>) -> Py<PySpec> {
+        self.spec.clone_ref(py)
+    }
+
+    #[getter]
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.model.eos_token_ids.clone()
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> u64 {
+        self.model.vocab_size
+    }
+
+    #[getter]
+    fn hidden_size(&self) -> u64 {
+        self.model.hidden_size
+    }
+
+    #[getter]
+    fn num_layers(&self) -> u64 {
+        self.model.num_layers
+    }
+
+    #[getter]
+    fn max_position_embeddings(&self) -> Option<u64> {
+        self.model.max_position_embeddings
+    }
+
+    #[getter]
+    fn linear_attention_layers(&self) -> Vec<usize> {
+        self.model.linear_attention_layers.clone()
+    }
+
+    #[getter]
+    fn deepstack_layers(&self) -> usize {
+        self.model.family.deepstack_layers
+    }
+
+    /// Digest of the config files: two checkpoints with equal ids produce equal embeddings.
+    #[getter]
+    fn spec_id(&self) -> &str {
+        &self.model.config_digest
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.spec.get().spec == other.spec.get().spec && self.model == other.model
+    }
+
+    fn __hash__(&self) -> u64 {
+        content_hash(self.model.config_digest.as_bytes()) ^ self.spec.get().__hash__()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Checkpoint({}, {:?})",
+            self.spec.get().__repr__(),
+            self.model
+        )
+    }
+}
+
+/// The spec of a checkpoint from its `preprocessor_config.json` and `config.json` text.
 #[pyfunction]
-#[pyo3(name = "spec_from_hf_configs", signature = (preprocessor_config, config, generation_config = None))]
-fn spec_from_hf_configs_py(
-    preprocessor_config: &str,
-    config: &str,
-    generation_config: Option<&str>,
-) -> PyResult<PySpec> {
-    PySpec::from_configs(preprocessor_config, config, generation_config)
+#[pyo3(name = "spec_from_hf_configs")]
+fn spec_from_hf_configs_py(preprocessor_config: &str, config: &str) -> PyResult<PySpec> {
+    PySpec::from_hf_configs(preprocessor_config, config)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySpec>()?;
+    m.add_class::<PyCheckpoint>()?;
     m.add_function(wrap_pyfunction!(spec_from_hf_configs_py, m)?)?;
     Ok(())
 }

@@ -7,6 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::error::to_py;
+use crate::family::registry::FamilyName;
 use crate::image::resize::{Backend, Filter};
 use crate::image::transforms::{Convention, NormalizeLut, PatchGeometry};
 use crate::pipeline::DecodedImage;
@@ -16,14 +17,21 @@ use crate::video::sampling::{sample_indices, Sampling, VideoMeta};
 use crate::video::timestamps::{group_timestamps, timestamp_text};
 use crate::video::{VideoError, VideoFamily};
 
-/// The video rules of a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`, `qwen3_5`,
-/// `qwen3_5_moe`).
+/// The video rules of a model type, as the family registry names them.
 fn family(name: &str) -> PyResult<VideoFamily> {
-    VideoFamily::from_model_type(name).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "no video processor for family {name:?} (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe)"
-        ))
-    })
+    FamilyName::from_model_type(name)
+        .and_then(FamilyName::video_processor)
+        .ok_or_else(|| {
+            let with_video: Vec<&str> = FamilyName::ALL
+                .iter()
+                .filter(|f| f.video_processor().is_some())
+                .map(|f| f.model_type())
+                .collect();
+            PyValueError::new_err(format!(
+                "no video processor for family {name:?} ({})",
+                with_video.join(", ")
+            ))
+        })
 }
 
 /// `(seconds, text)` of each temporal group: the text Qwen3-VL's processor writes before the
@@ -48,13 +56,6 @@ fn py_video_timestamps(
         return Err(PyValueError::new_err(format!("bad video_fps {video_fps}")));
     }
     Ok(timestamps(&indices, video_fps, temporal_patch_size))
-}
-
-/// The identity of temporal group `group` of the video whose identity is `mm_hash` (a
-/// Qwen3-VL video's items, one per group, as the request driver plans them).
-#[pyfunction]
-fn video_group_identity(mm_hash: u64, group: u32) -> u64 {
-    crate::video::identity::group_identity(mm_hash, group)
 }
 
 /// The frame indices `family`'s video processor samples from a video of `total_frames`
@@ -170,6 +171,7 @@ mod ffmpeg {
     use pyo3::types::PyDict;
 
     use super::*;
+    use crate::identity;
     use crate::video::demux::{self, VideoInfo, VideoLimits};
     use crate::video::process::{self, VideoPlan};
 
@@ -247,11 +249,20 @@ mod ffmpeg {
         d.set_item("tokens", plan.tokens)?;
         d.set_item("mm_hash", plan.mm_hash)?;
         let groups = timestamps(&plan.indices, plan.info.fps, options.geometry.temporal);
-        let texts: Vec<&str> = match options.sampling.family {
-            VideoFamily::Qwen3Vl => groups.iter().map(|(_, text)| text.as_str()).collect(),
-            VideoFamily::Qwen2Vl => Vec::new(),
+        // Qwen3-VL's processor writes each temporal group after its timestamp, an item of its
+        // own with an identity of its own.
+        let (texts, group_hashes): (Vec<&str>, Vec<u64>) = match options.sampling.family {
+            VideoFamily::Qwen3Vl => groups
+                .iter()
+                .zip(0..)
+                .map(|((_, text), group)| {
+                    (text.as_str(), identity::video_group(plan.mm_hash, group))
+                })
+                .unzip(),
+            VideoFamily::Qwen2Vl => (Vec::new(), Vec::new()),
         };
         d.set_item("timestamp_texts", texts)?;
+        d.set_item("group_mm_hashes", group_hashes)?;
         d.set_item(
             "timestamps",
             groups.iter().map(|(t, _)| *t).collect::<Vec<f64>>(),
@@ -538,7 +549,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sample_frame_indices, m)?)?;
     m.add_function(wrap_pyfunction!(preprocess_video, m)?)?;
     m.add_function(wrap_pyfunction!(py_video_timestamps, m)?)?;
-    m.add_function(wrap_pyfunction!(video_group_identity, m)?)?;
     #[cfg(feature = "video")]
     {
         m.add_function(wrap_pyfunction!(ffmpeg::probe_video, m)?)?;

@@ -7,7 +7,8 @@
 
 use serde_json::Value;
 
-use crate::family::registry::{as_triple, as_u32, as_u64, invalid, parse_object, SpecError};
+use crate::family::config::{as_triple, as_u32, as_u64, parse_object};
+use crate::family::spec::{invalid, SpecError};
 use crate::image::resize::Filter;
 use crate::image::transforms::PatchGeometry;
 use crate::video::frames::VideoResize;

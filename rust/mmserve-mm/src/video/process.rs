@@ -1,12 +1,11 @@
 //! One video from bytes to what the plan and the model need: the count-only plan (headers,
 //! sampling, the resize target: no frame decoded) and the full preprocessing.
 
-use crate::common::hash::content_hash;
+use crate::identity;
 use crate::image::transforms::{NormalizeLut, PatchGeometry};
 use crate::video::demux::{decode_frames_with, probe_video, VideoInfo, VideoLimits};
 use crate::video::error::VideoError;
 use crate::video::frames::{patchify_resized, resize_frame, ProcessedVideo, VideoResize};
-use crate::video::identity::video_identity;
 use crate::video::sampling::{sample_indices, Sampling};
 
 /// Everything that decides a video's model inputs.
@@ -53,7 +52,7 @@ fn plan_from_info(
     if let Some(limit) = options.max_tokens.filter(|&limit| tokens > limit) {
         return Err(VideoError::TooManyTokens { tokens, limit });
     }
-    let mm_hash = video_identity(content_hash(data), &options.sampling, &options.resize);
+    let mm_hash = identity::video(identity::content(data), &options.sampling, &options.resize);
     Ok(VideoPlan {
         info,
         indices,

@@ -150,6 +150,6 @@ def check_sglang_padding(model_path: Path) -> None:
     if padded != expected:
         raise SglangStartupError(
             f"SGLang's {arch} pads other tokens of an image than the plan's span (the "
-            f"{spec.family.name} image token run): KV routing would hash other tokens than "
+            f"{spec.family} image token run): KV routing would hash other tokens than "
             "SGLang caches"
         )

@@ -124,6 +124,29 @@ def grammar_params(grammar: Grammar | None) -> dict[str, Any]:
     return {"ebnf": ebnf_text(grammar)}
 
 
+def resumed_sampling_params(request: EngineRequest) -> dict[str, Any]:
+    """`sampling_params` of the request, for a resumed one (`EngineRequest.resumed`) those of
+    what is left: SGLang reads the completion's tokens so far as prompt, so its budget
+    (`max_new_tokens`, `min_new_tokens`) is what remains, and a seeded choice keeps the seed
+    its first call had (`choice_seed`). SGLang's own detokenizer starts again at the cut: a
+    stop string that spans the cut is not matched, and its frequency and presence penalties
+    count the new tokens only."""
+    resumed = request.resumed
+    if resumed is None:
+        return sampling_params(request.sampling, request.stop)
+    done = len(resumed.token_ids)
+    stop = msgspec.structs.replace(
+        request.stop,
+        max_tokens=request.stop.max_tokens - done,
+        min_tokens=max(0, request.stop.min_tokens - done),
+    )
+    sampling = request.sampling
+    if sampling.seed is not None:
+        seed = choice_seed(sampling.seed, resumed.choice)
+        sampling = msgspec.structs.replace(sampling, seed=seed)
+    return sampling_params(sampling, stop)
+
+
 def generate_kwargs(
     request: EngineRequest,
     embeddings: Sequence[ItemEmbedding],
@@ -147,7 +170,7 @@ def generate_kwargs(
     group) does, and the timestamp text stays text."""
     kwargs: dict[str, Any] = {
         "input_ids": list(request.token_ids),
-        "sampling_params": sampling_params(request.sampling, request.stop),
+        "sampling_params": resumed_sampling_params(request),
         "stream": True,
         "rid": request.request_id,
     }

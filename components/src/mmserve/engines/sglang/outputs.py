@@ -149,7 +149,7 @@ class SglangStream:
             finish_reason=choice.finish if finish is not None else None,
             usage=self._usage() if finish is not None and self.done else None,
             logprobs=logprobs,
-            index=index,
+            index=self.request.first_choice + index,
             prompt_logprobs=prompt,
         )
 
@@ -170,12 +170,17 @@ class SglangStream:
         ]
 
     def _usage(self) -> Usage:
+        """As SGLang counts, but for a resumed completion's tokens so far, which SGLang read
+        as prompt and the client as completion."""
         first = self.choices[0].meta or {}
+        resumed = len(self.request.resumed_ids)
+        prompt = int(first.get("prompt_tokens", len(self.request.token_ids))) - resumed
         return Usage(
-            prompt_tokens=int(first.get("prompt_tokens", len(self.request.token_ids))),
-            completion_tokens=sum(
+            prompt_tokens=prompt,
+            completion_tokens=resumed
+            + sum(
                 int((choice.meta or {}).get("completion_tokens", choice.sent_ids))
                 for choice in self.choices
             ),
-            cached_tokens=int(first.get("cached_tokens", 0)),
+            cached_tokens=min(prompt, int(first.get("cached_tokens", 0))),
         )

@@ -1,20 +1,85 @@
-//! The Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): one implementation, parameters
-//! from the [`Spec`]. Mirrors transformers' `Qwen2VLImageProcessor(Pil)` and `get_rope_index`.
+//! The Qwen-VL families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5, dense and MoE): one
+//! implementation, parameters from the [`Spec`], each model type a [`QwenVariant`]. Mirrors
+//! transformers' `Qwen2VLImageProcessor(Pil)` and `get_rope_index`.
 
+mod config;
 mod geometry;
 mod positions;
+
+use std::sync::Arc;
 
 pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
 pub use positions::{mrope_blocks, VisionBlock};
 
-use crate::family::registry::{Spec, SpecError};
+use crate::family::config::{ConfigFiles, FamilyFacts};
+use crate::family::registry::{FamilyModule, FamilyName};
+use crate::family::spec::{Spec, SpecError};
 use crate::image::resize::{resize, ResizeError};
 use crate::image::transforms::{patchify, NormalizeLut, PatchGeometry};
 use crate::pipeline::{
     Capabilities, DecodedImage, Embed, EmbedOf, Family, Geometry, ItemPrompt, Modality,
     Placeholder, Positions, ProcessError, ProcessedItem, PromptUpdate, RopeKind, Tensor,
-    TensorData, UpdatePart,
+    TensorData, UpdatePart, VisionInput,
 };
+use crate::video::VideoFamily;
+
+/// What sets one Qwen-VL model type apart; the registry's module of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QwenVariant {
+    /// Whose video processor its videos follow (Qwen3-VL's writes each temporal group after
+    /// its timestamp, an item of its own).
+    pub video: VideoFamily,
+    /// Its video's temporal patches sit `vision_config.tokens_per_second`-scaled positions
+    /// apart (Qwen2.5-VL).
+    pub tokens_per_second: bool,
+    /// It adds the features of `vision_config.deepstack_visual_indexes` to the first decoder
+    /// layers (Qwen3-VL).
+    pub deepstack: bool,
+}
+
+pub const QWEN2_VL: QwenVariant = QwenVariant {
+    video: VideoFamily::Qwen2Vl,
+    tokens_per_second: false,
+    deepstack: false,
+};
+pub const QWEN2_5_VL: QwenVariant = QwenVariant {
+    tokens_per_second: true,
+    ..QWEN2_VL
+};
+pub const QWEN3_VL: QwenVariant = QwenVariant {
+    video: VideoFamily::Qwen3Vl,
+    tokens_per_second: false,
+    deepstack: true,
+};
+pub const QWEN3_VL_MOE: QwenVariant = QWEN3_VL;
+/// Qwen3-VL's vision without deepstack.
+pub const QWEN3_5: QwenVariant = QwenVariant {
+    deepstack: false,
+    ..QWEN3_VL
+};
+pub const QWEN3_5_MOE: QwenVariant = QWEN3_5;
+
+impl FamilyModule for QwenVariant {
+    fn read(
+        &self,
+        name: FamilyName,
+        files: &ConfigFiles,
+    ) -> Result<(Spec, FamilyFacts), SpecError> {
+        config::read(self, name, files)
+    }
+
+    fn build(&self, spec: Spec) -> Result<Arc<dyn Family>, SpecError> {
+        Ok(Arc::new(QwenVl::new(spec)?))
+    }
+
+    fn modalities(&self) -> &'static [Modality] {
+        &[Modality::Image, Modality::Video]
+    }
+
+    fn video_processor(&self) -> Option<VideoFamily> {
+        Some(self.video)
+    }
+}
 
 /// A Qwen-VL family configured by its spec.
 #[derive(Debug, Clone)]
@@ -38,20 +103,12 @@ impl QwenVl {
         }
     }
 
-    pub fn spec(&self) -> &Spec {
-        &self.spec
-    }
-
     /// `(resized width, resized height, patch grid)` of a `width` x `height` image.
     fn image_size(&self, width: u32, height: u32) -> Result<(u32, u32, [u32; 3]), ProcessError> {
         let spec = &self.spec;
-        let (resized_height, resized_width) = smart_resize(
-            height,
-            width,
-            spec.factor(),
-            spec.min_pixels,
-            spec.max_pixels,
-        )?;
+        let [min_pixels, max_pixels] = spec.resize_bounds();
+        let (resized_height, resized_width) =
+            smart_resize(height, width, spec.factor(), min_pixels, max_pixels)?;
         let grid_thw = [
             1,
             resized_height / spec.patch_size,
@@ -60,21 +117,28 @@ impl QwenVl {
         Ok((resized_width, resized_height, grid_thw))
     }
 
-    /// Whether this family's videos are planned here: every Qwen-VL family with a video pad.
+    /// Whether this family's videos are planned here: every Qwen-VL family takes video, and a
+    /// checkpoint names its pad; a spec read from bare preprocessing configs may not.
     fn takes_video(&self) -> bool {
         self.spec.video_token_id.is_some()
     }
 }
 
 impl Family for QwenVl {
+    fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             images: true,
             video: self.takes_video(),
             rope: RopeKind::MRope,
+            vision_input: VisionInput::Patches,
             crops: None,
             // `Qwen3VLProcessor` (Qwen3-VL-MoE's and Qwen3.5's too).
-            video_timestamps: self.spec.family.is_qwen3_vision() && self.takes_video(),
+            video_timestamps: self.takes_video()
+                && self.spec.family.video_processor() == Some(VideoFamily::Qwen3Vl),
             texts: &[],
             image_padding: "",
             announcing_text: "",
@@ -300,7 +364,8 @@ impl Family for QwenVl {
 mod tests {
     use super::*;
     use crate::common::text_pieces::TextPieces;
-    use crate::family::registry::{spec_from_hf_configs, Spec};
+    use crate::family::registry::spec_from_hf_configs;
+    use crate::family::spec::Spec;
     use crate::family::token_layout::{apply, Expanded, Prompt};
     use crate::pipeline::TokenId;
 

@@ -5,14 +5,41 @@
 //! (`image::pan_and_scan`), each an item of its own, with the processor's texts between them.
 //! Mirrors transformers' `Gemma3ImageProcessor(Pil)` and `Gemma3Processor`.
 
-use crate::family::registry::{Spec, SpecError};
+mod config;
+
+use std::sync::Arc;
+
+use crate::family::config::{ConfigFiles, FamilyFacts};
+use crate::family::registry::{FamilyModule, FamilyName};
+use crate::family::spec::{Spec, SpecError};
 use crate::image::resize::resize;
 use crate::image::transforms::NormalizeLut;
 use crate::pipeline::{
     Capabilities, DecodedImage, Embed, EmbedOf, Family, Geometry, ItemPrompt, Modality,
     Placeholder, Positions, ProcessError, ProcessedItem, PromptUpdate, RopeKind, Tensor,
-    TensorData, UpdatePart,
+    TensorData, UpdatePart, VisionInput,
 };
+
+/// Gemma 3 as the registry sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Gemma3Module;
+
+/// The registry's module of `gemma3`.
+pub const GEMMA3: Gemma3Module = Gemma3Module;
+
+impl FamilyModule for Gemma3Module {
+    fn read(&self, _: FamilyName, files: &ConfigFiles) -> Result<(Spec, FamilyFacts), SpecError> {
+        config::read(files)
+    }
+
+    fn build(&self, spec: Spec) -> Result<Arc<dyn Family>, SpecError> {
+        Ok(Arc::new(Gemma3::new(spec)?))
+    }
+
+    fn modalities(&self) -> &'static [Modality] {
+        &[Modality::Image]
+    }
+}
 
 /// What `Gemma3Processor` writes on both sides of every image before tokenizing.
 const IMAGE_PADDING: &str = "\n\n";
@@ -59,11 +86,16 @@ impl Gemma3 {
 }
 
 impl Family for Gemma3 {
+    fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             images: true,
             video: false,
             rope: RopeKind::Rope1D,
+            vision_input: VisionInput::Image,
             crops: self.spec.pan_and_scan.filter(|_| self.spec.do_pan_and_scan),
             video_timestamps: false,
             texts: &[CROPS_INTRO, BETWEEN_CROPS],
