@@ -31,7 +31,9 @@ from mmserve.frontend.mm_options import (
     asks_video_options,
     check_media_counts,
 )
+from mmserve.frontend.structured import request_grammar
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
+from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
 from mmserve.media import MediaPolicy, PixelBounds
 from mmserve.media.processing import PanAndScanKnobs
 from mmserve.media.text_pieces import text_pieces
@@ -52,6 +54,7 @@ from mmserve.protocol import (
     ChatMessage,
     ContentPart,
     EmbeddingsHandle,
+    Grammar,
     ImageEmbedsPart,
     ImageUrlPart,
     ItemState,
@@ -62,6 +65,7 @@ from mmserve.protocol import (
     RequestPlan,
     SamplingParams,
     StopConditions,
+    StructuredOutputFields,
     TextPart,
     VideoUrlPart,
 )
@@ -129,6 +133,8 @@ class ChatOptions:
     enable_mm_embeds: bool = False
     # The most completions one request may ask for (`n`; vLLM has no such bound).
     max_n: int = DEFAULT_MAX_N
+    # The longest a structured output's grammar may take to check (--grammar-compile-timeout).
+    grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -194,10 +200,16 @@ class ChatPreprocessor:
             self._image_text = (placeholder, image, core.panned_image_text + image)
 
     async def preprocess(
-        self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        deadline: float,
+        tenant: str = "",
+        grammar: Grammar | None = None,
     ) -> PreprocessedRequest:
         """The request for the first hop; `request` must have passed `validate`. `tenant`
-        scopes the media ids the request names (`frontend.media_ids`)."""
+        scopes the media ids the request names (`frontend.media_ids`); `grammar` is what its
+        completion follows (`grammar_of`)."""
         items = _media_refs(request)
         if len(items) > self.options.policy.max_items:
             raise ApiError(
@@ -247,9 +259,13 @@ class ChatPreprocessor:
             model=self.model.name,
             plan=plan,
             payloads=payloads,
-            sampling=sampling_params(request),
+            sampling=sampling_params(request, grammar),
             stop=stop_rules(request, max_tokens),
         )
+
+    async def grammar_of(self, request: StructuredOutputFields) -> Grammar | None:
+        """The checked grammar of the request's structured-output form, if it has one."""
+        return await request_grammar(request, self.options.grammar_compile_timeout_s)
 
     @property
     def context_length(self) -> int | None:
@@ -616,17 +632,23 @@ def stop_rules(request: StopFields, max_tokens: int) -> StopConditions:
     )
 
 
-def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def sampling_params(
+    request: ChatCompletionRequest, grammar: Grammar | None = None
+) -> SamplingParams:
     """The request's token choice, OpenAI's defaults where it gives none; `logprobs` asks
     the engines for the chosen token's and `top_logprobs` more."""
-    return token_choice(request, logprobs=(request.top_logprobs or 0) if request.logprobs else None)
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return token_choice(request, logprobs, grammar=grammar)
 
 
 def token_choice(
-    request: SamplingFields, logprobs: int | None, prompt_logprobs: int | None = None
+    request: SamplingFields,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
-    """A request's token choice, OpenAI's defaults where it gives none, and the
-    log-probabilities it asks of the engines."""
+    """A request's token choice, OpenAI's defaults where it gives none, the
+    log-probabilities it asks of the engines, and the grammar its text follows."""
     return SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
@@ -640,6 +662,7 @@ def token_choice(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         n=request.n,
+        grammar=grammar,
     )
 
 

@@ -21,6 +21,7 @@ from mmserve.frontend.mm_options import (
     parse_mm_processor_kwargs,
 )
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
+from mmserve.grammar.defaults import add_grammar_arguments
 from mmserve.media.policy import MediaPolicy
 from mmserve.protocol.openai import DEFAULT_MAX_N
 from mmserve.router.settings import RouterSettings
@@ -198,6 +199,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "turns it off, the client then gets the error (default: %(default)s)",
     )
     add_drain_timeout_argument(parser, "requests in flight (/health answers 503 meanwhile)")
+    add_grammar_arguments(parser, "a request whose grammar takes checking")
     MediaPolicy.add_cli_args(parser)
     VideoCaps.add_cli_args(parser)
     add_transfer_arguments(parser)
@@ -240,6 +242,7 @@ def build_app(
         video_caps=VideoCaps.from_args(args),
         enable_mm_embeds=args.enable_mm_embeds,
         max_n=args.max_n,
+        grammar_compile_timeout_s=args.grammar_compile_timeout,
     )
     return FrontendApp(
         ChatPreprocessor(model, options, tensor_sink),

@@ -60,6 +60,10 @@ ERROR_EMBEDS_MISSING = "embeds.missing"
 ERROR_EMBEDS_DTYPE = "embeds.dtype"
 ERROR_EMBEDS_SHAPE = "embeds.shape"
 ERROR_EMBEDS_VALUES = "embeds.values"
+# Structured outputs (a request's grammar).
+ERROR_GRAMMAR_INVALID = "grammar.invalid"
+ERROR_GRAMMAR_UNSUPPORTED = "grammar.unsupported"
+ERROR_GRAMMAR_TIMEOUT = "grammar.compile_timeout"
 
 PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_BAD_REQUEST, 400, "the request cannot be served as given"),
@@ -108,6 +112,12 @@ PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_EMBEDS_SHAPE, 400, "the embedding's shape does not fit the model's hidden "
               "size or the grid's token count"),
     ErrorCode(ERROR_EMBEDS_VALUES, 400, "the embedding holds NaN or infinite values"),
+    ErrorCode(ERROR_GRAMMAR_INVALID, 400, "a structured output's JSON Schema, regex, EBNF "
+              "grammar or choices cannot be compiled (the message says why)"),
+    ErrorCode(ERROR_GRAMMAR_UNSUPPORTED, 400, "a JSON Schema uses a keyword or format the "
+              "grammar engine would not enforce (the message names it and where)"),
+    ErrorCode(ERROR_GRAMMAR_TIMEOUT, 400, "a structured output's grammar took longer to "
+              "compile than --grammar-compile-timeout allows"),
 )  # fmt: skip
 
 CORE_CODES: tuple[ErrorCode, ...] = tuple(
