@@ -383,6 +383,47 @@ def test_qwen2_5_vl_and_qwen3_vl_give_the_same_greedy_tokens(
     assert len(set(answers)) == len(answers), answers
 
 
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        "label": {"type": "string", "maxLength": 6},
+    },
+    "required": ["colour", "count", "label"],
+}
+JSON_SCHEMA_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "s", "schema": STRUCTURED_SCHEMA},
+}
+STRUCTURED_FORMS: list[dict[str, Any]] = [
+    {"response_format": JSON_SCHEMA_FORMAT},
+    {"extra_body": {"guided_regex": r"[a-z]{2,5}-\d"}},
+    {"extra_body": {"guided_choice": ["red", "green", "blue"]}},
+    {"extra_body": {"guided_grammar": 'root ::= "sky " ("red" | "grey")'}},
+]  # fmt: skip
+
+
+def _assert_same_structured_outputs(ours: str, theirs: str, model: str) -> None:
+    """Each structured-output form Dynamo's frontend forwards (`guided_decoding`) answers as
+    mmserve's own frontend, streamed and not; a schema keyword the grammar would not enforce
+    is the client's 400 naming it."""
+    for form in STRUCTURED_FORMS:
+        expected = _ask(ours, model, TEXT, max_tokens=64, **form)
+        assert expected[1] == "stop", (form, expected)
+        assert _ask(theirs, model, TEXT, max_tokens=64, **form) == expected, form
+        assert _stream(theirs, model, TEXT, max_tokens=64, **form) == expected[:2], form
+    unenforced = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
+        _ask(theirs, model, TEXT, max_tokens=8, extra_body={"guided_json": unenforced})
+    assert _ask(theirs, model, TEXT, max_tokens=2)[2] == 2
+
+
+def test_structured_outputs_are_mmserves(frontends: tuple[Deployment, DynamoDeployment]) -> None:
+    ours, theirs = frontends
+    _assert_same_structured_outputs(ours.base_url, theirs.base_url, ours.model_path.name)
+
+
 def test_a_refused_image_is_the_clients_400_with_the_reason(
     frontends: tuple[Deployment, DynamoDeployment],
 ) -> None:
@@ -602,6 +643,15 @@ def test_prefill_and_decode_workers_apart_give_mmserves_logprobs(
     # rest from the decode worker.
     ours, _ = frontends
     _assert_same_logprobs(ours.base_url, prefill_apart.base_url, ours.model_path.name)
+
+
+def test_prefill_and_decode_workers_apart_give_mmserves_structured_outputs(
+    frontends: tuple[Deployment, DynamoDeployment], prefill_apart: DynamoDeployment
+) -> None:
+    # The first token is drawn under the grammar on the prefill worker; the decode worker
+    # rebuilds each matcher past it.
+    ours, _ = frontends
+    _assert_same_structured_outputs(ours.base_url, prefill_apart.base_url, ours.model_path.name)
 
 
 def test_prefill_and_decode_workers_apart_give_mmserves_seeded_choices(

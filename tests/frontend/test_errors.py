@@ -71,7 +71,6 @@ def test_unknown_content_part_type(frontend: RunningFrontend) -> None:
     ("fields", "param"),
     [
         ({"n": 2, "best_of": 3}, "best_of"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
     ],

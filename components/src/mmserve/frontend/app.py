@@ -331,10 +331,11 @@ class FrontendApp:
 
     async def _complete(self, request: ChatCompletionRequest, call: Call) -> None:
         self.preprocessor.validate(request)
+        grammar = await self.preprocessor.chat_grammar_of(request)
         self.check_ready()
         with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
             preprocessed = await self.preprocessor.preprocess(
-                request, call.request_id, call.deadline, call.tenant
+                request, call.request_id, call.deadline, call.tenant, grammar
             )
         self.observe_preprocessed(call.arrival)
         generation = _Generation(self, request, preprocessed, call.arrival)

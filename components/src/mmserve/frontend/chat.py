@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import msgspec
 import numpy as np
 
 from mmserve import media
@@ -34,16 +33,19 @@ from mmserve.frontend.mm_options import (
     asks_video_options,
     check_media_counts,
 )
+from mmserve.frontend.structured import request_grammar
 from mmserve.frontend.template import TemplateFacts, template_messages
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
 from mmserve.frontend.tool_parsers import HermesCalls, NamedCall, Qwen3CoderCalls, RequiredCalls
 from mmserve.frontend.tools import (
+    check_tool_grammar,
     check_tools,
     parameter_types,
     template_tools,
     tool_grammar,
     tool_mode,
 )
+from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
 from mmserve.media import MediaPolicy, PixelBounds
 from mmserve.media.processing import PanAndScanKnobs
 from mmserve.media.text_pieces import text_pieces
@@ -74,6 +76,7 @@ from mmserve.protocol import (
     RequestPlan,
     SamplingParams,
     StopConditions,
+    StructuredOutputFields,
     TextPart,
     VideoUrlPart,
 )
@@ -165,6 +168,8 @@ class ChatOptions:
     tool_call_parser: str | None = None
     # The reasoning section's format (mmserve.reasoning); None: the text is not split.
     reasoning_parser: str | None = None
+    # The longest a structured output's grammar may take to check (--grammar-compile-timeout).
+    grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -237,10 +242,16 @@ class ChatPreprocessor:
             self._image_text = (placeholder, image, core.panned_image_text + image)
 
     async def preprocess(
-        self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        deadline: float,
+        tenant: str = "",
+        grammar: Grammar | None = None,
     ) -> PreprocessedRequest:
         """The request for the first hop; `request` must have passed `validate`. `tenant`
-        scopes the media ids the request names (`frontend.media_ids`)."""
+        scopes the media ids the request names (`frontend.media_ids`); `grammar` is what its
+        completion follows (`grammar_of`)."""
         items = _media_refs(request)
         if len(items) > self.options.policy.max_items:
             raise ApiError(
@@ -277,7 +288,7 @@ class ChatPreprocessor:
         max_tokens = self.completion_budget(
             _max_tokens(request), request.min_tokens, len(plan.token_ids)
         )
-        grammar = after_reasoning(tool_grammar(request), self.reasoning, plan.token_ids)
+        grammar = after_reasoning(grammar, self.reasoning, plan.token_ids)
         payloads = await self._payloads(planned, known, precomputed, request_id)
         for item, source in zip(plan.media, planned.sources, strict=True):
             part = items[source].part
@@ -317,6 +328,19 @@ class ChatPreprocessor:
             calls=calls,
             single_call=request.parallel_tool_calls is False,
         )
+
+    async def grammar_of(self, request: StructuredOutputFields) -> Grammar | None:
+        """The checked grammar of the request's structured-output form, if it has one."""
+        return await request_grammar(request, self.options.grammar_compile_timeout_s)
+
+    async def chat_grammar_of(self, request: ChatCompletionRequest) -> Grammar | None:
+        """The checked grammar of a chat request: its tool_choice's (required or a named
+        tool) or its structured-output form's; asking for both is refused."""
+        grammar = tool_grammar(request)
+        if grammar is None:
+            return await self.grammar_of(request)
+        await check_tool_grammar(request, grammar, self.options.grammar_compile_timeout_s)
+        return grammar
 
     @property
     def context_length(self) -> int | None:
@@ -693,16 +717,19 @@ def sampling_params(
     request: ChatCompletionRequest, grammar: Grammar | None = None
 ) -> SamplingParams:
     """The request's token choice, OpenAI's defaults where it gives none; `logprobs` asks
-    the engines for the chosen token's and `top_logprobs` more; `grammar` constrains it."""
+    the engines for the chosen token's and `top_logprobs` more."""
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return msgspec.structs.replace(token_choice(request, logprobs), grammar=grammar)
+    return token_choice(request, logprobs, grammar=grammar)
 
 
 def token_choice(
-    request: SamplingFields, logprobs: int | None, prompt_logprobs: int | None = None
+    request: SamplingFields,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
-    """A request's token choice, OpenAI's defaults where it gives none, and the
-    log-probabilities it asks of the engines."""
+    """A request's token choice, OpenAI's defaults where it gives none, the
+    log-probabilities it asks of the engines, and the grammar its text follows."""
     return SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
@@ -716,6 +743,7 @@ def token_choice(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         n=request.n,
+        grammar=grammar,
     )
 
 

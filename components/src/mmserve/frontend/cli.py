@@ -22,6 +22,7 @@ from mmserve.frontend.mm_options import (
 )
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.frontend.tool_parsers import TOOL_CALL_PARSERS
+from mmserve.grammar.defaults import add_grammar_arguments
 from mmserve.media.policy import MediaPolicy
 from mmserve.protocol.openai import DEFAULT_MAX_N
 from mmserve.reasoning import REASONING_PARSER_ALIASES, REASONING_PARSERS
@@ -219,6 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "turns it off, the client then gets the error (default: %(default)s)",
     )
     add_drain_timeout_argument(parser, "requests in flight (/health answers 503 meanwhile)")
+    add_grammar_arguments(parser, "a request whose grammar takes checking")
     MediaPolicy.add_cli_args(parser)
     VideoCaps.add_cli_args(parser)
     add_transfer_arguments(parser)
@@ -263,6 +265,7 @@ def build_app(
         max_n=args.max_n,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        grammar_compile_timeout_s=args.grammar_compile_timeout,
     )
     return FrontendApp(
         ChatPreprocessor(model, options, tensor_sink),

@@ -14,7 +14,11 @@ from typing import Any, Literal
 import jsonschema_rs
 
 from mmserve.frontend.errors import ApiError
+from mmserve.frontend.structured import structured_form
+from mmserve.grammar.base import GrammarError
+from mmserve.grammar.cache import check
 from mmserve.protocol import (
+    ERROR_GRAMMAR_INVALID,
     ERROR_TOOLS_CHOICE,
     ERROR_TOOLS_DUPLICATE,
     ERROR_TOOLS_SCHEMA,
@@ -117,6 +121,24 @@ def tool_grammar(request: ChatCompletionRequest) -> Grammar | None:
     else:
         return None
     return Grammar(kind="json_schema", spec=json.dumps(schema, ensure_ascii=False))
+
+
+async def check_tool_grammar(
+    request: ChatCompletionRequest, grammar: Grammar, timeout_s: float
+) -> None:
+    """The tool_choice's grammar compiles and the request asks for no other (a
+    structured-output form would be a second grammar)."""
+    form = structured_form(request)
+    if form is not None:
+        raise ApiError(
+            ERROR_GRAMMAR_INVALID,
+            f"tool_choice and {form.field} both constrain the completion; send one of them",
+            param=form.field,
+        )
+    try:
+        await check(grammar, timeout_s)
+    except GrammarError as err:
+        raise ApiError(err.code, f"the tools' parameters: {err}", param="tools") from None
 
 
 def _required_schema(tools: list[Tool], single: bool) -> dict[str, Any]:

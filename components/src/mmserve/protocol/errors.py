@@ -66,6 +66,10 @@ ERROR_TOOLS_DUPLICATE = "tools.duplicate_name"
 ERROR_TOOLS_CHOICE = "tools.choice"
 ERROR_TOOLS_ARGUMENTS = "tools.arguments"
 ERROR_TEMPLATE_VARIABLE = "template.reserved_variable"
+# Structured outputs (a request's grammar).
+ERROR_GRAMMAR_INVALID = "grammar.invalid"
+ERROR_GRAMMAR_UNSUPPORTED = "grammar.unsupported"
+ERROR_GRAMMAR_TIMEOUT = "grammar.compile_timeout"
 
 PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_BAD_REQUEST, 400, "the request cannot be served as given"),
@@ -123,6 +127,12 @@ PYTHON_CODES: tuple[ErrorCode, ...] = (
               "JSON object's text"),
     ErrorCode(ERROR_TEMPLATE_VARIABLE, 400, "chat_template_kwargs sets a name the server passes "
               "the template itself, or one of the template's functions"),
+    ErrorCode(ERROR_GRAMMAR_INVALID, 400, "a structured output's JSON Schema, regex, EBNF "
+              "grammar or choices cannot be compiled (the message says why)"),
+    ErrorCode(ERROR_GRAMMAR_UNSUPPORTED, 400, "a JSON Schema uses a keyword or format the "
+              "grammar engine would not enforce (the message names it and where)"),
+    ErrorCode(ERROR_GRAMMAR_TIMEOUT, 400, "a structured output's grammar took longer to "
+              "compile than --grammar-compile-timeout allows"),
 )  # fmt: skip
 
 CORE_CODES: tuple[ErrorCode, ...] = tuple(

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from mmserve.protocol.structured import StructuredOutputFields
+
 
 class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="text"):
     text: str
@@ -174,6 +176,7 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
 _INT64_MAX = 2**63 - 1
 
 
+_Int64 = Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)]
 _Positive = Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
 _PositiveU32 = Annotated[int, msgspec.Meta(ge=1, le=2**32 - 1)]  # what the core holds as u32
 
@@ -243,7 +246,7 @@ BestOf = Annotated[
 ]
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ChatCompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
 
     model: str
@@ -318,7 +321,7 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: LogitBias | None = None
     stop_token_ids: (
         Annotated[
-            list[int],
+            list[_Int64],
             msgspec.Meta(description="Extension (vLLM's): token ids that end the completion"),
         ]
         | None
@@ -371,9 +374,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
             "model wrote it (with --reasoning-parser)"
         ),
     ] = True
-    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
-    response_format: Any | None = None
-    # OpenAI's deprecated function calling, which `tools` replaced.
+    # Known OpenAI options that mmserve does not implement, accepted only at their defaults:
+    # its deprecated function calling, which `tools` replaced.
     functions: list[Any] | None = None
     function_call: Any | None = None
     user: str | None = None
@@ -386,7 +388,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 # The known OpenAI options mmserve does not implement, with the values it accepts for each
 # (their defaults); `/openapi.json` documents these as the options' only values.
 DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "response_format": (None, {"type": "text"}),
     "functions": (None,),
     "function_call": (None,),
 }
@@ -552,7 +553,7 @@ CompletionPrompt = Annotated[
 ]
 
 
-class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class CompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     """`POST /v1/completions` body. Unknown fields are ignored (see module docstring)."""
 
     model: str
@@ -606,7 +607,7 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
     logit_bias: LogitBias | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[_Int64] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] = 0
     skip_special_tokens: bool = True
