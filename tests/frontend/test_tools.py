@@ -199,6 +199,12 @@ BAD_INPUTS = [
     ({"chat_template_kwargs": {"tokenize": True}}, RESERVED, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"messages": []}}, RESERVED, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"namespace": 1}}, RESERVED, "chat_template_kwargs"),
+    # The grammar of required and named: a keyword it would not enforce, a second grammar.
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"a": {"allOf": [{"type": "string"}]}}}}}], "tool_choice": "required"},
+     "grammar.unsupported", "tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "response_format": {"type": "json_object"}}, "grammar.invalid", "response_format"),
     ({"messages": [*HISTORY[:2], {**HISTORY[2], "tool_calls": [{"id": "c", "type": "function",
       "function": {"name": "f", "arguments": "{not json"}}]}, HISTORY[3]]},
      "tools.arguments", "messages[2].tool_calls[0].function.arguments"),
