@@ -44,6 +44,7 @@ from mmserve.tiny.trained import build_trained_model
 from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment, serve_directory
 from tests.support.dynamo import DynamoDeployment, dynamo_missing
 from tests.support.images import png_data_url
+from tests.support.tools import WEATHER, WEATHER_PARAMETERS
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(bool(reason := dynamo_missing()), reason=reason or "")
@@ -425,16 +426,6 @@ def test_structured_outputs_are_mmserves(frontends: tuple[Deployment, DynamoDepl
     _assert_same_structured_outputs(ours.base_url, theirs.base_url, ours.model_path.name)
 
 
-WEATHER_PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-}
-
-
 def test_dynamos_tool_choice_grammar_gives_valid_calls(
     family_frontends: tuple[Deployment, DynamoDeployment],
 ) -> None:
@@ -444,17 +435,13 @@ def test_dynamos_tool_choice_grammar_gives_valid_calls(
     the prompt without them."""
     ours, theirs = family_frontends
     model = ours.model_path.name
-    tool = {
-        "type": "function",
-        "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS},
-    }
     named = {"type": "function", "function": {"name": "get_weather"}}
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     for tool_choice in ("required", named):
         response = _client(theirs.base_url).chat.completions.create(
             model=model,
             messages=messages,
-            tools=[tool],  # type: ignore[list-item]
+            tools=[WEATHER],  # type: ignore[list-item]
             tool_choice=tool_choice,  # type: ignore[arg-type]
             parallel_tool_calls=False,
             max_tokens=64,
@@ -467,7 +454,7 @@ def test_dynamos_tool_choice_grammar_gives_valid_calls(
         ]
         assert [call.name for call in calls] == ["get_weather"], response
         jsonschema_rs.validate(WEATHER_PARAMETERS, json.loads(calls[0].arguments))
-    body = {"model": model, "messages": messages, "tools": [tool], "tool_choice": named}
+    body = {"model": model, "messages": messages, "tools": [WEATHER], "tool_choice": named}
     refused = httpx.post(f"{ours.base_url}/v1/chat/completions", json=body, timeout=60)
     assert refused.status_code == (400 if "qwen2_5_vl" in model else 200), refused.text
 

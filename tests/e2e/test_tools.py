@@ -26,27 +26,12 @@ from langchain_openai import ChatOpenAI
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.deployment import Deployment
 from tests.support.images import photo_like, png_data_url
+from tests.support.tools import WEATHER, WEATHER_PARAMETERS
 
 MODEL = "tiny-qwen3_5-seed0"
 THINK_END = 248069  # Qwen3.5's </think>
 ENDS_REASONING = {str(THINK_END): 10}
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
-WEATHER_PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": WEATHER_PARAMETERS,
-    },
-}
 NOW = {"type": "function", "function": {"name": "now", "description": "The time"}}
 SCHEMAS = {"get_weather": WEATHER_PARAMETERS, "now": {"type": "object", "properties": {}}}
 
