@@ -288,3 +288,43 @@ def test_a_decode_request_without_an_mmserve_handover_is_a_protocol_error(
     with pytest.raises(RemoteError) as raised:
         requests.prefill_handover(request_)
     assert raised.value.code == protocol.ERROR_PROTOCOL
+
+
+@pytest.mark.parametrize(
+    ("prompt_end", "start_after"),
+    [([198, 151667, 198], 151668), ([151667, 271, 151668, 271], None), ([77091, 198], None)],
+)
+def test_with_dynamos_reasoning_parser_a_grammar_starts_after_the_reasoning(
+    prompt_end: list[int], start_after: int | None
+) -> None:
+    # Qwen3-VL's and Qwen3.5's tags: <think> 151667, </think> 151668. A prompt that opens the
+    # reasoning has the grammar wait for its end (the JSON then lands in what Dynamo's parser
+    # reads as the answer); one that closed it (thinking off), or never opened it, not.
+    from mmserve.dynamo.handler import Translator
+    from mmserve.reasoning import REASONING_PARSERS, ReasoningTokens
+
+    reasoning = ReasoningTokens(REASONING_PARSERS["qwen3"], 151667, 151668)
+    request = {
+        **RECORDED,
+        "token_ids": [151644, 872, 198, 151645, 198, 151644, 77091, *prompt_end],
+        "sampling_options": {"guided_decoding": {"json": {"type": "object"}}},
+    }
+    sent = Translator("tiny", 16, reasoning=reasoning).as_sent(request, _Signal())
+    assert sent.sampling.grammar is not None
+    assert sent.sampling.grammar.start_after == start_after
+
+
+class _Signal:
+    """Dynamo's context as the translator reads it here: the request's id."""
+
+    def id(self) -> str:
+        return "r"
+
+    def is_stopped(self) -> bool:
+        return False
+
+    def is_killed(self) -> bool:
+        return False
+
+    def async_killed_or_stopped(self) -> None:
+        return None

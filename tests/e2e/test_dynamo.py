@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema_rs
 import openai
 import pytest
-from openai.types.chat import ChatCompletionTokenLogprob
+from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionTokenLogprob
 from PIL import Image
 
 from mmserve.tiny import scenes
@@ -43,6 +44,7 @@ from mmserve.tiny.trained import build_trained_model
 from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment, serve_directory
 from tests.support.dynamo import DynamoDeployment, dynamo_missing
 from tests.support.images import png_data_url
+from tests.support.tools import WEATHER, WEATHER_PARAMETERS
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(bool(reason := dynamo_missing()), reason=reason or "")
@@ -422,6 +424,39 @@ def _assert_same_structured_outputs(ours: str, theirs: str, model: str) -> None:
 def test_structured_outputs_are_mmserves(frontends: tuple[Deployment, DynamoDeployment]) -> None:
     ours, theirs = frontends
     _assert_same_structured_outputs(ours.base_url, theirs.base_url, ours.model_path.name)
+
+
+def test_dynamos_tool_choice_grammar_gives_valid_calls(
+    family_frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    """Dynamo's frontend renders the tools, sends required and named as `guided_decoding`
+    (vLLM's JSON schemas), which the worker enforces, and parses the calls itself. mmserve's
+    frontend refuses tools for Qwen2.5-VL, whose template cannot render them; Dynamo's renders
+    the prompt without them."""
+    ours, theirs = family_frontends
+    model = ours.model_path.name
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for tool_choice in ("required", named):
+        response = _client(theirs.base_url).chat.completions.create(
+            model=model,
+            messages=messages,
+            tools=[WEATHER],  # type: ignore[list-item]
+            tool_choice=tool_choice,  # type: ignore[arg-type]
+            parallel_tool_calls=False,
+            max_tokens=64,
+            temperature=0,
+        )
+        calls = [
+            call.function
+            for call in response.choices[0].message.tool_calls or []
+            if isinstance(call, ChatCompletionMessageFunctionToolCall)
+        ]
+        assert [call.name for call in calls] == ["get_weather"], response
+        jsonschema_rs.validate(WEATHER_PARAMETERS, json.loads(calls[0].arguments))
+    body = {"model": model, "messages": messages, "tools": [WEATHER], "tool_choice": named}
+    refused = httpx.post(f"{ours.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == (400 if "qwen2_5_vl" in model else 200), refused.text
 
 
 def test_a_refused_image_is_the_clients_400_with_the_reason(

@@ -104,10 +104,61 @@ class ImageEmbedsPart(
 ContentPart = TextPart | ImageUrlPart | VideoUrlPart | ImageEmbedsPart
 
 
+class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A function the model called: its name and its arguments as a JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A call in an answer, or in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    # An assistant message's calls, and the call a `tool` message answers.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # An earlier answer's reasoning, which thinking templates render (SGLang's and vLLM's
+    # older name, and vLLM's newer one).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct, frozen=True, kw_only=True):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    description: str | None = None
+    parameters: Annotated[
+        dict[str, Any] | None,
+        msgspec.Meta(description="The arguments as a JSON Schema object; none: no arguments"),
+    ] = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, frozen=True, kw_only=True):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, frozen=True, kw_only=True):
+    """`{"type": "function", "function": {"name": ...}}`: the answer is a call of that tool."""
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -286,9 +337,47 @@ class ChatCompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
             "stop token's text) that ended it, not before"
         ),
     ] = False
-    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
-    tools: list[Any] | None = None
-    tool_choice: Any | None = None
+    tools: Annotated[
+        list[Tool] | None,
+        msgspec.Meta(description="Functions the model may call; [] is the same as none"),
+    ] = None
+    tool_choice: Annotated[
+        ToolChoice | None,
+        msgspec.Meta(
+            description="none: no call; auto (the default with tools): the model chooses and its "
+            "calls are parsed (--tool-call-parser); required: one or more calls; or the named "
+            "tool: one call of it. required and named constrain decoding to valid calls"
+        ),
+    ] = None
+    parallel_tool_calls: Annotated[
+        bool | None,
+        msgspec.Meta(description="false: at most one call (default: any number)"),
+    ] = None
+    chat_template_kwargs: Annotated[
+        dict[str, Any] | None,
+        msgspec.Meta(
+            description="Extension (vLLM's): variables for the chat template, e.g. "
+            '{"enable_thinking": false}'
+        ),
+    ] = None
+    include_reasoning: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Extension (vLLM's): false leaves the reasoning out of the answer "
+            "(with --reasoning-parser)"
+        ),
+    ] = True
+    separate_reasoning: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Extension (SGLang's): false keeps the reasoning in content, as the "
+            "model wrote it (with --reasoning-parser)"
+        ),
+    ] = True
+    # Known OpenAI options that mmserve does not implement, accepted only at their defaults:
+    # its deprecated function calling, which `tools` replaced.
+    functions: list[Any] | None = None
+    function_call: Any | None = None
     user: str | None = None
 
     def unsupported_options(self) -> list[str]:
@@ -299,8 +388,8 @@ class ChatCompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
 # The known OpenAI options mmserve does not implement, with the values it accepts for each
 # (their defaults); `/openapi.json` documents these as the options' only values.
 DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
+    "functions": (None,),
+    "function_call": (None,),
 }
 
 
@@ -309,6 +398,8 @@ def _unsupported(request: msgspec.Struct, accepted: dict[str, tuple[Any, ...]]) 
 
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+# What an answer's choice says: the engine's reason, or that it ended in tool calls.
+ChoiceFinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -333,9 +424,16 @@ class OpenAIUsage(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
+class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An answer: `content` is always written (null beside tool calls with no text); the
+    reasoning under both names clients read (SGLang's and Dynamo's `reasoning_content`,
+    vLLM's `reasoning`) and the calls only when there are some."""
+
+    role: Literal["assistant"]
+    content: str | None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
@@ -362,7 +460,7 @@ class ChoiceLogprobs(msgspec.Struct, frozen=True, kw_only=True):
 class ChatCompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     message: AssistantMessage
-    finish_reason: FinishReason | None
+    finish_reason: ChoiceFinishReason | None
     logprobs: ChoiceLogprobs | None = None
 
 
@@ -375,15 +473,33 @@ class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
     object: Literal["chat.completion"] = "chat.completion"
 
 
+class FunctionCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A piece of a streamed call: its id, type and name come first, then its arguments in
+    fragments, each under the call's `index`."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChoiceDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatCompletionChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     delta: ChoiceDelta
-    finish_reason: FinishReason | None = None
+    finish_reason: ChoiceFinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
 
 
