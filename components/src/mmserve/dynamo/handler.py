@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import msgspec
-from dynamo.llm.exceptions import DynamoException, HttpError, InvalidArgument
+from dynamo.llm.exceptions import DynamoException, EngineShutdown, HttpError, InvalidArgument
 
 from mmserve import protocol
 from mmserve.dynamo import requests
@@ -224,9 +224,11 @@ def as_dynamo_error(error: RemoteError) -> Exception:
 
 
 def ended_when_cut(generate: Generate, cut: asyncio.Event) -> Generate:
-    """`generate`, whose streams end with the client's 503 `unavailable` at their next item
-    once `cut` is set (the worker's drain ran out of time), rather than being cancelled, which
-    Dynamo's frontend would end as if complete."""
+    """`generate`, whose streams end with Dynamo's `EngineShutdown` at their next item once
+    `cut` is set (the worker's drain ran out of time), rather than being cancelled, which
+    Dynamo's frontend would end as if complete: a frontend started with `--migration-limit`
+    moves the request to another worker (it resends the prompt with the tokens so far),
+    another answers the client's error."""
 
     async def generate_until_cut(
         request: dict[str, Any], context: StopSignal
@@ -235,11 +237,8 @@ def ended_when_cut(generate: Generate, cut: asyncio.Event) -> Generate:
         try:
             async for item in items:
                 if cut.is_set():
-                    raise as_dynamo_error(
-                        RemoteError(
-                            protocol.ERROR_UNAVAILABLE,
-                            "the worker stopped before the request finished (--drain-timeout)",
-                        )
+                    raise EngineShutdown(
+                        "the worker stopped before the request finished (--drain-timeout)"
                     )
                 yield item
         finally:
