@@ -46,11 +46,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or (path.startswith("engines/") and family != FAST_FAMILY)
         ):
             item.add_marker(pytest.mark.slow)
-    # pytest-xdist's `--dist loadfile` hands out whole files in this order as its workers free
-    # up: the files with slow tests go first, so no long file starts last and runs alone while
-    # the other worker idles. Stable: a file's tests keep their order.
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")
