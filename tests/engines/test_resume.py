@@ -203,11 +203,10 @@ async def test_a_resumed_completion_goes_on_inside_its_grammar(
         await check_resumes(engine, request, embeddings, 1, [1, 12])
 
 
+@pytest.mark.parametrize("hf_engine", ["qwen2_vl"], indirect=True)  # Gemma 3's are 1-D
 def test_resumed_positions_are_the_models_own(hf_engine: HfEngine):
     """The plan's M-RoPE positions carried over the completion's tokens are those the model's
     own `get_rope_index` gives the prompt and those tokens."""
-    if hf_engine.model.config.model_type == "gemma3":
-        pytest.skip("Gemma 3's positions are 1-D")
     items = preprocess(hf_engine.spec.path, [make_image(84, 56, seed=4)])
     ids = expand_prompt(hf_engine.tokenizer, ["Tell a long story about it."], items)
     generated = [1000, 2000, 3000]
