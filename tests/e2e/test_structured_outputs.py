@@ -200,11 +200,18 @@ def test_instructor_and_langchain_get_validated_objects(
 def test_a_grammar_past_the_workers_compile_timeout_is_a_400_and_the_next_request_is_served(
     deployments: dict[str, Deployment],
 ) -> None:
-    """The frontend's check needs no tokenizer and passes it; the worker's compile of strings
-    of up to 600 characters runs past its timeout: 400 `grammar.compile_timeout`, the request
-    ends, and the worker serves the next one."""
+    """The frontend's check needs no tokenizer and passes it; the worker's compile of three
+    strings of up to 600 characters runs past its timeout (about 4 s a string on CI's 2 cores,
+    so one string alone sometimes compiled inside the 5 s): 400 `grammar.compile_timeout`, the
+    request ends, and the worker serves the next one."""
     for pattern in ("agg", "e_p_d"):
-        hostile = {"type": "string", "maxLength": 600 + len(pattern)}
+        # Three lengths, three rules (one length would be compiled once); new for each pattern.
+        lengths = {name: 600 + 3 * len(pattern) + i for i, name in enumerate("abc")}
+        hostile = {
+            "type": "object",
+            "properties": {name: {"type": "string", "maxLength": n} for name, n in lengths.items()},
+            "required": list(lengths),
+        }
         with pytest.raises(openai.BadRequestError) as refused:
             _chat(deployments[pattern], QUESTION, response_format=_response_format(hostile))
         assert refused.value.code == "grammar.compile_timeout", refused.value.body
