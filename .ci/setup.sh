@@ -94,6 +94,15 @@ DYNAMO_VENV="$VENV/dynamo"
 DYNAMO_PROBE="import importlib.metadata as m, dynamo.frontend.main
 assert m.version('ai-dynamo') == m.version('ai-dynamo-runtime') == '$DYNAMO_VERSION'"
 layered_env "$DYNAMO_VENV" "$DYNAMO_PROBE" "ai-dynamo==$DYNAMO_VERSION" "${DYNAMO_DEPS[@]}"
+# instructor, the structured-output client the tool-call tests drive (tests/e2e/test_tools.py),
+# without its declared dependencies: it caps jiter (<0.15) and rich (<15) below what openai and
+# typer bring, and pip would downgrade openai to meet the caps; it runs with the newer ones.
+INSTRUCTOR_VERSION=$(bash .ci/extra_pin instructor)  # pyproject.toml's instructor extra
+if ! "$VENV/bin/python" -c "import importlib.metadata as m
+assert m.version('instructor') == '$INSTRUCTOR_VERSION'" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --no-deps "instructor==$INSTRUCTOR_VERSION"
+  "$VENV/bin/python" -m pip install -q "docstring-parser==0.18.0"
+fi
 # aiperf, NVIDIA's benchmark client, for tests/e2e/test_aiperf.py. In an environment of its own,
 # not layered: it pins Pillow ~=12.3 where the main one pins 13.0.0, and it runs as a separate
 # program. About 1 minute from nothing on 2 cores.

@@ -16,6 +16,7 @@ from mmserve.runtime.nats_server import NatsServer, nats_url_from_env_or_private
 SLOW_PATHS = (
     "e2e/",
     "reliability/",
+    "engines/test_grammar.py",
     "engines/test_kv_transfer.py",
     "engines/test_mock_engine.py",
     "frontend/test_migration.py",
@@ -23,7 +24,10 @@ SLOW_PATHS = (
     "runtime/test_liveness.py",
     "transfer/test_cross_process.py",
 )
-SLOW_TESTS = {"mm/test_qwen_vl.py::test_large_images"}
+SLOW_TESTS = {
+    "mm/test_qwen_vl.py::test_large_images",
+    "grammar/test_generated_schemas.py::test_every_output_of_hundreds_of_schemas_validates",
+}
 FAST_FAMILY = "qwen2_vl"
 
 

@@ -247,9 +247,9 @@ def test_chat_request_rejects_unknown_content_part_with_its_path() -> None:
 
 def test_unsupported_options_are_named() -> None:
     req = p.ChatCompletionRequest(
-        model="m", messages=[], n=2, logprobs=True, tool_choice="auto", response_format={}
+        model="m", messages=[], n=2, logprobs=True, tool_choice="auto", functions=[{}]
     )
-    assert req.unsupported_options() == ["response_format"]
+    assert req.unsupported_options() == ["functions"]
 
 
 def test_openai_responses_serialise_like_openai() -> None:

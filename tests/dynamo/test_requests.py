@@ -79,7 +79,28 @@ def test_defaults_where_dynamo_sends_none() -> None:
         ({"token_ids": []}, "no token_ids"),
         ({"token_ids": [1], "multi_modal_data": {"video_url": [{"Url": "x"}]}}, "video_url"),
         ({"token_ids": [1], "multi_modal_data": {"image_url": [{"Decoded": {}}]}}, "Decoded"),
-        ({"token_ids": [1], "sampling_options": {"guided_decoding": {"json": {}}}}, "guided"),
+        (
+            {
+                "token_ids": [1],
+                "sampling_options": {"guided_decoding": {"regex": "a", "choice": ["b"]}},
+            },
+            "exactly one of json, regex, choice, grammar, json_object; it sets regex and choice",
+        ),
+        (
+            {"token_ids": [1], "sampling_options": {"guided_decoding": {"choice": [3]}}},
+            "guided_decoding.choice",
+        ),
+        (
+            {"token_ids": [1], "sampling_options": {"guided_decoding": {"json": "{x"}}},
+            "not valid JSON",
+        ),
+        (
+            {
+                "token_ids": [1],
+                "sampling_options": {"guided_decoding": {"regex": "a", "whitespace_pattern": " "}},
+            },
+            "guided_decoding.whitespace_pattern is not supported",
+        ),
         ({"token_ids": [1], "sampling_options": {"n": 17}}, r"n must be an integer in \[1, 16\]"),
         ({"token_ids": [1], "sampling_options": {"n": 2, "best_of": 3}}, "best_of must equal n"),
         ({"token_ids": [1], "output_options": {"logprobs": 21}}, r"logprobs must lie in \[0, 20\]"),
@@ -94,6 +115,29 @@ def test_what_the_worker_cannot_serve_is_refused_by_name(request_: dict, refusal
         requests.token_ids(request_)
         requests.image_sources(request_)
         requests.sampling(request_)
+
+
+@pytest.mark.parametrize(
+    ("guided", "grammar"),
+    [
+        # response_format json_schema and guided_json, as Dynamo 1.6.1's frontend sent them
+        (
+            {"json": {"type": "integer"}},
+            protocol.Grammar(kind="json_schema", spec='{"type":"integer"}'),
+        ),
+        # response_format json_object
+        (
+            {"json": {"type": "object"}},
+            protocol.Grammar(kind="json_schema", spec='{"type":"object"}'),
+        ),
+        ({"regex": "a+", "backend": None}, protocol.Grammar(kind="regex", spec="a+")),
+        ({"choice": ["x", "y"]}, protocol.Grammar(kind="choice", spec='["x", "y"]')),
+        ({"grammar": 'root ::= "a"'}, protocol.Grammar(kind="ebnf", spec='root ::= "a"')),
+        (None, None),
+    ],
+)
+def test_guided_decoding_is_the_requests_grammar(guided, grammar) -> None:
+    assert requests.sampling({"sampling_options": {"guided_decoding": guided}}).grammar == grammar
 
 
 def test_neutral_values_of_unimplemented_options_pass() -> None:
@@ -244,3 +288,43 @@ def test_a_decode_request_without_an_mmserve_handover_is_a_protocol_error(
     with pytest.raises(RemoteError) as raised:
         requests.prefill_handover(request_)
     assert raised.value.code == protocol.ERROR_PROTOCOL
+
+
+@pytest.mark.parametrize(
+    ("prompt_end", "start_after"),
+    [([198, 151667, 198], 151668), ([151667, 271, 151668, 271], None), ([77091, 198], None)],
+)
+def test_with_dynamos_reasoning_parser_a_grammar_starts_after_the_reasoning(
+    prompt_end: list[int], start_after: int | None
+) -> None:
+    # Qwen3-VL's and Qwen3.5's tags: <think> 151667, </think> 151668. A prompt that opens the
+    # reasoning has the grammar wait for its end (the JSON then lands in what Dynamo's parser
+    # reads as the answer); one that closed it (thinking off), or never opened it, not.
+    from mmserve.dynamo.handler import Translator
+    from mmserve.reasoning import REASONING_PARSERS, ReasoningTokens
+
+    reasoning = ReasoningTokens(REASONING_PARSERS["qwen3"], 151667, 151668)
+    request = {
+        **RECORDED,
+        "token_ids": [151644, 872, 198, 151645, 198, 151644, 77091, *prompt_end],
+        "sampling_options": {"guided_decoding": {"json": {"type": "object"}}},
+    }
+    sent = Translator("tiny", 16, reasoning=reasoning).as_sent(request, _Signal())
+    assert sent.sampling.grammar is not None
+    assert sent.sampling.grammar.start_after == start_after
+
+
+class _Signal:
+    """Dynamo's context as the translator reads it here: the request's id."""
+
+    def id(self) -> str:
+        return "r"
+
+    def is_stopped(self) -> bool:
+        return False
+
+    def is_killed(self) -> bool:
+        return False
+
+    def async_killed_or_stopped(self) -> None:
+        return None

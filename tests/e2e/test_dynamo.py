@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema_rs
 import openai
 import pytest
-from openai.types.chat import ChatCompletionTokenLogprob
+from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionTokenLogprob
 from PIL import Image
 
 from mmserve.tiny import scenes
@@ -43,6 +44,7 @@ from mmserve.tiny.trained import build_trained_model
 from tests.support.deployment import STARTUP_TIMEOUT_S, Deployment, serve_directory
 from tests.support.dynamo import DynamoDeployment, dynamo_missing
 from tests.support.images import png_data_url
+from tests.support.tools import WEATHER, WEATHER_PARAMETERS
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(bool(reason := dynamo_missing()), reason=reason or "")
@@ -383,6 +385,80 @@ def test_qwen2_5_vl_and_qwen3_vl_give_the_same_greedy_tokens(
     assert len(set(answers)) == len(answers), answers
 
 
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        "label": {"type": "string", "maxLength": 6},
+    },
+    "required": ["colour", "count", "label"],
+}
+JSON_SCHEMA_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "s", "schema": STRUCTURED_SCHEMA},
+}
+STRUCTURED_FORMS: list[dict[str, Any]] = [
+    {"response_format": JSON_SCHEMA_FORMAT},
+    {"extra_body": {"guided_regex": r"[a-z]{2,5}-\d"}},
+    {"extra_body": {"guided_choice": ["red", "green", "blue"]}},
+    {"extra_body": {"guided_grammar": 'root ::= "sky " ("red" | "grey")'}},
+]  # fmt: skip
+
+
+def _assert_same_structured_outputs(ours: str, theirs: str, model: str) -> None:
+    """Each structured-output form Dynamo's frontend forwards (`guided_decoding`) answers as
+    mmserve's own frontend, streamed and not; a schema keyword the grammar would not enforce
+    is the client's 400 naming it."""
+    for form in STRUCTURED_FORMS:
+        expected = _ask(ours, model, TEXT, max_tokens=64, **form)
+        assert expected[1] == "stop", (form, expected)
+        assert _ask(theirs, model, TEXT, max_tokens=64, **form) == expected, form
+        assert _stream(theirs, model, TEXT, max_tokens=64, **form) == expected[:2], form
+    unenforced = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
+        _ask(theirs, model, TEXT, max_tokens=8, extra_body={"guided_json": unenforced})
+    assert _ask(theirs, model, TEXT, max_tokens=2)[2] == 2
+
+
+def test_structured_outputs_are_mmserves(frontends: tuple[Deployment, DynamoDeployment]) -> None:
+    ours, theirs = frontends
+    _assert_same_structured_outputs(ours.base_url, theirs.base_url, ours.model_path.name)
+
+
+def test_dynamos_tool_choice_grammar_gives_valid_calls(
+    family_frontends: tuple[Deployment, DynamoDeployment],
+) -> None:
+    """Dynamo's frontend renders the tools, sends required and named as `guided_decoding`
+    (vLLM's JSON schemas), which the worker enforces, and parses the calls itself. mmserve's
+    frontend refuses tools for Qwen2.5-VL, whose template cannot render them; Dynamo's renders
+    the prompt without them."""
+    ours, theirs = family_frontends
+    model = ours.model_path.name
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for tool_choice in ("required", named):
+        response = _client(theirs.base_url).chat.completions.create(
+            model=model,
+            messages=messages,
+            tools=[WEATHER],  # type: ignore[list-item]
+            tool_choice=tool_choice,  # type: ignore[arg-type]
+            parallel_tool_calls=False,
+            max_tokens=64,
+            temperature=0,
+        )
+        calls = [
+            call.function
+            for call in response.choices[0].message.tool_calls or []
+            if isinstance(call, ChatCompletionMessageFunctionToolCall)
+        ]
+        assert [call.name for call in calls] == ["get_weather"], response
+        jsonschema_rs.validate(WEATHER_PARAMETERS, json.loads(calls[0].arguments))
+    body = {"model": model, "messages": messages, "tools": [WEATHER], "tool_choice": named}
+    refused = httpx.post(f"{ours.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == (400 if "qwen2_5_vl" in model else 200), refused.text
+
+
 def test_a_refused_image_is_the_clients_400_with_the_reason(
     frontends: tuple[Deployment, DynamoDeployment],
 ) -> None:
@@ -602,6 +678,15 @@ def test_prefill_and_decode_workers_apart_give_mmserves_logprobs(
     # rest from the decode worker.
     ours, _ = frontends
     _assert_same_logprobs(ours.base_url, prefill_apart.base_url, ours.model_path.name)
+
+
+def test_prefill_and_decode_workers_apart_give_mmserves_structured_outputs(
+    frontends: tuple[Deployment, DynamoDeployment], prefill_apart: DynamoDeployment
+) -> None:
+    # The first token is drawn under the grammar on the prefill worker; the decode worker
+    # rebuilds each matcher past it.
+    ours, _ = frontends
+    _assert_same_structured_outputs(ours.base_url, prefill_apart.base_url, ours.model_path.name)
 
 
 def test_prefill_and_decode_workers_apart_give_mmserves_seeded_choices(

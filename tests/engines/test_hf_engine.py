@@ -263,7 +263,8 @@ async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEng
     A row's logits move with its batch's size at float32 rounding (the text model's and the
     head's matmuls), so a draw within that rounding of the boundary between two ids may flip
     (seen: 184476 for 184475 on Gemma 3 at temperature 1.5, where a tiny model's 262k ids are
-    nearly uniform); at 0.5 the draws land far from the boundaries. A MoE's experts run as
+    nearly uniform, and 42308 for 42309 on Qwen3-VL at 0.5); at 0.2 the mass sits on a few
+    ids, so the boundaries between them are wide. A MoE's experts run as
     grouped matmuls whose rounding follows how many rows each expert gets (`torch._grouped_mm`,
     float32 only), larger moves (seen: the n=1 completion's tenth token 119140 for 119137,
     after other tests had run on the same engine): there choice 0 and the n=1 completion share
@@ -271,7 +272,7 @@ async def test_n_choices_from_one_prefill_sample_their_own_streams(engine: HfEng
     its own stream stops."""
     batch_invariant = "moe" not in engine.spec.family
     ids = expand_prompt(engine.tokenizer, ["Tell a story."], [])
-    sampling = SamplingParams(temperature=0.5, seed=3, n=4)
+    sampling = SamplingParams(temperature=0.2, seed=3, n=4)
     long = StopConditions(max_tokens=12, ignore_eos=True)
     free = await run(engine, ids, sampling=sampling, stop=long)
     streams = choice_tokens(free, 4)
@@ -428,8 +429,9 @@ async def test_positions_and_pixels_change_the_logits(engine: HfEngine):
     swapped = list(ids)
     swapped[-8], swapped[-9] = swapped[-9], swapped[-8]
     _, logits_swapped = reference_generate(engine.model, swapped, items, max_new_tokens=1)
-    # Float noise between such runs is below 1e-4; these are changes in what the model says.
-    assert (logits - logits_darker).abs().max() > 0.5
+    # Float noise between such runs is below 1e-4; these are changes in what the model says
+    # (Qwen3.5's smallest: its 56x56 image is two tokens, its prompt ends in `<think>`, 0.26).
+    assert (logits - logits_darker).abs().max() > 0.1
     assert (logits - logits_swapped).abs().max() > 0.05
     assert torch.isfinite(logits).all()
 

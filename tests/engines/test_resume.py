@@ -3,11 +3,12 @@ goes on exactly as the fault-free one: the same tokens after the cut (greedy, an
 the penalties and `min_tokens` in play), the same log-probabilities, the same text however the
 cut falls (a stop string across it, held-back text), the usage of the whole completion; the
 same through a prefill/decode handover; and a resumed choice of `n` > 1 continues its own
-stream."""
+stream; a completion under a grammar goes on inside it."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import msgspec
 import pytest
@@ -15,7 +16,14 @@ import pytest
 from mmserve.engines.base import Engine, EngineError, EngineRequest
 from mmserve.engines.hf import HfEngine
 from mmserve.engines.mock import MockEngine
-from mmserve.protocol import RequestPlan, Resumption, SamplingParams, StopConditions, TokenChunk
+from mmserve.protocol import (
+    Grammar,
+    RequestPlan,
+    Resumption,
+    SamplingParams,
+    StopConditions,
+    TokenChunk,
+)
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.engines import expand_prompt, make_image, planned_request, preprocess
 
@@ -162,11 +170,43 @@ async def test_mock_completions_go_on_where_they_were_cut(mock_engine: MockEngin
         await check_resumes(mock_engine, request, embeddings, choice, [1, 9])
 
 
+# Long enough an output to cut it: eight names, eight numbers.
+GRAMMAR = Grammar(
+    kind="json_schema",
+    spec=json.dumps(
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 4},
+                    "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                },
+                "required": ["name", "n"],
+            },
+            "minItems": 8,
+            "maxItems": 8,
+        }
+    ),
+)
+
+
+async def test_a_resumed_completion_goes_on_inside_its_grammar(
+    hf_engine: HfEngine, mock_engine: MockEngine
+):
+    """The resumed choice's matcher is rebuilt past its tokens so far: the rest follows the
+    grammar, ends where it ends ("stop"), and is what the fault-free completion had."""
+    stop = StopConditions(max_tokens=200)
+    sampling = msgspec.structs.replace(SEEDED, n=2, grammar=GRAMMAR)
+    for engine in (hf_engine, mock_engine):
+        request, embeddings = await prompt(engine, sampling, stop)
+        await check_resumes(engine, request, embeddings, 1, [1, 12])
+
+
+@pytest.mark.parametrize("hf_engine", ["qwen2_vl"], indirect=True)  # Gemma 3's are 1-D
 def test_resumed_positions_are_the_models_own(hf_engine: HfEngine):
     """The plan's M-RoPE positions carried over the completion's tokens are those the model's
     own `get_rope_index` gives the prompt and those tokens."""
-    if hf_engine.model.config.model_type == "gemma3":
-        pytest.skip("Gemma 3's positions are 1-D")
     items = preprocess(hf_engine.spec.path, [make_image(84, 56, seed=4)])
     ids = expand_prompt(hf_engine.tokenizer, ["Tell a long story about it."], items)
     generated = [1000, 2000, 3000]

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import json
 import os
 import subprocess
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -59,6 +60,7 @@ from mmserve.models.family import model_class as transformers_class
 from mmserve.protocol import (
     BootstrapInfo,
     FirstToken,
+    Grammar,
     KvCleared,
     KvRemoved,
     KvStored,
@@ -227,7 +229,9 @@ def test_request_the_adapter_builds() -> None:
         "logprob_start_len",
         "token_ids_logprob",
     }
-    assert set(kwargs) == set(GENERATE_FIELDS) - {"video_data"} - logprob_fields
+    assert (
+        set(kwargs) == set(GENERATE_FIELDS) - {"video_data", "require_reasoning"} - logprob_fields
+    )
     scored = replace(
         _request(), sampling=msgspec.structs.replace(GREEDY, logprobs=1, prompt_logprobs=1)
     )
@@ -338,6 +342,34 @@ def test_stop_rules_the_adapter_maps() -> None:
     assert params["ignore_eos"] is True and params["stop_token_ids"] == [2]
     defaults = sampling_params(GREEDY, StopConditions(max_tokens=4))
     assert defaults["min_new_tokens"] == 0 and defaults["ignore_eos"] is False
+
+
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}},
+    "required": ["name", "n"],
+}
+STRUCTURED = [
+    (Grammar(kind="json_schema", spec=json.dumps(STRUCTURED_SCHEMA)), '{"name": "ab", "n": 3}'),
+    (Grammar(kind="json_object"), '{"a": [1, true]}'),
+    (Grammar(kind="choice", spec='["yes", "no"]'), "no"),
+    (Grammar(kind="ebnf", spec='root ::= "(" [0-9]+ ")"'), "(42)"),
+    (Grammar(kind="ebnf", spec='start: "<" /[a-z]+/ ">"'), "<ok>"),
+    (Grammar(kind="regex", spec=r"[a-z]+-\d{2}"), "abc-12"),
+]
+
+
+@pytest.mark.parametrize(("grammar", "text"), STRUCTURED)
+def test_a_grammar_goes_as_sglangs_own_parameter(grammar: Grammar, text: str) -> None:
+    """A regex as SGLang's `regex`; the rest as `ebnf`, the grammar mmserve compiles (JSON
+    compact, as asked); a grammar after a reasoning section asks for `require_reasoning`."""
+    params = sampling_params(SamplingParams(grammar=grammar), StopConditions(max_tokens=4))
+    (key,) = {"regex", "ebnf", "json_schema"} & set(params)
+    assert key == ("regex" if grammar.kind == "regex" else "ebnf")
+    reasoning = msgspec.structs.replace(grammar, start_after=151668)
+    request = replace(_request(), sampling=SamplingParams(grammar=reasoning))
+    assert generate_kwargs(request, _embeddings(), None)["require_reasoning"] is True
+    assert "require_reasoning" not in generate_kwargs(_request(), _embeddings(), None)
 
 
 def test_role_flags_unless_given() -> None:
@@ -644,6 +676,41 @@ else:
         over = StopConditions(max_tokens=2, min_tokens=3)
         with pytest.raises(ValueError, match="min_new_tokens"):
             SglSamplingParams(**sampling_params(sampling, over)).verify(vocab_size=1000)
+
+    @functools.cache
+    def sglang_grammar_backend() -> tuple[Any, Any, list[int]]:
+        """SGLang's xgrammar backend over the tiny Qwen2-VL's tokenizer (read once)."""
+        from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+        from transformers import AutoTokenizer
+
+        model = build_tiny_model("qwen2_vl")
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        eos = list(resolve_model_spec(model).eos_token_ids)
+        return XGrammarGrammarBackend(tokenizer, 151936, model_eos_token_ids=eos), tokenizer, eos
+
+    @pytest.mark.parametrize(("grammar", "text"), STRUCTURED)
+    def test_sglangs_grammar_backend_compiles_the_grammar_sent(grammar: Grammar, text: str) -> None:
+        """SGLang's request checks take the parameter, and its own xgrammar backend compiles
+        it into a grammar that accepts a text mmserve's accepts, to its end, and refuses
+        another start."""
+        from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+        from sglang.srt.sampling.sampling_params import SamplingParams as SglSamplingParams
+
+        params = sampling_params(SamplingParams(grammar=grammar), StopConditions(max_tokens=4))
+        sgl = SglSamplingParams(**params)
+        sgl.normalize(None)
+        sgl.verify(vocab_size=151936)
+        backend, tokenizer, eos = sglang_grammar_backend()
+        key, value = ("regex", params["regex"]) if "regex" in params else ("ebnf", params["ebnf"])
+        matcher = getattr(backend, f"dispatch_{key}")(value)
+        assert not isinstance(matcher, InvalidGrammarObject), matcher
+        other = matcher.copy()
+        for token in tokenizer.encode(text):
+            matcher.accept_token(token)
+        matcher.accept_token(eos[0])
+        assert matcher.is_terminated()
+        with pytest.raises(Exception):  # noqa: B017 - SGLang's matcher raises its own
+            other.accept_token(tokenizer.encode("~")[0])
 
     def test_processor_output_item_reads_as_one_image_item() -> None:
         """`collect_mm_items_from_processor_output` (SGLang's reader of processor_output

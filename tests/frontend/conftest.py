@@ -20,6 +20,7 @@ import uvloop
 
 from mmserve.engines.detokenize import IncrementalDetokenizer
 from mmserve.frontend.app import FrontendApp
+from mmserve.frontend.chat import ServedModel
 from mmserve.frontend.cli import add_arguments, build_app, load_model
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 from mmserve.runtime.errors import RemoteError
@@ -50,6 +51,7 @@ class EchoDispatcher:
     cancelled: threading.Event = field(default_factory=threading.Event)
     resets: int = 0
     reset_failure: RemoteError | None = None
+    tokenizer: Any = None  # the served model's (tokenizers'), else the tiny Qwen2-VL's
 
     def ready(self) -> bool:
         return self.is_ready
@@ -79,7 +81,7 @@ class EchoDispatcher:
         """One choice: the prompt's ids (text as an engine makes it: the ids decoded once,
         cut at a stop string); the stream's last chunk carries the usage of all choices."""
         detokenizer = IncrementalDetokenizer(
-            _tokenizer(), request.stop.stop, request.stop.min_tokens
+            self.tokenizer or _tokenizer(), request.stop.stop, request.stop.min_tokens
         )
         echoed = request.plan.token_ids[: request.stop.max_tokens]
         for index, token_id in enumerate(echoed):
@@ -155,8 +157,9 @@ def parse_frontend_args(model_path: Path, *extra: str) -> argparse.Namespace:
 
 @pytest.fixture(scope="session")
 def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFrontend]]:
-    """Starts a frontend per distinct set of flags (kept for the session, stopped at its end)."""
-    model = load_model(parse_frontend_args(tiny_model_path))
+    """Starts a frontend per distinct set of flags (kept for the session, stopped at its end);
+    `--model-path` among them serves that checkpoint instead of the tiny Qwen2-VL."""
+    models: dict[str, ServedModel] = {}
     running: dict[tuple[str, ...], RunningFrontend] = {}
     stops: list[Callable[[], None]] = []
 
@@ -171,9 +174,12 @@ def start_frontend(tiny_model_path: Path) -> Iterator[Callable[..., RunningFront
             frontend.dispatcher.requests.clear()
             frontend.dispatcher.reset_failure = None
             return frontend
-        dispatcher = EchoDispatcher()
-        tensor_sink = InlineTensorSink()
         args = parse_frontend_args(tiny_model_path, *extra)
+        if args.model_path not in models:
+            models[args.model_path] = load_model(args)
+        model = models[args.model_path]
+        dispatcher = EchoDispatcher(tokenizer=model.tokenizer.backend_tokenizer)
+        tensor_sink = InlineTensorSink()
         ships = args.frontend_decoding or args.enable_mm_embeds
         app = build_app(args, model, dispatcher, tensor_sink if ships else None)
         server = uvicorn.Server(

@@ -95,7 +95,7 @@ def test_metrics_count_requests_errors_and_latency(frontend: RunningFrontend) ->
     before = _metric_samples(frontend)
     body = {"model": frontend.model, "messages": [{"role": "user", "content": "hi"}]}
     httpx.post(frontend.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30)
-    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "tools": [{}]}, timeout=30)
+    httpx.post(frontend.url + "/v1/chat/completions", json={**body, "best_of": 3}, timeout=30)
     after = _metric_samples(frontend)
 
     def added(name: str) -> float:
@@ -124,6 +124,8 @@ def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
         "--allowed-media-domains",
         "--allowed-local-media-path",
         "--media-fetch-timeout",
+        "--tool-call-parser",
+        "--reasoning-parser",
     ):
         assert flag in out
 

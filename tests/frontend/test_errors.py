@@ -71,8 +71,8 @@ def test_unknown_content_part_type(frontend: RunningFrontend) -> None:
     ("fields", "param"),
     [
         ({"n": 2, "best_of": 3}, "best_of"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(frontend: RunningFrontend, fields, param) -> None:

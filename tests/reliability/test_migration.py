@@ -85,11 +85,10 @@ def test_sigkill_mid_stream_every_stream_ends_as_without_the_fault(
     )
 
 
+@pytest.mark.parametrize("served", EVERY_SCENARIO, indirect=True)
 def test_sigstop_mid_stream_every_stream_ends_as_without_the_fault(
     served: Served, trial: Trial
 ) -> None:
-    if served.pattern not in EVERY_SCENARIO:
-        pytest.skip("a frozen worker is found out by the same idle timeout as in agg and E/P/D")
     cut = random.Random(f"{served.pattern}-stop").randint(5, 40)
     hit = asyncio.run(faulted(served, "stop", cut))
     check(served, hit.answers)
@@ -110,9 +109,8 @@ def test_sigstop_mid_stream_every_stream_ends_as_without_the_fault(
     )
 
 
+@pytest.mark.parametrize("served", EVERY_SCENARIO, indirect=True)
 def test_rolling_restart_under_load_fails_no_request(served: Served, trial: Trial) -> None:
-    if served.pattern not in EVERY_SCENARIO:
-        pytest.skip("a worker drains as in agg and E/P/D, whose restarts cover every role")
     language = served.spec.language or served.spec.streaming
     stop = asyncio.Event()
     answered: list[tuple[int, Answer]] = []

@@ -10,7 +10,10 @@ asks Dynamo's frontend for token ids (`ModelInput.Tokens`, chat and completions)
 dynamo.frontend` routes requests to them, and serve `generate` until SIGINT/SIGTERM. The encode
 and prefill workers register cards without an OpenAI surface (`WorkerType.Encode`,
 `WorkerType.Prefill`), as Dynamo's own do, so the frontend's readiness gate and prefill router
-count them; each card `needs` the workers it serves or calls.
+count them; each card `needs` the workers it serves or calls. The cards of the workers that
+answer chat also name the model's tool-call and reasoning formats (`--dyn-tool-call-parser`,
+`--dyn-reasoning-parser`, Dynamo's flags): Dynamo's frontend renders tools into the prompt and
+reads calls and reasoning out of the text itself, with its own parsers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmserve.media.policy import MediaPolicy
+from mmserve.reasoning import ReasoningTokens, reasoning_format
 from mmserve.topology import GENERATE, Role
 from mmserve.worker.options import add_worker_arguments
 
@@ -96,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="have the images of each request planned and encoded by an encode worker "
         "(--disaggregation-mode encode) instead of in this process",
+    )
+    dynamo.add_argument(
+        "--dyn-tool-call-parser",
+        default=None,
+        help="the parser Dynamo's frontend reads the model's tool calls with (Dynamo's names: "
+        "hermes for Qwen2.5-VL and Qwen3-VL, qwen3_coder for Qwen3.5, ...) (default: none, as "
+        "Dynamo's own workers: calls stay in the text)",
+    )
+    dynamo.add_argument(
+        "--dyn-reasoning-parser",
+        default=None,
+        help="the parser Dynamo's frontend splits the reasoning off with (Dynamo's names: "
+        "qwen3, deepseek_r1, ...); with qwen3 or deepseek_r1 a grammar Dynamo sends starts "
+        "after the reasoning when the prompt opens it (default: none)",
     )
     dynamo.add_argument(
         "--default-max-tokens",
@@ -216,11 +234,14 @@ async def _role_endpoint(
     role: Role = args.role
     instance_id = f"{endpoint.connection_id():x}"
     card: dict[str, Any] = {"kv_cache_block_size": args.block_size}
+    chat_card = {**card, "runtime_config": _parsers(args)}
+    reasoning = await asyncio.to_thread(_reasoning_tags, args.dyn_reasoning_parser, model_path)
     if role is Role.DECODE:
         # It plans and encodes nothing: the prompt comes as the prefill worker's KV.
         core = build_core(role, engine, transfer, None, instance_id=instance_id)
-        card |= {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
-        generate = ADAPTERS[role](core, Translator(name, args.default_max_tokens)).generate
+        card = chat_card | {"worker_type": WorkerType.Decode, "needs": [[WorkerType.Prefill]]}
+        translator = Translator(name, args.default_max_tokens, reasoning=reasoning)
+        generate = ADAPTERS[role](core, translator).generate
         return generate, ModelType.Chat | ModelType.Completions, card
     stage = EncodeStage(engine, transfer, model_path, role.value)
     core = build_core(role, engine, transfer, stage, instance_id=instance_id)
@@ -245,14 +266,40 @@ async def _role_endpoint(
         encoder = runtime.endpoint(f"{args.namespace}.{Role.ENCODE.value}.{GENERATE}")
         images = RemoteImages(await encoder.client(), local)
         encoders = [WorkerType.Encode]
-    translator = Translator(name, args.default_max_tokens, images, kv_events)
+    translator = Translator(name, args.default_max_tokens, images, kv_events, reasoning)
     generate = ADAPTERS[role](core, translator).generate
     if role is Role.PREFILL:
         # Dynamo's marker of a prefill worker's card, as its SGLang prefill sets.
         card |= {"worker_type": WorkerType.Prefill, "needs": [[WorkerType.Decode, *encoders]]}
         return generate, ModelType.Prefill, card
-    card |= {"worker_type": WorkerType.Aggregated, "needs": [encoders] if encoders else None}
+    card = chat_card | {
+        "worker_type": WorkerType.Aggregated,
+        "needs": [encoders] if encoders else None,
+    }
     return generate, ModelType.Chat | ModelType.Completions, card
+
+
+def _reasoning_tags(parser: str | None, model_path: Path) -> ReasoningTokens | None:
+    """The reasoning tags of the model under Dynamo's reasoning parser, when it is one mmserve
+    knows (qwen3, deepseek_r1): a grammar Dynamo sends (tool_choice required or named,
+    response_format) then starts after the reasoning, so the JSON is in the answer Dynamo's
+    parser reads, not in its reasoning."""
+    if parser is None or reasoning_format(parser) is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return ReasoningTokens.of(parser, AutoTokenizer.from_pretrained(str(model_path)))
+
+
+def _parsers(args: argparse.Namespace) -> Any:
+    """The runtime config naming the model's tool-call and reasoning parsers for Dynamo's
+    frontend."""
+    from dynamo.llm import ModelRuntimeConfig
+
+    config = ModelRuntimeConfig()
+    config.tool_call_parser = args.dyn_tool_call_parser
+    config.reasoning_parser = args.dyn_reasoning_parser
+    return config
 
 
 async def _serve_until_drained(

@@ -31,6 +31,7 @@ from mmserve.dynamo.images import REQUEST_DEADLINE_S, EncodedImages, Images
 from mmserve.dynamo.kv_events import DynamoKvEvents
 from mmserve.dynamo.stopping import RequestStopped, StopSignal, unless_stopped, until_stopped
 from mmserve.protocol import PrefillDone, PrefillReply, PreprocessedRequest, RequestPlan
+from mmserve.reasoning import ReasoningTokens, after_reasoning
 from mmserve.roles import AggregatedCore, DecodeCore, EncodeCore, PrefillCore, RoleCore
 from mmserve.roles.encode import Forward
 from mmserve.roles.errors import as_remote_error
@@ -51,11 +52,14 @@ class Translator:
         default_max_tokens: int,
         images: Images | None = None,
         kv_events: DynamoKvEvents | None = None,
+        reasoning: ReasoningTokens | None = None,
     ) -> None:
         self.model_name = model_name
         self.default_max_tokens = default_max_tokens
         self.images = images
         self.kv_events = kv_events
+        # The model's reasoning tags (--dyn-reasoning-parser): a grammar starts after them.
+        self.reasoning = reasoning
 
     async def planned(self, request: dict[str, Any], context: StopSignal) -> PreprocessedRequest:
         """The request planned (its images here or by an encode worker), with its sampling
@@ -83,9 +87,11 @@ class Translator:
     def _with_limits(
         self, planned: PreprocessedRequest, request: dict[str, Any]
     ) -> PreprocessedRequest:
+        sampling = requests.sampling(request)
+        grammar = after_reasoning(sampling.grammar, self.reasoning, planned.plan.token_ids)
         return msgspec.structs.replace(
             planned,
-            sampling=requests.sampling(request),
+            sampling=msgspec.structs.replace(sampling, grammar=grammar),
             stop=requests.stop_conditions(request, self.default_max_tokens),
         )
 

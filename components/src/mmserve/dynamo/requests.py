@@ -26,6 +26,15 @@ temperature 0) reaches the worker too, and is answered as Dynamo's vLLM worker a
 stream whose outputs carry each choice's `index`, each choice ending with its own finish reason.
 The prompt is planned, encoded and prefilled once for all choices (the role core's `n`).
 
+Structured outputs: Dynamo's frontend forwards OpenAI's `response_format` and vLLM's older
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` (chat and completions) as
+`sampling_options.guided_decoding`, vLLM's shape: one of `json` (`response_format` of type
+`json_object` arrives as the schema `{"type": "object"}`), `regex`, `choice`, `grammar`, beside
+`backend` (ignored: xgrammar serves) and `whitespace_pattern` (refused). It becomes the request's
+`Grammar` (compact JSON, mmserve's default), which the engines enforce; the grammar is checked
+when the engine compiles it, so a bad one is the client's 400. (Dynamo 1.6.1's frontend itself
+refuses vLLM's `structured_outputs`.)
+
 With prefill and decode workers apart, Dynamo's prefill router sends the request first to a
 prefill worker with `max_tokens` 1, reads the `disaggregated_params` of its first output (and
 the rest of its stream), and sends the request on to a decode worker with those params in
@@ -41,7 +50,10 @@ from typing import Any
 import msgspec
 
 from mmserve import protocol
+from mmserve.grammar.base import GrammarError
+from mmserve.grammar.forms import CONSTRAINTS, constraint_grammar
 from mmserve.protocol import (
+    Grammar,
     PrefillDone,
     SamplingParams,
     StopConditions,
@@ -68,9 +80,6 @@ def sampling(request: Mapping[str, Any]) -> SamplingParams:
     """mmserve's sampling of a request: Dynamo's `sampling_options`, and the top counts of its
     `output_options.logprobs` and `output_options.prompt_logprobs` (each 0..20)."""
     options = request.get("sampling_options") or {}
-    if options.get("guided_decoding"):
-        # Forwarded by Dynamo; this worker does not constrain decoding yet.
-        raise RequestRefused("this worker does not serve guided_decoding")
     n = _choices(options)
     outputs = request.get("output_options") or {}
     temperature = options.get("temperature")
@@ -86,7 +95,29 @@ def sampling(request: Mapping[str, Any]) -> SamplingParams:
         n=n,
         logprobs=_top_count(outputs.get("logprobs"), "logprobs"),
         prompt_logprobs=_top_count(outputs.get("prompt_logprobs"), "prompt_logprobs"),
+        grammar=grammar(options.get("guided_decoding")),
     )
+
+
+def grammar(guided: Any) -> Grammar | None:
+    """The grammar of Dynamo's `guided_decoding` (None: free text)."""
+    if not guided:
+        return None
+    if not isinstance(guided, dict):
+        raise RequestRefused(f"guided_decoding must be an object, got {str(guided)[:100]}")
+    for unsupported in ("whitespace_pattern", "structural_tag"):
+        if guided.get(unsupported) is not None:
+            raise RequestRefused(f"guided_decoding.{unsupported} is not supported")
+    given = [key for key in CONSTRAINTS if guided.get(key) not in (None, False)]
+    if len(given) != 1:
+        raise RequestRefused(
+            f"guided_decoding must set exactly one of {', '.join(CONSTRAINTS)}; it sets "
+            f"{' and '.join(given) or 'none'}"
+        )
+    try:
+        return constraint_grammar(given[0], guided[given[0]])
+    except GrammarError as err:
+        raise RequestRefused(f"guided_decoding.{given[0]}: {err}") from None
 
 
 def _choices(options: Mapping[str, Any]) -> int:

@@ -46,6 +46,10 @@ from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.logits import Sampler, next_tokens, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
+from mmserve.grammar.base import CompiledGrammar
+from mmserve.grammar.cache import GrammarCache
+from mmserve.grammar.constraint import Constraint
+from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
@@ -100,6 +104,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         max_queue: int = DEFAULT_MAX_QUEUE,
         pad_scheme: PadScheme = PadScheme.DYNAMO,
         logprobs_mode: LogprobsMode = "raw_logprobs",
+        grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
         """Load the checkpoint (blocking: use `HfEngine.load` from async code)."""
         import transformers
@@ -133,6 +138,10 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             payload_bytes=lambda block: _tensor_bytes((block,)),
         )
         self.encoder_cache = EncoderCache(encoder_cache_bytes)
+        self.vocab_size: int = self.model.get_output_embeddings().weight.shape[0]
+        self.grammars = GrammarCache.for_tokenizer(
+            self.tokenizer, self.vocab_size, self.spec.eos_token_ids, grammar_compile_timeout_s
+        )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
 
     @classmethod
@@ -257,7 +266,14 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
     ) -> KvHandle[_KvState]:
         check_sampling(request.sampling, request.stop)
         request.check_media(embeddings)
-        return await self._admitted_call(self._prefill_sync, request, list(embeddings))
+        grammar = await self._compiled(request.sampling)
+        return await self._admitted_call(self._prefill_sync, request, list(embeddings), grammar)
+
+    async def _compiled(self, sampling: SamplingParams) -> CompiledGrammar | None:
+        """The request's grammar compiled (from the cache, or on its threads), or None."""
+        if sampling.grammar is None:
+            return None
+        return await self.grammars.compiled(sampling.grammar)
 
     def _positions(self, request: EngineRequest) -> tuple[torch.Tensor, int]:
         """Position ids `[3, 1, len]` (the same row three times for 1-D positions) and the
@@ -274,7 +290,10 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         return rows.view(3, 1, length), request.positions.delta
 
     def _prefill_sync(
-        self, request: EngineRequest, embeddings: list[ItemEmbedding | None]
+        self,
+        request: EngineRequest,
+        embeddings: list[ItemEmbedding | None],
+        grammar: CompiledGrammar | None,
     ) -> KvHandle[_KvState]:
         if not request.token_ids:
             raise EngineError("the prompt is empty")
@@ -332,7 +351,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 len(blocks),
                 [self._block_kv(cache, index) for index in range(len(blocks), full_blocks)],
             )
-        samplers = self._samplers(request)
+        samplers = self._samplers(request, grammar=grammar)
         banned = StopRules(request.stop, self.spec.eos_token_ids).banned(len(request.resumed_ids))
         drawn = next_tokens(samplers, logits.expand(len(samplers), -1), banned)
         first_tokens = [FirstToken(token, logprob) for token, logprob in drawn]
@@ -360,20 +379,27 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             found += read_prompt_logprobs(logits, ids[start + 1 : end + 1], top)
         return found
 
-    def _samplers(self, request: EngineRequest, seed: int | None = None) -> list[Sampler]:
-        """One sampler per choice, all on one seed (`seed`, else the request's, else drawn);
-        a resumed choice's has its tokens so far."""
-        vocab_size = self.model.get_output_embeddings().weight.shape[0]
+    def _samplers(
+        self,
+        request: EngineRequest,
+        seed: int | None = None,
+        grammar: CompiledGrammar | None = None,
+    ) -> list[Sampler]:
+        """One sampler per choice, all on one seed (`seed`, else the request's, else drawn),
+        each with its own matcher of `grammar` (the request's, compiled); a resumed choice's
+        has its tokens so far (its matcher past them)."""
+        start_after = request.sampling.grammar.start_after if request.sampling.grammar else None
 
         def sampler(seed: int | None, choice: int) -> Sampler:
             return Sampler(
                 request.sampling,
                 request.prompt_ids,
-                vocab_size,
+                self.vocab_size,
                 self.device,
                 seed,
                 choice,
                 self.logprobs_mode,
+                None if grammar is None else Constraint(grammar, start_after),
             )
 
         first = sampler(seed, request.first_choice)
@@ -470,8 +496,18 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 async def step(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
                     return await self._call(self._decode_step, state, steps)
 
+                by_choice = {sampler.choice: sampler for sampler in state.samplers}
+
+                def grammar_ended(choice: int) -> bool:
+                    return by_choice[choice].grammar_ended
+
                 async for chunk in stream_completion(
-                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, step
+                    kv,
+                    stop,
+                    self.spec.eos_token_ids,
+                    self.tokenizer.backend_tokenizer,
+                    step,
+                    grammar_ended,
                 ):
                     yield chunk
             finally:
@@ -549,10 +585,15 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         tensors: dict[str, torch.Tensor],
         bootstrap: BootstrapInfo | None = None,
     ) -> KvHandle[_KvState]:
-        return await self._call(self._import_sync, request, done, tensors)
+        grammar = await self._compiled(request.sampling)
+        return await self._call(self._import_sync, request, done, tensors, grammar)
 
     def _import_sync(
-        self, request: EngineRequest, done: PrefillDone, tensors: dict[str, torch.Tensor]
+        self,
+        request: EngineRequest,
+        done: PrefillDone,
+        tensors: dict[str, torch.Tensor],
+        grammar: CompiledGrammar | None,
     ) -> KvHandle[_KvState]:
         keys, values = tensors["keys"], tensors["values"]
         config = self._text_config
@@ -573,7 +614,8 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                 index,
             )
         self._import_linear_states(cache, tensors)
-        samplers = self._samplers(request, done.sampling_seed)
+        # Each choice's matcher past the prefill's first token.
+        samplers = self._samplers(request, done.sampling_seed, grammar)
         if len(samplers) != len(done.first_tokens):
             raise EngineError(
                 f"the prefill sampled {len(done.first_tokens)} choices for n={len(samplers)}"
@@ -617,4 +659,5 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
 
     async def close(self) -> None:
         self.admission.close()
+        self.grammars.close()
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -3,6 +3,9 @@ of processors to the chosen tokens, and the log-probabilities read from them. Ev
 works on the last dimension, on one row or many. The order and the formulas are vLLM's
 sampler's:
 
+0. a grammar's token mask (structured outputs: `mmserve.grammar`), on the model's logits, as
+   vLLM applies it before its sampler: a token the grammar forbids is never chosen, and the
+   log-probabilities are those of the masked logits;
 1. the log-probabilities, of the model's own distribution (vLLM's "raw" logprobs mode);
 2. ids that may not come yet (a stop id before `min_tokens`) and `logit_bias`;
 3. the penalties: repetition over the prompt's and the completion's ids, frequency and
@@ -24,6 +27,8 @@ from collections.abc import Collection, Sequence
 import torch
 
 from mmserve.engines.defaults import LogprobsMode
+from mmserve.grammar.constraint import Constraint
+from mmserve.grammar.mask import apply_bitmask, new_bitmask
 from mmserve.protocol import SamplingParams, TokenLogprob
 
 NEG_INF = float("-inf")
@@ -31,12 +36,33 @@ NEG_INF = float("-inf")
 UNLIKELY = -9999.0  # OpenAI's value for a token without probability (JSON has no -inf)
 
 
-def ban(logits: torch.Tensor, ids: Collection[int]) -> torch.Tensor:
-    """`logits` with `ids` (those inside the vocabulary) never chosen."""
+def ban(logits: torch.Tensor, ids: Collection[int], spared: Sequence[int] = ()) -> torch.Tensor:
+    """`logits` with `ids` (those inside the vocabulary) never chosen, but in the rows
+    `spared`."""
     inside = [i for i in ids if 0 <= i < logits.shape[-1]]
     if not inside:
         return logits
-    return logits.index_fill(-1, torch.tensor(inside, device=logits.device), NEG_INF)
+    banned = logits.index_fill(-1, torch.tensor(inside, device=logits.device), NEG_INF)
+    if spared:
+        banned[list(spared)] = logits[list(spared)]
+    return banned
+
+
+def apply_grammars(
+    logits: torch.Tensor, constraints: Sequence[Constraint | None], banned: Collection[int]
+) -> tuple[torch.Tensor, list[int]]:
+    """Each row of `logits` masked by its choice's grammar (None: free), and the rows whose
+    grammar allows nothing but its end: there the ids `banned` (stop ids before
+    `min_tokens`) give way, so a complete grammar ends the choice."""
+    bitmask = new_bitmask(len(constraints), logits.shape[-1])
+    rows: list[int] = []
+    ending: list[int] = []
+    for row, constraint in enumerate(constraints):
+        if constraint is not None and constraint.fill(bitmask, row):
+            rows.append(row)
+            if banned and constraint.only_end(bitmask[row]):
+                ending.append(row)
+    return (apply_bitmask(logits, bitmask, rows) if rows else logits), ending
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tensor:
@@ -225,8 +251,9 @@ def read_prompt_logprobs(
 
 class Sampler:
     """One choice's tokens, step after step: the chain's state (the completion's id counts for
-    the penalties, the prompt's ids for the repetition penalty) and the stream's seed (the
-    request's own, else one drawn here, which a handover passes on)."""
+    the penalties, the prompt's ids for the repetition penalty, the grammar's matcher where the
+    request has one) and the stream's seed (the request's own, else one drawn here, which a
+    handover passes on)."""
 
     def __init__(
         self,
@@ -237,8 +264,11 @@ class Sampler:
         seed: int | None = None,
         choice: int = 0,
         logprobs_mode: LogprobsMode = "raw_logprobs",
+        constraint: Constraint | None = None,
     ) -> None:
         self.params = params
+        # The request's grammar, at this choice's place in it (None: free text).
+        self.constraint = constraint
         self.logprobs_mode = logprobs_mode
         self.seed: int = next(
             value for value in (seed, params.seed, random.getrandbits(63)) if value is not None
@@ -270,8 +300,16 @@ class Sampler:
         """The seed of this choice's next draw."""
         return step_seed(self.seed, self.choice, self.generated)
 
+    @property
+    def grammar_ended(self) -> bool:
+        """Whether the choice's grammar ended: nothing may follow."""
+        return self.constraint is not None and self.constraint.terminated
+
     def with_params(self, params: SamplingParams) -> Sampler:
-        """This stream (seed, choice, history) under other sampling parameters."""
+        """This stream (seed, choice, history, grammar) under other sampling parameters of
+        the same grammar."""
+        if params.grammar != self.params.grammar:
+            raise ValueError("a stream keeps the grammar it started with")
         sampler = Sampler(
             params,
             self._prompt_ids,
@@ -281,8 +319,9 @@ class Sampler:
             self.choice,
             self.logprobs_mode,
         )
-        for token in self.history:
+        for token in self.history:  # the grammar's matcher is at the end of them already
             sampler.observe(token)
+        sampler.constraint = self.constraint
         return sampler
 
     def next(
@@ -293,7 +332,10 @@ class Sampler:
         return next_tokens([self], logits[None], banned)[0]
 
     def observe(self, token: int) -> None:
-        """Count `token` as generated (one sampled elsewhere, such as the prefill's first)."""
+        """Count `token` as generated (one sampled elsewhere, such as the prefill's first);
+        the grammar advances over it (`GrammarRejected` where it does not follow)."""
+        if self.constraint is not None:
+            self.constraint.observe(token)
         self.history.append(token)
         if self.counts is not None and 0 <= token < self.counts.shape[-1]:
             self.counts[token] += 1
@@ -309,7 +351,11 @@ def next_tokens(
     logits = logits.float()
     first = samplers[0]
     params = first.params
-    scores = apply_logit_bias(ban(logits, banned), params.logit_bias)
+    spared: list[int] = []
+    if params.grammar is not None:
+        constraints = [sampler.constraint for sampler in samplers]
+        logits, spared = apply_grammars(logits, constraints, banned)
+    scores = apply_logit_bias(ban(logits, banned, spared), params.logit_bias)
     counts = [sampler.counts for sampler in samplers]
     if params.penalized and all(each is not None for each in counts):
         stacked = torch.stack([each for each in counts if each is not None])

@@ -11,8 +11,10 @@ It serves the router, the frontend and every deployment pattern at scale without
   no hits, for a model with linear-attention layers, as the hf engine);
 - tokens are pseudo-random ids seeded by the prompt (its ids and media hashes): the same
   prompt gives the same completion on any worker and in any pattern, and a completion resumed
-  on another worker (`EngineRequest.resumed`) goes on with the ids it would have had; there is
-  no distribution, so temperature, the penalties and `logit_bias` change nothing, and
+  on another worker (`EngineRequest.resumed`) goes on with the ids it would have had; under a
+  grammar each token is one it allows (`_GrammarDraw`: the end as soon as the grammar may end,
+  else one of the allowed single characters, else any allowed token); there is no
+  distribution, so temperature, the penalties and `logit_bias` change nothing, and
   log-probabilities are simulated (`simulated_logprob`: deterministic, the chosen token the
   most likely), the prompt's too (`simulated_prompt_logprobs`; such a request reuses no cached
   prefix, as on the hf engine);
@@ -62,6 +64,10 @@ from mmserve.engines.defaults import (
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
+from mmserve.grammar.cache import GrammarCache
+from mmserve.grammar.constraint import Constraint
+from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
+from mmserve.grammar.mask import new_bitmask
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
@@ -83,19 +89,54 @@ PSEUDO_TOKENS = (1_000, 100_000)  # ordinary vocabulary ids, far from the specia
 @dataclass
 class _MockKv:
     seed: int  # the completion's pseudo-random stream
+    # Each choice's grammar past its tokens so far, by choice (None: free text).
+    constraints: dict[int, Constraint] | None = None
     live: bool = True
 
 
-def _draw(tokens: random.Random, banned: frozenset[int]) -> int:
-    """The next pseudo token, one draw from `tokens`; a banned id (a stop id before
-    min_tokens) gives way to the next id that is not."""
+def _draw(
+    tokens: random.Random, banned: frozenset[int], grammar: _GrammarDraw | None = None
+) -> int:
+    """The next pseudo token, one draw from `tokens` (under a grammar too, so a stream's
+    draws line up whatever the grammar); a banned id (a stop id before min_tokens) gives way
+    to the next id that is not."""
     low, high = PSEUDO_TOKENS
     token = tokens.randrange(low, high)
+    if grammar is not None:
+        chosen = grammar.pick(token, banned)
+        if chosen is not None:
+            return chosen
     for _ in range(min(len(banned), high - low)):
         if token not in banned:
             break
         token = low + (token + 1 - low) % (high - low)
     return token
+
+
+class _GrammarDraw:
+    """A choice's draws under its grammar."""
+
+    def __init__(self, constraint: Constraint, vocab_size: int, characters: np.ndarray) -> None:
+        self.constraint = constraint
+        self._vocab_size = vocab_size
+        self._characters = characters  # the ids of the single printable characters
+
+    def pick(self, draw: int, banned: frozenset[int]) -> int | None:
+        """The allowed token `draw` falls on (None: the grammar allows any): a stop token
+        where the grammar may end (unless banned and something else is allowed), else one
+        of the allowed single characters (short texts end soon), else any allowed token."""
+        bitmask = new_bitmask(1, self._vocab_size)
+        if not self.constraint.fill(bitmask, 0):
+            return None
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")
+        allowed = np.flatnonzero(bits[: self._vocab_size])
+        ends = [token for token in self.constraint.stop_ids if bits[token]]
+        if ends and not (banned and not self.constraint.only_end(bitmask[0])):
+            return ends[0]
+        allowed = allowed[~np.isin(allowed, list(banned))] if banned else allowed
+        short = np.intersect1d(allowed, self._characters)
+        pool = short if len(short) else allowed
+        return int(pool[draw % len(pool)])
 
 
 def _chosen(token: int, sampling: SamplingParams) -> tuple[int, TokenLogprob | None]:
@@ -170,6 +211,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
         encoder_cache_bytes: int = DEFAULT_ENCODER_CACHE_BYTES,
         max_queue: int = DEFAULT_MAX_QUEUE,
         pad_scheme: PadScheme = PadScheme.DYNAMO,
+        grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
         """Read the checkpoint's spec and tokenizer (blocking: use `MockEngine.load`)."""
         from transformers import AutoTokenizer
@@ -178,6 +220,13 @@ class MockEngine(CachingEngine[_MockKv, None]):
             raise ValueError("mock encode, prefill and decode times must be >= 0")
         self.spec: ModelSpec = resolve_model_spec(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
+        self.grammars = GrammarCache.for_tokenizer(
+            self.tokenizer, self.spec.vocab_size, self.spec.eos_token_ids, grammar_compile_timeout_s
+        )
+        # The ids of the single printable characters, for `_GrammarDraw`.
+        ids = [self.tokenizer.convert_tokens_to_ids(chr(code)) for code in range(33, 127)]
+        unknown = self.tokenizer.unk_token_id
+        self._characters = np.array(sorted({i for i in ids if i is not None and i != unknown}))
         self.prefill_s_per_token = prefill_us_per_token / 1e6
         self.decode_s_per_token = decode_ms_per_token / 1e3
         self.encode_s_per_token = encode_us_per_token / 1e6
@@ -252,14 +301,21 @@ class MockEngine(CachingEngine[_MockKv, None]):
         banned = StopRules(request.stop, self.spec.eos_token_ids).banned(done)
         sampling = request.sampling
         choices = range(request.first_choice, request.first_choice + sampling.n)
-        firsts = [_draw(_drawn(seed, i, sampling, done), banned) for i in choices]
+        # A resumed choice's grammar past its tokens so far.
+        histories = {i: list(request.resumed_ids if i == choices[0] else ()) for i in choices}
+        constraints = await self._constraints(sampling, histories)
+        draws = self._grammar_draws(constraints)
+        firsts = [_draw(_drawn(seed, i, sampling, done), banned, draws.get(i)) for i in choices]
+        for choice, token in zip(choices, firsts, strict=True):
+            if constraints is not None:
+                constraints[choice].observe(token)
         prompt_top = sampling.prompt_logprobs
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=len(request.token_ids),
             first_tokens=[FirstToken(*_chosen(token, sampling)) for token in firsts],
             cached_tokens=cached,
-            state=_MockKv(seed),
+            state=_MockKv(seed, constraints),
             prompt_logprobs=(
                 []
                 if prompt_top is None
@@ -267,6 +323,22 @@ class MockEngine(CachingEngine[_MockKv, None]):
             ),
             resumed=request.resumed,
         )
+
+    async def _constraints(
+        self, sampling: SamplingParams, histories: dict[int, list[int]]
+    ) -> dict[int, Constraint] | None:
+        """Each choice's grammar past its tokens so far, by choice; None without a grammar."""
+        if sampling.grammar is None:
+            return None
+        grammar = sampling.grammar
+        return {i: await self.grammars.constraint(grammar, t) for i, t in histories.items()}
+
+    def _grammar_draws(self, constraints: dict[int, Constraint] | None) -> dict[int, _GrammarDraw]:
+        """Each choice's draws under its grammar, by choice (none without a grammar)."""
+        return {
+            choice: _GrammarDraw(each, self.spec.vocab_size, self._characters)
+            for choice, each in (constraints or {}).items()
+        }
 
     def _state(self, kv: KvHandle[_MockKv]) -> _MockKv:
         if not kv.state.live:
@@ -289,13 +361,28 @@ class MockEngine(CachingEngine[_MockKv, None]):
                     i: _drawn(state.seed, i, sampling, done + 1)
                     for i in range(first, first + sampling.n)
                 }
+                draws = self._grammar_draws(state.constraints)
 
                 async def step(steps: list[Step]) -> list[tuple[int, TokenLogprob | None]]:
                     await asyncio.sleep(self.decode_s_per_token)  # one step of the batch
-                    return [_chosen(_draw(streams[i], banned), sampling) for i, _, banned in steps]
+                    tokens = [
+                        (i, _draw(streams[i], banned, draws.get(i))) for i, _, banned in steps
+                    ]
+                    for i, token in tokens:
+                        if state.constraints is not None:
+                            state.constraints[i].observe(token)
+                    return [_chosen(token, sampling) for _, token in tokens]
+
+                def grammar_ended(choice: int) -> bool:
+                    return state.constraints is not None and state.constraints[choice].terminated
 
                 async for chunk in stream_completion(
-                    kv, stop, self.spec.eos_token_ids, self.tokenizer.backend_tokenizer, step
+                    kv,
+                    stop,
+                    self.spec.eos_token_ids,
+                    self.tokenizer.backend_tokenizer,
+                    step,
+                    grammar_ended,
                 ):
                     yield chunk
             finally:
@@ -317,15 +404,22 @@ class MockEngine(CachingEngine[_MockKv, None]):
         seed = tensors.get("seed")
         if seed is None:
             raise EngineError("imported KV lacks 'seed' (not made by a mock engine)")
+        first = request.first_choice
+        histories = {
+            first + i: [*(request.resumed_ids if i == 0 else ()), token.token_id]
+            for i, token in enumerate(done.first_tokens)
+        }
+        constraints = await self._constraints(request.sampling, histories)
         return KvHandle(
             request_id=request.request_id,
             prompt_tokens=done.prompt_tokens,
             first_tokens=done.first_tokens,
             cached_tokens=done.cached_tokens,
-            state=_MockKv(int(seed[0])),
+            state=_MockKv(int(seed[0]), constraints),
             prompt_logprobs=done.prompt_logprobs,
             resumed=request.resumed,
         )
 
     async def close(self) -> None:
         self.admission.close()
+        self.grammars.close()

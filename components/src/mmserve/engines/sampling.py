@@ -1,6 +1,7 @@
 """The checks of a request's sampling, the stop rules of a stream (EOS unless `ignore_eos`,
 stop ids, `max_tokens`, and `min_tokens` before which neither ends it: as in vLLM, those ids
-are not sampled until then), and the stream itself (the token choice is `engines.logits`)."""
+are not sampled until then; a grammar that ended, whatever they say), and the stream itself
+(the token choice is `engines.logits`)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,16 @@ NextTokens = Callable[[list[Step]], Awaitable[list[tuple[int, TokenLogprob | Non
 """The next token of each step (in one call: an engine may batch the choices), with its
 log-probabilities where the request asks for them."""
 
+GrammarEnded = Callable[[int], bool]
+"""Whether a choice's grammar ended with its current token (a stop token it accepted):
+the choice is complete, "stop", even where the stop rules would go on (`ignore_eos`,
+`min_tokens`)."""
+
+
+def _free(choice: int) -> bool:
+    del choice
+    return False
+
 
 class _Choice:
     """One choice of a stream: its stop rules, text and token count; a resumed one's start
@@ -104,9 +115,11 @@ class _Choice:
         stop: StopConditions,
         eos_token_ids: tuple[int, ...],
         tokenizer: Tokenizer,
+        grammar_ended: GrammarEnded,
         resumed: Sequence[int] = (),
     ) -> None:
         self.index = index
+        self.grammar_ended = grammar_ended
         self.rules = StopRules(stop, eos_token_ids)
         self.detokenizer = IncrementalDetokenizer(
             tokenizer,
@@ -131,6 +144,8 @@ class _Choice:
         (the tokenizer's decode of them)."""
         self.completion_tokens += 1
         finish = self.rules.on_token(self.token, self.completion_tokens)
+        if finish != "stop" and self.grammar_ended(self.index):
+            finish = "stop"
         text = ""
         if finish != "stop" or self.include_stop:  # a stop id's text, only if included
             text = self.detokenizer.push([self.token])
@@ -153,10 +168,12 @@ async def stream_completion(
     eos_token_ids: Sequence[int],
     tokenizer: Tokenizer,
     next_tokens: NextTokens,
+    grammar_ended: GrammarEnded = _free,
 ) -> AsyncIterator[TokenChunk]:
     """Token chunks of every choice from its first token in `kv.first_tokens` on, one round of
     the unfinished choices at a time, `next_tokens` making their next ones (never one of a
-    step's banned ids: `StopRules.banned`), until a stop rule ends each; a choice's last
+    step's banned ids: `StopRules.banned`), until a stop rule or its grammar
+    (`grammar_ended`) ends each; a choice's last
     chunk carries its finish reason, the stream's last chunk the usage, and its first the
     prompt's log-probabilities (`kv.prompt_logprobs`). With `max_tokens` 0 the request was a
     prefill only: no first token is emitted, and the one chunk finishes with "length". A
@@ -178,7 +195,9 @@ async def stream_completion(
         return
     first_choice = 0 if kv.resumed is None else kv.resumed.choice
     every = [
-        _Choice(first_choice + i, first, stop, tuple(eos_token_ids), tokenizer, resumed)
+        _Choice(
+            first_choice + i, first, stop, tuple(eos_token_ids), tokenizer, grammar_ended, resumed
+        )
         for i, first in enumerate(kv.first_tokens)
     ]
     choices = every

@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from mmserve.frontend import completions
-from mmserve.frontend.chat import ChatPreprocessor, new_request_id
+from mmserve.frontend.answers import ChoiceReader, CollectedChoice, choice_finish, delta_events
+from mmserve.frontend.chat import ChatPreprocessor, new_call_id, new_request_id
 from mmserve.frontend.dispatch import Dispatcher
 from mmserve.frontend.drain import Drain
 from mmserve.frontend.errors import ApiError
@@ -43,13 +44,13 @@ from mmserve.protocol import (
     ERROR_METHOD_NOT_ALLOWED,
     ERROR_NO_WORKER,
     ERROR_NOT_FOUND,
-    AssistantMessage,
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChoiceDelta,
+    ChoiceFinishReason,
     ChoiceLogprobs,
     CompletionRequest,
     FinishReason,
@@ -330,10 +331,11 @@ class FrontendApp:
 
     async def _complete(self, request: ChatCompletionRequest, call: Call) -> None:
         self.preprocessor.validate(request)
+        grammar = await self.preprocessor.chat_grammar_of(request)
         self.check_ready()
         with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
             preprocessed = await self.preprocessor.preprocess(
-                request, call.request_id, call.deadline, call.tenant
+                request, call.request_id, call.deadline, call.tenant, grammar
             )
         self.observe_preprocessed(call.arrival)
         generation = _Generation(self, request, preprocessed, call.arrival)
@@ -355,7 +357,7 @@ class FrontendApp:
 class _Choice:
     """A choice collected for a non-streamed answer."""
 
-    parts: list[str] = field(default_factory=list)
+    answer: CollectedChoice
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish: FinishReason | None = None
 
@@ -377,6 +379,13 @@ class _Generation:
         self._created = int(time.time())
         options = request.stream_options
         self._continuous_usage = options is not None and options.continuous_usage_stats
+        # How each choice's text is read (reasoning, tool calls); None: passed on as it is.
+        self._rules = app.preprocessor.output_rules(request, preprocessed.plan.token_ids)
+        self._readers = (
+            [ChoiceReader(self._rules, new_call_id) for _ in range(request.n)]
+            if self._rules.reads
+            else None
+        )
 
     async def _chunks(self) -> AsyncGenerator[tuple[TokenChunk, bool]]:
         """Each chunk, and whether it is the last: every choice has its finish."""
@@ -406,25 +415,30 @@ class _Generation:
         return ChoiceLogprobs(content=self._app.token_texts.chat(logprobs))
 
     async def collect(self) -> ChatCompletionResponse:
-        choices = [_Choice() for _ in range(self._request.n)]
+        choices = [
+            _Choice(CollectedChoice(self._rules, new_call_id)) for _ in range(self._request.n)
+        ]
         async for chunk, _ in self._chunks():
             choice = choices[chunk.index]
-            choice.parts.append(chunk.text)
+            choice.answer.add(chunk.text)
             choice.logprobs += chunk.logprobs
             choice.finish = chunk.finish_reason
+        answers = []
+        for index, choice in enumerate(choices):
+            message, finish = choice.answer.message(choice.finish)
+            answers.append(
+                ChatCompletionChoice(
+                    index=index,
+                    message=message,
+                    finish_reason=finish,
+                    logprobs=self._logprobs(choice.logprobs),
+                )
+            )
         return ChatCompletionResponse(
             id=self._preprocessed.request_id,
             created=self._created,
             model=self._preprocessed.model,
-            choices=[
-                ChatCompletionChoice(
-                    index=index,
-                    message=AssistantMessage(content="".join(choice.parts)),
-                    finish_reason=choice.finish,
-                    logprobs=self._logprobs(choice.logprobs),
-                )
-                for index, choice in enumerate(choices)
-            ],
+            choices=answers,
             usage=self.usage(),
         )
 
@@ -460,6 +474,8 @@ class _Generation:
         """A chunk's events: its text with its tokens' log-probabilities (asked for, they come
         even while the text waits for the rest of a character), then the finish."""
         chosen = self._logprobs(chunk.logprobs) if chunk.logprobs else None
+        if self._readers is not None:
+            return self._read_events(chunk, self._readers[chunk.index], chosen)
         events = []
         if chunk.text or chosen is not None:
             events.append(self._event(ChoiceDelta(content=chunk.text), chunk, logprobs=chosen))
@@ -467,11 +483,31 @@ class _Generation:
             events.append(self._event(ChoiceDelta(), chunk, chunk.finish_reason))
         return events
 
+    def _read_events(
+        self, chunk: TokenChunk, reader: ChoiceReader, chosen: ChoiceLogprobs | None
+    ) -> list[bytes]:
+        """The events of a chunk whose text is read: its reasoning, then its content and
+        calls (the log-probabilities with the first, or alone while the text is held back),
+        then the finish."""
+        piece = reader.push(chunk.text)
+        if chunk.finish_reason is not None:
+            piece.extend(reader.finish())
+        events = []
+        for delta in delta_events(piece):
+            events.append(self._event(delta, chunk, logprobs=chosen))
+            chosen = None
+        if chosen is not None:
+            events.append(self._event(ChoiceDelta(content=""), chunk, logprobs=chosen))
+        if chunk.finish_reason is not None:
+            finish = choice_finish(chunk.finish_reason, reader.called)
+            events.append(self._event(ChoiceDelta(), chunk, finish))
+        return events
+
     def _event(
         self,
         content: ChoiceDelta,
         of: TokenChunk,
-        finish: FinishReason | None = None,
+        finish: ChoiceFinishReason | None = None,
         logprobs: ChoiceLogprobs | None = None,
     ) -> bytes:
         choice = ChatCompletionChunkChoice(

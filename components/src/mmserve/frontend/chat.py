@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
+import json
 import os
 import secrets
 import time
@@ -19,6 +20,7 @@ import numpy as np
 
 from mmserve import media
 from mmserve._mm import MediaError
+from mmserve.frontend.answers import OutputRules
 from mmserve.frontend.dispatch import TensorSink
 from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_embeds
 from mmserve.frontend.errors import ApiError
@@ -31,7 +33,19 @@ from mmserve.frontend.mm_options import (
     asks_video_options,
     check_media_counts,
 )
+from mmserve.frontend.structured import request_grammar
+from mmserve.frontend.template import TemplateFacts, template_messages
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB, TokenCache, message_boundary
+from mmserve.frontend.tool_parsers import HermesCalls, NamedCall, Qwen3CoderCalls, RequiredCalls
+from mmserve.frontend.tools import (
+    check_tool_grammar,
+    check_tools,
+    parameter_types,
+    template_tools,
+    tool_grammar,
+    tool_mode,
+)
+from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
 from mmserve.media import MediaPolicy, PixelBounds
 from mmserve.media.processing import PanAndScanKnobs
 from mmserve.media.text_pieces import text_pieces
@@ -49,23 +63,25 @@ from mmserve.protocol import (
     ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS,
     ERROR_UNSUPPORTED_OPTION,
     ChatCompletionRequest,
-    ChatMessage,
-    ContentPart,
     EmbeddingsHandle,
+    Grammar,
     ImageEmbedsPart,
     ImageUrlPart,
     ItemState,
     MediaIoKwargs,
     MediaPayload,
     MMProcessorKwargs,
+    NamedToolChoice,
     PreprocessedRequest,
     RequestPlan,
     SamplingParams,
     StopConditions,
+    StructuredOutputFields,
     TextPart,
     VideoUrlPart,
 )
 from mmserve.protocol.openai import DEFAULT_MAX_N
+from mmserve.reasoning import Opening, ReasoningTokens, after_reasoning
 
 # Request ids: a random prefix drawn once per process, then a counter (32 hex digits, as a
 # uuid4's): unique across frontends without a system call per request.
@@ -75,6 +91,11 @@ _ID_COUNTER = itertools.count()
 
 def new_request_id(kind: str = "chatcmpl") -> str:
     return f"{kind}-{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def new_call_id() -> str:
+    """A tool call's id, in OpenAI's form (`call_...`)."""
+    return f"call_{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,9 @@ class ServedModel:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
+        processor_template = _processor_chat_template(spec.path)
+        if processor_template is not None:
+            tokenizer.chat_template = processor_template
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"{spec.path} has no chat template in its tokenizer config")
         return cls(
@@ -100,6 +124,16 @@ class ServedModel:
             tokenizer=tokenizer,
             created=int(time.time()),
         )
+
+
+def _processor_chat_template(path: Path) -> str | None:
+    """The processor's template of a checkpoint that keeps it apart (`chat_template.json`, as
+    Qwen2-VL's and Qwen2.5-VL's do), which renders images; their tokenizer's, which
+    transformers' tokenizer loads, is the text model's and cannot. vLLM prefers it too."""
+    if (path / "chat_template.jinja").is_file() or not (path / "chat_template.json").is_file():
+        return None
+    template: str = json.loads((path / "chat_template.json").read_text())["chat_template"]
+    return template
 
 
 @dataclass(frozen=True)
@@ -129,6 +163,13 @@ class ChatOptions:
     enable_mm_embeds: bool = False
     # The most completions one request may ask for (`n`; vLLM has no such bound).
     max_n: int = DEFAULT_MAX_N
+    # How tool calls are read from a completion under tool_choice auto (tool_parsers.py):
+    # None is the format the chat template writes calls in, "none" no parser.
+    tool_call_parser: str | None = None
+    # The reasoning section's format (mmserve.reasoning); None: the text is not split.
+    reasoning_parser: str | None = None
+    # The longest a structured output's grammar may take to check (--grammar-compile-timeout).
+    grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -161,6 +202,13 @@ class ChatPreprocessor:
             raise ValueError("--enable-mm-embeds needs a tensor sink to ship embeddings")
         self.model = model
         self.options = options
+        self.template = TemplateFacts.of(model.tokenizer)
+        self.tool_call_parser = _tool_call_parser(options.tool_call_parser, self.template)
+        self.reasoning = (
+            None
+            if options.reasoning_parser is None
+            else ReasoningTokens.of(options.reasoning_parser, model.tokenizer)
+        )
         self.pixel_range = PixelRange.of(model.spec, options.mm_processor_kwargs)
         self.pan_and_scan = PanAndScanRange.of(model.spec, options.mm_processor_kwargs)
         # None for a family whose videos the core does not plan: it refuses their parts.
@@ -194,10 +242,16 @@ class ChatPreprocessor:
             self._image_text = (placeholder, image, core.panned_image_text + image)
 
     async def preprocess(
-        self, request: ChatCompletionRequest, request_id: str, deadline: float, tenant: str = ""
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        deadline: float,
+        tenant: str = "",
+        grammar: Grammar | None = None,
     ) -> PreprocessedRequest:
         """The request for the first hop; `request` must have passed `validate`. `tenant`
-        scopes the media ids the request names (`frontend.media_ids`)."""
+        scopes the media ids the request names (`frontend.media_ids`); `grammar` is what its
+        completion follows (`grammar_of`)."""
         items = _media_refs(request)
         if len(items) > self.options.policy.max_items:
             raise ApiError(
@@ -234,6 +288,7 @@ class ChatPreprocessor:
         max_tokens = self.completion_budget(
             _max_tokens(request), request.min_tokens, len(plan.token_ids)
         )
+        grammar = after_reasoning(grammar, self.reasoning, plan.token_ids)
         payloads = await self._payloads(planned, known, precomputed, request_id)
         for item, source in zip(plan.media, planned.sources, strict=True):
             part = items[source].part
@@ -247,9 +302,45 @@ class ChatPreprocessor:
             model=self.model.name,
             plan=plan,
             payloads=payloads,
-            sampling=sampling_params(request),
+            sampling=sampling_params(request, grammar),
             stop=stop_rules(request, max_tokens),
         )
+
+    def output_rules(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> OutputRules:
+        """How the request's completions are read: the reasoning split off (unless the request
+        asks for it whole, SGLang's `separate_reasoning`), the calls its tool_choice asks
+        for."""
+        reasoning = self.reasoning if request.separate_reasoning else None
+        mode = tool_mode(request)
+        calls: Any = None
+        if isinstance(mode, NamedToolChoice):
+            calls = functools.partial(NamedCall, name=mode.function.name)
+        elif mode == "required":
+            calls = RequiredCalls
+        elif mode == "auto" and request.tools and self.tool_call_parser == "qwen3_coder":
+            calls = functools.partial(Qwen3CoderCalls, types=parameter_types(request))
+        elif mode == "auto" and request.tools:
+            calls = HermesCalls
+        return OutputRules(
+            reasoning=None if reasoning is None else reasoning.format,
+            opening=Opening.EITHER if reasoning is None else reasoning.opening(prompt_ids),
+            include_reasoning=request.include_reasoning,
+            calls=calls,
+            single_call=request.parallel_tool_calls is False,
+        )
+
+    async def grammar_of(self, request: StructuredOutputFields) -> Grammar | None:
+        """The checked grammar of the request's structured-output form, if it has one."""
+        return await request_grammar(request, self.options.grammar_compile_timeout_s)
+
+    async def chat_grammar_of(self, request: ChatCompletionRequest) -> Grammar | None:
+        """The checked grammar of a chat request: its tool_choice's (required or a named
+        tool) or its structured-output form's; asking for both is refused."""
+        grammar = tool_grammar(request)
+        if grammar is None:
+            return await self.grammar_of(request)
+        await check_tool_grammar(request, grammar, self.options.grammar_compile_timeout_s)
+        return grammar
 
     @property
     def context_length(self) -> int | None:
@@ -303,6 +394,8 @@ class ChatPreprocessor:
         self.check_logit_bias(request.logit_bias)
         self.check_n(request.n, request.best_of)
         self.check_supported(request.unsupported_options())
+        self.template.check(request)
+        check_tools(request, self.tool_call_parser)
 
     @staticmethod
     def check_supported(unsupported: list[str]) -> None:
@@ -381,11 +474,15 @@ class ChatPreprocessor:
         each image that has them from there)."""
         from jinja2 import TemplateError
 
-        messages = [_template_message(message) for message in request.messages]
+        messages = template_messages(request)
         tokenizer = self.model.tokenizer
         try:
             text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages,
+                tools=template_tools(request),
+                tokenize=False,
+                add_generation_prompt=True,
+                **(request.chat_template_kwargs or {}),
             )
         except TemplateError as err:
             raise ApiError(
@@ -616,17 +713,23 @@ def stop_rules(request: StopFields, max_tokens: int) -> StopConditions:
     )
 
 
-def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def sampling_params(
+    request: ChatCompletionRequest, grammar: Grammar | None = None
+) -> SamplingParams:
     """The request's token choice, OpenAI's defaults where it gives none; `logprobs` asks
     the engines for the chosen token's and `top_logprobs` more."""
-    return token_choice(request, logprobs=(request.top_logprobs or 0) if request.logprobs else None)
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return token_choice(request, logprobs, grammar=grammar)
 
 
 def token_choice(
-    request: SamplingFields, logprobs: int | None, prompt_logprobs: int | None = None
+    request: SamplingFields,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
-    """A request's token choice, OpenAI's defaults where it gives none, and the
-    log-probabilities it asks of the engines."""
+    """A request's token choice, OpenAI's defaults where it gives none, the
+    log-probabilities it asks of the engines, and the grammar its text follows."""
     return SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
@@ -640,6 +743,7 @@ def token_choice(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         n=request.n,
+        grammar=grammar,
     )
 
 
@@ -669,22 +773,9 @@ def _media_refs(request: ChatCompletionRequest) -> list[_MediaRef]:
     return refs
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    """The message in the form HF chat templates read (`{"type": "image"}` per image,
-    `{"type": "video"}` per video)."""
-    role = "system" if message.role == "developer" else message.role
-    content = message.content
-    if content is None:
-        return {"role": role, "content": ""}
-    if isinstance(content, str):
-        return {"role": role, "content": content}
-    return {
-        "role": role,
-        "content": [_template_part(part) for part in content],
-    }
-
-
-def _template_part(part: ContentPart) -> dict[str, str]:
-    if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text}
-    return {"type": "video" if isinstance(part, VideoUrlPart) else "image"}
+def _tool_call_parser(asked: str | None, template: TemplateFacts) -> str | None:
+    """The tool-call parser in use: the one asked for, else the format the chat template
+    writes calls in."""
+    if asked is None:
+        return template.tool_call_format
+    return None if asked == "none" else asked

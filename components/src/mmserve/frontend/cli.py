@@ -21,8 +21,11 @@ from mmserve.frontend.mm_options import (
     parse_mm_processor_kwargs,
 )
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
+from mmserve.frontend.tool_parsers import TOOL_CALL_PARSERS
+from mmserve.grammar.defaults import add_grammar_arguments
 from mmserve.media.policy import MediaPolicy
 from mmserve.protocol.openai import DEFAULT_MAX_N
+from mmserve.reasoning import REASONING_PARSER_ALIASES, REASONING_PARSERS
 from mmserve.router.settings import RouterSettings
 from mmserve.runtime.heap import freeze_startup_heap
 from mmserve.runtime.lifetime import add_drain_timeout_argument, exit_without_teardown
@@ -183,6 +186,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only); they skip the encoder",
     )
     parser.add_argument(
+        "--tool-call-parser",
+        choices=(*TOOL_CALL_PARSERS, "none"),
+        default=None,
+        help="how tool calls are read from what the model writes under tool_choice auto: "
+        "hermes (<tool_call>{json}</tool_call>: Qwen2.5, Qwen3-VL) or qwen3_coder "
+        "(<tool_call><function=...>: Qwen3.5); none refuses tool_choice auto (default: the "
+        "format the model's chat template writes calls in, if one of these). tool_choice "
+        "required and named tools constrain decoding and need no parser",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=(*REASONING_PARSERS, *REASONING_PARSER_ALIASES),
+        default=None,
+        help="split a thinking model's <think>...</think> section into reasoning_content: "
+        "qwen3 (Qwen3.5, Qwen3-VL-Thinking: reasoning when the prompt or the completion opens "
+        "<think>) or deepseek_r1 (reasoning until </think>); with it a grammar (tool_choice "
+        "required or named) applies after the reasoning (default: no split)",
+    )
+    parser.add_argument(
         "--namespace",
         default=os.environ.get("MMSERVE_NAMESPACE", "mmserve"),
         help="deployment namespace on NATS (default: $MMSERVE_NAMESPACE or mmserve)",
@@ -198,6 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "turns it off, the client then gets the error (default: %(default)s)",
     )
     add_drain_timeout_argument(parser, "requests in flight (/health answers 503 meanwhile)")
+    add_grammar_arguments(parser, "a request whose grammar takes checking")
     MediaPolicy.add_cli_args(parser)
     VideoCaps.add_cli_args(parser)
     add_transfer_arguments(parser)
@@ -240,6 +263,9 @@ def build_app(
         video_caps=VideoCaps.from_args(args),
         enable_mm_embeds=args.enable_mm_embeds,
         max_n=args.max_n,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        grammar_compile_timeout_s=args.grammar_compile_timeout,
     )
     return FrontendApp(
         ChatPreprocessor(model, options, tensor_sink),

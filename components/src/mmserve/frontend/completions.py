@@ -37,6 +37,7 @@ from mmserve.protocol import (
     CompletionRequest,
     CompletionResponse,
     FinishReason,
+    Grammar,
     OpenAIUsage,
     PreprocessedRequest,
     PromptLogprob,
@@ -112,7 +113,12 @@ def _prompt_top(request: CompletionRequest) -> int | None:
 
 
 async def _preprocess(
-    app: FrontendApp, request: CompletionRequest, prompt: Prompt, request_id: str, call: Call
+    app: FrontendApp,
+    request: CompletionRequest,
+    prompt: Prompt,
+    request_id: str,
+    call: Call,
+    grammar: Grammar | None,
 ) -> PreprocessedRequest:
     preprocessor = app.preprocessor
     if isinstance(prompt, str):
@@ -127,13 +133,14 @@ async def _preprocess(
         deadline=call.deadline,
         model=preprocessor.model.name,
         plan=plan,
-        sampling=token_choice(request, request.logprobs, _prompt_top(request)),
+        sampling=token_choice(request, request.logprobs, _prompt_top(request), grammar),
         stop=stop_rules(request, max_tokens),
     )
 
 
 async def complete(app: FrontendApp, request: CompletionRequest, call: Call) -> None:
     prompts = validate(app, request)
+    grammar = await app.preprocessor.grammar_of(request)
     app.check_ready()
     ids = (
         [call.request_id]
@@ -143,7 +150,7 @@ async def complete(app: FrontendApp, request: CompletionRequest, call: Call) -> 
     with nvtx.nvtx_range(nvtx.FE_PREPROCESS):
         preprocessed = await asyncio.gather(
             *(
-                _preprocess(app, request, prompt, request_id, call)
+                _preprocess(app, request, prompt, request_id, call, grammar)
                 for prompt, request_id in zip(prompts, ids, strict=True)
             )
         )

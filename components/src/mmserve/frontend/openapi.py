@@ -73,6 +73,26 @@ def _restrict_chat_request(
             variant["propertyNames"] = {"pattern": "^[0-9]+$"}
 
 
+# The structured-output options mmserve does not implement, by the Struct that holds them.
+_UNSUPPORTED_STRUCTURED = {
+    "StructuredOutputs": ("whitespace_pattern", "structural_tag"),
+    "ChatCompletionRequest": ("guided_whitespace_pattern",),
+    "CompletionRequest": ("guided_whitespace_pattern",),
+}
+
+
+def _restrict_structured_outputs(components: dict[str, Any]) -> None:
+    """The structured-output options that are not implemented only unset (that a request sets
+    at most one form, `StructuredOutputs` says in words)."""
+    for struct, names in _UNSUPPORTED_STRUCTURED.items():
+        for name in names:
+            components[struct]["properties"][name] = {
+                "type": "null",
+                "default": None,
+                "description": "Not implemented: accepted only unset",
+            }
+
+
 def _restrict_choices(schema: dict[str, Any], max_n: int) -> None:
     """`n` up to the server's `--max-n`, and `best_of` unset or equal to `n` (one variant per
     `n`: JSON Schema cannot compare two fields)."""
@@ -263,6 +283,7 @@ def openapi_document(
     _restrict_video_sampling([components["MMProcessorKwargs"], components["VideoIoKwargs"]], video)
     _restrict_pan_and_scan(components["MMProcessorKwargs"], pan_and_scan)
     _require_url_or_uuid(components["ImageUrlPart"])
+    _restrict_structured_outputs(components)
     security = _SECURITY
     return {
         "openapi": "3.1.0",

@@ -60,6 +60,16 @@ ERROR_EMBEDS_MISSING = "embeds.missing"
 ERROR_EMBEDS_DTYPE = "embeds.dtype"
 ERROR_EMBEDS_SHAPE = "embeds.shape"
 ERROR_EMBEDS_VALUES = "embeds.values"
+# Tools and the chat template's variables.
+ERROR_TOOLS_SCHEMA = "tools.schema"
+ERROR_TOOLS_DUPLICATE = "tools.duplicate_name"
+ERROR_TOOLS_CHOICE = "tools.choice"
+ERROR_TOOLS_ARGUMENTS = "tools.arguments"
+ERROR_TEMPLATE_VARIABLE = "template.reserved_variable"
+# Structured outputs (a request's grammar).
+ERROR_GRAMMAR_INVALID = "grammar.invalid"
+ERROR_GRAMMAR_UNSUPPORTED = "grammar.unsupported"
+ERROR_GRAMMAR_TIMEOUT = "grammar.compile_timeout"
 
 PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_BAD_REQUEST, 400, "the request cannot be served as given"),
@@ -108,6 +118,21 @@ PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_EMBEDS_SHAPE, 400, "the embedding's shape does not fit the model's hidden "
               "size or the grid's token count"),
     ErrorCode(ERROR_EMBEDS_VALUES, 400, "the embedding holds NaN or infinite values"),
+    ErrorCode(ERROR_TOOLS_SCHEMA, 400, "a tool's parameters are not a valid JSON Schema of an "
+              "object (its arguments)"),
+    ErrorCode(ERROR_TOOLS_DUPLICATE, 400, "two tools have one name"),
+    ErrorCode(ERROR_TOOLS_CHOICE, 400, "tool_choice names a tool not in tools, or asks for "
+              "calls without tools"),
+    ErrorCode(ERROR_TOOLS_ARGUMENTS, 400, "an assistant message's tool call arguments are not a "
+              "JSON object's text"),
+    ErrorCode(ERROR_TEMPLATE_VARIABLE, 400, "chat_template_kwargs sets a name the server passes "
+              "the template itself, or one of the template's functions"),
+    ErrorCode(ERROR_GRAMMAR_INVALID, 400, "a structured output's JSON Schema, regex, EBNF "
+              "grammar or choices cannot be compiled (the message says why)"),
+    ErrorCode(ERROR_GRAMMAR_UNSUPPORTED, 400, "a JSON Schema uses a keyword or format the "
+              "grammar engine would not enforce (the message names it and where)"),
+    ErrorCode(ERROR_GRAMMAR_TIMEOUT, 400, "a structured output's grammar took longer to "
+              "compile than --grammar-compile-timeout allows"),
 )  # fmt: skip
 
 CORE_CODES: tuple[ErrorCode, ...] = tuple(

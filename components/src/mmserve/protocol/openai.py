@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from mmserve.protocol.structured import StructuredOutputFields
+
 
 class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="text"):
     text: str
@@ -102,10 +104,61 @@ class ImageEmbedsPart(
 ContentPart = TextPart | ImageUrlPart | VideoUrlPart | ImageEmbedsPart
 
 
+class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A function the model called: its name and its arguments as a JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A call in an answer, or in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    # An assistant message's calls, and the call a `tool` message answers.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # An earlier answer's reasoning, which thinking templates render (SGLang's and vLLM's
+    # older name, and vLLM's newer one).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct, frozen=True, kw_only=True):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    description: str | None = None
+    parameters: Annotated[
+        dict[str, Any] | None,
+        msgspec.Meta(description="The arguments as a JSON Schema object; none: no arguments"),
+    ] = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, frozen=True, kw_only=True):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, frozen=True, kw_only=True):
+    """`{"type": "function", "function": {"name": ...}}`: the answer is a call of that tool."""
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +176,7 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
 _INT64_MAX = 2**63 - 1
 
 
+_Int64 = Annotated[int, msgspec.Meta(ge=-_INT64_MAX - 1, le=_INT64_MAX)]
 _Positive = Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
 _PositiveU32 = Annotated[int, msgspec.Meta(ge=1, le=2**32 - 1)]  # what the core holds as u32
 
@@ -192,7 +246,7 @@ BestOf = Annotated[
 ]
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ChatCompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     """`POST /v1/chat/completions` body. Unknown fields are ignored (see module docstring)."""
 
     model: str
@@ -267,7 +321,7 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: LogitBias | None = None
     stop_token_ids: (
         Annotated[
-            list[int],
+            list[_Int64],
             msgspec.Meta(description="Extension (vLLM's): token ids that end the completion"),
         ]
         | None
@@ -283,10 +337,47 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
             "stop token's text) that ended it, not before"
         ),
     ] = False
-    # Known OpenAI options that mmserve does not implement: accepted only at their defaults.
-    tools: list[Any] | None = None
-    tool_choice: Any | None = None
-    response_format: Any | None = None
+    tools: Annotated[
+        list[Tool] | None,
+        msgspec.Meta(description="Functions the model may call; [] is the same as none"),
+    ] = None
+    tool_choice: Annotated[
+        ToolChoice | None,
+        msgspec.Meta(
+            description="none: no call; auto (the default with tools): the model chooses and its "
+            "calls are parsed (--tool-call-parser); required: one or more calls; or the named "
+            "tool: one call of it. required and named constrain decoding to valid calls"
+        ),
+    ] = None
+    parallel_tool_calls: Annotated[
+        bool | None,
+        msgspec.Meta(description="false: at most one call (default: any number)"),
+    ] = None
+    chat_template_kwargs: Annotated[
+        dict[str, Any] | None,
+        msgspec.Meta(
+            description="Extension (vLLM's): variables for the chat template, e.g. "
+            '{"enable_thinking": false}'
+        ),
+    ] = None
+    include_reasoning: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Extension (vLLM's): false leaves the reasoning out of the answer "
+            "(with --reasoning-parser)"
+        ),
+    ] = True
+    separate_reasoning: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Extension (SGLang's): false keeps the reasoning in content, as the "
+            "model wrote it (with --reasoning-parser)"
+        ),
+    ] = True
+    # Known OpenAI options that mmserve does not implement, accepted only at their defaults:
+    # its deprecated function calling, which `tools` replaced.
+    functions: list[Any] | None = None
+    function_call: Any | None = None
     user: str | None = None
 
     def unsupported_options(self) -> list[str]:
@@ -297,9 +388,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 # The known OpenAI options mmserve does not implement, with the values it accepts for each
 # (their defaults); `/openapi.json` documents these as the options' only values.
 DEFAULT_ONLY_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
+    "functions": (None,),
+    "function_call": (None,),
 }
 
 
@@ -308,6 +398,8 @@ def _unsupported(request: msgspec.Struct, accepted: dict[str, tuple[Any, ...]]) 
 
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+# What an answer's choice says: the engine's reason, or that it ended in tool calls.
+ChoiceFinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -332,9 +424,16 @@ class OpenAIUsage(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
+class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An answer: `content` is always written (null beside tool calls with no text); the
+    reasoning under both names clients read (SGLang's and Dynamo's `reasoning_content`,
+    vLLM's `reasoning`) and the calls only when there are some."""
+
+    role: Literal["assistant"]
+    content: str | None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
@@ -361,7 +460,7 @@ class ChoiceLogprobs(msgspec.Struct, frozen=True, kw_only=True):
 class ChatCompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     message: AssistantMessage
-    finish_reason: FinishReason | None
+    finish_reason: ChoiceFinishReason | None
     logprobs: ChoiceLogprobs | None = None
 
 
@@ -374,15 +473,33 @@ class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
     object: Literal["chat.completion"] = "chat.completion"
 
 
+class FunctionCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A piece of a streamed call: its id, type and name come first, then its arguments in
+    fragments, each under the call's `index`."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChoiceDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatCompletionChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     delta: ChoiceDelta
-    finish_reason: FinishReason | None = None
+    finish_reason: ChoiceFinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
 
 
@@ -436,7 +553,7 @@ CompletionPrompt = Annotated[
 ]
 
 
-class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class CompletionRequest(StructuredOutputFields, frozen=True, kw_only=True):
     """`POST /v1/completions` body. Unknown fields are ignored (see module docstring)."""
 
     model: str
@@ -490,7 +607,7 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
     logit_bias: LogitBias | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[_Int64] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] = 0
     skip_special_tokens: bool = True

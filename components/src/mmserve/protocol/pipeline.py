@@ -17,7 +17,7 @@ GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "ebnf"]
 
 class Grammar(msgspec.Struct, frozen=True, kw_only=True):
     """What a completion's text must follow (vLLM's structured outputs), as the frontend
-    validated it; each worker compiles it for its own tokenizer (`engines.grammar`), and a
+    validated it; each worker compiles it for its own tokenizer (`mmserve.grammar`), and a
     decode worker rebuilds the matcher from it and the tokens already sampled."""
 
     kind: GrammarKind
@@ -27,6 +27,9 @@ class Grammar(msgspec.Struct, frozen=True, kw_only=True):
     # With a reasoning parser on, the grammar starts after this token id (the reasoning
     # section's end, `</think>`); None: from the first token.
     start_after: int | None = None
+    # JSON kinds: whitespace wherever JSON allows it (vLLM's default), else compact JSON with
+    # ", " and ": " between items (vLLM's `disable_any_whitespace`, mmserve's default).
+    any_whitespace: bool = False
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):

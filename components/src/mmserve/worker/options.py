@@ -17,6 +17,7 @@ from mmserve.engines.defaults import (
     DEFAULT_PREFILL_US_PER_TOKEN,
     LOGPROBS_MODES,
 )
+from mmserve.grammar.defaults import add_grammar_arguments
 from mmserve.kv.hashing import add_block_size_argument
 from mmserve.kv.pad import PadScheme, add_pad_scheme_argument
 from mmserve.observability.metrics import export_encoder_cache, serve_metrics
@@ -78,6 +79,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests admitted by the engine at once; more answer 503 (default: %(default)s)",
     )
     add_drain_timeout_argument(parser, "requests in flight")
+    add_grammar_arguments(parser, "a grammar (hf and mock engines) compiling")
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -150,7 +152,11 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
         from mmserve.engines.hf import HfEngine
 
         return await HfEngine.load(
-            model_path, device=args.device, logprobs_mode=args.logprobs_mode, **common
+            model_path,
+            device=args.device,
+            logprobs_mode=args.logprobs_mode,
+            grammar_compile_timeout_s=args.grammar_compile_timeout,
+            **common,
         )
     if args.engine == "mock":
         from mmserve.engines.mock import MockEngine
@@ -161,6 +167,7 @@ async def load_engine(args: argparse.Namespace, model_path: Path) -> Engine:
             prefill_us_per_token=args.mock_prefill_us_per_token,
             decode_ms_per_token=args.mock_decode_ms_per_token,
             encode_us_per_token=args.mock_encode_us_per_token,
+            grammar_compile_timeout_s=args.grammar_compile_timeout,
             **common,
         )
     if args.engine == "sglang":

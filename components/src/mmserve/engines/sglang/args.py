@@ -23,9 +23,11 @@ GENERATE_FIELDS = (
     "top_logprobs_num",
     "logprob_start_len",
     "token_ids_logprob",
+    "require_reasoning",
 )
-"""Every argument the engine passes to `sglang.Engine.async_generate` (the last four where a
-request asks for log-probabilities: `convert.logprob_kwargs`)."""
+"""Every argument the engine passes to `sglang.Engine.async_generate` (the four before the last
+where a request asks for log-probabilities: `convert.logprob_kwargs`; the last for a grammar
+after a reasoning section)."""
 
 RAW_LOGPROBS_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
 """Set for SGLang's processes unless the user set it: SGLang's logprobs are then those of the

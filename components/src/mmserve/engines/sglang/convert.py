@@ -6,6 +6,14 @@ item per modality (`precomputed_embeddings` with any deepstack features, `image_
 and `video_data`) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so SGLang's
 pad values, radix cache and KV events use the router's item identities. The encoder takes the
 Rust core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its model.
+
+A request's grammar goes as SGLang's own sampling parameters: a regex as `regex`, everything
+else as `ebnf`, the EBNF text of the grammar the hf engine compiles (SGLang compiles it with
+the same xgrammar): JSON as the request asks it written (compact unless it asks for any
+whitespace, which SGLang sets only server-wide), its bounded strings repaired, choices as
+alternatives. A grammar that starts after a reasoning section asks SGLang for
+`require_reasoning`, which defers the grammar to the end of the section its own
+`--reasoning-parser` finds.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from mmserve.engines.base import (
     UnsupportedRequest,
 )
 from mmserve.engines.logits import step_seed
+from mmserve.grammar.xgrammar_backend import ebnf_text
 from mmserve.protocol import (
     BootstrapInfo,
     FinishReason,
+    Grammar,
     MRopePositions,
     SamplingParams,
     StopConditions,
@@ -102,7 +112,16 @@ def sampling_params(sampling: SamplingParams, stop: StopConditions) -> dict[str,
     }
     if sampling.logit_bias:
         params["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
-    return params
+    return params | grammar_params(sampling.grammar)
+
+
+def grammar_params(grammar: Grammar | None) -> dict[str, Any]:
+    """A request's grammar as SGLang's sampling parameters (none for free text)."""
+    if grammar is None:
+        return {}
+    if grammar.kind == "regex":
+        return {"regex": grammar.spec}
+    return {"ebnf": ebnf_text(grammar)}
 
 
 def resumed_sampling_params(request: EngineRequest) -> dict[str, Any]:
@@ -171,6 +190,9 @@ def generate_kwargs(
         kwargs["bootstrap_port"] = bootstrap.port
         kwargs["bootstrap_room"] = bootstrap.room
     kwargs |= logprob_kwargs(request)
+    grammar = request.sampling.grammar
+    if grammar is not None and grammar.start_after is not None:
+        kwargs["require_reasoning"] = True
     return kwargs
 
 
