@@ -143,6 +143,7 @@ error_codes! {
     ProcessPlaceholderCount: "process.placeholder_count", 400, "the prompt holds another number of media placeholders than the request has items";
     ProcessPlaceholderModality: "process.placeholder_modality", 400, "the prompt's text spells a media placeholder of another modality than the item at its place";
     ProcessVideoUnsupported: "process.video_unsupported", 400, "the served model family does not take video (yet)";
+    ProcessModalityUnsupported: "process.modality_unsupported", 400, "the served model family does not take this modality (images for an audio model, audio for a vision model)";
     ProcessGrid: "process.grid", 400, "a precomputed item's grid is not one the model's vision tower produces";
     ProcessOffsets: "process.offsets", 500, "the prompt layout and the items' grids disagree";
     ProcessTensorShape: "process.tensor_shape", 500, "a preprocessed tensor has the wrong shape";

@@ -35,7 +35,7 @@ pub enum Padding {
 }
 
 /// A `WhisperFeatureExtractor`'s parameters (`preprocessor_config.json`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LogMelConfig {
     /// Mel bins (`feature_size`: 80 or 128).
     pub feature_size: usize,
@@ -99,7 +99,7 @@ impl LogMelConfig {
         (frames, valid)
     }
 
-    fn validate(&self) -> Result<(), AudioError> {
+    pub(crate) fn validate(&self) -> Result<(), AudioError> {
         let bad = |why: String| Err(AudioError::BadFeatureConfig(why));
         if self.n_fft < 2 || self.n_fft > 1 << 16 {
             return bad(format!("n_fft {} is outside 2..=65536", self.n_fft));
