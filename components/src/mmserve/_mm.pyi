@@ -342,9 +342,7 @@ def audio_features(
     formats: list[str | None] | None = None,
     max_duration_s: float | None = None,
     timeout_s: float | None = None,
-) -> list[
-    tuple[_AudioInfo, numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]], int, int]
-]:
+) -> list[tuple[_AudioInfo, numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]], int, int]]:
     """(info, input_features, valid_frames, samples) of each encoded clip: decoded at the
     extractor's rate (stopping at its chunk when it truncates) and featurized, the clips fanned
     out over the core's pool (built with the `audio` feature)."""
@@ -579,6 +577,8 @@ def process(
     video: VideoOptions | None = None,
     text_pieces: dict[str, list[int]] | None = None,
     panned_input_ids: list[int] | None = None,
+    audio_formats: list[str | None] | None = None,
+    max_audio_duration_s: float | None = None,
 ) -> ProcessResult:
     """The request driver: one placeholder per item in input_ids, items as references
     (URL, data: URL, base64, local path), already-fetched bytes, or (hash, (t, h, w)) for an
@@ -594,7 +594,10 @@ def process(
     crop, the text before the image taken from `panned_input_ids` (the prompt with every
     image written as one with crops) and the texts between them from `text_pieces`, the
     bytes with the image. timeout_s bounds each http(s) fetch, and reading the videos'
-    headers once fetched."""
+    headers once fetched. An "audio" item is checked from its headers (max_audio_duration_s;
+    `audio_formats` names each item's declared format, data of another refused) and decoded
+    up to its family's chunk to count its samples; its image_grid_thw is (1, 1, valid feature
+    frames), its hash folds the family's extractor in."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""
