@@ -296,6 +296,9 @@ class AudioFeatureExtractor:
     ) -> AudioFeatureExtractor: ...
     @property
     def sampling_rate(self) -> int: ...
+    def identity(self, data: bytes) -> int:
+        """The identity (mm_hash) of the clip whose encoded bytes are `data`, featurized by
+        this extractor: what the request plan gives it."""
     @property
     def feature_size(self) -> int: ...
     @property
@@ -373,6 +376,12 @@ class Spec:
     @property
     def takes_video(self) -> bool:
         """Whether the request driver plans this family's videos."""
+    @property
+    def audio_extractor(self) -> AudioFeatureExtractor | None:
+        """The feature extractor of a family that takes audio; None for one that takes none."""
+    @property
+    def audio_token_id(self) -> int | None:
+        """The audio placeholder the chat template writes once per clip (`<|AUDIO|>`)."""
     @property
     def video_per_group(self) -> bool:
         """Whether it plans a video one item per temporal group, each after its timestamp

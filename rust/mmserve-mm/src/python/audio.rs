@@ -26,6 +26,14 @@ pub struct PyAudioFeatureExtractor {
     inner: LogMel,
 }
 
+impl PyAudioFeatureExtractor {
+    /// The extractor `config` makes.
+    pub(super) fn of(config: LogMelConfig) -> PyResult<Self> {
+        let inner = LogMel::new(config).map_err(to_py)?;
+        Ok(PyAudioFeatureExtractor { inner })
+    }
+}
+
 #[pymethods]
 impl PyAudioFeatureExtractor {
     #[new]
@@ -52,7 +60,7 @@ impl PyAudioFeatureExtractor {
                 )))
             }
         };
-        let inner = LogMel::new(LogMelConfig {
+        Self::of(LogMelConfig {
             feature_size,
             sampling_rate,
             hop_length,
@@ -62,8 +70,12 @@ impl PyAudioFeatureExtractor {
             padding,
             truncation,
         })
-        .map_err(to_py)?;
-        Ok(PyAudioFeatureExtractor { inner })
+    }
+
+    /// The identity (mm_hash) of the clip whose encoded bytes are `data` when featurized by
+    /// this extractor: what the request plan gives it.
+    fn identity(&self, data: &[u8]) -> u64 {
+        crate::identity::audio(crate::identity::content(data), self.inner.config())
     }
 
     #[getter]

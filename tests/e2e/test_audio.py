@@ -1,0 +1,175 @@
+"""Audio end to end on the tiny Qwen2-Audio: every pattern (aggregated, encode+prefill /
+decode, encode / prefill+decode, encode / prefill / decode) gives transformers' greedy tokens on its processor's inputs, through the official
+openai client, streamed and not, for one clip and two (OpenAI's `input_audio` and vLLM's
+`audio_url`); every refusal is a 4xx naming the part, from the frontend, and the next request
+is served. One set of deployments for the module."""
+
+from __future__ import annotations
+
+import base64
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+from mmserve.tiny.checkpoints import build_tiny_model
+from tests.support.audio import Encoding, encode_one, signal, torchcodec_samples, wav_bytes
+from tests.support.deployment import Deployment, serve_directory
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 8
+MAX_AUDIO_DURATION_S = 20
+AUDIO_LIMIT = 2
+PATTERNS = ("agg", "ep_d", "e_pd", "e_p_d")
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("clips")
+    rng = np.random.default_rng(7)
+    (root / "speech.wav").write_bytes(
+        wav_bytes(signal("speech_like", 16000, 2.3, 1, rng), 16000, "s16")
+    )
+    mp3 = Encoding("mp3", "mp3", ("-c:a", "libmp3lame", "-b:a", "64k"))
+    (root / "tone.mp3").write_bytes(encode_one(signal("tone", 44100, 1.7, 2, rng), 44100, mp3))
+    return root
+
+
+@pytest.fixture(scope="module")
+def clip_server(clip_dir: Path) -> Iterator[str]:
+    url, server = serve_directory(clip_dir)
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return build_tiny_model("qwen2_audio")
+
+
+@pytest.fixture(scope="module")
+def clients(
+    model_path: Path, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, openai.OpenAI]]:
+    """An openai client of each pattern's frontend, both deployments running."""
+    log_dir = tmp_path_factory.mktemp("audio-logs")
+    flags = [
+        "--max-audio-duration",
+        str(MAX_AUDIO_DURATION_S),
+        "--limit-mm-per-prompt",
+        f'{{"audio": {AUDIO_LIMIT}}}',
+    ]
+    deployments = [
+        Deployment(p, model_path, nats_url, log_dir, frontend_flags=flags) for p in PATTERNS
+    ]
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+        yield {
+            d.pattern: openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
+            for d in deployments
+        }
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+
+
+def input_audio(data: bytes, fmt: str) -> dict[str, Any]:
+    return {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt},
+    }
+
+
+def audio_url(url: str) -> dict[str, Any]:
+    return {"type": "audio_url", "audio_url": {"url": url}}
+
+
+def _user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+@functools.cache
+def _reference_model(model_path: Path) -> tuple[Any, Any]:
+    import transformers
+
+    processor = transformers.AutoProcessor.from_pretrained(model_path)
+    model = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_path)
+    return processor, model.eval()
+
+
+def reference(model_path: Path, messages: list[dict[str, Any]], clips: list[bytes]) -> tuple:
+    """transformers' greedy completion on the processor's inputs (each clip loaded as
+    transformers loads audio): its text and prompt length."""
+    import torch
+
+    processor, model = _reference_model(model_path)
+    template = [
+        {
+            "role": m["role"],
+            "content": [{"type": "audio"} if p["type"] != "text" else p for p in m["content"]],
+        }
+        for m in messages
+    ]
+    text = processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
+    audio = [torchcodec_samples(clip, 16000) for clip in clips]
+    inputs = processor(text=text, audio=audio, sampling_rate=16000, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    prompt = inputs["input_ids"].shape[1]
+    return processor.tokenizer.decode(out[0, prompt:], skip_special_tokens=True), prompt
+
+
+def _complete(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> tuple:
+    response = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert response.usage is not None
+    return response.choices[0].message.content, response.usage.prompt_tokens
+
+
+def _stream(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> str:
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+    )
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+def test_every_pattern_gives_transformers_tokens(
+    clients: dict[str, openai.OpenAI], model_path: Path, clip_dir: Path, clip_server: str
+) -> None:
+    speech = (clip_dir / "speech.wav").read_bytes()
+    tone = (clip_dir / "tone.mp3").read_bytes()
+    one = _user(input_audio(speech, "wav"), {"type": "text", "text": "What is this sound?"})
+    two = _user(
+        {"type": "text", "text": "Compare:"},
+        audio_url(f"{clip_server}/tone.mp3"),
+        input_audio(speech, "wav"),
+    )
+    expected = {
+        "one": reference(model_path, one, [speech]),
+        "two": reference(model_path, two, [tone, speech]),
+    }
+    # The clip moves the tokens: a served prompt that lost it would not pass.
+    other = _user(input_audio(tone, "mp3"), {"type": "text", "text": "What is this sound?"})
+    assert reference(model_path, other, [tone])[0] != expected["one"][0]
+    name = model_path.name
+    for pattern, client in clients.items():
+        assert _complete(client, name, one) == expected["one"], pattern
+        assert _stream(client, name, one) == expected["one"][0], pattern
+        assert _complete(client, name, two) == expected["two"], pattern
