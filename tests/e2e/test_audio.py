@@ -173,3 +173,58 @@ def test_every_pattern_gives_transformers_tokens(
         assert _complete(client, name, one) == expected["one"], pattern
         assert _stream(client, name, one) == expected["one"][0], pattern
         assert _complete(client, name, two) == expected["two"], pattern
+
+
+def _refusal(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> tuple:
+    with pytest.raises(openai.APIStatusError) as caught:
+        _complete(client, model, messages)
+    error = caught.value
+    return error.status_code, error.code, error.param
+
+
+def test_bad_audio_is_refused_by_the_frontend_naming_the_part(
+    clients: dict[str, openai.OpenAI], model_path: Path, clip_dir: Path, clip_server: str
+) -> None:
+    client, name = clients["e_p_d"], model_path.name
+    speech = (clip_dir / "speech.wav").read_bytes()
+    tone = (clip_dir / "tone.mp3").read_bytes()
+    rng = np.random.default_rng(3)
+    aiff = Encoding("aiff", "aiff", ("-c:a", "pcm_s16be"))
+    too_long = wav_bytes(np.zeros((16000 * (MAX_AUDIO_DURATION_S + 1), 1)), 16000, "s16")
+    question = {"type": "text", "text": "What is this sound?"}
+    part = "messages[0].content[0]"
+    cases = [
+        (input_audio(b"not audio at all " * 64, "wav"), 400, "audio.unknown_format"),
+        (input_audio(tone, "wav"), 400, "audio.format_mismatch"),
+        (input_audio(speech, "aiff"), 400, "audio.unknown_format_name"),
+        (
+            input_audio(encode_one(signal("tone", 16000, 0.5, 1, rng), 16000, aiff), "wav"),
+            400,
+            "audio.unsupported_container",
+        ),
+        (input_audio(wav_bytes(np.zeros((0, 1)), 16000, "s16"), "wav"), 400, "audio.empty"),
+        (input_audio(too_long, "wav"), 413, "audio.too_long"),
+        (
+            {"type": "input_audio", "input_audio": {"data": "!!not base64!!", "format": "wav"}},
+            400,
+            "fetch.bad_data_url",
+        ),
+        (audio_url("http://10.0.0.1/speech.wav"), 400, "fetch.forbidden_address"),
+        (
+            {"type": "image_url", "image_url": {"url": f"{clip_server}/speech.wav"}},
+            400,
+            "process.modality_unsupported",
+        ),
+    ]
+    good = _user(input_audio(speech, "wav"), question)
+    expected = _complete(client, name, good)
+    for bad, status, code in cases:
+        field = bad["type"]
+        assert _refusal(client, name, _user(bad, question)) == (
+            status,
+            code,
+            f"{part}.{field}",
+        ), code
+        assert _complete(client, name, good) == expected, f"after {code}"
+    many = _user(*[input_audio(speech, "wav")] * (AUDIO_LIMIT + 1), question)
+    assert _refusal(client, name, many) == (400, "request.too_many_items", "messages")

@@ -227,18 +227,17 @@ pub fn run(
         .into());
     }
     let capabilities = family.capabilities();
-    for m in media {
-        match m.modality {
+    for (index, m) in media.iter().enumerate() {
+        let taken = match m.modality {
             Modality::Video if !capabilities.video => {
                 return Err(ProcessError::VideoUnsupported.into())
             }
-            Modality::Image if !capabilities.images => {
-                return Err(ProcessError::ModalityUnsupported(Modality::Image).into())
-            }
-            Modality::Audio if capabilities.audio.is_none() => {
-                return Err(ProcessError::ModalityUnsupported(Modality::Audio).into())
-            }
-            _ => {}
+            Modality::Video => true,
+            Modality::Image => capabilities.images,
+            Modality::Audio => capabilities.audio.is_some(),
+        };
+        if !taken {
+            return Err(Error::from(ProcessError::ModalityUnsupported(m.modality)).at_item(index));
         }
     }
     let inputs: Vec<MediaInput<'_>> = media.iter().map(|m| m.input).collect();
