@@ -1,8 +1,9 @@
 """Audio end to end on the tiny Qwen2-Audio: every pattern (aggregated, encode+prefill /
-decode, encode / prefill+decode, encode / prefill / decode) gives transformers' greedy tokens on its processor's inputs, through the official
-openai client, streamed and not, for one clip and two (OpenAI's `input_audio` and vLLM's
-`audio_url`); every refusal is a 4xx naming the part, from the frontend, and the next request
-is served. One set of deployments for the module."""
+decode, encode / prefill+decode, encode / prefill / decode) gives transformers' greedy
+tokens on its processor's inputs, through the official openai client, streamed and not, for
+one clip and two (OpenAI's `input_audio` and vLLM's `audio_url`); every refusal is a 4xx
+naming the part, from the frontend, and the next request is served. One set of deployments
+for the module."""
 
 from __future__ import annotations
 
@@ -131,9 +132,9 @@ def reference(model_path: Path, messages: list[dict[str, Any]], clips: list[byte
 def _complete(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> tuple:
     response = client.chat.completions.create(
         model=model,
-        messages=messages,
+        messages=messages,  # type: ignore[arg-type]
         max_tokens=MAX_TOKENS,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     assert response.usage is not None
     return response.choices[0].message.content, response.usage.prompt_tokens
@@ -142,11 +143,12 @@ def _complete(client: openai.OpenAI, model: str, messages: list[dict[str, Any]])
 def _stream(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> str:
     stream = client.chat.completions.create(
         model=model,
-        messages=messages,
+        messages=messages,  # type: ignore[arg-type]
         max_tokens=MAX_TOKENS,
         temperature=0,
-        stream=True,  # type: ignore[arg-type]
+        stream=True,
     )
+    assert isinstance(stream, openai.Stream)
     return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
 

@@ -275,8 +275,8 @@ class ChatPreprocessor:
                 param="messages",
             )
         counts = {"image": 0, "video": 0, "audio": 0}
-        for item in items:
-            counts[item.modality] += 1
+        for ref in items:
+            counts[ref.modality] += 1
         check_media_counts(self.options.limit_mm_per_prompt, counts)
         videos = counts["video"]
         bounds = self.pixel_range.bounds(request.mm_processor_kwargs)
