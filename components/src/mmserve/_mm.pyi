@@ -379,6 +379,9 @@ class Spec:
     @property
     def audio_extractor(self) -> AudioFeatureExtractor | None:
         """The feature extractor of a family that takes audio; None for one that takes none."""
+    def audio_tokens(self, frames: int) -> int:
+        """The tokens a clip of `frames` valid feature frames expands to (0 for a family that
+        takes no audio)."""
     @property
     def audio_token_id(self) -> int | None:
         """The audio placeholder the chat template writes once per clip (`<|AUDIO|>`)."""

@@ -119,6 +119,13 @@ impl PySpec {
             .transpose()
     }
 
+    /// The tokens a clip of `frames` valid feature frames expands to (0 for a family that
+    /// takes no audio): the plan's count, for an engine that stands in for the tower.
+    fn audio_tokens(&self, frames: u32) -> usize {
+        self.family
+            .num_tokens(&crate::pipeline::Geometry::Audio { samples: 0, frames })
+    }
+
     /// The audio placeholder the chat template writes once per clip (`<|AUDIO|>`); `None`
     /// for a family that takes no audio.
     #[getter]
