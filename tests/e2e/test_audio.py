@@ -21,8 +21,6 @@ from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.audio import Encoding, encode_one, signal, torchcodec_samples, wav_bytes
 from tests.support.deployment import Deployment, serve_directory
 
-pytestmark = pytest.mark.slow
-
 MAX_TOKENS = 8
 MAX_AUDIO_DURATION_S = 20
 AUDIO_LIMIT = 2
