@@ -251,7 +251,8 @@ def test_a_repeated_clip_hits_the_prefix_cache_and_concurrent_clips_keep_their_a
     assert first.usage is not None and again.usage is not None
     assert again.usage.prompt_tokens_details is not None
     # Every whole block of the prompt, the clip's tokens among them, comes from the cache.
-    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and cached >= first.usage.prompt_tokens - 16
     alone = [_complete(agg, name, messages) for messages in requests]
     with ThreadPoolExecutor(len(requests)) as pool:
         together = list(pool.map(functools.partial(_complete, clients["e_p_d"], name), requests))
