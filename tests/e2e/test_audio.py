@@ -67,8 +67,11 @@ def clients(
         "--limit-mm-per-prompt",
         f'{{"audio": {AUDIO_LIMIT}}}',
     ]
+    # E/P/D's frontend decodes images itself: a clip's bytes still travel to the encoder.
+    extra = {"e_p_d": ["--frontend-decoding"]}
     deployments = [
-        Deployment(p, model_path, nats_url, log_dir, frontend_flags=flags) for p in PATTERNS
+        Deployment(p, model_path, nats_url, log_dir, frontend_flags=flags + extra.get(p, []))
+        for p in PATTERNS
     ]
     try:
         for deployment in deployments:

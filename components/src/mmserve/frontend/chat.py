@@ -620,7 +620,11 @@ class ChatPreprocessor:
                 sources,
                 self.options.policy,
                 count_only=not decoding,
-                keep_bytes=not decoding or video is not None,
+                # A video's and a clip's bytes travel even with frontend decoding: the encoder
+                # decodes them.
+                keep_bytes=not decoding
+                or video is not None
+                or any(item.modality == "audio" for item in items),
                 pixel_bounds=bounds,
                 modalities=[item.modality for item in items],
                 audio_formats=[item.audio_format for item in items],
