@@ -20,7 +20,7 @@ import pytest
 
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.audio import Encoding, encode_one, signal, torchcodec_samples, wav_bytes
-from tests.support.deployment import Deployment, serve_directory
+from tests.support.deployment import CountingFileServer, Deployment, serve_directory
 
 MAX_TOKENS = 8
 MAX_AUDIO_DURATION_S = 20
@@ -43,11 +43,17 @@ def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clip_server(clip_dir: Path) -> Iterator[str]:
+def clip_file_server(clip_dir: Path) -> Iterator[tuple[str, CountingFileServer]]:
+    """A loopback HTTP server over `clip_dir`: its base URL, and the server counting GETs."""
     url, server = serve_directory(clip_dir)
-    yield url
+    yield url, server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def clip_server(clip_file_server: tuple[str, CountingFileServer]) -> str:
+    return clip_file_server[0]
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +163,12 @@ def _stream(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -
 
 
 def test_each_pattern_gives_transformers_tokens(
-    clients: dict[str, openai.OpenAI], model_path: Path, clip_dir: Path, clip_server: str
+    clients: dict[str, openai.OpenAI],
+    model_path: Path,
+    clip_dir: Path,
+    clip_file_server: tuple[str, CountingFileServer],
 ) -> None:
+    clip_server, server = clip_file_server
     speech = (clip_dir / "speech.wav").read_bytes()
     tone = (clip_dir / "tone.mp3").read_bytes()
     one = _user(input_audio(speech, "wav"), {"type": "text", "text": "What is this sound?"})
@@ -178,7 +188,10 @@ def test_each_pattern_gives_transformers_tokens(
     for pattern, client in clients.items():
         assert _complete(client, name, one) == expected["one"], pattern
         assert _stream(client, name, one) == expected["one"][0], pattern
+        before = server.gets["/tone.mp3"]
         assert _complete(client, name, two) == expected["two"], pattern
+        # Fetched once, by the frontend; the encoder reads the bytes it shipped.
+        assert server.gets["/tone.mp3"] == before + 1, pattern
 
 
 def _refusal(client: openai.OpenAI, model: str, messages: list[dict[str, Any]]) -> tuple:
