@@ -1,5 +1,10 @@
 """The project's main correctness test: every deployment pattern gives the same greedy tokens
-as the aggregated one, for each tiny model family, with 0, 1 and 3 images."""
+as the aggregated one, for each tiny model family, with 0, 1 and 3 images, videos, precomputed
+embeddings and media ids.
+
+A family's deployments (one per pattern) start once, for every test here that names the
+family: `deployed` is module-scoped and parametrized indirectly, so pytest runs a family's
+tests together and starts the next family's deployments after stopping these."""
 
 from __future__ import annotations
 
@@ -141,48 +146,64 @@ def _all_running(deployments: list[Deployment]) -> Iterator[None]:
             deployment.stop()
 
 
+@pytest.fixture(scope="module")
+def deployed(
+    request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Deployment]]:
+    """The family `request.param`'s running deployments by pattern: every pattern, or those
+    FAMILY_PATTERNS names. E/P/D moves embeddings and KV caches over NIXL, the others over
+    shared memory; the frontends take precomputed embeddings (--enable-mm-embeds)."""
+    family = request.param
+    model_path = build_tiny_model(family)
+    log_dir = tmp_path_factory.mktemp(f"patterns-{family}")
+    deployments = [
+        Deployment(
+            p,
+            model_path,
+            nats_url,
+            log_dir,
+            transfer="nixl" if p == "e_p_d" else "shm",
+            frontend_flags=["--enable-mm-embeds"],
+        )
+        for p in FAMILY_PATTERNS.get(family, PATTERNS)
+    ]
+    with _all_running(deployments):
+        yield {deployment.pattern: deployment for deployment in deployments}
+
+
 def _run_patterns(
     deployments: list[Deployment],
     requests: list,
     image_gets: Counter[str],
     scored: dict[str, tuple[str, list]] | None = None,
 ) -> tuple[dict, dict, dict]:
-    """Each pattern's completions, streamed texts, and the image GETs it made; into `scored`,
-    where given, its scored text completion (`_scored`)."""
+    """Each running pattern's completions, streamed texts, and the image GETs it made; into
+    `scored`, where given, its scored text completion (`_scored`)."""
     results: dict[str, list[tuple]] = {}
     streamed: dict[str, list[str]] = {}
     gets: dict[str, Counter[str]] = {}
-    with _all_running(deployments):
-        for deployment in deployments:
-            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
-            name = deployment.model_path.name
-            before = Counter(image_gets)
-            results[deployment.pattern] = [_complete(client, name, m) for m in requests]
-            streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
-            gets[deployment.pattern] = Counter(image_gets) - before
-            if scored is not None:
-                scored[deployment.pattern] = _scored(client, name)
+    for deployment in deployments:
+        client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
+        name = deployment.model_path.name
+        before = Counter(image_gets)
+        results[deployment.pattern] = [_complete(client, name, m) for m in requests]
+        streamed[deployment.pattern] = [_stream(client, name, m) for m in requests]
+        gets[deployment.pattern] = Counter(image_gets) - before
+        if scored is not None:
+            scored[deployment.pattern] = _scored(client, name)
     return results, streamed, gets
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("deployed", FAMILIES, indirect=True)
 def test_every_pattern_gives_the_aggregated_tokens(
-    family: str,
-    nats_url: str,
-    tmp_path: Path,
+    deployed: dict[str, Deployment],
     image_server: str,
     image_dir: Path,
     image_gets: Counter[str],
 ) -> None:
-    model_path = build_tiny_model(family)
-    deployments = [
-        # E/P/D moves embeddings and KV caches over NIXL, the others over shared memory.
-        Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
-        for p in FAMILY_PATTERNS.get(family, PATTERNS)
-    ]
     requests = _requests(image_server, image_dir)
     scored: dict[str, tuple[str, list]] = {}
-    results, streamed, gets = _run_patterns(deployments, requests, image_gets, scored)
+    results, streamed, gets = _run_patterns(list(deployed.values()), requests, image_gets, scored)
     aggregated = results["agg"]
     text_only, one_image, three_images = aggregated
     assert all(text for text, *_ in aggregated)
@@ -205,18 +226,9 @@ def test_every_pattern_gives_the_aggregated_tokens(
             assert other_top.keys() == top.keys(), f"{pattern} top logprobs"
 
 
-@pytest.mark.parametrize(
-    "family, patterns",
-    # Qwen2-VL places a video by temporal index and Qwen3-VL plans it one item per temporal
-    # group: the aggregated worker and the pattern with every hop apart are enough to show
-    # them travel (CI's time is short; tests/worker/test_video_patterns.py runs all four).
-    [("qwen2_5_vl", PATTERNS), ("qwen2_vl", ["agg", "e_p_d"]), ("qwen3_vl", ["agg", "e_p_d"])],
-)
+@pytest.mark.parametrize("deployed", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"], indirect=True)
 def test_every_pattern_gives_the_aggregated_tokens_for_videos(
-    family: str,
-    patterns: list[str],
-    nats_url: str,
-    tmp_path: Path,
+    deployed: dict[str, Deployment],
     image_server: str,
     image_dir: Path,
     image_gets: Counter[str],
@@ -225,7 +237,6 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
     asks: every pattern answers what the aggregated worker answers, fetching each item once.
     Qwen2-VL, Qwen2.5-VL, whose video positions are spaced by time, and Qwen3-VL, whose
     timestamp text goes before each temporal group."""
-    model_path = build_tiny_model(family)
     video = {"type": "video_url", "video_url": {"url": f"{image_server}/clip.mp4"}}
     requests = [
         [{"role": "user", "content": [video, {"type": "text", "text": "What happens?"}]}],
@@ -247,11 +258,7 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
             }
         ],
     ]
-    deployments = [
-        Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
-        for p in patterns
-    ]
-    results, streamed, gets = _run_patterns(deployments, requests, image_gets)
+    results, streamed, gets = _run_patterns(list(deployed.values()), requests, image_gets)
     aggregated = results["agg"]
     (_, _, video_prompt, _), (_, _, mixed_prompt, _) = aggregated
     # 4 frames sampled at 2 fps from the 112x84 clip: 2 temporal patches of 12 tokens each
@@ -277,7 +284,8 @@ def test_frontend_decoding_gives_the_same_tokens(
         Deployment("e_p_d", model_path, nats_url, tmp_path, frontend_flags=decoding),
     ]
     requests = _requests(image_server, image_dir)[1:]
-    results, streamed, gets = _run_patterns(deployments, requests, image_gets)
+    with _all_running(deployments):
+        results, streamed, gets = _run_patterns(deployments, requests, image_gets)
     twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
     for pattern in ("e_pd", "e_p_d"):
         assert streamed[pattern] == [text for text, *_ in results["agg"]]
@@ -285,11 +293,9 @@ def test_frontend_decoding_gives_the_same_tokens(
         assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "gemma3"])
+@pytest.mark.parametrize("deployed", ["qwen2_vl", "qwen3_vl", "gemma3"], indirect=True)
 def test_precomputed_embeddings_give_the_images_tokens(
-    family: str,
-    nats_url: str,
-    tmp_path: Path,
+    deployed: dict[str, Deployment],
     image_server: str,
     image_dir: Path,
     image_gets: Counter[str],
@@ -301,10 +307,11 @@ def test_precomputed_embeddings_give_the_images_tokens(
     pattern; the other families (deepstack rows, a fixed-size tower) through agg and E/P/D,
     which moves the embedding to prefill and the KV cache to decode, the paths where a
     family's rows could go wrong."""
-    patterns = PATTERNS if family == "qwen2_vl" else ["agg", "e_p_d"]
-    model_path = build_tiny_model(family)
+    model_path = deployed["agg"].model_path
+    spec = resolve_model_spec(model_path)
+    patterns = PATTERNS if spec.family == "qwen2_vl" else ["agg", "e_p_d"]
     # Gemma 3's tower takes one fixed size: no pixel bounds to try.
-    resizes = resolve_model_spec(model_path).vision_input == "patches"
+    resizes = spec.vision_input == "patches"
     photo = image_dir / "photo.jpg"
     embeds = embeds_part(vision_tower_safetensors(model_path, photo.read_bytes()))
     image = {"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}}
@@ -317,66 +324,54 @@ def test_precomputed_embeddings_give_the_images_tokens(
     pairs = [(ask(image), ask(embeds)), (ask(tall, image), ask(tall, embeds))]
     bounded: dict[str, tuple[str | None, Any]] = {}
     plain_prompt = 0
-    deployments = [
-        Deployment(
-            p,
-            model_path,
-            nats_url,
-            tmp_path,
-            transfer="nixl" if p == "e_p_d" else "shm",
-            frontend_flags=["--enable-mm-embeds"],
+    for deployment in (deployed[p] for p in patterns):
+        client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
+        name = deployment.model_path.name
+        for with_image, with_embeds in pairs:
+            expected = _complete(client, name, with_image)
+            plain_prompt = plain_prompt or expected[2]
+            before = Counter(image_gets)
+            assert _complete(client, name, with_embeds) == expected, deployment.pattern
+            assert _stream(client, name, with_embeds) == expected[0], deployment.pattern
+            assert Counter(image_gets) == before, "an embedding was fetched"
+        again = client.chat.completions.create(
+            model=name, messages=ask(embeds), max_tokens=1, temperature=0
         )
-        for p in patterns
-    ]
-    with _all_running(deployments):
-        for deployment in deployments:
-            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
-            name = deployment.model_path.name
-            for with_image, with_embeds in pairs:
-                expected = _complete(client, name, with_image)
-                plain_prompt = plain_prompt or expected[2]
-                before = Counter(image_gets)
-                assert _complete(client, name, with_embeds) == expected, deployment.pattern
-                assert _stream(client, name, with_embeds) == expected[0], deployment.pattern
-                assert Counter(image_gets) == before, "an embedding was fetched"
-            again = client.chat.completions.create(
-                model=name, messages=ask(embeds), max_tokens=1, temperature=0
+        details = again.usage.prompt_tokens_details if again.usage else None
+        assert details is not None and details.cached_tokens, deployment.pattern
+        if "encode" in deployment.processes:
+            # Only a request with an image to encode reaches the encode worker: the tall
+            # image after the embedding, a prefix no request has cached (in the order sent
+            # above, the prefix cache covers it and the encoder is skipped).
+            mixed = client.chat.completions.create(
+                model=name, messages=ask(embeds, tall), max_tokens=1, temperature=0
             )
-            details = again.usage.prompt_tokens_details if again.usage else None
-            assert details is not None and details.cached_tokens, deployment.pattern
-            if "encode" in deployment.processes:
-                # Only a request with an image to encode reaches the encode worker: the tall
-                # image after the embedding, a prefix no request has cached (in the order sent
-                # above, the prefix cache covers it and the encoder is skipped).
-                mixed = client.chat.completions.create(
-                    model=name, messages=ask(embeds, tall), max_tokens=1, temperature=0
-                )
-                # The encode worker logs a request once its stream has ended, after the answer.
-                logged = functools.partial(_logged, deployment, "encode", mixed.id)
-                wait_until(logged, what="the mixed request in the encode log")
-                assert again.id not in deployment.log("encode")
-            if not resizes:
-                continue
-            # Pixel bounds per request (inside every family's) reach whoever preprocesses.
-            small = client.chat.completions.create(
-                model=name,
-                messages=ask(image),
-                max_tokens=MAX_TOKENS,
-                temperature=0,
-                extra_body={"mm_processor_kwargs": {"max_pixels": 65_536}},
-            )
-            assert small.usage is not None and small.usage.prompt_tokens < plain_prompt
-            bounded[deployment.pattern] = (small.choices[0].message.content, small.usage)
+            # The encode worker logs a request once its stream has ended, after the answer.
+            logged = functools.partial(_logged, deployment, "encode", mixed.id)
+            wait_until(logged, what="the mixed request in the encode log")
+            assert again.id not in deployment.log("encode")
+        if not resizes:
+            continue
+        # Pixel bounds per request (inside every family's) reach whoever preprocesses.
+        small = client.chat.completions.create(
+            model=name,
+            messages=ask(image),
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"mm_processor_kwargs": {"max_pixels": 65_536}},
+        )
+        assert small.usage is not None and small.usage.prompt_tokens < plain_prompt
+        bounded[deployment.pattern] = (small.choices[0].message.content, small.usage)
     assert all(result == bounded["agg"] for result in bounded.values()), bounded
 
 
+@pytest.mark.parametrize("deployed", ["qwen2_vl"], indirect=True)
 def test_an_image_named_by_its_id_gives_the_images_tokens(
-    nats_url: str, tmp_path: Path, image_server: str, image_gets: Counter[str]
+    deployed: dict[str, Deployment], image_server: str, image_gets: Counter[str]
 ) -> None:
     """In every pattern a part carrying only the uuid of an image sent before answers as the
     image did, with nothing fetched; another API key cannot use the id, and once the
     deployment's caches are cleared the id is gone (400 media_id.gone: send it again)."""
-    model_path = build_tiny_model("qwen2_vl")
     url = f"{image_server}/photo.jpg"
     question = {"type": "text", "text": "What is in this picture?"}
 
@@ -385,45 +380,37 @@ def test_an_image_named_by_its_id_gives_the_images_tokens(
 
     named = ask({"type": "image_url", "image_url": {"url": url}, "uuid": "photo-1"})
     by_id = ask({"type": "image_url", "uuid": "photo-1"})
-    deployments = [
-        Deployment(p, model_path, nats_url, tmp_path, transfer="nixl" if p == "e_p_d" else "shm")
-        for p in PATTERNS
-    ]
     results: dict[str, tuple] = {}
-    with _all_running(deployments):
-        for deployment in deployments:
-            base = f"{deployment.base_url}/v1"
-            client = openai.OpenAI(base_url=base, api_key="tenant-a", max_retries=0)
-            name = deployment.model_path.name
-            results[deployment.pattern] = _complete(client, name, named)
-            before = Counter(image_gets)
-            assert _complete(client, name, by_id) == results[deployment.pattern]
-            assert _stream(client, name, by_id) == results[deployment.pattern][0]
-            assert Counter(image_gets) == before, "the image was fetched again"
-            other = openai.OpenAI(base_url=base, api_key="tenant-b", max_retries=0)
-            with pytest.raises(openai.BadRequestError) as unknown:
-                _complete(other, name, by_id)
-            assert unknown.value.code == "media_id.unknown"
-            reset = httpx.post(f"{deployment.base_url}/reset_prefix_cache", timeout=60)
-            assert reset.status_code == 200, reset.text
-            with pytest.raises(openai.BadRequestError) as gone:
-                _complete(client, name, by_id)
-            assert gone.value.code == "media_id.gone", deployment.pattern
+    for deployment in deployed.values():
+        base = f"{deployment.base_url}/v1"
+        client = openai.OpenAI(base_url=base, api_key="tenant-a", max_retries=0)
+        name = deployment.model_path.name
+        results[deployment.pattern] = _complete(client, name, named)
+        before = Counter(image_gets)
+        assert _complete(client, name, by_id) == results[deployment.pattern]
+        assert _stream(client, name, by_id) == results[deployment.pattern][0]
+        assert Counter(image_gets) == before, "the image was fetched again"
+        other = openai.OpenAI(base_url=base, api_key="tenant-b", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as unknown:
+            _complete(other, name, by_id)
+        assert unknown.value.code == "media_id.unknown"
+        reset = httpx.post(f"{deployment.base_url}/reset_prefix_cache", timeout=60)
+        assert reset.status_code == 200, reset.text
+        with pytest.raises(openai.BadRequestError) as gone:
+            _complete(client, name, by_id)
+        assert gone.value.code == "media_id.gone", deployment.pattern
     assert all(result == results["agg"] for result in results.values()), results
 
 
+@pytest.mark.parametrize("deployed", ["gemma3"], indirect=True)
 def test_pan_and_scan_gives_the_aggregated_tokens(
-    nats_url: str, tmp_path: Path, image_server: str, image_dir: Path, image_gets: Counter[str]
+    deployed: dict[str, Deployment], image_server: str, image_dir: Path
 ) -> None:
     """Gemma 3 with pan-and-scan asked per request (`mm_processor_kwargs` through the openai
     client): E/P/D, where the encode worker cuts the crops from the bytes it is sent, answers
     what the aggregated worker answers; the crops add their tokens to the prompt; a knob out
     of the server's bounds is a 400."""
-    model_path = build_tiny_model("gemma3")
-    deployments = [
-        Deployment("agg", model_path, nats_url, tmp_path),
-        Deployment("e_p_d", model_path, nats_url, tmp_path, transfer="nixl"),
-    ]
+    model_path = deployed["agg"].model_path
     # Crops of at least 100 pixels: two of the photo, two of the tall image, none of the
     # small one.
     panned = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 100}
@@ -435,25 +422,24 @@ def test_pan_and_scan_gives_the_aggregated_tokens(
     ]
     messages: Any = [{"role": "user", "content": content}]
     answers: dict[str, list[tuple]] = {}
-    with _all_running(deployments):
-        for deployment in deployments:
-            client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
+    for deployment in (deployed["agg"], deployed["e_p_d"]):
+        client = openai.OpenAI(base_url=f"{deployment.base_url}/v1", api_key="unused")
 
-            def ask(kwargs: dict[str, Any] | None, client: openai.OpenAI = client) -> tuple:
-                response = client.chat.completions.create(
-                    model=model_path.name,
-                    messages=messages,
-                    max_tokens=MAX_TOKENS,
-                    temperature=0,
-                    extra_body=None if kwargs is None else {"mm_processor_kwargs": kwargs},
-                )
-                assert response.usage is not None
-                return response.choices[0].message.content, response.usage.prompt_tokens
+        def ask(kwargs: dict[str, Any] | None, client: openai.OpenAI = client) -> tuple:
+            response = client.chat.completions.create(
+                model=model_path.name,
+                messages=messages,
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body=None if kwargs is None else {"mm_processor_kwargs": kwargs},
+            )
+            assert response.usage is not None
+            return response.choices[0].message.content, response.usage.prompt_tokens
 
-            answers[deployment.pattern] = [ask(panned), ask(panned), ask(None)]
-            with pytest.raises(openai.BadRequestError) as refused:
-                ask({"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 5})
-            assert refused.value.code == "invalid_value"
+        answers[deployment.pattern] = [ask(panned), ask(panned), ask(None)]
+        with pytest.raises(openai.BadRequestError) as refused:
+            ask({"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 5})
+        assert refused.value.code == "invalid_value"
     (text, prompt), again, (_, plain_prompt) = answers["agg"]
     assert text and again == (text, prompt)
     # Four crops of 256 soft tokens between their begin and end of image, and the texts.
