@@ -36,7 +36,7 @@ test-py:
 ## test-rust: the Rust tests alone: the core without features, then with parallel and video (their own tests)
 test-rust:
 	cd rust/mmserve-mm && cargo test --no-default-features --quiet
-	cd rust/mmserve-mm && cargo test --features parallel,video --quiet
+	cd rust/mmserve-mm && cargo test --features parallel,video,audio --quiet
 
 ## test-sglang: the sglang engine's contract tests in SGLang's environment (.venv/sglang, made by setup; make test runs them too)
 test-sglang:
@@ -53,7 +53,7 @@ lint:
 	$(VENV)/bin/mypy
 	$(VENV)/bin/typos
 	$(VENV)/bin/shellcheck launch/*.sh .ci/run .ci/setup.sh .ci/extra_pin
-	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel,video -- -D warnings
+	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel,video,audio -- -D warnings
 
 ## format: rewrite what lint checks the layout of: ruff's fixes, ruff format, cargo fmt
 format:

@@ -5,10 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-# FFmpeg's libraries for the video feature (bindgen needs libclang), and the ffmpeg program
-# the video tests make their videos with.
+# FFmpeg's libraries for the video and audio features (bindgen needs libclang), and the ffmpeg
+# program the video and audio tests make their media with.
 APT_PACKAGES=(pkg-config libturbojpeg0-dev curl iproute2 openssl
-  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev clang libclang-dev ffmpeg)
+  libavformat-dev libavcodec-dev libswscale-dev libswresample-dev libavutil-dev clang libclang-dev
+  ffmpeg)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

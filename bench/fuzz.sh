@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Fuzzes the media core with cargo fuzz (libFuzzer, nightly toolchain, AddressSanitizer, debug
 # assertions and overflow checks on): the image decoders, inline sources (data: URLs, base64)
-# the request driver and the video demuxer + decoder, each for a fixed time. Seeds are small
-# images of every format made with Pillow and short videos of every codec made with the ffmpeg
-# program; corpora and crash artifacts stay under rust/mmserve-mm/fuzz/ (ignored by git).
+# the request driver, the video demuxer + decoder and the audio demuxer + decoder + resampler +
+# features, each for a fixed time. Seeds are small images of every format made with Pillow, and
+# short videos of every codec and short clips of every audio codec and container made with the
+# ffmpeg program; corpora and crash artifacts stay under rust/mmserve-mm/fuzz/ (ignored by git).
 #
 #   bench/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     default: 60 s, all targets
-#   RUNS=1000000 bench/fuzz.sh 7200 video               stop at a million runs (or the time)
+#   RUNS=1000000 bench/fuzz.sh 7200 audio               stop at a million runs (or the time)
 #
 # Needs `cargo install cargo-fuzz` and `rustup toolchain install nightly`. Prints one markdown
 # row per target: runs, corpus size, crashes (a crash keeps its input in fuzz/artifacts/TARGET).
@@ -17,7 +18,7 @@ budget=${1:-60}
 runs_cap=${RUNS:--1}  # libFuzzer's -runs: -1 is no cap
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode inline_source driver video)
+[ ${#targets[@]} -gt 0 ] || targets=(decode inline_source driver video audio)
 crate="$root/rust/mmserve-mm"
 fuzz="$crate/fuzz"
 
@@ -93,6 +94,18 @@ out="$fuzz/corpus/video/h264-rotated.mp4"
 out="$fuzz/corpus/video/h264-cut.mp4"
 [ -e "$out" ] || ffmpeg -v error -ss 0.15 -i "$fuzz/corpus/video/h264.mp4" -c copy "$out" \
   || exit 1
+
+# Audio seeds: a fifth of a second of a stereo tone in each codec and container the core reads.
+mkdir -p "$fuzz/corpus/audio"
+for seed in "s16 wav pcm_s16le 22050" "u8 wav pcm_u8 8000" "f32 wav pcm_f32le 44100" \
+  "alaw wav pcm_alaw 8000" "mulaw wav pcm_mulaw 8000" "flac flac flac 48000" \
+  "flac mka flac 16000" "mp3 mp3 libmp3lame 44100" "vorbis ogg libvorbis 32000" \
+  "opus ogg libopus 48000" "opus webm libopus 24000" "aac m4a aac 44100" "aac mp4 aac 22050"; do
+  read -r name ext codec rate <<<"$seed"
+  out="$fuzz/corpus/audio/$name.$ext"
+  [ -e "$out" ] || ffmpeg -v error -f lavfi -i "sine=frequency=440:sample_rate=$rate" -t 0.2 \
+    -ac 2 -c:a "$codec" -ar "$rate" "$out" || exit 1
+done
 
 cd "$crate" || exit 1
 cargo +nightly fuzz build || exit 1

@@ -27,20 +27,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
-import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.harness import child, command_cpu_ms, serve_child
 
 FPS = 2.0
 CACHE = Path.home() / ".cache/mmserve/bench/video"
@@ -69,15 +66,6 @@ def clip(seconds: int, size: str, codec: str) -> Path:
         subprocess.run([*command, "-pix_fmt", "yuv420p", *args, str(tmp)], check=True)
         tmp.rename(path)
     return path
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def mmserve_path() -> Callable[[bytes], Any]:
@@ -153,48 +141,10 @@ def decord_frames(data: bytes) -> tuple[Callable[[list[int]], np.ndarray], int, 
     return lambda idx: reader.get_batch(idx).asnumpy(), len(reader), reader.get_avg_fps()
 
 
-def measure_single(path: str, clip_path: Path, runs: int) -> dict[str, Any]:
-    data = clip_path.read_bytes()
-    run = mmserve_path() if path == "mmserve" else transformers_path(path)
-    run(data)  # warm-up: imports, tables
-    times = []
-    for _ in range(runs):
-        start = cpu_seconds()
-        run(data)
-        times.append(cpu_seconds() - start)
-    return {"ms": statistics.median(times) * 1e3, "rss_mib": peak_rss_mib()}
-
-
 def ffmpeg_decode_all_ms(clip_path: Path, runs: int) -> float:
     """CPU time of the ffmpeg program decoding every frame single-threaded (median)."""
-    times = []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        command = ["ffmpeg", "-v", "error", "-threads", "1", "-i", str(clip_path), "-f", "null"]
-        subprocess.run([*command, "-"], check=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    return statistics.median(times) * 1e3
-
-
-def measure_pool(clip_path: Path, threads: int, batch: int) -> dict[str, Any]:
-    data = clip_path.read_bytes()
-    run = mmserve_path()
-    run(data)
-    with ThreadPoolExecutor(threads) as pool:
-        start = time.perf_counter()
-        list(pool.map(run, [data] * batch))
-        wall = time.perf_counter() - start
-    return {"videos_per_s": batch / wall, "rss_mib": peak_rss_mib()}
-
-
-def child(args: list[str]) -> dict[str, Any]:
-    env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"})
-    command = [sys.executable, "-m", "bench.video", "--child", *args]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    command = ["ffmpeg", "-v", "error", "-threads", "1", "-i", str(clip_path), "-f", "null"]
+    return command_cpu_ms([*command, "-"], runs)
 
 
 def main() -> None:
@@ -207,15 +157,7 @@ def main() -> None:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        kind, path, clip_path, n = args.child
-        if kind == "single":
-            import torch
-
-            torch.set_num_threads(1)
-            result = measure_single(path, Path(clip_path), int(n))
-        else:
-            result = measure_pool(Path(clip_path), int(path), int(n))
-        print(json.dumps(result))
+        serve_child(args.child, mmserve_path, transformers_path)
         return
     if shutil.which("ffmpeg") is None:
         sys.exit("bench.video needs the ffmpeg program (make setup)")
@@ -234,20 +176,18 @@ def main() -> None:
     threads = os.cpu_count() or 1
     for seconds, size, codec in clips:
         path = str(clip(seconds, size, codec))
-        ours = child(["single", "mmserve", path, str(runs)])
+        ours = child("bench.video", ["single", "mmserve", path, str(runs)])
         floor = ffmpeg_decode_all_ms(Path(path), runs)
         cells = [f"{seconds} s {size} {codec}", f"{floor:.0f}", f"{ours['ms']:.0f}"]
         for reader in readers:
-            theirs = child(["single", reader, path, str(runs)])
+            theirs = child("bench.video", ["single", reader, path, str(runs)])
             ratio = theirs["ms"] / ours["ms"]
             cells.append(f"{theirs['ms']:.0f} ({ratio:.1f}x, {theirs['rss_mib']:.0f} MiB)")
-        one = child(["pool", "1", path, str(args.batch)])
-        many = child(["pool", str(threads), path, str(args.batch)])
+        one = child("bench.video", ["pool", "1", path, str(args.batch)])
+        many = child("bench.video", ["pool", str(threads), path, str(args.batch)])
         cells.append(f"{ours['rss_mib']:.0f} MiB")
-        scaling = many["videos_per_s"] / one["videos_per_s"]
-        cells.append(
-            f"{one['videos_per_s']:.2f} -> {many['videos_per_s']:.2f} ({scaling:.2f}x on {threads})"
-        )
+        scaling = many["per_s"] / one["per_s"]
+        cells.append(f"{one['per_s']:.2f} -> {many['per_s']:.2f} ({scaling:.2f}x on {threads})")
         print("| " + " | ".join(cells) + " |", flush=True)
 
 

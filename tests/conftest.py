@@ -15,6 +15,7 @@ from mmserve.runtime.nats_server import NatsServer, nats_url_from_env_or_private
 # on every family but the first (the fast tier keeps one family; parity on each is in the full).
 SLOW_PATHS = (
     "e2e/",
+    "audio/test_audio_core.py",
     "reliability/",
     "engines/test_grammar.py",
     "engines/test_kv_transfer.py",

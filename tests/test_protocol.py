@@ -240,8 +240,15 @@ def test_chat_request_parses_text_and_image_parts_and_ignores_unknown_fields() -
 
 def test_chat_request_rejects_unknown_content_part_with_its_path() -> None:
     body = b"""{"model": "m", "messages": [{"role": "user",
-      "content": [{"type": "input_audio", "input_audio": {}}]}]}"""
-    with pytest.raises(msgspec.ValidationError, match=r"input_audio.*messages\[0\]\.content"):
+      "content": [{"type": "input_file", "file": {}}]}]}"""
+    with pytest.raises(msgspec.ValidationError, match=r"input_file.*messages\[0\]\.content"):
+        msgspec.json.decode(body, type=p.ChatCompletionRequest)
+
+
+def test_an_audio_part_without_its_format_names_the_field() -> None:
+    body = b"""{"model": "m", "messages": [{"role": "user",
+      "content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}]}"""
+    with pytest.raises(msgspec.ValidationError, match=r"format.*messages\[0\]\.content"):
         msgspec.json.decode(body, type=p.ChatCompletionRequest)
 
 

@@ -31,6 +31,7 @@ from mmserve.protocol import (
 )
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.mm.qwen_refs import png_bytes
+from tests.support.audio import wav_bytes
 from tests.support.engines import IMAGE_TOKEN_ID, placements
 
 BLOCK = 16
@@ -300,3 +301,19 @@ async def test_prompt_logprobs_are_simulated_and_reuse_no_prefix(model_path: Pat
     (chunk,) = [chunk async for chunk in engine.decode(kv, scoring.sampling, scoring.stop)]
     assert chunk.token_ids == [] and chunk.finish_reason == "length"
     assert chunk.prompt_logprobs == kv.prompt_logprobs
+
+
+async def test_encode_rows_of_a_clip_are_the_plans_token_count() -> None:
+    engine = await engine_for(build_tiny_model("qwen2_audio"))
+    audio_token = engine.spec.core.audio_token_id
+    ids = [151644, 151647, audio_token, 151648, 151647, audio_token, 151648, 151645]
+    clips = [wav_bytes(np.zeros((n, 1), np.float32), 16000, "s16") for n in (16000, 700_000)]
+    plan = _mm.process(engine.spec.core, ids, clips, count_only=True, modalities=["audio"] * 2)
+    inputs = [
+        MediaInput(
+            item.hash, torch.zeros(128, 3000), (1, 1, int(item.image_grid_thw[0][2])), "audio"
+        )
+        for item in plan.items
+    ]
+    encoded = await engine.encode(inputs)
+    assert [e.num_tokens for e in encoded] == [item.num_tokens for item in plan.items] == [25, 750]

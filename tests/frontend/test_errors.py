@@ -61,10 +61,20 @@ def test_wrong_types_name_the_field(frontend: RunningFrontend, fields, param: st
 
 
 def test_unknown_content_part_type(frontend: RunningFrontend) -> None:
-    messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]
+    messages = [{"role": "user", "content": [{"type": "input_file", "file": {}}]}]
     error = _assert_error(_post(frontend, _chat(frontend, messages=messages)), 400, "invalid_value")
     assert error["param"] == "messages[0].content[0].type"
-    assert "input_audio" in error["message"]
+    assert "input_file" in error["message"]
+
+
+def test_an_audio_part_for_a_vision_model_names_the_part(frontend: RunningFrontend) -> None:
+    clip = "UklGRiQAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YQAAAAA="
+    part = {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hear:"}, part]}]
+    error = _assert_error(
+        _post(frontend, _chat(frontend, messages=messages)), 400, "process.modality_unsupported"
+    )
+    assert error["param"] == "messages[0].content[1].input_audio"
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,7 @@ def embeds_frontend(start_frontend, media_server: MediaServer) -> RunningFronten
         ('{"image": 2, "video": 0}', {"image": 2, "video": 0}),
         ('{"image": {"count": 3, "width": 512, "height": 512}}', {"image": 3}),
         ("image=4,video=1", {"image": 4, "video": 1}),
+        ('{"audio": 2}', {"audio": 2}),
     ],
 )
 def test_limit_mm_per_prompt_reads_vllms_forms(text: str, limits: dict[str, int]) -> None:
@@ -100,7 +101,7 @@ def test_limit_mm_per_prompt_reads_vllms_forms(text: str, limits: dict[str, int]
 
 
 @pytest.mark.parametrize(
-    "text", ['{"audio": 1}', '{"image": -1}', '{"image": {"count": 1, "depth": 2}}', "image", "["]
+    "text", ['{"speech": 1}', '{"image": -1}', '{"image": {"count": 1, "depth": 2}}', "image", "["]
 )
 def test_limit_mm_per_prompt_refuses_what_it_cannot_read(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):

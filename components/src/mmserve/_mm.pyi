@@ -261,6 +261,95 @@ def decode_video(
     """(info, frames): the frames at `indices` (ascending, repeats allowed) as [n, h, w, 3]
     uint8 RGB (built with the `video` feature)."""
 
+# audio
+class _AudioInfo(TypedDict):
+    container: str
+    """libavformat's demuxer, e.g. "matroska,webm"."""
+    codec: str
+    sample_rate: int
+    channels: int
+    duration_s: float | None
+    """The duration the headers state (None where they state none, or libavformat estimated it
+    from the bitrate); it may count a codec's priming and padding samples."""
+
+class _DecodedAudioInfo(_AudioInfo):
+    complete: bool
+    """Whether the samples are the whole clip (not cut at max_samples)."""
+
+@final
+class AudioFeatureExtractor:
+    """transformers' WhisperFeatureExtractor (the audio families' extractor) on one clip: its
+    preprocessor_config.json parameters, and the processor's padding ("max_length" pads to
+    the chunk, "longest" leaves a clip as long as it is) and truncation (cut to the chunk)."""
+
+    def __new__(
+        cls,
+        *,
+        feature_size: int = 80,
+        sampling_rate: int = 16000,
+        hop_length: int = 160,
+        n_fft: int = 400,
+        chunk_length: int = 30,
+        padding_value: float = 0.0,
+        padding: str = "max_length",
+        truncation: bool = True,
+    ) -> AudioFeatureExtractor: ...
+    @property
+    def sampling_rate(self) -> int: ...
+    def identity(self, data: bytes) -> int:
+        """The identity (mm_hash) of the clip whose encoded bytes are `data`, featurized by
+        this extractor: what the request plan gives it."""
+    @property
+    def feature_size(self) -> int: ...
+    @property
+    def max_samples(self) -> int | None:
+        """The samples a clip keeps (the chunk, when truncating), or None."""
+    def frames(self, samples: int) -> tuple[int, int]:
+        """(frames, valid_frames) of a clip of `samples` samples."""
+    def mel_filters(self) -> numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float64]]:
+        """The filter bank [1 + n_fft // 2, feature_size], weights rounded to float32."""
+    def __call__(
+        self, samples: numpy.ndarray[tuple[int], numpy.dtype[numpy.float32]]
+    ) -> tuple[numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]], int]:
+        """(input_features [feature_size, frames], valid_frames) of a mono clip at the
+        extractor's rate."""
+
+def probe_audio(
+    data: bytes,
+    *,
+    format: str | None = None,
+    max_duration_s: float | None = None,
+    timeout_s: float | None = None,
+) -> _AudioInfo:
+    """What an audio file's headers say, its caps checked, nothing decoded past what
+    libavformat needs to name the format; `format` (wav, mp3, ...) refuses data of another
+    (built with the `audio` feature)."""
+
+def decode_audio(
+    data: bytes,
+    *,
+    sample_rate: int,
+    format: str | None = None,
+    max_samples: int | None = None,
+    max_duration_s: float | None = None,
+    timeout_s: float | None = None,
+) -> tuple[_DecodedAudioInfo, numpy.ndarray[tuple[int], numpy.dtype[numpy.float32]]]:
+    """(info, samples): mono float32 at `sample_rate`, torchcodec's AudioDecoder(data,
+    sample_rate=..., num_channels=1) sample for sample; cut at max_samples (built with the
+    `audio` feature)."""
+
+def audio_features(
+    clips: list[bytes],
+    extractor: AudioFeatureExtractor,
+    *,
+    formats: list[str | None] | None = None,
+    max_duration_s: float | None = None,
+    timeout_s: float | None = None,
+) -> list[tuple[_AudioInfo, numpy.ndarray[tuple[int, int], numpy.dtype[numpy.float32]], int, int]]:
+    """(info, input_features, valid_frames, samples) of each encoded clip: decoded at the
+    extractor's rate (stopping at its chunk when it truncates) and featurized, the clips fanned
+    out over the core's pool (built with the `audio` feature)."""
+
 # spec and driver
 @final
 class Spec:
@@ -287,6 +376,15 @@ class Spec:
     @property
     def takes_video(self) -> bool:
         """Whether the request driver plans this family's videos."""
+    @property
+    def audio_extractor(self) -> AudioFeatureExtractor | None:
+        """The feature extractor of a family that takes audio; None for one that takes none."""
+    def audio_tokens(self, frames: int) -> int:
+        """The tokens a clip of `frames` valid feature frames expands to (0 for a family that
+        takes no audio)."""
+    @property
+    def audio_token_id(self) -> int | None:
+        """The audio placeholder the chat template writes once per clip (`<|AUDIO|>`)."""
     @property
     def video_per_group(self) -> bool:
         """Whether it plans a video one item per temporal group, each after its timestamp
@@ -491,6 +589,8 @@ def process(
     video: VideoOptions | None = None,
     text_pieces: dict[str, list[int]] | None = None,
     panned_input_ids: list[int] | None = None,
+    audio_formats: list[str | None] | None = None,
+    max_audio_duration_s: float | None = None,
 ) -> ProcessResult:
     """The request driver: one placeholder per item in input_ids, items as references
     (URL, data: URL, base64, local path), already-fetched bytes, or (hash, (t, h, w)) for an
@@ -506,7 +606,10 @@ def process(
     crop, the text before the image taken from `panned_input_ids` (the prompt with every
     image written as one with crops) and the texts between them from `text_pieces`, the
     bytes with the image. timeout_s bounds each http(s) fetch, and reading the videos'
-    headers once fetched."""
+    headers once fetched. An "audio" item is checked from its headers (max_audio_duration_s;
+    `audio_formats` names each item's declared format, data of another refused) and decoded
+    up to its family's chunk to count its samples; its image_grid_thw is (1, 1, valid feature
+    frames), its hash folds the family's extractor in."""
 
 def num_threads() -> int:
     """Size of the pool the extension fans work out to (1 without the parallel build)."""

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::audio::{AudioError, AudioFormat};
 use crate::common::par;
 use crate::common::text_pieces::TextPieces;
 use crate::error::ErrorCode;
@@ -81,6 +82,8 @@ pub enum MediaInput<'a> {
 pub struct MediaItem<'a> {
     pub modality: Modality,
     pub input: MediaInput<'a>,
+    /// The format an audio part names (`input_audio.format`): data of another is refused.
+    pub format: Option<AudioFormat>,
 }
 
 impl<'a> MediaItem<'a> {
@@ -88,6 +91,7 @@ impl<'a> MediaItem<'a> {
         MediaItem {
             modality: Modality::Image,
             input,
+            format: None,
         }
     }
 
@@ -95,6 +99,15 @@ impl<'a> MediaItem<'a> {
         MediaItem {
             modality: Modality::Video,
             input,
+            format: None,
+        }
+    }
+
+    pub fn audio(input: MediaInput<'a>, format: Option<AudioFormat>) -> Self {
+        MediaItem {
+            modality: Modality::Audio,
+            input,
+            format,
         }
     }
 }
@@ -145,6 +158,9 @@ pub struct DriverOptions {
     /// How the request's videos are sampled and sized, and the caps their headers must meet.
     #[cfg(feature = "video")]
     pub video: Option<crate::video::process::VideoOptions>,
+    /// The caps an audio clip's headers must meet (its duration: `--max-audio-duration`).
+    #[cfg(feature = "audio")]
+    pub audio: crate::audio::decode::AudioLimits,
     /// Reading the request's videos' headers ends with `video.deadline` this long after
     /// they were fetched.
     pub video_timeout: Option<Duration>,
@@ -210,20 +226,31 @@ pub fn run(
         }
         .into());
     }
-    if !family.capabilities().video && media.iter().any(|m| m.modality == Modality::Video) {
-        return Err(ProcessError::VideoUnsupported.into());
+    let capabilities = family.capabilities();
+    for (index, m) in media.iter().enumerate() {
+        let taken = match m.modality {
+            Modality::Video if !capabilities.video => {
+                return Err(ProcessError::VideoUnsupported.into())
+            }
+            Modality::Video => true,
+            Modality::Image => capabilities.images,
+            Modality::Audio => capabilities.audio.is_some(),
+        };
+        if !taken {
+            return Err(Error::from(ProcessError::ModalityUnsupported(m.modality)).at_item(index));
+        }
     }
     let inputs: Vec<MediaInput<'_>> = media.iter().map(|m| m.input).collect();
     let fetched = fetch_all(&inputs, &options.fetch)?;
     let options = &with_video_deadline(options);
-    let work: Vec<(usize, Modality, &Fetched<'_>)> = media
+    let work: Vec<(usize, &MediaItem<'_>, &Fetched<'_>)> = media
         .iter()
         .zip(&fetched)
         .enumerate()
-        .map(|(index, (m, item))| (index, m.modality, item))
+        .map(|(index, (m, item))| (index, m, item))
         .collect();
-    let prepared = par::try_map(&work, |&(index, modality, item)| {
-        prepare_item(family, index, modality, item, options, mode)
+    let prepared = par::try_map(&work, |&(index, m, item)| {
+        prepare_item(family, index, m, item, options, mode)
     })
     .map_err(|(index, e)| e.at_item(index))?;
     let updates = media
@@ -388,14 +415,24 @@ fn with_video_deadline(options: &DriverOptions) -> Cow<'_, DriverOptions> {
 fn prepare_item(
     family: &dyn Family,
     source: usize,
-    modality: Modality,
+    media: &MediaItem<'_>,
     item: &Fetched<'_>,
     options: &DriverOptions,
     mode: Mode,
 ) -> Result<Prepared, Error> {
     let whole = Prepared::whole;
-    let bytes = match (item, modality) {
+    let bytes = match (item, media.modality) {
         (Fetched::Bytes(bytes), Modality::Image) => bytes,
+        (Fetched::Bytes(bytes), Modality::Audio) => {
+            return prepare_audio(family, source, bytes, media.format, options).map(whole)
+        }
+        (Fetched::Planned { grid_thw, .. }, Modality::Audio) => {
+            return Err(ProcessError::Grid {
+                grid_thw: *grid_thw,
+                reason: "an audio clip is planned from its bytes, not from a grid".to_string(),
+            }
+            .into())
+        }
         (Fetched::Bytes(bytes), Modality::Video) => {
             return prepare_video(family, source, bytes, options)
         }
@@ -419,6 +456,7 @@ fn prepare_item(
                     resized_height,
                     ..
                 } => (resized_width, resized_height),
+                Geometry::Audio { .. } => (0, 0),
             };
             return Ok(whole(ItemOutput {
                 hash: *hash,
@@ -440,6 +478,68 @@ fn prepare_item(
         .ok_or(ProcessError::PanAndScan("an image planned to nothing"))?;
     prepared.crops = items.collect();
     Ok(prepared)
+}
+
+/// An audio clip's plan: the caps checked from its headers, then its samples at the family's
+/// rate counted by decoding up to the extractor's chunk (what the processor cuts it to, so a
+/// longer clip is never decoded whole), the frames and tokens they make, and its identity
+/// ([`identity::audio`]). Its features are the encoder's work.
+#[cfg(feature = "audio")]
+fn prepare_audio(
+    family: &dyn Family,
+    source: usize,
+    bytes: &[u8],
+    format: Option<AudioFormat>,
+    options: &DriverOptions,
+) -> Result<ItemOutput, Error> {
+    use crate::audio::decode::{decode_audio, DecodeOptions};
+
+    let extractor = family
+        .capabilities()
+        .audio
+        .ok_or(ProcessError::ModalityUnsupported(Modality::Audio))?;
+    let decode = DecodeOptions {
+        sample_rate: extractor.sampling_rate,
+        max_samples: extractor.truncation.then(|| extractor.chunk_samples()),
+    };
+    let (_, decoded) = decode_audio(bytes, format, &decode, &options.audio)?;
+    let samples = extractor.kept_samples(decoded.samples.len());
+    let (_, valid) = extractor.frames(samples);
+    let frames = u32::try_from(valid).map_err(|_| ProcessError::Offsets("frames".into()))?;
+    let geometry = Geometry::Audio {
+        samples: samples as u64,
+        frames,
+    };
+    let num_tokens = family.num_tokens(&geometry);
+    if num_tokens == 0 {
+        return Err(AudioError::TooShort {
+            samples,
+            min: 2 * extractor.hop_length + 1,
+        }
+        .into());
+    }
+    Ok(ItemOutput {
+        hash: identity::audio(identity::content(bytes), &extractor),
+        width: 0,
+        height: 0,
+        geometry,
+        num_tokens,
+        processed: None,
+        source,
+        temporal_group: None,
+        crop: None,
+    })
+}
+
+#[cfg(not(feature = "audio"))]
+fn prepare_audio(
+    _family: &dyn Family,
+    _source: usize,
+    _bytes: &[u8],
+    _format: Option<AudioFormat>,
+    _options: &DriverOptions,
+) -> Result<ItemOutput, Error> {
+    Err(AudioError::Unavailable("the core was built without the audio feature").into())
 }
 
 /// An image's plan (its pixels too in [`Mode::Full`]), then its crops' where the family

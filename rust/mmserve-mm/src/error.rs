@@ -7,6 +7,7 @@
 
 use thiserror::Error;
 
+use crate::audio::AudioError;
 use crate::driver::{RequestError, MAX_BYTES_PER_REQUEST, MAX_ITEMS_PER_REQUEST};
 use crate::family::qwen_vl::MAX_ASPECT_RATIO;
 use crate::family::spec::SpecError;
@@ -103,6 +104,23 @@ error_codes! {
     VideoFrameSizeChanged: "video.frame_size_changed", 400, "the video's frame size changes mid-stream";
     VideoDeadline: "video.deadline", 400, "decoding the video took longer than allowed";
     VideoUnavailable: "video.unavailable", 500, "this deployment's core cannot read video (built without it, or called without the video options)";
+    // Demuxing, decoding and featurizing audio (`AudioError`).
+    AudioUnknownFormat: "audio.unknown_format", 400, "the item is not audio in a known format";
+    AudioUnsupportedContainer: "audio.unsupported_container", 400, "the audio's container is not wav, flac, mp3, ogg, webm/mkv or m4a/mp4";
+    AudioUnknownFormatName: "audio.unknown_format_name", 400, "the audio part names a format the server does not read";
+    AudioFormatMismatch: "audio.format_mismatch", 400, "the audio data is of another format than the part names";
+    AudioNoAudioStream: "audio.no_audio_stream", 400, "the file has no audio stream";
+    AudioUnsupportedCodec: "audio.unsupported_codec", 400, "the audio's codec is not PCM, A-law, mu-law, FLAC, MP3, Vorbis, Opus or AAC";
+    AudioBadStream: "audio.bad_stream", 400, "the audio's sample rate or channel count is outside the allowed range";
+    AudioCorrupt: "audio.corrupt", 400, "the audio data is corrupt or truncated";
+    AudioEmpty: "audio.empty", 400, "the audio has no samples";
+    AudioTooShort: "audio.too_short", 400, "the audio is too short for the model's features";
+    AudioTooLong: "audio.too_long", 413, "the audio lasts longer than allowed";
+    AudioLengthMismatch: "audio.length_mismatch", 400, "the audio's header claims another duration than its data holds";
+    AudioTooManyStreams: "audio.too_many_streams", 400, "the file has more streams than allowed";
+    AudioDeadline: "audio.deadline", 400, "decoding the audio took longer than allowed";
+    AudioUnavailable: "audio.unavailable", 500, "this deployment's core cannot read audio (built without it)";
+    AudioBadFeatureConfig: "audio.bad_feature_config", 500, "the model's audio feature extractor config is invalid";
     // Resizing (`ResizeError`).
     ResizeEmptyImage: "resize.empty_image", 400, "the image has no pixels";
     ResizeEmptyTarget: "resize.empty_target", 500, "a resize was asked for an empty target";
@@ -125,6 +143,7 @@ error_codes! {
     ProcessPlaceholderCount: "process.placeholder_count", 400, "the prompt holds another number of media placeholders than the request has items";
     ProcessPlaceholderModality: "process.placeholder_modality", 400, "the prompt's text spells a media placeholder of another modality than the item at its place";
     ProcessVideoUnsupported: "process.video_unsupported", 400, "the served model family does not take video (yet)";
+    ProcessModalityUnsupported: "process.modality_unsupported", 400, "the served model family does not take this modality (images for an audio model, audio for a vision model)";
     ProcessGrid: "process.grid", 400, "a precomputed item's grid is not one the model's vision tower produces";
     ProcessOffsets: "process.offsets", 500, "the prompt layout and the items' grids disagree";
     ProcessTensorShape: "process.tensor_shape", 500, "a preprocessed tensor has the wrong shape";
@@ -160,6 +179,8 @@ pub enum Error {
     Request(#[from] RequestError),
     #[error(transparent)]
     Video(#[from] VideoError),
+    #[error(transparent)]
+    Audio(#[from] AudioError),
     /// A failure of one media item of a request; keeps the item's own code.
     #[error("item {index}: {source}")]
     Item { index: usize, source: Box<Error> },
@@ -176,6 +197,7 @@ impl Error {
             Error::Spec(e) => e.kind(),
             Error::Request(e) => e.kind(),
             Error::Video(e) => e.kind(),
+            Error::Audio(e) => e.kind(),
             Error::Item { source, .. } => source.kind(),
         }
     }

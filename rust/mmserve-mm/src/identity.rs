@@ -10,11 +10,13 @@
 //! | [`crop`] | `pancrop1` | image (u64), crop (u32), min_crop_size, max_num_crops (u32), min_ratio_to_activate (f64 bits) |
 //! | [`video`] | `vidsamp2` | content and the 11 sampling and sizing words of [`video`] (u64 each) |
 //! | [`video_group`] | `vidgroup` | video (u64), group (u32) |
+//! | [`audio`] | `audfeat1` | content and the 8 words of the extractor that featurizes it (u64 each) |
 //! | [`embeddings`] | `image_embeds:` | a text header of dtype, shape and grid, then the raw values |
 //!
 //! A change to any fold changes every identity it makes: bump its tag, so old and new never
 //! share a cache entry.
 
+use crate::audio::features::{LogMelConfig, Padding};
 use crate::common::hash::content_hash;
 use crate::image::pan_and_scan::PanAndScan;
 use crate::video::frames::VideoResize;
@@ -112,6 +114,28 @@ pub fn video(content: u64, sampling: &Sampling, resize: &VideoResize) -> u64 {
     words
         .into_iter()
         .fold(Fold::new(b"vidsamp2"), Fold::u64)
+        .finish()
+}
+
+/// An audio clip featurized by `extractor`: the same bytes decoded at another rate, or padded,
+/// cut or binned otherwise, never meet.
+pub fn audio(content: u64, extractor: &LogMelConfig) -> u64 {
+    let words = [
+        content,
+        extractor.feature_size as u64,
+        u64::from(extractor.sampling_rate),
+        extractor.hop_length as u64,
+        extractor.n_fft as u64,
+        u64::from(extractor.chunk_length),
+        u64::from(extractor.padding_value.to_bits()),
+        match extractor.padding {
+            Padding::MaxLength => 0,
+            Padding::Longest => 1,
+        } | (u64::from(extractor.truncation) << 1),
+    ];
+    words
+        .into_iter()
+        .fold(Fold::new(b"audfeat1"), Fold::u64)
         .finish()
 }
 

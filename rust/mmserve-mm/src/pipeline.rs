@@ -5,6 +5,7 @@ use std::borrow::Cow;
 
 use thiserror::Error;
 
+use crate::audio::features::LogMelConfig;
 use crate::error::ErrorCode;
 use crate::family::spec::Spec;
 use crate::image::pan_and_scan::PanAndScan;
@@ -117,12 +118,18 @@ pub enum Geometry {
         grid_thw: [u32; 3],
         time_interval: f32,
     },
+    /// An audio clip: its samples at the family's rate (cut to the extractor's chunk where it
+    /// cuts) and the feature frames the audio tower attends to (the extractor's attention-mask
+    /// sum, `valid_frames`).
+    Audio { samples: u64, frames: u32 },
 }
 
 impl Geometry {
     pub fn grid_thw(&self) -> [u32; 3] {
         match self {
             Geometry::Image { grid_thw, .. } | Geometry::Video { grid_thw, .. } => *grid_thw,
+            // The plan's grid of a clip: its valid feature frames, one row.
+            Geometry::Audio { frames, .. } => [1, 1, *frames],
         }
     }
 
@@ -151,6 +158,7 @@ impl ProcessedItem {
 pub enum Modality {
     Image,
     Video,
+    Audio,
 }
 
 impl Modality {
@@ -159,6 +167,7 @@ impl Modality {
         match self {
             Modality::Image => "image",
             Modality::Video => "video",
+            Modality::Audio => "audio",
         }
     }
 
@@ -167,6 +176,7 @@ impl Modality {
         match self {
             Modality::Image => "an image",
             Modality::Video => "a video",
+            Modality::Audio => "an audio clip",
         }
     }
 }
@@ -276,6 +286,9 @@ pub enum VisionInput {
 pub struct Capabilities {
     pub images: bool,
     pub video: bool,
+    /// The Whisper-style extractor its audio clips go through (`None`: it takes no audio):
+    /// the rate clips are decoded at, and where they are padded and cut.
+    pub audio: Option<LogMelConfig>,
     pub rope: RopeKind,
     pub vision_input: VisionInput,
     /// The pan-and-scan knobs images are cropped by, each crop then an item after its image
@@ -381,6 +394,8 @@ pub enum ProcessError {
         placeholder: &'static str,
         given: &'static str,
     },
+    #[error("{} input is not supported for this model family", .0.name())]
+    ModalityUnsupported(Modality),
     #[error(
         "video input is not supported for this model family (supported: Qwen2-VL, \
          Qwen2.5-VL, Qwen3-VL)"
@@ -410,6 +425,7 @@ impl ProcessError {
             ProcessError::PlaceholderCount { .. } => ErrorCode::ProcessPlaceholderCount,
             ProcessError::PlaceholderModality { .. } => ErrorCode::ProcessPlaceholderModality,
             ProcessError::VideoUnsupported => ErrorCode::ProcessVideoUnsupported,
+            ProcessError::ModalityUnsupported(_) => ErrorCode::ProcessModalityUnsupported,
             ProcessError::Grid { .. } => ErrorCode::ProcessGrid,
             ProcessError::Offsets(_) => ErrorCode::ProcessOffsets,
             ProcessError::TensorShape { .. } => ErrorCode::ProcessTensorShape,

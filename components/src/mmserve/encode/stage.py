@@ -3,7 +3,10 @@ the bytes the frontend fetched, or sent by the frontend with `--frontend-decodin
 vision tower. A video is decoded at the frames its planned sampling picks
 (`media.video.video_options`) into `pixel_values_videos`, once per video: a video planned one
 item per temporal group (Qwen3-VL) gives each group its rows. An image planned with its
-pan-and-scan crops (Gemma 3) is decoded once, and each crop cut from it and resized here.
+pan-and-scan crops (Gemma 3) is decoded once, and each crop cut from it and resized here. An
+audio clip is decoded at its family's rate and turned into log-mel features in the core
+(`_mm.audio_features`, the GIL released), cut to the extractor's chunk as its processor cuts
+it.
 
 The plan already says what each item is and where its tokens go; the stage only checks that
 what it decoded agrees with it. It encodes the items in state `ENCODE` and reads those in
@@ -148,7 +151,8 @@ class EncodeStage:
             for position, item in enumerate(planned):
                 if item.modality == "video":
                     videos.setdefault(carriers[position], []).append(position)
-            image_pixels, video_pixels = await asyncio.gather(
+            clips = [i for i, item in enumerate(planned) if item.modality == "audio"]
+            image_pixels, video_pixels, clip_features = await asyncio.gather(
                 self._images(
                     [planned[i] for i in images],
                     [data[carriers[i]] for i in images],
@@ -160,8 +164,10 @@ class EncodeStage:
                         for carrier, places in videos.items()
                     )
                 ),
+                self._audio([data[carriers[i]] for i in clips], request.deadline),
             )
         processed = dict(zip(images, image_pixels, strict=True))
+        processed |= dict(zip(clips, clip_features, strict=True))
         for places, (pixels, group_hashes) in zip(videos.values(), video_pixels, strict=True):
             for place in places:
                 processed[place] = _group_pixels(pixels, group_hashes, planned[place])
@@ -239,6 +245,30 @@ class EncodeStage:
             mm_hash=int(plan["mm_hash"]), pixel_values=pixel_values, grid_thw=(t, h, w)
         )
         return pixels, plan["group_mm_hashes"]
+
+    async def _audio(self, data: list[bytes], deadline: float) -> list[media.ItemPixels]:
+        """Each clip's `input_features` with its identity as `mm_hash` and its grid
+        `(1, 1, valid frames)`: decoded and featurized in one core call (fanned out over its
+        pool, the GIL released), cut off at the request's deadline."""
+        if not data:
+            return []
+        extractor = self.spec.audio_extractor
+        if extractor is None:
+            raise EngineError(
+                f"an audio clip reached an encoder whose {self.spec.family} checkpoint takes none"
+            )
+        featurized = await asyncio.to_thread(
+            _mm.audio_features,
+            data,
+            extractor,
+            timeout_s=max(deadline - time.time(), 0.0),
+        )
+        return [
+            media.ItemPixels(
+                mm_hash=extractor.identity(clip), pixel_values=features, grid_thw=(1, 1, valid)
+            )
+            for clip, (_, features, valid, _) in zip(data, featurized, strict=True)
+        ]
 
     async def _encoded_bytes(self, payload: MediaPayload) -> bytes:
         if payload.data is not None:

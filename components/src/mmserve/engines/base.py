@@ -82,7 +82,7 @@ class MediaGone(EngineError):
         self.index = index
 
 
-MediaModality = Literal["image", "video"]
+MediaModality = Literal["image", "video", "audio"]
 """What a media item is (`PlannedMedia.modality`)."""
 
 Embeddings = Sequence["ItemEmbedding | None"]
@@ -92,14 +92,15 @@ embedding no encoder cache held (the prefix cache may still hold its tokens)."""
 
 @dataclass(frozen=True)
 class MediaInput:
-    """One preprocessed image or video for the vision tower.
+    """One preprocessed image, video or audio clip for its tower.
 
     `mm_hash` is the item's identity (`PlannedMedia.mm_hash`: blake3 of the raw bytes, folded
     with the pixel bounds it was processed under, or for a video with its sampling): the
     encoder cache key, with the grid.
     `pixel_values` is `[grid_t * grid_h * grid_w, channels * temporal_patch * patch * patch]`
     (Qwen-VL patch rows; a video's `pixel_values_videos`), or one `[3, size, size]` image for a
-    fixed-size tower (Gemma 3; see `ModelSpec.vision_input`).
+    fixed-size tower (Gemma 3; see `ModelSpec.vision_input`); for a clip, its log-mel
+    `input_features` `[mel bins, frames]`, its grid `(1, 1, valid frames)`.
     """
 
     mm_hash: int

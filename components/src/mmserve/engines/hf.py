@@ -203,6 +203,10 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         and videos go through the tower in separate calls, as the model's own forward sends
         them (`get_image_features`, `get_video_features`)."""
         towered: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+        audio = [i for i, item in enumerate(items) if item.modality == "audio"]
+        if audio:
+            clips = self._audio_tower([items[i] for i in audio])
+            towered |= {index: (rows, ()) for index, rows in zip(audio, clips, strict=True)}
         for modality in ("image", "video"):
             group = [i for i, item in enumerate(items) if item.modality == modality]
             if not group:
@@ -215,6 +219,27 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                     tuple(layer[position] for layer in deepstack_layers),
                 )
         return [towered[i] for i in range(len(items))]
+
+    def _audio_tower(self, items: list[MediaInput]) -> list[torch.Tensor]:
+        """Each clip's rows: the audio tower over its features, attending to its valid frames
+        only, then the projector, cut to the rows its valid frames make; as
+        `Qwen2AudioModel.forward` does with `feature_attention_mask`."""
+        from transformers.masking_utils import create_bidirectional_mask
+
+        tower = self._inner.audio_tower
+        features = torch.stack([item.pixel_values for item in items]).to(self.device, self.dtype)
+        valid = torch.tensor([item.grid_thw[2] for item in items], device=self.device)
+        after_conv, rows = tower._get_feat_extract_output_lengths(valid)
+        positions = (features.shape[-1] - 2) // 2 + 1
+        attended = torch.arange(positions, device=self.device)[None, :] < after_conv[:, None]
+        mask = create_bidirectional_mask(
+            config=tower.config,
+            inputs_embeds=torch.zeros((len(items), positions, 1), dtype=self.dtype),
+            attention_mask=attended.long(),
+        )
+        hidden = tower(features, attention_mask=mask).last_hidden_state
+        projected = self._inner.multi_modal_projector(hidden)
+        return [projected[i, : int(n)] for i, n in enumerate(rows.tolist())]
 
     def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
         """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's
@@ -231,6 +256,9 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         return self._inner.get_image_features(pixel_values, grid, return_dict=True)
 
     def _check_media(self, item: MediaInput) -> None:
+        if item.modality == "audio":
+            self._check_audio(item)
+            return
         if item.modality == "video":
             self._check_takes_video()
         t, h, w = item.grid_thw
@@ -250,6 +278,21 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             raise EngineError(
                 f"pixel_values of shape {tuple(item.pixel_values.shape)} do not match grid "
                 f"{item.grid_thw} ({t * h * w} patches)"
+            )
+
+    def _check_audio(self, item: MediaInput) -> None:
+        extractor = self.spec.core.audio_extractor
+        if extractor is None:
+            raise EngineError(f"{self.spec.family} models take no audio")
+        frames = item.pixel_values.shape[-1]
+        if (
+            item.pixel_values.ndim != 2
+            or item.pixel_values.shape[0] != extractor.feature_size
+            or not 0 < item.grid_thw[2] <= frames
+        ):
+            raise EngineError(
+                f"input_features of shape {tuple(item.pixel_values.shape)} do not match grid "
+                f"{item.grid_thw} ({extractor.feature_size} mel bins, the valid frames last)"
             )
 
     def _check_takes_video(self) -> None:

@@ -241,10 +241,16 @@ class MockEngine(CachingEngine[_MockKv, None]):
     async def load(cls, model_path: str | Path, **options: Any) -> MockEngine:
         return await asyncio.to_thread(cls, model_path, **options)
 
+    def _rows(self, item: MediaInput) -> int:
+        """The rows the tower would give the item: the plan's count."""
+        if item.modality == "audio":
+            return self.spec.core.audio_tokens(item.grid_thw[2])
+        return self.spec.image_token_count(item.grid_thw)
+
     async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
         for item in items:
-            if self.spec.image_token_count(item.grid_thw) <= 0:
-                raise EngineError(f"image grid {item.grid_thw} has no tokens")
+            if self._rows(item) <= 0:
+                raise EngineError(f"{item.modality} grid {item.grid_thw} has no tokens")
         # Looked up in turn: an item the encode before this one computed is a hit.
         async with self._encode_turn:
             embeddings = []
@@ -252,7 +258,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
             for item in items:
                 cached = self.encoder_cache.get(item.mm_hash, item.grid_thw)
                 if cached is None:
-                    rows = self.spec.image_token_count(item.grid_thw)
+                    rows = self._rows(item)
                     generator = torch.Generator().manual_seed(item.mm_hash & (2**63 - 1))
                     values = torch.rand((rows, EMBEDDING_DIM), generator=generator)
                     cached = ItemEmbedding(item.mm_hash, item.grid_thw, values)

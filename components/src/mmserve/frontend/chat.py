@@ -46,7 +46,7 @@ from mmserve.frontend.tools import (
     tool_mode,
 )
 from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
-from mmserve.media import MediaPolicy, PixelBounds
+from mmserve.media import DEFAULT_MAX_AUDIO_DURATION_S, MediaPolicy, PixelBounds
 from mmserve.media.processing import PanAndScanKnobs
 from mmserve.media.text_pieces import text_pieces
 from mmserve.models.family import ModelSpec, resolve_model_spec
@@ -62,11 +62,13 @@ from mmserve.protocol import (
     ERROR_TOKEN_NOT_IN_VOCABULARY,
     ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS,
     ERROR_UNSUPPORTED_OPTION,
+    AudioUrlPart,
     ChatCompletionRequest,
     EmbeddingsHandle,
     Grammar,
     ImageEmbedsPart,
     ImageUrlPart,
+    InputAudioPart,
     ItemState,
     MediaIoKwargs,
     MediaPayload,
@@ -159,6 +161,8 @@ class ChatOptions:
     media_io_kwargs: MediaIoKwargs | None = None
     # What requests may ask of videos, and the caps on a video's headers (--max-video-*).
     video_caps: VideoCaps = field(default_factory=VideoCaps)
+    # The longest audio clip a request may carry, from its headers (--max-audio-duration).
+    max_audio_duration_s: float = DEFAULT_MAX_AUDIO_DURATION_S
     # image_embeds parts are refused unless the operator allows them.
     enable_mm_embeds: bool = False
     # The most completions one request may ask for (`n`; vLLM has no such bound).
@@ -172,14 +176,24 @@ class ChatOptions:
     grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
+MediaPart = ImageUrlPart | VideoUrlPart | ImageEmbedsPart | InputAudioPart | AudioUrlPart
+
+
 @dataclass(frozen=True)
 class _MediaRef:
-    part: ImageUrlPart | VideoUrlPart | ImageEmbedsPart
+    part: MediaPart
     param: str  # where the item sits in the request, for error messages
 
     @property
     def modality(self) -> media.Modality:
+        if isinstance(self.part, InputAudioPart | AudioUrlPart):
+            return "audio"
         return "video" if isinstance(self.part, VideoUrlPart) else "image"
+
+    @property
+    def audio_format(self) -> str | None:
+        """The format an input_audio part names."""
+        return self.part.input_audio.format if isinstance(self.part, InputAudioPart) else None
 
 
 @functools.cache
@@ -260,10 +274,11 @@ class ChatPreprocessor:
                 f"{self.options.policy.max_items} are allowed",
                 param="messages",
             )
-        videos = sum(item.modality == "video" for item in items)
-        check_media_counts(
-            self.options.limit_mm_per_prompt, {"image": len(items) - videos, "video": videos}
-        )
+        counts = {"image": 0, "video": 0, "audio": 0}
+        for ref in items:
+            counts[ref.modality] += 1
+        check_media_counts(self.options.limit_mm_per_prompt, counts)
+        videos = counts["video"]
         bounds = self.pixel_range.bounds(request.mm_processor_kwargs)
         pan_and_scan = self.pan_and_scan.knobs_for(request.mm_processor_kwargs)
         video = None
@@ -593,11 +608,11 @@ class ChatPreprocessor:
         sources: list[str | bytes | media.Precomputed] = []
         for index, item in enumerate(items):
             part = item.part
-            if isinstance(part, ImageUrlPart | VideoUrlPart) and part.url is not None:
-                sources.append(part.url)
-            else:
+            if isinstance(part, ImageEmbedsPart) or part.url is None:
                 facts = known.get(index) or precomputed[index]
                 sources.append((facts.mm_hash, facts.grid_thw))
+            else:
+                sources.append(part.url)
         try:
             return await media.plan_request(
                 self.model.spec.core,
@@ -605,9 +620,15 @@ class ChatPreprocessor:
                 sources,
                 self.options.policy,
                 count_only=not decoding,
-                keep_bytes=not decoding or video is not None,
+                # A video's and a clip's bytes travel even with frontend decoding: the encoder
+                # decodes them.
+                keep_bytes=not decoding
+                or video is not None
+                or any(item.modality == "audio" for item in items),
                 pixel_bounds=bounds,
                 modalities=[item.modality for item in items],
+                audio_formats=[item.audio_format for item in items],
+                max_audio_duration_s=self.options.max_audio_duration_s,
                 video=video,
                 text_pieces=self.text_pieces,
                 pan_and_scan=pan_and_scan,
@@ -758,6 +779,8 @@ _MEDIA_FIELDS: dict[type, str] = {
     ImageUrlPart: "image_url",
     VideoUrlPart: "video_url",
     ImageEmbedsPart: "image_embeds",
+    InputAudioPart: "input_audio",
+    AudioUrlPart: "audio_url",
 }
 
 

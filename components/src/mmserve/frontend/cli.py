@@ -23,6 +23,7 @@ from mmserve.frontend.mm_options import (
 from mmserve.frontend.token_cache import DEFAULT_TOKEN_CACHE_MIB
 from mmserve.frontend.tool_parsers import TOOL_CALL_PARSERS
 from mmserve.grammar.defaults import add_grammar_arguments
+from mmserve.media.calls import DEFAULT_MAX_AUDIO_DURATION_S
 from mmserve.media.policy import MediaPolicy
 from mmserve.protocol.openai import DEFAULT_MAX_N
 from mmserve.reasoning import REASONING_PARSER_ALIASES, REASONING_PARSERS
@@ -146,10 +147,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_limit_mm_per_prompt,
         default={},
         metavar="LIMITS",
-        help='most media items per prompt by modality, as JSON (\'{"image": 4, "video": 1}\', '
+        help='most media items per prompt by modality, as JSON (\'{"image": 4, "video": 1, '
+        '"audio": 2}\', '
         'with optional size hints \'{"image": {"count": 4, "width": 512, "height": 512}}\') '
-        "or image=4,video=1; past it a request gets 400 request.too_many_items (default: "
-        "only --max-media-items)",
+        "or image=4,video=1,audio=2; past it a request gets 400 request.too_many_items "
+        "(default: only --max-media-items)",
     )
     parser.add_argument(
         "--mm-processor-kwargs",
@@ -223,6 +225,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_grammar_arguments(parser, "a request whose grammar takes checking")
     MediaPolicy.add_cli_args(parser)
     VideoCaps.add_cli_args(parser)
+    parser.add_argument(
+        "--max-audio-duration",
+        type=float,
+        default=DEFAULT_MAX_AUDIO_DURATION_S,
+        metavar="SECONDS",
+        help="longest audio clip accepted, by its headers before it is decoded; longer gets "
+        "413 audio.too_long (a clip longer than the model's chunk, 30 s for Qwen2-Audio, is "
+        f"cut to it as its processor cuts it) (default: {DEFAULT_MAX_AUDIO_DURATION_S:g})",
+    )
     add_transfer_arguments(parser)
     RouterSettings.add_cli_args(parser)
 
@@ -261,6 +272,7 @@ def build_app(
         mm_processor_kwargs=args.mm_processor_kwargs,
         media_io_kwargs=args.media_io_kwargs,
         video_caps=VideoCaps.from_args(args),
+        max_audio_duration_s=args.max_audio_duration,
         enable_mm_embeds=args.enable_mm_embeds,
         max_n=args.max_n,
         tool_call_parser=args.tool_call_parser,

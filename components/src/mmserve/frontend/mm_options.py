@@ -36,7 +36,7 @@ from mmserve.protocol.pipeline import VideoSampling
 DEFAULT_VIDEO_FPS = 2.0
 DEFAULT_MAX_VIDEO_FPS = 30.0
 
-MODALITIES = ("image", "video")
+MODALITIES = ("image", "video", "audio")
 _SIZE_HINTS = ("width", "height", "num_frames")
 
 

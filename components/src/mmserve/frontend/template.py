@@ -17,9 +17,11 @@ from mmserve.protocol import (
     ERROR_CHAT_TEMPLATE,
     ERROR_TEMPLATE_VARIABLE,
     ERROR_TOOLS_ARGUMENTS,
+    AudioUrlPart,
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
+    InputAudioPart,
     TextPart,
     VideoUrlPart,
 )
@@ -157,4 +159,6 @@ def _arguments(text: str, param: str) -> dict[str, Any]:
 def _template_part(part: ContentPart) -> dict[str, str]:
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text}
+    if isinstance(part, InputAudioPart | AudioUrlPart):
+        return {"type": "audio"}
     return {"type": "video" if isinstance(part, VideoUrlPart) else "image"}

@@ -1,6 +1,7 @@
 """The Python side of the Rust media core: the fetch policy and async calls into the core."""
 
 from mmserve.media.calls import (
+    DEFAULT_MAX_AUDIO_DURATION_S,
     ItemPixels,
     Modality,
     PlannedRequest,
@@ -16,6 +17,7 @@ from mmserve.media.policy import MediaPolicy
 from mmserve.media.processing import PixelBounds
 
 __all__ = [
+    "DEFAULT_MAX_AUDIO_DURATION_S",
     "ItemPixels",
     "MediaPolicy",
     "Modality",

@@ -29,7 +29,12 @@ R = TypeVar("R")
 Precomputed = tuple[int, tuple[int, int, int]]
 """`(mm_hash, (t, h, w))` of an item whose embeddings the request carries."""
 
-Modality = Literal["image", "video"]
+Modality = Literal["image", "video", "audio"]
+
+# The longest audio clip a request may carry unless the operator says otherwise
+# (--max-audio-duration), checked from its headers before it is decoded. A family whose
+# processor cuts clips to a chunk (Qwen2-Audio: 30 s) decodes no further than the chunk.
+DEFAULT_MAX_AUDIO_DURATION_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ def plan_request_here(
     text_pieces: dict[str, list[int]] | None = None,
     pan_and_scan: PanAndScanKnobs | None = None,
     panned_input_ids: list[int] | None = None,
+    audio_formats: Sequence[str | None] | None = None,
+    max_audio_duration_s: float = DEFAULT_MAX_AUDIO_DURATION_S,
 ) -> PlannedRequest:
     """Runs the request driver once: fetches every item (`sources` are references - URL,
     `data:` URL, base64, local path - or bytes already fetched; a precomputed item is planned
@@ -112,7 +119,11 @@ def plan_request_here(
     driver writes (`media.text_pieces`). For a family that can pan and scan, `pan_and_scan`
     are the knobs (None: off): an image they crop is followed by its crops, each its own
     planned item, the text before the image taken from `panned_input_ids` (the prompt
-    tokenized with each image written as one with crops). On the calling thread:
+    tokenized with each image written as one with crops). An audio clip is planned from its
+    headers (the caps, `max_audio_duration_s`) and its samples decoded up to the family's
+    chunk (the count of its tokens), its identity folded with the family's extractor;
+    `audio_formats` are the formats the request names per item (data of another is refused).
+    On the calling thread:
     `plan_request` is the same in a worker thread."""
     kinds: Sequence[Modality] = modalities or ["image"] * len(sources)
     if spec.pan_and_scan is not None:
@@ -127,6 +138,8 @@ def plan_request_here(
         video=None if video is None else video_options(video.base, video.sampling),
         text_pieces=text_pieces,
         panned_input_ids=panned_input_ids,
+        audio_formats=None if audio_formats is None else list(audio_formats),
+        max_audio_duration_s=max_audio_duration_s,
         **_fetch_options(policy),
     )
     items = []
@@ -145,6 +158,14 @@ def plan_request_here(
                 video=None if video is None else video.sampling,
                 temporal_group=item.temporal_group,
                 source=carried_by,
+            )
+        elif kind == "audio":
+            planned = PlannedMedia(
+                modality="audio",
+                mm_hash=int(item.hash),
+                offset=start,
+                length=end - start,
+                grid_thw=_grid(item.image_grid_thw),
             )
         else:
             bounds = None if isinstance(source, tuple) else pixel_bounds

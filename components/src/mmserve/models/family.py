@@ -159,12 +159,18 @@ def resolve_model_spec(path: str | Path) -> ModelSpec:
 
 
 def model_class(family: str) -> type[PreTrainedModel]:
-    """The transformers class of a family's whole model (vision tower and language model):
-    transformers' own for the model type, the one `AutoModelForImageTextToText` loads."""
+    """The transformers class of a family's whole model (its towers and language model):
+    transformers' own for the model type, the one `AutoModelForImageTextToText` loads, or for
+    a family without images (Qwen2-Audio) the one `AutoModelForMultimodalLM` loads."""
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES,
+    )
 
-    name = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(family)
+    name = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(
+        family, MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES.get(family)
+    )
     if name is None:
         raise UnsupportedModel(f"transformers {transformers.__version__} has no model for {family}")
     cls: type[PreTrainedModel] = getattr(transformers, name)

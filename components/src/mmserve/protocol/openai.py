@@ -64,6 +64,44 @@ class VideoUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
         return self.video_url if isinstance(self.video_url, str) else self.video_url.url
 
 
+class InputAudio(msgspec.Struct, frozen=True, kw_only=True):
+    data: Annotated[str, msgspec.Meta(description="the clip's bytes, base64")]
+    format: Annotated[
+        str,
+        msgspec.Meta(
+            description="wav, mp3, flac, ogg, opus, webm, mka, m4a, mp4...: data of another "
+            "format is refused"
+        ),
+    ]
+
+
+class InputAudioPart(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="input_audio"
+):
+    """OpenAI's audio part: a clip's bytes in base64 and the format they are in."""
+
+    input_audio: InputAudio
+
+    @property
+    def url(self) -> str:
+        return f"data:;base64,{self.input_audio.data}"
+
+
+class AudioUrl(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+
+
+class AudioUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="audio_url"):
+    """vLLM's audio part: an http(s) URL, a `data:audio/...` URL or an allowed local file of a
+    wav, flac, mp3, ogg, webm or m4a clip (some clients send the URL as a bare string)."""
+
+    audio_url: AudioUrl | str
+
+    @property
+    def url(self) -> str:
+        return self.audio_url if isinstance(self.audio_url, str) else self.audio_url.url
+
+
 _GridThw = Annotated[
     list[Annotated[int, msgspec.Meta(ge=1, lt=2**31)]], msgspec.Meta(min_length=3, max_length=3)
 ]
@@ -101,7 +139,9 @@ class ImageEmbedsPart(
     ]
 
 
-ContentPart = TextPart | ImageUrlPart | VideoUrlPart | ImageEmbedsPart
+ContentPart = (
+    TextPart | ImageUrlPart | VideoUrlPart | ImageEmbedsPart | InputAudioPart | AudioUrlPart
+)
 
 
 class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):

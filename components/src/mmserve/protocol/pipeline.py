@@ -125,7 +125,7 @@ class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):
     fills in the plan's token ids (vLLM's `MultiModalFeatureSpec` with its `PlaceholderRange`).
     """
 
-    modality: Literal["image", "video"] = "image"
+    modality: Literal["image", "video", "audio"] = "image"
     # The item's identity, as the Rust core's `identity` module makes it: blake3 of the raw
     # encoded bytes truncated to u64 (folded with `pixel_bounds` when set, with its crop for a
     # pan-and-scan crop, with every `video` option for a video, with its group for a temporal

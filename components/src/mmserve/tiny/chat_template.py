@@ -10,6 +10,9 @@ checkpoints carry it, so prompts, tools and reasoning render as they do for the 
 - Qwen3.5 (`templates/qwen3_5.jinja`): tools, calls as `<tool_call><function=NAME>
   <parameter=P>...` blocks (Qwen3-Coder's format), and thinking: the generation prompt opens
   `<think>`, or with `enable_thinking: false` closes an empty one.
+- Qwen2-Audio (`Qwen2AudioProcessor.default_chat_template`, which its instruction-tuned
+  checkpoint ships too): each audio part becomes `Audio N: <|audio_bos|><|AUDIO|><|audio_eos|>`
+  and a newline (the single `<|AUDIO|>` is expanded later to one token per embedding row).
 """
 
 from __future__ import annotations
@@ -38,6 +41,21 @@ QWEN2_VL_CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+QWEN2_AUDIO_CHAT_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if 'audio' in content or 'audio_url' in content or message['type'] == 'audio' "
+    "or content['type'] == 'audio' %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 # Each Qwen family's template: Qwen2-VL's string, or the name of a file under templates/.
 _QWEN_TEMPLATES = {
     "qwen2_vl": None,
@@ -52,5 +70,7 @@ _QWEN_TEMPLATES = {
 @functools.cache
 def qwen_chat_template(family: str) -> str:
     """The chat template of a Qwen family's instruction-tuned checkpoints."""
+    if family == "qwen2_audio":
+        return QWEN2_AUDIO_CHAT_TEMPLATE
     name = _QWEN_TEMPLATES[family]
     return QWEN2_VL_CHAT_TEMPLATE if name is None else (_TEMPLATES / name).read_text()

@@ -30,6 +30,9 @@ TINY_FAMILIES = (
     "qwen3_5_moe",
     "gemma3",
 )
+# Families that hear rather than see: built like the others, kept apart from TINY_FAMILIES,
+# which the image tests run over.
+AUDIO_FAMILIES = ("qwen2_audio",)
 # Families with Qwen3-VL's vision tower, preprocessing and interleaved M-RoPE.
 _QWEN3_VISION = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 # Qwen3.5's hybrid language models: Gated DeltaNet linear-attention layers beside full attention.
@@ -58,6 +61,10 @@ CHECKPOINT_FILES = (
     "tokenizer_config.json",
     "model.safetensors",
 )
+
+# Qwen2-Audio's Whisper-style extractor: 128 mel bins, 25 ms windows every 10 ms at 16 kHz,
+# every clip padded or cut to 30 s.
+WHISPER_MEL_BINS = 128
 
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -157,6 +164,19 @@ def _gemma3_text_config() -> dict[str, Any]:
     }
 
 
+def _qwen2_audio_encoder_config() -> dict[str, Any]:
+    # max_source_positions is the real one: a 30 s chunk's 3000 frames, halved by the conv.
+    return {
+        "num_mel_bins": WHISPER_MEL_BINS,
+        "encoder_layers": 2,
+        "encoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "d_model": 32,
+        "max_source_positions": 1500,
+        "initializer_range": INIT_SCALE,
+    }
+
+
 def _gemma3_vision_config() -> dict[str, Any]:
     return {
         "hidden_size": 32,
@@ -195,6 +215,22 @@ def _vision_config(family: str) -> dict[str, Any]:
 
 
 def preprocessor_config(family: str) -> dict[str, Any]:
+    if family == "qwen2_audio":
+        return {
+            "feature_extractor_type": "WhisperFeatureExtractor",
+            "processor_class": "Qwen2AudioProcessor",
+            "feature_size": WHISPER_MEL_BINS,
+            "sampling_rate": 16000,
+            "hop_length": 160,
+            "n_fft": 400,
+            "chunk_length": 30,
+            "n_samples": 480000,
+            "nb_max_frames": 3000,
+            "padding_value": 0.0,
+            "padding_side": "right",
+            "return_attention_mask": True,
+            "dither": 0.0,
+        }
     if family == "gemma3":
         return {
             "image_processor_type": "Gemma3ImageProcessor",
@@ -256,6 +292,15 @@ def _build_model(family: str, seed: int) -> Any:
             initializer_range=INIT_SCALE,
             tie_word_embeddings=True,
         )
+    elif family == "qwen2_audio":
+        text = _text_config(family)
+        del text["rope_parameters"]["mrope_section"]
+        config = transformers.Qwen2AudioConfig(
+            text_config={**text, "model_type": "qwen2"},
+            audio_config=_qwen2_audio_encoder_config(),
+            initializer_range=INIT_SCALE,  # type: ignore[call-arg]
+        )
+        config.tie_word_embeddings = True
     else:
         config_class = {
             "qwen2_vl": transformers.Qwen2VLConfig,
@@ -357,8 +402,9 @@ def build_tiny_model(
     family: str = DEFAULT_FAMILY, seed: int = DEFAULT_SEED, out: Path | None = None
 ) -> Path:
     """The tiny checkpoint dir for `family` and `seed`, built unless already valid."""
-    if family not in TINY_FAMILIES:
-        raise ValueError(f"unknown family {family!r} (known: {', '.join(TINY_FAMILIES)})")
+    if family not in (*TINY_FAMILIES, *AUDIO_FAMILIES):
+        known = ", ".join((*TINY_FAMILIES, *AUDIO_FAMILIES))
+        raise ValueError(f"unknown family {family!r} (known: {known})")
     target = tiny_model_dir(family, seed, out)
     if is_valid_checkpoint(target, seed):
         return target
@@ -385,7 +431,7 @@ def _handle(args: argparse.Namespace) -> int:
 
         print(build_trained_model(out))
         return 0
-    families = TINY_FAMILIES if args.family == "all" else (args.family,)
+    families = (*TINY_FAMILIES, *AUDIO_FAMILIES) if args.family == "all" else (args.family,)
     for family in families:
         print(build_tiny_model(family, args.seed, out))
     return 0
@@ -397,12 +443,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="build tiny checkpoints (offline): random weights, or the trained default",
         description=(
             "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE / Qwen3.5 / Qwen3.5-MoE "
-            "/ Gemma 3 checkpoints with random weights and the real Qwen tokenizer (Qwen3.5 and "
-            "Gemma 3: their special-token ids); prints each checkpoint dir. Skips ones already "
-            "built."
+            "/ Gemma 3 / Qwen2-Audio checkpoints with random weights and the real Qwen "
+            "tokenizer (Qwen3.5 and Gemma 3: their special-token ids); prints each checkpoint "
+            "dir. Skips ones already built."
         ),
     )
-    parser.add_argument("--family", choices=(*TINY_FAMILIES, "all"), default=DEFAULT_FAMILY)
+    parser.add_argument(
+        "--family", choices=(*TINY_FAMILIES, *AUDIO_FAMILIES, "all"), default=DEFAULT_FAMILY
+    )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="weight seed")
     parser.add_argument(
         "--trained",

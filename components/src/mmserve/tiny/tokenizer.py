@@ -39,6 +39,15 @@ QWEN2_VL_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
+# Qwen2-Audio's, in id order from 151643, as in its checkpoints.
+QWEN2_AUDIO_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+)
 # After those, Qwen2.5's added tokens (not special: `skip_special_tokens` keeps their text).
 QWEN2_5_TOKENS: tuple[str, ...] = (
     "<tool_call>",
@@ -64,7 +73,10 @@ def qwen_tiktoken_path() -> Path:
 def added_tokens(family: str) -> tuple[tuple[str, bool], ...]:
     """The tokens a Qwen family's tokenizer adds after the BPE ranks, in id order, each with
     whether it is special: Qwen2-VL's special tokens, then Qwen2.5-VL's tool-call tokens, then
-    Qwen3-VL's and Qwen3.5's tool-response and thinking tokens."""
+    Qwen3-VL's and Qwen3.5's tool-response and thinking tokens; Qwen2-Audio's own special
+    tokens alone."""
+    if family == "qwen2_audio":
+        return tuple((token, True) for token in QWEN2_AUDIO_SPECIAL_TOKENS)
     tokens = [(token, True) for token in QWEN2_VL_SPECIAL_TOKENS]
     if family != "qwen2_vl":
         tokens += [(token, False) for token in QWEN2_5_TOKENS]

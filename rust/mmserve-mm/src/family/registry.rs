@@ -13,7 +13,7 @@ use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::family::config::{Checkpoint, ConfigFiles, FamilyFacts, ModelFacts};
 use crate::family::spec::{Spec, SpecError};
-use crate::family::{gemma3, qwen_vl};
+use crate::family::{gemma3, qwen2_audio, qwen_vl};
 use crate::pipeline::{Family, Modality};
 use crate::video::VideoFamily;
 
@@ -84,6 +84,8 @@ families! {
     Qwen35Moe = "qwen3_5_moe" => &qwen_vl::QWEN3_5_MOE,
     /// A fixed-size SigLIP image between begin/end-of-image tokens, 1-D rope.
     Gemma3 = "gemma3" => &gemma3::GEMMA3,
+    /// A Whisper-style audio encoder before a Qwen2 language model, 1-D rope; no images.
+    Qwen2Audio = "qwen2_audio" => &qwen2_audio::QWEN2_AUDIO,
 }
 
 impl FamilyName {
@@ -200,7 +202,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", family.model_type()));
             assert_eq!(serde_json::from_str::<FamilyName>(&json).unwrap(), family);
             let module = family.module();
-            assert!(module.modalities().contains(&Modality::Image));
+            assert!(!module.modalities().is_empty());
             // A video processor exactly where the family takes video.
             assert_eq!(
                 module.modalities().contains(&Modality::Video),
@@ -210,7 +212,7 @@ mod tests {
         }
         assert_eq!(
             FamilyName::known(),
-            "gemma3, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_vl, qwen3_vl_moe"
+            "gemma3, qwen2_5_vl, qwen2_audio, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_vl, qwen3_vl_moe"
         );
     }
 

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::audio::features::{LogMelConfig, Padding};
 use crate::error::ErrorCode;
 use crate::family::registry::FamilyName;
 use crate::identity::PixelBounds;
@@ -101,6 +102,40 @@ pub struct Spec {
     /// ([`crate::identity::image`]). `None`: the model's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pixel_bounds: Option<PixelBounds>,
+    /// A family that takes audio: its extractor and audio placeholder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<AudioSpec>,
+}
+
+/// A Whisper-style feature extractor's parameters (`preprocessor_config.json`) and the
+/// placeholder a clip's tokens expand from. Clips are padded to the chunk and cut to it
+/// (`padding="max_length"`, truncation: what Qwen2-Audio's processor asks).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AudioSpec {
+    pub audio_token_id: u32,
+    pub feature_size: usize,
+    pub sampling_rate: u32,
+    pub hop_length: usize,
+    pub n_fft: usize,
+    pub chunk_length: u32,
+    pub padding_value: f32,
+}
+
+impl AudioSpec {
+    /// The extractor these parameters make.
+    pub fn log_mel(&self) -> LogMelConfig {
+        LogMelConfig {
+            feature_size: self.feature_size,
+            sampling_rate: self.sampling_rate,
+            hop_length: self.hop_length,
+            n_fft: self.n_fft,
+            chunk_length: self.chunk_length,
+            padding_value: self.padding_value,
+            padding: Padding::MaxLength,
+            truncation: true,
+        }
+    }
 }
 
 fn is_false(value: &bool) -> bool {
@@ -240,6 +275,12 @@ impl Spec {
     }
 
     pub fn validate(&self) -> Result<(), SpecError> {
+        if let Some(audio) = &self.audio {
+            audio
+                .log_mel()
+                .validate()
+                .map_err(|e| invalid("audio", e.to_string()))?;
+        }
         for (field, v) in [
             ("patch_size", self.patch_size),
             ("merge_size", self.merge_size),

@@ -18,6 +18,7 @@ use pyo3::types::PyByteArray;
 use super::error::to_py;
 use super::spec::PySpec;
 use super::video::PyVideoOptions;
+use crate::audio::AudioFormat;
 use crate::common::par;
 use crate::common::text_pieces::TextPieces;
 use crate::driver::{self, DriverOptions, MediaInput, MediaItem, Modality, Mode};
@@ -183,7 +184,8 @@ impl ImageArg {
     }
 }
 
-/// Each item's modality from its name ("image" or "video"); all images when none are given.
+/// Each item's modality from its name ("image", "video" or "audio"); all images when none are
+/// given.
 fn modalities(names: Option<Vec<PyBackedStr>>, items: usize) -> PyResult<Vec<Modality>> {
     let Some(names) = names else {
         return Ok(vec![Modality::Image; items]);
@@ -199,18 +201,48 @@ fn modalities(names: Option<Vec<PyBackedStr>>, items: usize) -> PyResult<Vec<Mod
         .map(|name| match &**name {
             "image" => Ok(Modality::Image),
             "video" => Ok(Modality::Video),
+            "audio" => Ok(Modality::Audio),
             other => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "unknown modality {other:?} (known: image, video)"
+                "unknown modality {other:?} (known: image, video, audio)"
             ))),
         })
         .collect()
 }
 
-fn with_modalities<'a>(inputs: Vec<MediaInput<'a>>, kinds: &[Modality]) -> Vec<MediaItem<'a>> {
+/// Each item's declared audio format (`input_audio.format`), parsed; none when none are given.
+fn audio_formats(
+    names: Option<Vec<Option<PyBackedStr>>>,
+    items: usize,
+) -> Result<Vec<Option<AudioFormat>>, crate::Error> {
+    let Some(names) = names else {
+        return Ok(vec![None; items]);
+    };
+    names
+        .iter()
+        .enumerate()
+        .map(|(index, name)| {
+            name.as_deref()
+                .map(AudioFormat::from_name)
+                .transpose()
+                .map_err(|e| crate::Error::from(e).at_item(index))
+        })
+        .collect()
+}
+
+fn with_modalities<'a>(
+    inputs: Vec<MediaInput<'a>>,
+    kinds: &[Modality],
+    formats: &[Option<AudioFormat>],
+) -> Vec<MediaItem<'a>> {
     inputs
         .into_iter()
         .zip(kinds)
-        .map(|(input, &modality)| MediaItem { modality, input })
+        .zip(formats.iter().chain(std::iter::repeat(&None)))
+        .map(|((input, &modality), &format)| MediaItem {
+            modality,
+            input,
+            format,
+        })
         .collect()
 }
 
@@ -219,7 +251,8 @@ fn with_modalities<'a>(inputs: Vec<MediaInput<'a>>, kinds: &[Modality]) -> Vec<M
 #[pyo3(signature = (spec, input_ids, images, *, allowed_local_roots = Vec::new(),
                     allowed_domains = Vec::new(), timeout_s = None, count_only = false,
                     keep_bytes = false, modalities = None, video = None,
-                    text_pieces = None, panned_input_ids = None))]
+                    text_pieces = None, panned_input_ids = None, audio_formats = None,
+                    max_audio_duration_s = None))]
 #[allow(clippy::too_many_arguments)]
 fn process(
     py: Python<'_>,
@@ -235,6 +268,8 @@ fn process(
     video: Option<PyRef<'_, PyVideoOptions>>,
     text_pieces: Option<HashMap<String, Vec<TokenId>>>,
     panned_input_ids: Option<Vec<TokenId>>,
+    audio_formats: Option<Vec<Option<PyBackedStr>>>,
+    max_audio_duration_s: Option<f64>,
 ) -> PyResult<PyProcessResult> {
     let mut options = DriverOptions::default();
     options.fetch.allowed_local_roots = allowed_local_roots;
@@ -248,6 +283,13 @@ fn process(
     options.text_pieces = text_pieces.map(|pieces| TextPieces::new(pieces.into_iter().collect()));
     options.panned_input_ids = panned_input_ids;
     let kinds = self::modalities(modalities, images.len())?;
+    let formats = self::audio_formats(audio_formats, images.len()).map_err(to_py)?;
+    #[cfg(feature = "audio")]
+    if let Some(seconds) = max_audio_duration_s {
+        options.audio.max_duration_s = seconds;
+    }
+    #[cfg(not(feature = "audio"))]
+    drop(max_audio_duration_s);
     #[cfg(feature = "video")]
     {
         options.video = video.map(|v| v.video_options(None)).transpose()?;
@@ -267,7 +309,7 @@ fn process(
                 return driver::run(
                     family.as_ref(),
                     &input_ids,
-                    &with_modalities(media, &kinds),
+                    &with_modalities(media, &kinds, &formats),
                     &options,
                     mode,
                 )
@@ -290,7 +332,7 @@ fn process(
             driver::run(
                 family.as_ref(),
                 &input_ids,
-                &with_modalities(inputs, &kinds),
+                &with_modalities(inputs, &kinds, &formats),
                 &options,
                 mode,
             )

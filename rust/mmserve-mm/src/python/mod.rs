@@ -3,6 +3,9 @@
 
 use pyo3::prelude::*;
 
+mod audio;
+#[cfg(any(feature = "video", feature = "audio"))]
+mod deadline;
 mod driver;
 mod error;
 mod identity;
@@ -25,5 +28,6 @@ fn _mm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     kv::register(m)?;
     video::register(m)?;
     positions::register(m)?;
+    audio::register(m)?;
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+use super::audio::PyAudioFeatureExtractor;
 use super::error::to_py;
 use crate::common::hash::content_hash;
 use crate::family::config::ModelFacts;
@@ -105,6 +106,31 @@ impl PySpec {
     #[getter]
     fn takes_video(&self) -> bool {
         self.family.capabilities().video
+    }
+
+    /// The feature extractor of a family that takes audio (its clips' rate, chunk and mel
+    /// bins, padded and cut as its processor asks); `None` for one that takes none.
+    #[getter]
+    fn audio_extractor(&self) -> PyResult<Option<PyAudioFeatureExtractor>> {
+        self.family
+            .capabilities()
+            .audio
+            .map(PyAudioFeatureExtractor::of)
+            .transpose()
+    }
+
+    /// The tokens a clip of `frames` valid feature frames expands to (0 for a family that
+    /// takes no audio): the plan's count, for an engine that stands in for the tower.
+    fn audio_tokens(&self, frames: u32) -> usize {
+        self.family
+            .num_tokens(&crate::pipeline::Geometry::Audio { samples: 0, frames })
+    }
+
+    /// The audio placeholder the chat template writes once per clip (`<|AUDIO|>`); `None`
+    /// for a family that takes no audio.
+    #[getter]
+    fn audio_token_id(&self) -> Option<TokenId> {
+        self.spec.audio.map(|audio| audio.audio_token_id)
     }
 
     /// Whether the request driver plans a video one item per temporal group, each after its

@@ -166,8 +166,6 @@ fn preprocess_video<'py>(
 
 #[cfg(feature = "video")]
 mod ffmpeg {
-    use std::time::{Duration, Instant};
-
     use pyo3::types::PyDict;
 
     use super::*;
@@ -182,15 +180,7 @@ mod ffmpeg {
         timeout_s: Option<f64>,
     ) -> PyResult<VideoLimits> {
         let defaults = VideoLimits::default();
-        let deadline = match timeout_s {
-            Some(s) => Some(
-                Duration::try_from_secs_f64(s)
-                    .ok()
-                    .and_then(|d| Instant::now().checked_add(d))
-                    .ok_or_else(|| PyValueError::new_err(format!("bad timeout_s {s}")))?,
-            ),
-            None => None,
-        };
+        let deadline = super::super::deadline::deadline(timeout_s)?;
         Ok(VideoLimits {
             max_duration_s: max_duration_s.unwrap_or(defaults.max_duration_s),
             max_frames: max_frames.unwrap_or(defaults.max_frames),

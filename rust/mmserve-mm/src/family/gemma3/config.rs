@@ -147,6 +147,7 @@ pub(super) fn read(files: &ConfigFiles) -> Result<(Spec, FamilyFacts), SpecError
         pan_and_scan: Some(pan_and_scan),
         do_pan_and_scan,
         pixel_bounds: None,
+        audio: None,
     };
     spec.validate()?;
     Ok((spec, FamilyFacts::default()))

@@ -94,6 +94,7 @@ impl Family for Gemma3 {
         Capabilities {
             images: true,
             video: false,
+            audio: None,
             rope: RopeKind::Rope1D,
             vision_input: VisionInput::Image,
             crops: self.spec.pan_and_scan.filter(|_| self.spec.do_pan_and_scan),

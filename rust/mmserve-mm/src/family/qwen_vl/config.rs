@@ -85,6 +85,7 @@ pub(super) fn read(
         pan_and_scan: None,
         do_pan_and_scan: false,
         pixel_bounds: None,
+        audio: None,
     };
     spec.validate()?;
     let facts = FamilyFacts {

@@ -133,6 +133,7 @@ impl Family for QwenVl {
         Capabilities {
             images: true,
             video: self.takes_video(),
+            audio: None,
             rope: RopeKind::MRope,
             vision_input: VisionInput::Patches,
             crops: None,
@@ -288,6 +289,9 @@ impl Family for QwenVl {
             })
         };
         let parts = match item.geometry {
+            Geometry::Audio { .. } => {
+                return Err(ProcessError::ModalityUnsupported(Modality::Audio))
+            }
             Geometry::Image { .. } => {
                 vec![embed(spec.image_token_id, item.geometry, EmbedOf::Whole)]
             }
@@ -352,7 +356,7 @@ impl Family for QwenVl {
                 grid_thw: geometry.grid_thw(),
                 time_interval: match geometry {
                     Geometry::Video { time_interval, .. } => f64::from(*time_interval),
-                    Geometry::Image { .. } => 1.0,
+                    Geometry::Image { .. } | Geometry::Audio { .. } => 1.0,
                 },
             })
             .collect();

@@ -5,10 +5,11 @@ use ffmpeg_next as ff;
 
 use super::convert::to_rgb;
 use super::error::ff_error;
-use super::io::Demuxer;
+use super::input::Demuxer;
 use super::rotation::rotate;
 use super::scan::is_discarded;
 use super::{VideoInfo, VideoLimits};
+use crate::common::ffmpeg::single_threaded_context;
 use crate::pipeline::DecodedImage;
 use crate::video::error::VideoError;
 use crate::video::timeline::Timeline;
@@ -21,15 +22,7 @@ impl Demuxer<'_> {
             .streams()
             .best(ff::media::Type::Video)
             .ok_or(VideoError::NoVideoStream)?;
-        let mut context = ff::codec::context::Context::from_parameters(stream.parameters())
-            .map_err(ff_error("reading the codec parameters"))?;
-        // FFmpeg's own frame and slice threads stay off: fan-out belongs to common::par.
-        context.set_threading(ff::codec::threading::Config {
-            kind: ff::codec::threading::Type::None,
-            count: 1,
-            ..Default::default()
-        });
-        let decoder = context
+        let decoder = single_threaded_context(&stream)?
             .decoder()
             .video()
             .map_err(ff_error("opening the decoder"))?;

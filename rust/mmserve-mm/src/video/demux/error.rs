@@ -1,33 +1,33 @@
-//! FFmpeg's error codes as [`VideoError`] values that say what was being done.
+//! FFmpeg's failures as [`VideoError`] values.
 
-use std::ffi::{c_int, CStr};
-
-use ff::ffi;
 use ffmpeg_next as ff;
 
+use crate::common::ffmpeg::{ff_failure, FfError, ProbeError};
 use crate::video::error::VideoError;
 
-/// An FFmpeg error met while `doing` something: the deadline's own, or FFmpeg's words.
-pub(super) fn ff_error(doing: &'static str) -> impl Fn(ff::Error) -> VideoError {
-    move |e| match e {
-        ff::Error::Exit => VideoError::Deadline,
-        other => VideoError::Corrupt(format!("{doing}: {}", error_text(c_int::from(other)))),
+impl From<FfError> for VideoError {
+    fn from(e: FfError) -> VideoError {
+        match e {
+            FfError::Deadline => VideoError::Deadline,
+            FfError::TooManyStreams { limit } => VideoError::TooManyStreams { limit },
+            other => VideoError::Corrupt(other.describe()),
+        }
     }
 }
 
-/// FFmpeg's own words for an error code. ffmpeg-next's `Display` reads a table that only
-/// `ffmpeg_next::init` fills (empty strings otherwise), so av_strerror is asked directly.
-fn error_text(code: c_int) -> String {
-    let mut buf = [0 as std::ffi::c_char; ffi::AV_ERROR_MAX_STRING_SIZE];
-    // SAFETY: av_strerror writes at most `buf.len()` bytes, NUL-terminated.
-    let known = unsafe { ffi::av_strerror(code, buf.as_mut_ptr(), buf.len()) } >= 0;
-    // SAFETY: `buf` is NUL-terminated (zeroed, and av_strerror terminates what it writes).
-    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
-    if known && !text.is_empty() {
-        text.into_owned()
-    } else {
-        format!("FFmpeg error {code}")
+impl From<ProbeError> for VideoError {
+    fn from(e: ProbeError) -> VideoError {
+        match e {
+            ProbeError::Unknown => VideoError::UnknownContainer,
+            ProbeError::NotAllowed(name) => VideoError::UnsupportedContainer(name),
+        }
     }
+}
+
+/// An FFmpeg error met while `doing` something, as a [`VideoError`].
+pub(super) fn ff_error(doing: &'static str) -> impl Fn(ff::Error) -> VideoError {
+    let failure = ff_failure(doing);
+    move |e| VideoError::from(failure(e))
 }
 
 #[cfg(test)]
@@ -35,11 +35,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ffmpeg_errors_keep_their_words() {
-        assert_eq!(
-            error_text(ffi::AVERROR_INVALIDDATA),
-            "Invalid data found when processing input"
-        );
+    fn ffmpeg_errors_become_video_errors() {
         let VideoError::Corrupt(why) = ff_error("reading a packet")(ff::Error::Eof) else {
             panic!("not corrupt");
         };

@@ -9,7 +9,7 @@ use ffmpeg_next as ff;
 
 use super::convert::{check_pixel_format, pixel_format_name};
 use super::error::ff_error;
-use super::io::Demuxer;
+use super::input::Demuxer;
 use super::rotation::display_rotation;
 use super::{VideoInfo, VideoLimits};
 use crate::video::error::VideoError;

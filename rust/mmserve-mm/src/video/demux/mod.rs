@@ -28,8 +28,7 @@ mod convert;
 mod decode;
 mod error;
 mod info;
-mod io;
-mod probe;
+mod input;
 mod rotation;
 mod scan;
 
@@ -39,7 +38,7 @@ use crate::pipeline::DecodedImage;
 use crate::video::error::VideoError;
 use crate::video::sampling::VideoMeta;
 use crate::video::timeline::Timeline;
-use io::Demuxer;
+use input::Demuxer;
 
 /// Limits checked from the headers before anything is decoded.
 #[derive(Debug, Clone, Copy, PartialEq)]

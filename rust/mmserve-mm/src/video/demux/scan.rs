@@ -6,7 +6,7 @@ use std::ffi::c_int;
 use ff::ffi;
 use ffmpeg_next as ff;
 
-use super::io::Demuxer;
+use super::input::Demuxer;
 use super::VideoLimits;
 use crate::video::error::VideoError;
 use crate::video::timeline::PacketTime;

@@ -5,21 +5,46 @@ use std::ptr;
 
 use ffmpeg_next::ffi;
 
-use crate::video::error::VideoError;
-
 /// Bytes the container is named from: the first 2 KiB, doubled up to 1 MiB while no demuxer
 /// is sure (libavformat's `av_probe_input_buffer2` steps and scores).
 const PROBE_MIN_BYTES: usize = 2048;
 const PROBE_BYTES: usize = 1 << 20;
 /// `AVPROBE_SCORE_RETRY`: below the full probe, a demuxer must score above it to be taken.
 const PROBE_SCORE_RETRY: c_int = ffi::AVPROBE_SCORE_MAX / 4;
-/// Demuxers that may open the data (libavformat's names).
-const CONTAINERS: [&str; 2] = ["mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"];
+
+/// Why the data names no demuxer the caller takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeError {
+    /// No demuxer recognises the data.
+    Unknown,
+    /// libavformat's demuxer for the data, which is not one of the caller's.
+    NotAllowed(String),
+}
+
+/// A demuxer libavformat named from the data's first bytes (static, never freed).
+#[derive(Debug, Clone, Copy)]
+pub struct Format(pub(super) *const ffi::AVInputFormat);
+
+// SAFETY: an AVInputFormat is a static, immutable table entry.
+unsafe impl Send for Format {}
+// SAFETY: as above.
+unsafe impl Sync for Format {}
+
+impl Format {
+    /// libavformat's name of the demuxer, e.g. `matroska,webm`.
+    pub fn name(&self) -> String {
+        // SAFETY: a non-null AVInputFormat has a static NUL-terminated name.
+        unsafe { CStr::from_ptr((*self.0).name) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
 
 /// Names the container from the first bytes without opening a demuxer, as libavformat's
-/// own probing does: every demuxer's probe runs over the head, so a short one that a demuxer
-/// is sure of spares reading the rest of the first MiB.
-pub(super) fn probe_container(data: &[u8]) -> Result<*const ffi::AVInputFormat, VideoError> {
+/// own probing does (`avformat_open_input` without a format): every demuxer's probe runs over
+/// the head, so a short one that a demuxer is sure of spares reading the rest of the first
+/// MiB. Only a demuxer named in `allowed` (libavformat's names) is returned.
+pub fn probe_format(data: &[u8], allowed: &[&str]) -> Result<Format, ProbeError> {
     let mut size = PROBE_MIN_BYTES;
     let format = loop {
         let head = &data[..data.len().min(size)];
@@ -43,12 +68,12 @@ pub(super) fn probe_container(data: &[u8]) -> Result<*const ffi::AVInputFormat, 
         size *= 2;
     };
     if format.is_null() {
-        return Err(VideoError::UnknownContainer);
+        return Err(ProbeError::Unknown);
     }
-    // SAFETY: a non-null AVInputFormat has a static NUL-terminated name.
-    let name = unsafe { CStr::from_ptr((*format).name) }.to_string_lossy();
-    if !CONTAINERS.contains(&name.as_ref()) {
-        return Err(VideoError::UnsupportedContainer(name.into_owned()));
+    let format = Format(format);
+    let name = format.name();
+    if !allowed.contains(&name.as_str()) {
+        return Err(ProbeError::NotAllowed(name));
     }
     Ok(format)
 }

@@ -10,11 +10,8 @@ use std::time::Instant;
 use ff::ffi;
 use ffmpeg_next as ff;
 
-use super::error::ff_error;
-use super::probe::probe_container;
-use super::scan::Scan;
-use super::VideoLimits;
-use crate::video::error::VideoError;
+use super::error::{ff_failure, FfError};
+use super::probe::Format;
 
 /// Bytes handed to FFmpeg per read.
 const IO_BUFFER: usize = 64 * 1024;
@@ -67,23 +64,52 @@ unsafe extern "C" fn interrupted(opaque: *mut c_void) -> c_int {
     c_int::from(deadline.is_some_and(|d| Instant::now() >= d))
 }
 
+/// What an open input may hold, how long it may take, and how far libavformat reads ahead.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InputLimits {
+    pub max_streams: usize,
+    /// Opening and reading stop with [`FfError::Deadline`] after this.
+    pub deadline: Option<Instant>,
+    /// The bytes libavformat may read to learn a stream's codec and parameters (its
+    /// `probesize`); its default (5 MB) where `None`.
+    pub probe_bytes: Option<i64>,
+}
+
+impl InputLimits {
+    /// [`FfError::Deadline`] once the deadline has passed.
+    pub fn check_deadline(&self) -> Result<(), FfError> {
+        match self.deadline {
+            Some(d) if Instant::now() >= d => Err(FfError::Deadline),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// An open input over borrowed bytes. Field order is drop order: the format context
 /// first, then the IO context, then what their callbacks point into.
-pub(super) struct Demuxer<'a> {
-    pub(super) input: ManuallyDrop<ff::format::context::Input>,
+pub struct MemoryInput<'a> {
+    pub input: ManuallyDrop<ff::format::context::Input>,
     avio: *mut ffi::AVIOContext,
     _reader: Box<Reader<'a>>,
     _deadline: Box<Option<Instant>>,
-    /// The bytes `_reader` reads from and their probed demuxer (static), for opening them
-    /// again without probing again.
+    /// The bytes `_reader` reads from and their probed demuxer, for opening them again
+    /// without probing again.
     data: &'a [u8],
-    format: *const ffi::AVInputFormat,
-    pub(super) container: String,
-    /// The packet pass, when reading the headers needed it (to count the frames).
-    pub(super) scanned: Option<Scan>,
+    format: Format,
+    /// libavformat's name of the demuxer, e.g. `matroska,webm`.
+    pub container: String,
 }
 
-impl Drop for Demuxer<'_> {
+impl std::fmt::Debug for MemoryInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryInput")
+            .field("bytes", &self.data.len())
+            .field("container", &self.container)
+            .finish()
+    }
+}
+
+impl Drop for MemoryInput<'_> {
     fn drop(&mut self) {
         // SAFETY: the input is dropped exactly once here; with custom IO it leaves `avio`
         // alone, which is then freed with the buffer FFmpeg may have replaced.
@@ -106,32 +132,25 @@ unsafe fn free_avio(avio: &mut *mut ffi::AVIOContext) {
     }
 }
 
-fn quiet_logs() {
+/// Silences FFmpeg's log, once per process.
+pub fn quiet_logs() {
     static QUIET: Once = Once::new();
     // FFmpeg would print every complaint about a hostile file to stderr.
     QUIET.call_once(|| ff::util::log::set_level(ff::util::log::Level::Quiet));
 }
 
-impl<'a> Demuxer<'a> {
-    pub(super) fn open(data: &'a [u8], limits: &VideoLimits) -> Result<Demuxer<'a>, VideoError> {
-        quiet_logs();
-        Self::open_as(data, probe_container(data)?, limits)
-    }
-
-    /// The same bytes from the top, with the demuxer already probed (probing every demuxer
-    /// over the first MiB is most of an open's cost).
-    pub(super) fn reopen(&self, limits: &VideoLimits) -> Result<Demuxer<'a>, VideoError> {
-        Self::open_as(self.data, self.format, limits)
-    }
-
-    fn open_as(
+impl<'a> MemoryInput<'a> {
+    /// Opens `data` with the demuxer `format` alone (named by
+    /// [`probe_format`](super::probe::probe_format)), so no other demuxer reads the data.
+    pub fn open(
         data: &'a [u8],
-        format: *const ffi::AVInputFormat,
-        limits: &VideoLimits,
-    ) -> Result<Demuxer<'a>, VideoError> {
+        format: Format,
+        limits: &InputLimits,
+    ) -> Result<MemoryInput<'a>, FfError> {
+        quiet_logs();
         let mut reader = Box::new(Reader { data, pos: 0 });
         let deadline = Box::new(limits.deadline);
-        let oom = || VideoError::Corrupt("out of memory".into());
+        let oom = || FfError::OutOfMemory;
         // SAFETY: every pointer below is checked before use; on each failure path what was
         // allocated so far is freed, and on success `Demuxer` owns it all.
         unsafe {
@@ -160,27 +179,29 @@ impl<'a> Demuxer<'a> {
             (*ctx).pb = avio;
             (*ctx).flags |= ffi::AVFMT_FLAG_CUSTOM_IO as c_int;
             (*ctx).max_streams = c_int::try_from(limits.max_streams).unwrap_or(c_int::MAX);
+            if let Some(bytes) = limits.probe_bytes {
+                (*ctx).probesize = bytes;
+            }
             (*ctx).interrupt_callback = ffi::AVIOInterruptCB {
                 callback: Some(interrupted),
                 opaque: ptr::addr_of!(*deadline) as *mut c_void,
             };
-            // The probed demuxer alone, so no other one reads the data.
-            let ret = ffi::avformat_open_input(&mut ctx, ptr::null(), format, ptr::null_mut());
+            let ret = ffi::avformat_open_input(&mut ctx, ptr::null(), format.0, ptr::null_mut());
             if ret < 0 {
                 // avformat_open_input freed the context; the IO context is still ours.
                 free_avio(&mut avio);
                 // A demuxer that meets one stream past `max_streams` fails with ENOMEM.
                 if ret == ffi::AVERROR(ffi::ENOMEM) {
-                    return Err(VideoError::TooManyStreams {
+                    return Err(FfError::TooManyStreams {
                         limit: limits.max_streams,
                     });
                 }
-                return Err(ff_error("reading the headers")(ff::Error::from(ret)));
+                return Err(ff_failure("reading the headers")(ff::Error::from(ret)));
             }
-            let container = CStr::from_ptr((*format).name)
+            let container = CStr::from_ptr((*format.0).name)
                 .to_string_lossy()
                 .into_owned();
-            Ok(Demuxer {
+            Ok(MemoryInput {
                 input: ManuallyDrop::new(ff::format::context::Input::wrap(ctx)),
                 avio,
                 _reader: reader,
@@ -188,33 +209,31 @@ impl<'a> Demuxer<'a> {
                 data,
                 format,
                 container,
-                scanned: None,
             })
         }
     }
 
-    pub(super) fn check_deadline(limits: &VideoLimits) -> Result<(), VideoError> {
-        match limits.deadline {
-            Some(d) if Instant::now() >= d => Err(VideoError::Deadline),
-            _ => Ok(()),
-        }
+    /// The same bytes from the top, with the demuxer already probed (probing every demuxer
+    /// over the first MiB is most of an open's cost).
+    pub fn reopen(&self, limits: &InputLimits) -> Result<MemoryInput<'a>, FfError> {
+        Self::open(self.data, self.format, limits)
     }
 
     /// The next packet of stream `index`; `None` at the end of the data.
-    pub(super) fn next_packet(
+    pub fn next_packet(
         &mut self,
         index: usize,
-        limits: &VideoLimits,
-    ) -> Result<Option<ff::Packet>, VideoError> {
+        limits: &InputLimits,
+    ) -> Result<Option<ff::Packet>, FfError> {
         loop {
             // A fresh packet per read: av_read_frame may overwrite one that still holds a
             // buffer, which would leak it.
             let mut packet = ff::Packet::empty();
             match packet.read(&mut self.input) {
                 Ok(()) if packet.stream() == index => return Ok(Some(packet)),
-                Ok(()) => Self::check_deadline(limits)?,
+                Ok(()) => limits.check_deadline()?,
                 Err(ff::Error::Eof) => return Ok(None),
-                Err(e) => return Err(ff_error("reading a packet")(e)),
+                Err(e) => return Err(ff_failure("reading a packet")(e)),
             }
         }
     }
