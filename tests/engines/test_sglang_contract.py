@@ -887,8 +887,9 @@ else:
 
     @functools.cache
     def sglang_processor(family: str) -> Any:
-        """SGLang's own Qwen-VL multimodal processor over a tiny checkpoint of `family`, as its
-        tokenizer manager makes it (on the CPU)."""
+        """SGLang's own multimodal processor over a tiny checkpoint of `family` (Qwen-VL's, or
+        Qwen2-Audio's), as its tokenizer manager makes it (on the CPU)."""
+        from sglang.srt.multimodal.processors.qwen_audio import Qwen2AudioMultimodalProcessor
         from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor
         from sglang.srt.runtime_context import publish
         from sglang.srt.server_args import ServerArgs
@@ -898,7 +899,10 @@ else:
         # No radix cache: on the CPU SGLang refuses the one that keeps Qwen3.5's states.
         server_args = ServerArgs(model_path=str(path), device="cpu", disable_radix_cache=True)
         publish(server_args, role="tokenizer")
-        return QwenVLImageProcessor(
+        processor = (
+            Qwen2AudioMultimodalProcessor if family == "qwen2_audio" else QwenVLImageProcessor
+        )
+        return processor(
             AutoConfig.from_pretrained(path),
             server_args,
             AutoProcessor.from_pretrained(path),
@@ -1022,24 +1026,6 @@ else:
         with torch.no_grad():
             assert torch.equal(placed[~media_rows], table(torch.tensor(ids)[~media_rows]))
 
-    @functools.cache
-    def qwen2_audio_processor() -> Any:
-        """SGLang's own Qwen2-Audio multimodal processor over the tiny checkpoint."""
-        from sglang.srt.multimodal.processors.qwen_audio import Qwen2AudioMultimodalProcessor
-        from sglang.srt.runtime_context import publish
-        from sglang.srt.server_args import ServerArgs
-        from transformers import AutoConfig, AutoProcessor
-
-        path = build_tiny_model("qwen2_audio")
-        server_args = ServerArgs(model_path=str(path), device="cpu")
-        publish(server_args, role="tokenizer")
-        return Qwen2AudioMultimodalProcessor(
-            AutoConfig.from_pretrained(path),
-            server_args,
-            AutoProcessor.from_pretrained(path),
-            transport_mode=None,
-        )
-
     @pytest.mark.parametrize("frames", [(20,), (3000, 12)])
     async def test_sglang_reads_clips_as_the_plan_has_them(frames: tuple[int, ...]) -> None:
         """SGLang's Qwen2-Audio processor keeps the plan's ids (not its decode and re-encode),
@@ -1050,7 +1036,7 @@ else:
         from sglang.srt.managers.schedule_batch import MultimodalInputs
         from sglang.srt.models.qwen2_audio import Qwen2AudioForConditionalGeneration
 
-        processor = qwen2_audio_processor()
+        processor = sglang_processor("qwen2_audio")
         request, embeddings = _audio_request(frames)
         kwargs = generate_kwargs(request, embeddings, None)
         obj = GenerateReqInput(**kwargs)
