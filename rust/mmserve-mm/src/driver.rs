@@ -514,8 +514,14 @@ fn prepare_audio(
         }
         .into());
     }
-    Ok(ItemOutput {
-        hash: identity::audio(identity::content(bytes), &extractor),
+    let hash = identity::audio(identity::content(bytes), &extractor);
+    Ok(clip_output(hash, geometry, num_tokens, source))
+}
+
+/// A clip's plan: its run, no pixels (its features are the encoder's work).
+fn clip_output(hash: u64, geometry: Geometry, num_tokens: usize, source: usize) -> ItemOutput {
+    ItemOutput {
+        hash,
         width: 0,
         height: 0,
         geometry,
@@ -524,7 +530,7 @@ fn prepare_audio(
         source,
         temporal_group: None,
         crop: None,
-    })
+    }
 }
 
 /// A clip named by its identity and grid `[1, 1, valid frames]` (a media id, precomputed
@@ -555,17 +561,7 @@ fn planned_audio(
             format!("an audio clip of this model makes a token and has {most} frames at most");
         return Err(grid(reason).into());
     }
-    Ok(ItemOutput {
-        hash,
-        width: 0,
-        height: 0,
-        geometry,
-        num_tokens,
-        processed: None,
-        source,
-        temporal_group: None,
-        crop: None,
-    })
+    Ok(clip_output(hash, geometry, num_tokens, source))
 }
 
 #[cfg(not(feature = "audio"))]
