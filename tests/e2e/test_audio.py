@@ -2,8 +2,9 @@
 decode apart give transformers' greedy tokens on its processor's inputs, through the official
 openai client, streamed and not, for one clip and two (OpenAI's `input_audio` and vLLM's
 `audio_url`); every refusal is a 4xx naming the part, from the frontend, and the next request
-is served; a repeated clip hits the prefix cache; concurrent clips keep their answers. One
-pair of deployments for the module."""
+is served; a repeated clip hits the prefix cache; concurrent clips keep their answers; a clip
+named by its uuid alone, and a clip's precomputed embedding (`audio_embeds`), answer as the
+clip. One pair of deployments for the module."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
+import torch
+from safetensors.torch import save
 
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.audio import Encoding, encode_one, signal, torchcodec_samples, wav_bytes
 from tests.support.deployment import CountingFileServer, Deployment, serve_directory
+from tests.support.embeds import audio_tower_safetensors
 
 MAX_TOKENS = 8
 MAX_AUDIO_DURATION_S = 20
@@ -72,6 +76,7 @@ def clients(
         str(MAX_AUDIO_DURATION_S),
         "--limit-mm-per-prompt",
         f'{{"audio": {AUDIO_LIMIT}}}',
+        "--enable-mm-embeds",
     ]
     # E/P/D's frontend decodes images itself: a clip's bytes still travel to the encoder.
     extra = {"e_p_d": ["--frontend-decoding"]}
@@ -274,3 +279,57 @@ def test_a_repeated_clip_hits_the_prefix_cache_and_concurrent_clips_keep_their_a
         together = list(pool.map(functools.partial(_complete, clients["e_p_d"], name), requests))
     assert together == alone
     assert len({prompt for _, prompt in alone}) == len(clips)
+
+
+def test_a_clip_named_by_its_id_gives_the_clips_tokens(
+    clients: dict[str, openai.OpenAI],
+    model_path: Path,
+    clip_file_server: tuple[str, CountingFileServer],
+) -> None:
+    """In each pattern an `audio_url` or `input_audio` part carrying only the uuid of a clip
+    sent before answers as the clip did, with nothing fetched; another API key cannot use the
+    id; a part with neither its clip nor a uuid is named."""
+    clip_server, server = clip_file_server
+    name = model_path.name
+    question = {"type": "text", "text": "What is this sound?"}
+    named = _user(audio_url(f"{clip_server}/tone.mp3") | {"uuid": "tone-1"}, question)
+    for pattern, client in clients.items():
+        sent = _complete(client, name, named)
+        before = server.gets["/tone.mp3"]
+        by_url = _user({"type": "audio_url", "uuid": "tone-1"}, question)
+        assert _complete(client, name, by_url) == sent, pattern
+        by_input = _user({"type": "input_audio", "uuid": "tone-1"}, question)
+        assert _stream(client, name, by_input) == sent[0], pattern
+        assert server.gets["/tone.mp3"] == before, "the clip was fetched again"
+        other = openai.OpenAI(base_url=client.base_url, api_key="another key", max_retries=0)
+        assert _refusal(other, name, by_url)[:2] == (400, "media_id.unknown")
+    empty = _user({"type": "input_audio"}, question)
+    assert _refusal(clients["agg"], name, empty) == (
+        400,
+        "invalid_value",
+        "messages[0].content[0].input_audio",
+    )
+
+
+def test_a_clips_precomputed_embedding_gives_the_clips_tokens(
+    clients: dict[str, openai.OpenAI], model_path: Path, clip_dir: Path
+) -> None:
+    """An `audio_embeds` part holding transformers' audio tower and projector output for a
+    clip answers as the clip does, in each pattern (it skips the encoder); one of another
+    hidden size is refused naming the part."""
+    name = model_path.name
+    speech = (clip_dir / "speech.wav").read_bytes()
+    question = {"type": "text", "text": "What is this sound?"}
+    expected = _complete(clients["agg"], name, _user(input_audio(speech, "wav"), question))
+    data = base64.b64encode(audio_tower_safetensors(model_path, speech)).decode()
+    embeds = _user({"type": "audio_embeds", "audio_embeds": data}, question)
+    for pattern, client in clients.items():
+        assert _complete(client, name, embeds) == expected, pattern
+    wide = base64.b64encode(save({"audio_embeds": torch.zeros(5, 65)})).decode()
+    assert _refusal(
+        clients["agg"], name, _user({"type": "audio_embeds", "audio_embeds": wide})
+    ) == (
+        400,
+        "embeds.shape",
+        "messages[0].content[0].audio_embeds",
+    )

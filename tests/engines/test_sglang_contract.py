@@ -230,7 +230,8 @@ def test_request_the_adapter_builds() -> None:
         "token_ids_logprob",
     }
     assert (
-        set(kwargs) == set(GENERATE_FIELDS) - {"video_data", "require_reasoning"} - logprob_fields
+        set(kwargs)
+        == set(GENERATE_FIELDS) - {"video_data", "audio_data", "require_reasoning"} - logprob_fields
     )
     scored = replace(
         _request(), sampling=msgspec.structs.replace(GREEDY, logprobs=1, prompt_logprobs=1)
@@ -249,6 +250,45 @@ def test_request_the_adapter_builds() -> None:
     one = replace(_request(), media=_request().media[:1])
     single = generate_kwargs(one, _embeddings()[:1], None, splits_images=False)
     assert single["mm_hashes"] == ["fedcba9876543210"]
+
+
+AUDIO_BOS, AUDIO_TOKEN, AUDIO_EOS = 151647, 151646, 151648  # Qwen2-Audio's
+
+
+def _audio_request(frames: tuple[int, ...]) -> tuple[EngineRequest, list[ItemEmbedding]]:
+    """A planned Qwen2-Audio prompt with one clip per entry of `frames` (its valid log-mel
+    frames; its run is the processor's token count for them), and the clips' embeddings."""
+    ids: list[int] = [1, 2]
+    media, embeddings = [], []
+    for index, valid in enumerate(frames):
+        length = (((valid - 1) // 2 + 1) - 2) // 2 + 1
+        grid = (1, 1, valid)
+        ids.append(AUDIO_BOS)
+        planned = PlannedMedia(
+            modality="audio", mm_hash=MM_A + index, offset=len(ids), length=length, grid_thw=grid
+        )
+        media.append(planned)
+        embeddings.append(ItemEmbedding(planned.mm_hash, grid, torch.randn(length, 8)))
+        ids += [AUDIO_TOKEN] * length + [AUDIO_EOS, 3 + index]
+    request = EngineRequest("req-a", tuple(ids), GREEDY, StopConditions(), media=tuple(media))
+    return request, embeddings
+
+
+def test_clips_go_in_audio_data_with_their_frame_masks_and_the_plans_ids() -> None:
+    request, embeddings = _audio_request((20, 12))
+    kwargs = generate_kwargs(request, embeddings, None)
+    (item,) = kwargs["audio_data"]
+    assert "image_data" not in kwargs and "video_data" not in kwargs
+    assert item["modality"] == "AUDIO" and item["format"] == "processor_output"
+    assert torch.equal(
+        item["precomputed_embeddings"], torch.cat([e.embeddings for e in embeddings])
+    )
+    assert item["feature_attention_mask"].sum(dim=1).tolist() == [20, 12]
+    assert item["input_ids"].tolist() == list(request.token_ids)
+    # One bundle of two clips is one SGLang item: per-clip hashes cannot apply.
+    assert "mm_hashes" not in kwargs
+    one, first = _audio_request((20,))
+    assert generate_kwargs(one, first, None)["mm_hashes"] == [mm_hash_hex(MM_A)]
 
 
 def test_a_video_goes_in_video_data_with_the_plans_positions() -> None:
@@ -847,8 +887,9 @@ else:
 
     @functools.cache
     def sglang_processor(family: str) -> Any:
-        """SGLang's own Qwen-VL multimodal processor over a tiny checkpoint of `family`, as its
-        tokenizer manager makes it (on the CPU)."""
+        """SGLang's own multimodal processor over a tiny checkpoint of `family` (Qwen-VL's, or
+        Qwen2-Audio's), as its tokenizer manager makes it (on the CPU)."""
+        from sglang.srt.multimodal.processors.qwen_audio import Qwen2AudioMultimodalProcessor
         from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor
         from sglang.srt.runtime_context import publish
         from sglang.srt.server_args import ServerArgs
@@ -858,7 +899,10 @@ else:
         # No radix cache: on the CPU SGLang refuses the one that keeps Qwen3.5's states.
         server_args = ServerArgs(model_path=str(path), device="cpu", disable_radix_cache=True)
         publish(server_args, role="tokenizer")
-        return QwenVLImageProcessor(
+        processor = (
+            Qwen2AudioMultimodalProcessor if family == "qwen2_audio" else QwenVLImageProcessor
+        )
+        return processor(
             AutoConfig.from_pretrained(path),
             server_args,
             AutoProcessor.from_pretrained(path),
@@ -982,6 +1026,65 @@ else:
         with torch.no_grad():
             assert torch.equal(placed[~media_rows], table(torch.tensor(ids)[~media_rows]))
 
+    @pytest.mark.parametrize("frames", [(20,), (3000, 12)])
+    async def test_sglang_reads_clips_as_the_plan_has_them(frames: tuple[int, ...]) -> None:
+        """SGLang's Qwen2-Audio processor keeps the plan's ids (not its decode and re-encode),
+        makes one audio item over the clips' runs with their rows and token counts, the model
+        class it loads pads those runs with the item's pad values, and its embedding routine
+        puts each clip's rows on its run without running the tower again."""
+        from sglang.srt.managers.mm_utils import embed_mm_inputs
+        from sglang.srt.managers.schedule_batch import MultimodalInputs
+        from sglang.srt.models.qwen2_audio import Qwen2AudioForConditionalGeneration
+
+        processor = sglang_processor("qwen2_audio")
+        request, embeddings = _audio_request(frames)
+        kwargs = generate_kwargs(request, embeddings, None)
+        obj = GenerateReqInput(**kwargs)
+        obj.normalize_batch_and_arguments()
+        out = await processor.process_mm_data_async(
+            audio_data=obj.audio_data, input_text=obj.input_ids, request_obj=obj
+        )
+        ids = list(request.token_ids)
+        assert out.input_ids == ids
+        (item,) = out.mm_items
+        assert item.modality is Modality.AUDIO
+        assert item.offsets == [(m.offset, m.end - 1) for m in request.media]
+        assert item.audio_feature_lens.tolist() == [m.length for m in request.media]
+        assert ("mm_hashes" in kwargs) == (len(frames) == 1)
+
+        inputs = MultimodalInputs.from_processor_output(out)
+        item.set_hash(MM_A)
+        padded = Qwen2AudioForConditionalGeneration.pad_input_ids(
+            types.SimpleNamespace(), array("q", ids), inputs
+        )
+        runs = [slice(m.offset, m.end) for m in request.media]
+        expected = list(ids)
+        for run in runs:
+            expected[run] = item.padding_sequence(run.stop - run.start)
+        assert list(padded) == expected
+
+        def not_again(items: list[Any]) -> torch.Tensor:
+            raise AssertionError("precomputed rows are not encoded again")
+
+        model = types.SimpleNamespace(
+            config=types.SimpleNamespace(hidden_size=8), get_audio_feature=not_again
+        )
+        table = torch.nn.Embedding(max(ids) + 1, 8)
+        placed, _ = embed_mm_inputs(
+            [inputs], [0], [len(ids)], torch.tensor(list(padded)), table, multimodal_model=model
+        )
+        for run, embedding in zip(runs, embeddings, strict=True):
+            assert torch.equal(placed[run], embedding.embeddings)
+
+    def test_sglangs_audio_tower_is_transformers_own() -> None:
+        """The encoder runs the tower and projector SGLang loads with the clip's frame mask
+        (`audio_tower.audio_rows`, as the hf engine does): they are transformers' classes."""
+        from sglang.srt.models import qwen2_audio
+        from transformers.models.qwen2_audio import modeling_qwen2_audio as theirs
+
+        assert qwen2_audio.Qwen2AudioEncoder is theirs.Qwen2AudioEncoder
+        assert qwen2_audio.Qwen2AudioMultiModalProjector is theirs.Qwen2AudioMultiModalProjector
+
     def test_encoder_item_of_a_video() -> None:
         from sglang.srt.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
         from sglang.srt.models.qwen2_vl import Qwen2VLForConditionalGeneration
@@ -1024,13 +1127,13 @@ else:
         embedding = media_item("image", plain)["precomputed_embeddings"]
         assert torch.equal(embedding, torch.cat([i.embeddings for i in plain]))
 
-    @pytest.mark.parametrize("family", TINY_FAMILIES)
+    @pytest.mark.parametrize("family", [*TINY_FAMILIES, "qwen2_audio"])
     def test_sglang_pads_exactly_the_plans_media_span(family: str) -> None:
         """The ids the model class SGLang loads for the checkpoint pads (what its radix cache
         and KV events hash) are the router's routing view: the item's pad values over the
         plan's span and nowhere else. Gemma 3 pads between its begin and end of image tokens
         (`pad_mm_token_pairs`), the Qwen-VL families the image token runs SGLang's processor
-        finds (`pad_mm_tokens`)."""
+        finds (`pad_mm_tokens`), Qwen2-Audio its audio token runs."""
         from sglang.srt.models.registry import ModelRegistry
 
         model_path = build_tiny_model(family)
@@ -1040,7 +1143,7 @@ else:
         padded, expected = sglang_padded_probe(model_class, spec, MM_A)
         assert padded == expected
         ours = np.resize(np.array(pad_values(MM_A, installed_scheme()), dtype=object), 6)
-        assert padded[3:9] == ours.tolist() and padded[2] == spec.vision_start_token_id
+        assert padded[3:9] == ours.tolist() and padded[2] != padded[3]
 
     def test_a_model_that_pads_elsewhere_stops_the_worker(monkeypatch: pytest.MonkeyPatch):
         from sglang.srt.models.registry import ModelRegistry

@@ -210,6 +210,9 @@ def test_embeds_are_refused_unless_enabled(frontend: RunningFrontend) -> None:
     error = _error(_ask(frontend, [_embeds_part(_safetensors(_embeds()))]), 400, "embeds.disabled")
     assert error["param"] == "messages[0].content[0].image_embeds"
     assert "--enable-mm-embeds" in error["message"]
+    clip = {"type": "audio_embeds", "audio_embeds": _npy(np.zeros((5, 64), np.float32))}
+    error = _error(_ask(frontend, [clip]), 400, "embeds.disabled")
+    assert error["param"] == "messages[0].content[0].audio_embeds"
 
 
 def test_embeds_are_planned_from_their_grid_and_shipped(embeds_frontend: RunningFrontend):

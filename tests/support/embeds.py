@@ -39,3 +39,26 @@ def vision_tower_safetensors(model_path: Path, image: bytes) -> bytes:
 
 def embeds_part(data: bytes) -> dict[str, str]:
     return {"type": "image_embeds", "image_embeds": base64.b64encode(data).decode()}
+
+
+def audio_tower_safetensors(model_path: Path, clip: bytes) -> bytes:
+    """`audio_embeds` [tokens, hidden]: transformers' Qwen2-Audio tower and projector over the
+    clip as its processor prepares it (what its forward scatters into the `<|AUDIO|>` run),
+    cut to the clip's tokens."""
+    import transformers
+
+    from tests.support.audio import torchcodec_samples
+
+    processor = transformers.AutoProcessor.from_pretrained(model_path)
+    model = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_path).eval()
+    text = "<|audio_bos|><|AUDIO|><|audio_eos|>"
+    audio = torchcodec_samples(clip, processor.feature_extractor.sampling_rate)
+    inputs = processor(text=text, audio=[audio], return_tensors="pt")
+    projected: list[torch.Tensor] = []
+    hook = model.model.multi_modal_projector.register_forward_hook(
+        lambda _module, _args, output: projected.append(output)
+    )
+    with torch.inference_mode(), hook:
+        model(**inputs)
+    tokens = int((inputs["input_ids"] == model.config.audio_token_id).sum())
+    return save({"audio_embeds": projected[0][0, :tokens].contiguous()})

@@ -426,12 +426,8 @@ fn prepare_item(
         (Fetched::Bytes(bytes), Modality::Audio) => {
             return prepare_audio(family, source, bytes, media.format, options).map(whole)
         }
-        (Fetched::Planned { grid_thw, .. }, Modality::Audio) => {
-            return Err(ProcessError::Grid {
-                grid_thw: *grid_thw,
-                reason: "an audio clip is planned from its bytes, not from a grid".to_string(),
-            }
-            .into())
+        (Fetched::Planned { hash, grid_thw }, Modality::Audio) => {
+            return planned_audio(family, source, *hash, *grid_thw).map(whole)
         }
         (Fetched::Bytes(bytes), Modality::Video) => {
             return prepare_video(family, source, bytes, options)
@@ -518,8 +514,14 @@ fn prepare_audio(
         }
         .into());
     }
-    Ok(ItemOutput {
-        hash: identity::audio(identity::content(bytes), &extractor),
+    let hash = identity::audio(identity::content(bytes), &extractor);
+    Ok(clip_output(hash, geometry, num_tokens, source))
+}
+
+/// A clip's plan: its run, no pixels (its features are the encoder's work).
+fn clip_output(hash: u64, geometry: Geometry, num_tokens: usize, source: usize) -> ItemOutput {
+    ItemOutput {
+        hash,
         width: 0,
         height: 0,
         geometry,
@@ -528,7 +530,38 @@ fn prepare_audio(
         source,
         temporal_group: None,
         crop: None,
-    })
+    }
+}
+
+/// A clip named by its identity and grid `[1, 1, valid frames]` (a media id, precomputed
+/// rows): its tokens are those the frames make, which a clip of the family gives only between
+/// one token and the extractor's chunk.
+fn planned_audio(
+    family: &dyn Family,
+    source: usize,
+    hash: u64,
+    grid_thw: [u32; 3],
+) -> Result<ItemOutput, Error> {
+    let extractor = family
+        .capabilities()
+        .audio
+        .ok_or(ProcessError::ModalityUnsupported(Modality::Audio))?;
+    let grid = |reason: String| ProcessError::Grid { grid_thw, reason };
+    let [1, 1, frames] = grid_thw else {
+        return Err(grid("an audio clip's grid is [1, 1, valid frames]".to_string()).into());
+    };
+    let (_, most) = extractor.frames(extractor.chunk_samples());
+    let geometry = Geometry::Audio {
+        samples: u64::from(frames) * extractor.hop_length as u64,
+        frames,
+    };
+    let num_tokens = family.num_tokens(&geometry);
+    if frames as usize > most || num_tokens == 0 {
+        let reason =
+            format!("an audio clip of this model makes a token and has {most} frames at most");
+        return Err(grid(reason).into());
+    }
+    Ok(clip_output(hash, geometry, num_tokens, source))
 }
 
 #[cfg(not(feature = "audio"))]

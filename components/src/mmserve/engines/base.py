@@ -77,7 +77,7 @@ class MediaGone(EngineError):
     def __init__(self, index: int) -> None:
         super().__init__(
             f"media item {index} was named by its uuid alone, and neither an encoder cache nor "
-            "the prefix cache holds it any more; send the image again with its uuid"
+            "the prefix cache holds it any more; send the item again with its uuid"
         )
         self.index = index
 

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from mmserve.engines.audio_tower import audio_rows
 from mmserve.engines.base import (
     Admission,
     Embeddings,
@@ -205,7 +206,12 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         towered: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         audio = [i for i, item in enumerate(items) if item.modality == "audio"]
         if audio:
-            clips = self._audio_tower([items[i] for i in audio])
+            clips = audio_rows(
+                self._inner.audio_tower,
+                self._inner.multi_modal_projector,
+                [items[i] for i in audio],
+                self.dtype,
+            )
             towered |= {index: (rows, ()) for index, rows in zip(audio, clips, strict=True)}
         for modality in ("image", "video"):
             group = [i for i, item in enumerate(items) if item.modality == modality]
@@ -219,27 +225,6 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                     tuple(layer[position] for layer in deepstack_layers),
                 )
         return [towered[i] for i in range(len(items))]
-
-    def _audio_tower(self, items: list[MediaInput]) -> list[torch.Tensor]:
-        """Each clip's rows: the audio tower over its features, attending to its valid frames
-        only, then the projector, cut to the rows its valid frames make; as
-        `Qwen2AudioModel.forward` does with `feature_attention_mask`."""
-        from transformers.masking_utils import create_bidirectional_mask
-
-        tower = self._inner.audio_tower
-        features = torch.stack([item.pixel_values for item in items]).to(self.device, self.dtype)
-        valid = torch.tensor([item.grid_thw[2] for item in items], device=self.device)
-        after_conv, rows = tower._get_feat_extract_output_lengths(valid)
-        positions = (features.shape[-1] - 2) // 2 + 1
-        attended = torch.arange(positions, device=self.device)[None, :] < after_conv[:, None]
-        mask = create_bidirectional_mask(
-            config=tower.config,
-            inputs_embeds=torch.zeros((len(items), positions, 1), dtype=self.dtype),
-            attention_mask=attended.long(),
-        )
-        hidden = tower(features, attention_mask=mask).last_hidden_state
-        projected = self._inner.multi_modal_projector(hidden)
-        return [projected[i, : int(n)] for i, n in enumerate(rows.tolist())]
 
     def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
         """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's

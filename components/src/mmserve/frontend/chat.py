@@ -22,7 +22,12 @@ from mmserve import media
 from mmserve._mm import MediaError
 from mmserve.frontend.answers import OutputRules
 from mmserve.frontend.dispatch import TensorSink
-from mmserve.frontend.embeds import EmbedsBudget, PrecomputedImage, load_image_embeds
+from mmserve.frontend.embeds import (
+    EmbedsBudget,
+    PrecomputedImage,
+    load_audio_embeds,
+    load_image_embeds,
+)
 from mmserve.frontend.errors import ApiError
 from mmserve.frontend.media_ids import KnownMedia, MediaIds
 from mmserve.frontend.mm_options import (
@@ -62,6 +67,7 @@ from mmserve.protocol import (
     ERROR_TOKEN_NOT_IN_VOCABULARY,
     ERROR_TOP_LOGPROBS_WITHOUT_LOGPROBS,
     ERROR_UNSUPPORTED_OPTION,
+    AudioEmbedsPart,
     AudioUrlPart,
     ChatCompletionRequest,
     EmbeddingsHandle,
@@ -163,7 +169,7 @@ class ChatOptions:
     video_caps: VideoCaps = field(default_factory=VideoCaps)
     # The longest audio clip a request may carry, from its headers (--max-audio-duration).
     max_audio_duration_s: float = DEFAULT_MAX_AUDIO_DURATION_S
-    # image_embeds parts are refused unless the operator allows them.
+    # image_embeds and audio_embeds parts are refused unless the operator allows them.
     enable_mm_embeds: bool = False
     # The most completions one request may ask for (`n`; vLLM has no such bound).
     max_n: int = DEFAULT_MAX_N
@@ -176,7 +182,10 @@ class ChatOptions:
     grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
-MediaPart = ImageUrlPart | VideoUrlPart | ImageEmbedsPart | InputAudioPart | AudioUrlPart
+MediaPart = (
+    ImageUrlPart | VideoUrlPart | ImageEmbedsPart | InputAudioPart | AudioUrlPart | AudioEmbedsPart
+)
+EMBEDS_PARTS = (ImageEmbedsPart, AudioEmbedsPart)
 
 
 @dataclass(frozen=True)
@@ -186,14 +195,16 @@ class _MediaRef:
 
     @property
     def modality(self) -> media.Modality:
-        if isinstance(self.part, InputAudioPart | AudioUrlPart):
+        if isinstance(self.part, InputAudioPart | AudioUrlPart | AudioEmbedsPart):
             return "audio"
         return "video" if isinstance(self.part, VideoUrlPart) else "image"
 
     @property
     def audio_format(self) -> str | None:
-        """The format an input_audio part names."""
-        return self.part.input_audio.format if isinstance(self.part, InputAudioPart) else None
+        """The format an input_audio part names (none for a clip named by its uuid)."""
+        if isinstance(self.part, InputAudioPart) and self.part.input_audio is not None:
+            return self.part.input_audio.format
+        return None
 
 
 @functools.cache
@@ -309,7 +320,7 @@ class ChatPreprocessor:
             part = items[source].part
             if item.crop is not None:  # the uuid names the image, not its crops
                 continue
-            if isinstance(part, ImageUrlPart) and part.uuid is not None and part.url is not None:
+            if isinstance(part, NAMED_PARTS) and part.uuid is not None and part.url is not None:
                 self.media_ids.remember(tenant, part.uuid, KnownMedia(item.mm_hash, item.grid_thw))
         return PreprocessedRequest(
             request_id=request_id,
@@ -390,19 +401,20 @@ class ChatPreprocessor:
         ranges of values are the request Struct's own constraints, checked while decoding."""
         self.check_common(request.model, request.min_tokens, _max_tokens(request))
         for item in _media_refs(request):
-            if isinstance(item.part, ImageUrlPart) and item.part.url is None is item.part.uuid:
+            if isinstance(item.part, NAMED_PARTS) and item.part.url is None is item.part.uuid:
+                field = _MEDIA_FIELDS[type(item.part)]
                 raise ApiError(
                     ERROR_INVALID_VALUE,
-                    "an image_url part needs its url, or the uuid of an image sent before",
+                    f"a {field} part needs its {field}, or the uuid of an item sent before",
                     param=item.param,
                 )
         if not self.options.enable_mm_embeds:
             for item in _media_refs(request):
-                if isinstance(item.part, ImageEmbedsPart):
+                if isinstance(item.part, EMBEDS_PARTS):
                     raise ApiError(
                         ERROR_EMBEDS_DISABLED,
-                        "image_embeds parts are not accepted: the server was started without "
-                        "--enable-mm-embeds",
+                        f"{_MEDIA_FIELDS[type(item.part)]} parts are not accepted: the server "
+                        "was started without --enable-mm-embeds",
                         param=item.param,
                     )
         self._validate_logprobs(request)
@@ -530,13 +542,13 @@ class ChatPreprocessor:
         known = {}
         for index, item in enumerate(items):
             part = item.part
-            if isinstance(part, ImageUrlPart) and part.url is None and part.uuid is not None:
+            if isinstance(part, NAMED_PARTS) and part.url is None and part.uuid is not None:
                 media_item = self.media_ids.recall(tenant, part.uuid)
                 if media_item is None:
                     raise ApiError(
                         ERROR_MEDIA_ID_UNKNOWN,
-                        f"no image was sent with uuid {part.uuid!r} under this API key; send "
-                        "the image with its uuid",
+                        f"no {item.modality} was sent with uuid {part.uuid!r} under this API "
+                        "key; send it with its uuid",
                         param=item.param,
                     )
                 known[index] = media_item
@@ -546,13 +558,14 @@ class ChatPreprocessor:
         """The request's precomputed embeddings by item index, read and checked (before the
         prompt is tokenized or any image fetched)."""
         budget = EmbedsBudget()
-        return {
-            index: await load_image_embeds(
-                item.part, self.model.spec, self.options.policy, item.param, budget
-            )
-            for index, item in enumerate(items)
-            if isinstance(item.part, ImageEmbedsPart)
-        }
+        spec, policy = self.model.spec, self.options.policy
+        loaded = {}
+        for index, item in enumerate(items):
+            if isinstance(item.part, ImageEmbedsPart):
+                loaded[index] = await load_image_embeds(item.part, spec, policy, item.param, budget)
+            elif isinstance(item.part, AudioEmbedsPart):
+                loaded[index] = await load_audio_embeds(item.part, spec, policy, item.param, budget)
+        return loaded
 
     def _plan_text(self, request: ChatCompletionRequest) -> media.PlannedRequest:
         """Tokenize and plan a request without media, on the calling thread."""
@@ -608,7 +621,7 @@ class ChatPreprocessor:
         sources: list[str | bytes | media.Precomputed] = []
         for index, item in enumerate(items):
             part = item.part
-            if isinstance(part, ImageEmbedsPart) or part.url is None:
+            if isinstance(part, EMBEDS_PARTS) or part.url is None:
                 facts = known.get(index) or precomputed[index]
                 sources.append((facts.mm_hash, facts.grid_thw))
             else:
@@ -775,10 +788,14 @@ def _max_tokens(request: ChatCompletionRequest) -> int | None:
 
 
 # Each media part's field that holds its media, for error messages' `param`.
+NAMED_PARTS = (ImageUrlPart, InputAudioPart, AudioUrlPart)
+"""The parts that may name their item by a uuid (vLLM's media ids)."""
+
 _MEDIA_FIELDS: dict[type, str] = {
     ImageUrlPart: "image_url",
     VideoUrlPart: "video_url",
     ImageEmbedsPart: "image_embeds",
+    AudioEmbedsPart: "audio_embeds",
     InputAudioPart: "input_audio",
     AudioUrlPart: "audio_url",
 }

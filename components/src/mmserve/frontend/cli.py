@@ -184,8 +184,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--enable-mm-embeds",
         action="store_true",
-        help="accept image_embeds parts (precomputed vision-tower output, safetensors or .npy "
-        "only); they skip the encoder",
+        help="accept image_embeds and audio_embeds parts (precomputed vision-tower or "
+        "audio-tower output, safetensors or .npy only); they skip the encoder",
     )
     parser.add_argument(
         "--tool-call-parser",

@@ -1,11 +1,13 @@
-"""Precomputed image embeddings (`image_embeds` parts, behind `--enable-mm-embeds`): read from
-safetensors or `.npy` only (a format that is never unpickled), checked against the model
-before the request goes anywhere, and given an identity from their bytes, so the same
-embedding sent again routes to and hits the same cached prefix."""
+"""Precomputed image and audio embeddings (`image_embeds` and `audio_embeds` parts, behind
+`--enable-mm-embeds`): read from safetensors or `.npy` only (a format that is never
+unpickled), checked against the model before the request goes anywhere, and given an identity
+from their bytes, so the same embedding sent again routes to and hits the same cached
+prefix."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import io
 from dataclasses import dataclass
 
@@ -25,6 +27,7 @@ from mmserve.protocol import (
     ERROR_EMBEDS_MISSING,
     ERROR_EMBEDS_SHAPE,
     ERROR_EMBEDS_VALUES,
+    AudioEmbedsPart,
     ImageEmbedsPart,
 )
 
@@ -42,7 +45,8 @@ _NPY_MAGIC = b"\x93NUMPY"
 
 @dataclass(frozen=True)
 class PrecomputedImage:
-    """One image's vision-tower output as the language model reads it."""
+    """One image's vision-tower output (a clip's audio-tower output) as the language model
+    reads it."""
 
     mm_hash: int
     grid_thw: tuple[int, int, int]
@@ -77,6 +81,39 @@ async def load_image_embeds(
         t, h, w = numbers  # three positive numbers, checked while decoding
         grid = (t, h, w)
     return await asyncio.to_thread(_from_files, embeds, grid, spec, param)
+
+
+async def load_audio_embeds(
+    part: AudioEmbedsPart, spec: ModelSpec, policy: MediaPolicy, param: str, budget: EmbedsBudget
+) -> PrecomputedImage:
+    """The part's clip embedding, as `load_image_embeds` reads an image's: its rows are the
+    clip's tokens, planned as the shortest clip that makes them (grid `[1, 1, frames]`)."""
+    data = await _fetch(part.audio_embeds, policy, param, budget)
+    return await asyncio.to_thread(_audio_from_file, data, spec, param)
+
+
+def _audio_from_file(data: bytes, spec: ModelSpec, param: str) -> PrecomputedImage:
+    embeds = _float_rows(_single(_tensors(data, param), param), param).contiguous()
+    extractor = spec.core.audio_extractor
+    most = 0 if extractor is None else extractor.frames(extractor.max_samples or 0)[1]
+    rows = embeds.shape[0] if embeds.ndim == 2 else 0
+    frames = 1 + bisect.bisect_left(range(1, most + 1), rows, key=spec.core.audio_tokens)
+    if (
+        embeds.ndim != 2
+        or rows < 1
+        or embeds.shape[1] != spec.hidden_size
+        or frames > most
+        or spec.core.audio_tokens(frames) != rows
+    ):
+        raise ApiError(
+            ERROR_EMBEDS_SHAPE,
+            f"audio_embeds has shape {list(embeds.shape)}; expected [tokens, "
+            f"{spec.hidden_size}]: one row per token of a clip (1 to "
+            f"{spec.core.audio_tokens(most)}) by the model's hidden size {spec.hidden_size}",
+            param,
+        )
+    grid = (1, 1, frames)
+    return PrecomputedImage(_identity(embeds, grid, param), grid, embeds, None)
 
 
 def _from_file(data: bytes, spec: ModelSpec, param: str) -> PrecomputedImage:
@@ -193,18 +230,35 @@ def _grid(grid: torch.Tensor, param: str) -> tuple[int, int, int]:
     return t, h, w
 
 
-def _checked(
-    embeds: torch.Tensor, grid: tuple[int, int, int], spec: ModelSpec, param: str
-) -> PrecomputedImage:
+def _float_rows(embeds: torch.Tensor, param: str) -> torch.Tensor:
+    """`embeds` of an accepted dtype, vLLM's `[1, tokens, hidden]` as `[tokens, hidden]`."""
     if embeds.dtype not in _EXPONENT:
+        field = param.rsplit(".", 1)[-1]
         raise ApiError(
             ERROR_EMBEDS_DTYPE,
-            f"image_embeds has dtype {str(embeds.dtype).removeprefix('torch.')}; expected "
+            f"{field} has dtype {str(embeds.dtype).removeprefix('torch.')}; expected "
             "float32, float16 or bfloat16",
             param,
         )
     if embeds.ndim == 3 and embeds.shape[0] == 1:  # vLLM's (num_items, tokens, hidden)
-        embeds = embeds[0]
+        return embeds[0]
+    return embeds
+
+
+def _identity(embeds: torch.Tensor, grid: tuple[int, int, int], param: str) -> int:
+    """The item's identity from its bytes and grid, once its values are all finite."""
+    if not _all_finite(embeds):
+        field = param.rsplit(".", 1)[-1]
+        raise ApiError(ERROR_EMBEDS_VALUES, f"{field} holds NaN or infinite values", param)
+    dtype = str(embeds.dtype).removeprefix("torch.")
+    raw = embeds.view(torch.uint8).reshape(-1).numpy()
+    return _mm.embeddings_identity(dtype, list(embeds.shape), grid, raw)
+
+
+def _checked(
+    embeds: torch.Tensor, grid: tuple[int, int, int], spec: ModelSpec, param: str
+) -> PrecomputedImage:
+    embeds = _float_rows(embeds, param)
     width = spec.hidden_size * (1 + spec.deepstack_layers)
     t, h, w = grid
     merge = spec.spatial_merge_size**2
@@ -221,11 +275,7 @@ def _checked(
             param,
         )
     embeds = embeds.contiguous()
-    if not _all_finite(embeds):
-        raise ApiError(ERROR_EMBEDS_VALUES, "image_embeds holds NaN or infinite values", param)
-    dtype = str(embeds.dtype).removeprefix("torch.")
-    raw = embeds.view(torch.uint8).reshape(-1).numpy()
-    mm_hash = _mm.embeddings_identity(dtype, list(embeds.shape), grid, raw)
+    mm_hash = _identity(embeds, grid, param)
     main = embeds[:, : spec.hidden_size].contiguous()
     deepstack = None
     if spec.deepstack_layers:

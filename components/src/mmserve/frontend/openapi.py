@@ -181,10 +181,11 @@ def _restrict_pan_and_scan(schema: dict[str, Any], pan_and_scan: PanAndScanRange
             prop["description"] += f"; at most {pan_and_scan.max_num_crops}"
 
 
-def _require_url_or_uuid(schema: dict[str, Any]) -> None:
-    """An image_url part names its image by URL, or by the uuid of one sent before."""
+def _require_media_or_uuid(schema: dict[str, Any], field: str) -> None:
+    """A media part names its item by its `field` (a URL, a clip's bytes), or by the uuid of
+    one sent before."""
     schema["anyOf"] = [
-        {"required": ["image_url"], "properties": {"image_url": {"not": {"type": "null"}}}},
+        {"required": [field], "properties": {field: {"not": {"type": "null"}}}},
         {"required": ["uuid"], "properties": {"uuid": {"type": "string"}}},
     ]
 
@@ -282,7 +283,12 @@ def openapi_document(
     _restrict_pixel_bounds(components["MMProcessorKwargs"], pixels, video)
     _restrict_video_sampling([components["MMProcessorKwargs"], components["VideoIoKwargs"]], video)
     _restrict_pan_and_scan(components["MMProcessorKwargs"], pan_and_scan)
-    _require_url_or_uuid(components["ImageUrlPart"])
+    for part, field in (
+        ("ImageUrlPart", "image_url"),
+        ("InputAudioPart", "input_audio"),
+        ("AudioUrlPart", "audio_url"),
+    ):
+        _require_media_or_uuid(components[part], field)
     _restrict_structured_outputs(components)
     security = _SECURITY
     return {

@@ -17,6 +17,7 @@ from mmserve.protocol import (
     ERROR_CHAT_TEMPLATE,
     ERROR_TEMPLATE_VARIABLE,
     ERROR_TOOLS_ARGUMENTS,
+    AudioEmbedsPart,
     AudioUrlPart,
     ChatCompletionRequest,
     ChatMessage,
@@ -159,6 +160,6 @@ def _arguments(text: str, param: str) -> dict[str, Any]:
 def _template_part(part: ContentPart) -> dict[str, str]:
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text}
-    if isinstance(part, InputAudioPart | AudioUrlPart):
+    if isinstance(part, InputAudioPart | AudioUrlPart | AudioEmbedsPart):
         return {"type": "audio"}
     return {"type": "video" if isinstance(part, VideoUrlPart) else "image"}

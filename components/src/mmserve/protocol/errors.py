@@ -104,11 +104,11 @@ PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_CACHE_RESET_FAILED, 503, "some instances did not clear their caches (busy, "
               "failed, gone or timed out); the message names each"),
     ErrorCode(ERROR_MEDIA_ID_UNKNOWN, 400, "no media was sent under this uuid with this API key; "
-              "send the image with its uuid"),
+              "send the item with its uuid"),
     ErrorCode(ERROR_MEDIA_ID_GONE, 400, "the deployment no longer holds the media of this uuid; "
-              "send the image again with its uuid"),
-    ErrorCode(ERROR_EMBEDS_DISABLED, 400, "image_embeds parts need a server started with "
-              "--enable-mm-embeds"),
+              "send the item again with its uuid"),
+    ErrorCode(ERROR_EMBEDS_DISABLED, 400, "image_embeds and audio_embeds parts need a server "
+              "started with --enable-mm-embeds"),
     ErrorCode(ERROR_EMBEDS_FORMAT, 400, "the embedding is not a readable safetensors file or "
               ".npy array (pickled tensors are refused)"),
     ErrorCode(ERROR_EMBEDS_MISSING, 400, "a tensor the part needs (image_embeds, image_grid_thw) "
@@ -116,7 +116,7 @@ PYTHON_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(ERROR_EMBEDS_DTYPE, 400, "the embedding's dtype is not float32, float16 or "
               "bfloat16"),
     ErrorCode(ERROR_EMBEDS_SHAPE, 400, "the embedding's shape does not fit the model's hidden "
-              "size or the grid's token count"),
+              "size or the grid's token count (a clip's: the tokens a clip can make)"),
     ErrorCode(ERROR_EMBEDS_VALUES, 400, "the embedding holds NaN or infinite values"),
     ErrorCode(ERROR_TOOLS_SCHEMA, 400, "a tool's parameters are not a valid JSON Schema of an "
               "object (its arguments)"),

@@ -30,7 +30,7 @@ MediaUuid = Annotated[
         min_length=1,
         max_length=256,
         description="vLLM's media id: names the item for later requests of the same API key, "
-        "which may then send the id alone (no image_url)",
+        "which may then send the id alone (no image_url, input_audio or audio_url)",
     ),
 ]
 
@@ -78,13 +78,15 @@ class InputAudio(msgspec.Struct, frozen=True, kw_only=True):
 class InputAudioPart(
     msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="input_audio"
 ):
-    """OpenAI's audio part: a clip's bytes in base64 and the format they are in."""
+    """OpenAI's audio part: a clip's bytes in base64 and the format they are in; or, with a
+    `uuid` and no `input_audio`, a clip sent before under that id."""
 
-    input_audio: InputAudio
+    input_audio: InputAudio | None = None
+    uuid: MediaUuid | None = None
 
     @property
-    def url(self) -> str:
-        return f"data:;base64,{self.input_audio.data}"
+    def url(self) -> str | None:
+        return None if self.input_audio is None else f"data:;base64,{self.input_audio.data}"
 
 
 class AudioUrl(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,13 +95,17 @@ class AudioUrl(msgspec.Struct, frozen=True, kw_only=True):
 
 class AudioUrlPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="audio_url"):
     """vLLM's audio part: an http(s) URL, a `data:audio/...` URL or an allowed local file of a
-    wav, flac, mp3, ogg, webm or m4a clip (some clients send the URL as a bare string)."""
+    wav, flac, mp3, ogg, webm or m4a clip (some clients send the URL as a bare string); or,
+    with a `uuid` and no `audio_url`, a clip sent before under that id."""
 
-    audio_url: AudioUrl | str
+    audio_url: AudioUrl | str | None = None
+    uuid: MediaUuid | None = None
 
     @property
-    def url(self) -> str:
-        return self.audio_url if isinstance(self.audio_url, str) else self.audio_url.url
+    def url(self) -> str | None:
+        if self.audio_url is None or isinstance(self.audio_url, str):
+            return self.audio_url
+        return self.audio_url.url
 
 
 _GridThw = Annotated[
@@ -123,6 +129,23 @@ class ImageEmbedsTensors(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     ]
 
 
+class AudioEmbedsPart(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="audio_embeds"
+):
+    """vLLM's part for a clip's precomputed audio-tower output (after the projector); refused
+    unless the server runs with `--enable-mm-embeds`. Safetensors and `.npy` only, never
+    pickle."""
+
+    audio_embeds: Annotated[
+        str,
+        msgspec.Meta(
+            description="[tokens, hidden] (or [1, tokens, hidden]): a safetensors file (its "
+            "one tensor, or the one named audio_embeds) or a .npy array, as base64, a data: "
+            "URL, an allowed local path or an allowed URL"
+        ),
+    ]
+
+
 class ImageEmbedsPart(
     msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="image_embeds"
 ):
@@ -140,7 +163,13 @@ class ImageEmbedsPart(
 
 
 ContentPart = (
-    TextPart | ImageUrlPart | VideoUrlPart | ImageEmbedsPart | InputAudioPart | AudioUrlPart
+    TextPart
+    | ImageUrlPart
+    | VideoUrlPart
+    | ImageEmbedsPart
+    | InputAudioPart
+    | AudioUrlPart
+    | AudioEmbedsPart
 )
 
 

@@ -13,6 +13,7 @@ GENERATE_FIELDS = (
     "sampling_params",
     "image_data",
     "video_data",
+    "audio_data",
     "mm_hashes",
     "stream",
     "rid",

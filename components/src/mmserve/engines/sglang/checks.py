@@ -107,7 +107,8 @@ def sglang_padded_probe(
     model_class: Any, spec: ModelSpec, mm_hash: int
 ) -> tuple[list[int], list[int]]:
     """A probe prompt with one image as the plan expands it (vision start, a run of image
-    tokens, vision end; Gemma 3: begin of image, soft tokens, end of image) as SGLang's
+    tokens, vision end; Gemma 3: begin of image, soft tokens, end of image; for a family
+    without images, Qwen2-Audio, a run of audio tokens between two other tokens) as SGLang's
     `model_class.pad_input_ids` pads it for an item of `mm_hash`, and as the router's routing
     view pads it (the run replaced by the item's pad values, under the installed release's
     padding): `(sglang's, expected)`. The item's offsets and the ids in `MultimodalInputs` are
@@ -116,12 +117,24 @@ def sglang_padded_probe(
     from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
 
     token, start, end = spec.image_token_id, spec.vision_start_token_id, spec.vision_end_token_id
+    audio = spec.core.audio_token_id
+    # An audio family's image fields name its audio token: it takes no images.
+    takes_images = audio is None or audio != token
+    if not takes_images:
+        start, end = 14, 15
     run = 6
     prompt = [11, 12, start, *[token] * run, end, 13]
-    item = MultimodalDataItem(modality=Modality.IMAGE)
+    item = MultimodalDataItem(modality=Modality.IMAGE if takes_images else Modality.AUDIO)
     item.offsets = BaseMultimodalProcessor.get_mm_items_offset(torch.tensor(prompt), token)
     theirs = sglang_pad_values(item, mm_hash)
-    inputs = MultimodalInputs(mm_items=[item], im_token_id=token, im_start_id=start, im_end_id=end)
+    if takes_images:
+        inputs = MultimodalInputs(
+            mm_items=[item], im_token_id=token, im_start_id=start, im_end_id=end
+        )
+    else:
+        inputs = MultimodalInputs(
+            mm_items=[item], audio_token_id=token, audio_start_id=start, audio_end_id=end
+        )
     # The padding reads the prompt and the items, not the model's weights or state.
     padded = model_class.pad_input_ids(types.SimpleNamespace(), array("q", prompt), inputs)
     expected = list(prompt)
@@ -149,7 +162,7 @@ def check_sglang_padding(model_path: Path) -> None:
         return
     if padded != expected:
         raise SglangStartupError(
-            f"SGLang's {arch} pads other tokens of an image than the plan's span (the "
-            f"{spec.family} image token run): KV routing would hash other tokens than "
+            f"SGLang's {arch} pads other tokens of a media item than the plan's span (the "
+            f"{spec.family} image or audio token run): KV routing would hash other tokens than "
             "SGLang caches"
         )

@@ -2,8 +2,9 @@
 
 A generate call carries the expanded `input_ids`, the embeddings as one `processor_output`
 item per modality (`precomputed_embeddings` with any deepstack features, `image_grid_thw` or
-`video_grid_thw`, `modality`; SGLang takes exactly one such dict per modality, in `image_data`
-and `video_data`) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so SGLang's
+`video_grid_thw`, or for audio `feature_attention_mask` and the call's `input_ids`; `modality`;
+SGLang takes exactly one such dict per modality, in `image_data`, `video_data` and
+`audio_data`) and `mm_hashes` (16-digit hex, `mmserve.protocol.mm_hash_hex`), so SGLang's
 pad values, radix cache and KV events use the router's item identities. The encoder takes the
 Rust core's pixels as the `MultimodalDataItem` SGLang's `MMEncoder` hands its model.
 
@@ -60,18 +61,28 @@ def media_item(
     """The request's items of one modality as one SGLang `processor_output` item (rows as
     `sglang_rows` lays them out). With `positions`, the plan's M-RoPE
     positions, which SGLang's Qwen-VL processor takes from the request's first item instead of
-    computing its own (`mrope_positions`, `mrope_position_delta`)."""
+    computing its own (`mrope_positions`, `mrope_position_delta`). Clips go as `audio_item`."""
     item: dict[str, Any] = {
         "format": "processor_output",
         "modality": modality.upper(),
         "precomputed_embeddings": torch.cat([sglang_rows(e) for e in embeddings]),
-        f"{modality}_grid_thw": torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long),
     }
+    if modality == "audio":
+        return item | {"feature_attention_mask": feature_attention_mask(embeddings)}
+    item[f"{modality}_grid_thw"] = torch.tensor([e.grid_thw for e in embeddings], dtype=torch.long)
     if positions is not None:
         rows = torch.tensor(positions.rows, dtype=torch.long)
         item["mrope_positions"] = rows.view(3, -1)
         item["mrope_position_delta"] = torch.tensor([positions.delta], dtype=torch.long)
     return item
+
+
+def feature_attention_mask(clips: Sequence[ItemEmbedding]) -> torch.Tensor:
+    """Qwen2-Audio's `feature_attention_mask` of the clips (one row each, ones over its valid
+    frames, `grid_thw[2]`): SGLang's Qwen2-Audio processor requires it beside precomputed rows
+    and counts each clip's tokens (`audio_feature_lens`) from it."""
+    frames = torch.tensor([clip.grid_thw[2] for clip in clips])
+    return (torch.arange(int(frames.max()))[None, :] < frames[:, None]).long()
 
 
 def encoder_item(item: MediaInput, device: torch.device | str = "cpu") -> Any:
@@ -157,11 +168,12 @@ def generate_kwargs(
     """The keyword arguments of one `async_generate` call (keys: `args.GENERATE_FIELDS`);
     `embeddings` follow `request.media`.
 
-    SGLang lists a request's items images first, then videos, and splits neither bundle into
-    one item per image or video (0.5.23: precomputed rows do not match its patch counts; a
-    video's run is not split per temporal patch), so `mm_hashes` go only where each bundle
-    holds one item, or images are split (`checks.sglang_splits_images`) and the request has at
-    most one video item; otherwise SGLang would drop them with a warning anyway. With a video,
+    SGLang lists a request's items images first, then videos, then clips, and splits no bundle
+    into one item per image, video or clip (0.5.23: precomputed rows do not match its patch
+    counts; a video's run is not split per temporal patch; a clip bundle stays one item), so
+    `mm_hashes` go only where each bundle holds one item, or images are split
+    (`checks.sglang_splits_images`) and the request has at most one video and one clip;
+    otherwise SGLang would drop them with a warning anyway. With a video,
     the plan's positions go with the first item: SGLang 0.5.23 reads Qwen2.5-VL's
     `second_per_grid_ts` from that item alone, so it cannot compute them itself. A Qwen3-VL
     video, planned one item per temporal group with its timestamp text between the groups'
@@ -174,7 +186,7 @@ def generate_kwargs(
         "stream": True,
         "rid": request.request_id,
     }
-    bundles: dict[MediaModality, list[ItemEmbedding]] = {"image": [], "video": []}
+    bundles: dict[MediaModality, list[ItemEmbedding]] = {"image": [], "video": [], "audio": []}
     for item, embedding in zip(request.media, embeddings, strict=True):
         bundles[item.modality].append(embedding)
     positions = request.positions if bundles["video"] else None
@@ -182,9 +194,13 @@ def generate_kwargs(
         if bundle:
             kwargs[f"{modality}_data"] = [media_item(modality, bundle, positions)]
             positions = None
-    images, videos = bundles["image"], bundles["video"]
-    if embeddings and (len(images) <= 1 or splits_images) and len(videos) <= 1:
-        kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in (*images, *videos)]
+    if bundles["audio"]:
+        # SGLang's Qwen2-Audio processor decodes the ids to text and tokenizes that again
+        # unless the item carries them: the plan's ids stay the prompt.
+        kwargs["audio_data"][0]["input_ids"] = torch.tensor(request.token_ids)
+    images, videos, clips = bundles["image"], bundles["video"], bundles["audio"]
+    if embeddings and (len(images) <= 1 or splits_images) and len(videos) <= 1 and len(clips) <= 1:
+        kwargs["mm_hashes"] = [mm_hash_hex(item.mm_hash) for item in (*images, *videos, *clips)]
     if bootstrap is not None:
         kwargs["bootstrap_host"] = bootstrap.host
         kwargs["bootstrap_port"] = bootstrap.port

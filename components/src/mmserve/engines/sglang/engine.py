@@ -5,7 +5,9 @@
   fetches and preprocesses raw media itself, so it cannot take the Rust core's pixels; the
   engine calls the loaded model's `get_image_feature` (a video's: `get_video_feature`) with
   the items `_encode` builds (`convert.encoder_item`: a `MultimodalDataItem` of `feature` =
-  pixel_values and `image_grid_thw`, or `pixel_values_videos` and `video_grid_thw`). An
+  pixel_values and `image_grid_thw`, or `pixel_values_videos` and `video_grid_thw`); a
+  clip's log-mel features go through the loaded audio tower and projector with the clip's
+  frame mask (`audio_tower.audio_rows`, transformers' rows). An
   encode worker (`--encoder-only`) holds only the encoder; a worker that encodes beside its
   language model makes one on its first item.
 - Prefill / decode / aggregated: `sglang.Engine.async_generate` with the arguments
@@ -46,6 +48,7 @@ from typing import Any
 
 import torch
 
+from mmserve.engines.audio_tower import audio_rows
 from mmserve.engines.base import (
     Admission,
     Embeddings,
@@ -224,8 +227,14 @@ class SglangEngine(Engine[SglangKv]):
         out = []
         with torch.inference_mode():
             for item in items:
-                mm_item = encoder_item(item, self._encoder.device)
-                rows = getattr(target, f"get_{item.modality}_feature")([mm_item])
+                if item.modality == "audio":
+                    # Not SGLang's `get_audio_feature`: it runs the tower without the clip's
+                    # frame mask, so a clip under 30 s would get other rows than transformers'.
+                    tower = target.audio_tower
+                    (rows,) = audio_rows(tower, target.multi_modal_projector, [item], tower.dtype)
+                else:
+                    mm_item = encoder_item(item, self._encoder.device)
+                    rows = getattr(target, f"get_{item.modality}_feature")([mm_item])
                 rows = rows.reshape(-1, rows.shape[-1]).to("cpu")
                 out.append(ItemEmbedding(item.mm_hash, item.grid_thw, rows))
         return out
