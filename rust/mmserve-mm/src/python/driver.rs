@@ -289,7 +289,7 @@ fn process(
         options.audio.max_duration_s = seconds;
     }
     #[cfg(not(feature = "audio"))]
-    drop(max_audio_duration_s);
+    let _ = max_audio_duration_s;
     #[cfg(feature = "video")]
     {
         options.video = video.map(|v| v.video_options(None)).transpose()?;
