@@ -21,7 +21,7 @@ import pytest
 
 from mmserve.models.family import resolve_model_spec
 from mmserve.tiny.checkpoints import TINY_FAMILIES, build_tiny_model
-from tests.support.deployment import Deployment
+from tests.support.deployment import Deployment, stop_processes
 from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import file_data_url
 from tests.support.waiting import wait_until
@@ -134,7 +134,7 @@ def _logged(deployment: Deployment, process: str, request_id: str) -> bool:
 @contextlib.contextmanager
 def _all_running(deployments: list[Deployment]) -> Iterator[None]:
     """Every deployment started at once (their start-ups overlap) and ready inside the block;
-    all stopped when it ends, however it ends."""
+    all stopped at once when it ends, however it ends."""
     try:
         for deployment in deployments:
             deployment.start()
@@ -142,8 +142,7 @@ def _all_running(deployments: list[Deployment]) -> Iterator[None]:
             deployment.wait_ready()
         yield
     finally:
-        for deployment in deployments:
-            deployment.stop()
+        stop_processes([p for deployment in deployments for p in deployment.processes.values()])
 
 
 @pytest.fixture(scope="module")
