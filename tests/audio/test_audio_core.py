@@ -142,6 +142,54 @@ def test_a_cut_clip_stops_decoding_at_the_chunk_with_the_same_samples(
         assert samples.tobytes() == reference[name][:CHUNK].tobytes(), name
 
 
+def test_the_headers_bound_every_decoded_count(
+    clips: Clips, reference: dict[str, np.ndarray]
+) -> None:
+    """The plan counts a clip from its headers where they fix its frames: the bounds it reads
+    hold the count torchcodec decodes, cut to the chunk, for every clip that has them; and
+    every integer PCM WAV and every clip claiming well past the chunk has them."""
+    bounded = set()
+    for name, data in clips.items():
+        info = _mm.probe_audio(data, sample_rate=RATE, max_samples=CHUNK)
+        if info["sample_bounds"] is None:
+            continue
+        bounded.add(name)
+        low, high = info["sample_bounds"]
+        assert low <= min(len(reference[name]), CHUNK) <= high, name
+        assert high - low <= 5, name
+    pcm = {n for n in clips if "_wav" in n and not n.endswith(("_f32", "_f64"))}
+    long = {n for n in clips if "31.3s" in n}
+    assert pcm | long <= bounded
+    # Float PCM may hold samples that are not numbers, which only decoding finds.
+    assert not any(n.endswith(("_f32", "_f64")) for n in bounded - long)
+
+
+@pytest.mark.parametrize("rate", [16000, 8000, 22050, 44100, 48000])
+def test_pcm_bounds_hold_at_the_frame_boundaries(rate: int) -> None:
+    """Integer PCM WAV whose length at 16 kHz falls a sample or two either side of a feature
+    frame's edge: the bounds hold torchcodec's count, and settle the frames but where the
+    resampler's last sample could cross the edge."""
+    rng = np.random.default_rng(rate)
+    extractor = _mm.AudioFeatureExtractor(feature_size=128)
+    settled = total = 0
+    for frames in (3, 100, 517, 1999):
+        for off in (-2, -1, 0, 1, 2):
+            n = round((frames * 160 + off) * rate / RATE)
+            x = signal("noise", rate, n / rate + 0.01, 1 + n % 2, rng)
+            data = wav_bytes(x[:n], rate, "s16")
+            low, high = _mm.probe_audio(data, sample_rate=RATE)["sample_bounds"]
+            count = len(torchcodec_samples(data, RATE))
+            assert low <= count <= high, (n, count, low, high)
+            total += 1
+            if extractor.frames(low) == extractor.frames(high):
+                settled += 1
+                assert extractor.frames(count) == extractor.frames(low)
+    # At the family's rate the count is the packets' own; through the resampler, lengths this
+    # close to an edge are mostly left to decoding.
+    if rate == RATE:
+        assert settled == total
+
+
 def _extractor_pair(feature_size: int) -> tuple[WhisperFeatureExtractor, _mm.AudioFeatureExtractor]:
     return WhisperFeatureExtractor(feature_size=feature_size), _mm.AudioFeatureExtractor(
         feature_size=feature_size

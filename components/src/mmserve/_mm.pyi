@@ -1,6 +1,6 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
-from typing import Final, Literal, TypedDict, final
+from typing import Final, Literal, NotRequired, TypedDict, final
 
 import numpy
 
@@ -271,6 +271,8 @@ class _AudioInfo(TypedDict):
     duration_s: float | None
     """The duration the headers state (None where they state none, or libavformat estimated it
     from the bitrate); it may count a codec's priming and padding samples."""
+    sample_bounds: NotRequired[tuple[int, int] | None]
+    """With probe_audio's sample_rate: the least and most samples the clip decodes to."""
 
 class _DecodedAudioInfo(_AudioInfo):
     complete: bool
@@ -318,12 +320,16 @@ def probe_audio(
     data: bytes,
     *,
     format: str | None = None,
+    sample_rate: int | None = None,
+    max_samples: int | None = None,
     max_duration_s: float | None = None,
     timeout_s: float | None = None,
 ) -> _AudioInfo:
     """What an audio file's headers say, its caps checked, nothing decoded past what
     libavformat needs to name the format; `format` (wav, mp3, ...) refuses data of another
-    (built with the `audio` feature)."""
+    (built with the `audio` feature). With `sample_rate`, `sample_bounds` is `(min, max)`:
+    the samples it decodes to at that rate (cut at `max_samples`) as its headers bound them,
+    or None where only decoding tells."""
 
 def decode_audio(
     data: bytes,

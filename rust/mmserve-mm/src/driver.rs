@@ -477,9 +477,11 @@ fn prepare_item(
 }
 
 /// An audio clip's plan: the caps checked from its headers, then its samples at the family's
-/// rate counted by decoding up to the extractor's chunk (what the processor cuts it to, so a
-/// longer clip is never decoded whole), the frames and tokens they make, and its identity
-/// ([`identity::audio`]). Its features are the encoder's work.
+/// rate, the frames and tokens they make, and its identity ([`identity::audio`]). Its
+/// features are the encoder's work, so the samples are counted without decoding wherever the
+/// headers fix the frames ([`probe_samples`]: a clip past the extractor's chunk, integer PCM
+/// in WAV); elsewhere (compressed audio shorter than the chunk, float PCM) the clip is decoded
+/// up to the chunk (what the processor cuts it to, so a longer clip is never decoded whole).
 #[cfg(feature = "audio")]
 fn prepare_audio(
     family: &dyn Family,
@@ -488,7 +490,7 @@ fn prepare_audio(
     format: Option<AudioFormat>,
     options: &DriverOptions,
 ) -> Result<ItemOutput, Error> {
-    use crate::audio::decode::{decode_audio, DecodeOptions};
+    use crate::audio::decode::{count_samples, DecodeOptions, SampleBounds, SampleCount};
 
     let extractor = family
         .capabilities()
@@ -498,8 +500,13 @@ fn prepare_audio(
         sample_rate: extractor.sampling_rate,
         max_samples: extractor.truncation.then(|| extractor.chunk_samples()),
     };
-    let (_, decoded) = decode_audio(bytes, format, &decode, &options.audio)?;
-    let samples = extractor.kept_samples(decoded.samples.len());
+    let kept = |n: u64| extractor.kept_samples(usize::try_from(n).unwrap_or(usize::MAX));
+    // Settled where every count the bounds allow makes the same frames.
+    let settled = |b: &SampleBounds| extractor.frames(kept(b.min)) == extractor.frames(kept(b.max));
+    let samples = match count_samples(bytes, format, &decode, &options.audio, settled)? {
+        SampleCount::Bounded(bounds) => kept(bounds.min),
+        SampleCount::Decoded(decoded) => extractor.kept_samples(decoded.samples.len()),
+    };
     let (_, valid) = extractor.frames(samples);
     let frames = u32::try_from(valid).map_err(|_| ProcessError::Offsets("frames".into()))?;
     let geometry = Geometry::Audio {

@@ -119,7 +119,8 @@ pub enum Geometry {
         time_interval: f32,
     },
     /// An audio clip: its samples at the family's rate (cut to the extractor's chunk where it
-    /// cuts) and the feature frames the audio tower attends to (the extractor's attention-mask
+    /// cuts; the least its headers allow where the plan counted them from the headers, which
+    /// fix the frames, not always the last sample) and the feature frames the audio tower attends to (the extractor's attention-mask
     /// sum, `valid_frames`).
     Audio { samples: u64, frames: u32 },
 }

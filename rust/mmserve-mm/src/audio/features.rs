@@ -4,8 +4,9 @@
 //! the mel filters, `log10` clamped at 1e-10, floored at the clip's maximum less 8, then
 //! `(x + 4) / 4`.
 //!
-//! Computed in f64 (the reference's float32 rounding is its own error, not matched), with
-//! the Fourier transform of real input and each filter over its non-zero bins only. Frames
+//! The transform and the filters are computed in f64 (the reference's float32 rounding is its
+//! own error, not matched), with the Fourier transform of real input and each filter over its
+//! non-zero bins only; the log is taken in f32, the features' own type. Frames
 //! that see nothing but padding all equal one another and are computed once. Frames fan out
 //! in blocks through `common::par`; the result does not depend on the pool.
 
@@ -21,6 +22,8 @@ use crate::common::par;
 const FRAMES_PER_BLOCK: usize = 256;
 /// `torch.clamp(mel, min=1e-10)` before the log.
 const LOG_FLOOR: f64 = 1e-10;
+/// Its log10.
+const LOG_FLOOR_LOG10: f32 = -10.0;
 /// The log-mel values are floored at the clip's maximum less this (in log10 units).
 const DYNAMIC_RANGE: f64 = 8.0;
 
@@ -282,43 +285,28 @@ impl LogMel {
             .step_by(FRAMES_PER_BLOCK)
             .map(|start| (start, (start + FRAMES_PER_BLOCK).min(computed)))
             .collect();
-        let powers: Vec<Vec<f64>> = par::map(&blocks, |&(start, end)| {
-            self.mel_power_block(&signal, start, end)
+        let logs: Vec<BlockLogs> = par::map(&blocks, |&(start, end)| {
+            self.log_mel_block(&signal, start, end)
         });
-        // The floor is the loudest value less 8 (log10 units): powers at or under its level are
-        // the floor without a logarithm.
-        let loudest = powers
-            .iter()
-            .flatten()
-            .copied()
-            .fold(LOG_FLOOR, f64::max)
-            .log10();
-        let floor = loudest - DYNAMIC_RANGE;
-        let floor_power = 10f64.powf(floor);
-        // A power at or under the floor's level: the floor, or the clamp's log where that is
-        // higher (a clip whose loudest value is within 8 of the clamp).
-        let floored = floor.max(LOG_FLOOR.log10());
-        let scaled = |p: f64| {
-            let log = if p <= floor_power {
-                floored
-            } else {
-                p.max(LOG_FLOOR).log10().max(floor)
-            };
-            ((log + 4.0) / 4.0) as f32
-        };
-        let values: Vec<Vec<f32>> =
-            par::map(&powers, |block| block.iter().map(|&p| scaled(p)).collect());
-        let rows: Vec<&[f32]> = values.iter().flat_map(|b| b.chunks_exact(mels)).collect();
+        // The floor is the loudest value less 8 (log10 units), at least the clamp's log.
+        let loudest = logs.iter().map(|b| b.loudest).fold(LOG_FLOOR, f64::max);
+        let floor = (loudest.log10() - DYNAMIC_RANGE) as f32;
+        let scaled = |log: f32| (log.max(floor) + 4.0) * 0.25;
+        // Transposed to `[mels, frames]` a block at a time, so the writes stay in cache.
         let mut data = vec![0f32; mels * frames];
-        for (t, row) in rows.iter().enumerate() {
-            for (m, &v) in row.iter().enumerate() {
-                data[m * frames + t] = v;
+        for (&(start, end), block) in blocks.iter().zip(&logs) {
+            for (m, row) in data.chunks_exact_mut(frames).enumerate() {
+                let column = block.values[m..].iter().step_by(mels);
+                for (out, &log) in row[start..end].iter_mut().zip(column) {
+                    *out = scaled(log);
+                }
             }
         }
         // The frames past the last computed one are padding alone, as it is.
-        if let Some(last) = rows.last() {
-            for (m, &v) in last.iter().enumerate() {
-                data[m * frames + rows.len()..(m + 1) * frames].fill(v);
+        if computed > 0 && computed < frames {
+            for row in data.chunks_exact_mut(frames) {
+                let last = row[computed - 1];
+                row[computed..].fill(last);
             }
         }
         Ok(LogMelFeatures {
@@ -334,13 +322,15 @@ impl LogMel {
         (t * self.config.hop_length) as isize - (self.config.n_fft / 2) as isize
     }
 
-    /// The mel powers of frames `start..end`, frame-major.
-    fn mel_power_block(&self, signal: &Signal<'_>, start: usize, end: usize) -> Vec<f64> {
+    /// The clamped log10 mel powers of frames `start..end`, frame-major, and the block's
+    /// loudest power.
+    fn log_mel_block(&self, signal: &Signal<'_>, start: usize, end: usize) -> BlockLogs {
         let mut input = self.fft.make_input_vec();
         let mut spectrum = self.fft.make_output_vec();
         let mut scratch = self.fft.make_scratch_vec();
         let mut power = vec![0.0; spectrum.len()];
-        let mut out = Vec::with_capacity((end - start) * self.filters.len());
+        let mut values = Vec::with_capacity((end - start) * self.filters.len());
+        let mut loudest = 0f64;
         for t in start..end {
             signal.windowed(self.frame_start(t), &self.window, &mut input);
             // The lengths come from the plan itself, so the transform cannot fail.
@@ -357,11 +347,26 @@ impl LogMel {
             }
             for filter in &self.filters {
                 let bins = &power[filter.first..filter.first + filter.weights.len()];
-                out.push(bins.iter().zip(&filter.weights).map(|(p, w)| p * w).sum());
+                let mel: f64 = bins.iter().zip(&filter.weights).map(|(p, w)| p * w).sum();
+                loudest = loudest.max(mel);
+                // The log in f32 (the features' type), as a natural log, which libm computes
+                // several times faster than log10: its error, under 1e-6 in the result, is
+                // far inside the extractor's own float32 rounding.
+                values.push(if mel <= LOG_FLOOR {
+                    LOG_FLOOR_LOG10
+                } else {
+                    (mel as f32).ln() * std::f32::consts::LOG10_E
+                });
             }
         }
-        out
+        BlockLogs { values, loudest }
     }
+}
+
+/// A block of frames' clamped log10 mel powers and its loudest power.
+struct BlockLogs {
+    values: Vec<f32>,
+    loudest: f64,
 }
 
 #[cfg(test)]

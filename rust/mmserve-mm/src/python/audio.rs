@@ -164,22 +164,40 @@ mod ffmpeg {
     /// What the headers of an audio file say (`container`, `codec`, `sample_rate`,
     /// `channels`, `duration_s`: `None` where they state none), its caps checked; nothing is
     /// decoded past what libavformat needs to name the format. `format` is the format the
-    /// request names (`wav`, `mp3`, ...): data of another is refused.
+    /// request names (`wav`, `mp3`, ...): data of another is refused. With `sample_rate`,
+    /// `sample_bounds` is `(min, max)`, the samples the clip decodes to at that rate (cut at
+    /// `max_samples`) as the headers bound them, or `None` where only decoding tells.
     #[pyfunction]
-    #[pyo3(signature = (data, *, format = None, max_duration_s = None, timeout_s = None))]
+    #[pyo3(signature = (data, *, format = None, sample_rate = None, max_samples = None,
+        max_duration_s = None, timeout_s = None))]
+    #[allow(clippy::too_many_arguments)]
     pub fn probe_audio<'py>(
         py: Python<'py>,
         data: &[u8],
         format: Option<&str>,
+        sample_rate: Option<u32>,
+        max_samples: Option<usize>,
         max_duration_s: Option<f64>,
         timeout_s: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let declared = declared(format)?;
         let limits = limits(max_duration_s, timeout_s)?;
-        let info = py
-            .detach(|| decode::probe_audio(data, declared, &limits))
+        let Some(sample_rate) = sample_rate else {
+            let info = py
+                .detach(|| decode::probe_audio(data, declared, &limits))
+                .map_err(to_py)?;
+            return info_dict(py, &info);
+        };
+        let options = DecodeOptions {
+            sample_rate,
+            max_samples,
+        };
+        let (info, bounds) = py
+            .detach(|| decode::probe_samples(data, declared, &options, &limits))
             .map_err(to_py)?;
-        info_dict(py, &info)
+        let d = info_dict(py, &info)?;
+        d.set_item("sample_bounds", bounds.map(|b| (b.min, b.max)))?;
+        Ok(d)
     }
 
     /// `(info, samples)`: the clip as mono float32 at `sample_rate`, sample for sample what

@@ -60,6 +60,11 @@ pub(super) fn ff_error(doing: &'static str) -> impl Fn(ff::Error) -> AudioError 
 /// over up to 32 packets (128 KiB), running every demuxer's probe on it six times over: most
 /// of the cost of opening a WAV file. Its first packet tells as much for audio that is PCM.
 const WAV_PROBE_BYTES: i64 = 4096;
+/// The WAV demuxer's packets: 32 KiB (0.19 s of CD audio) where it reads 4 KiB by default,
+/// which spares most of the per-packet work of demuxing, decoding and resampling. The samples
+/// do not depend on it: a PCM packet decodes to its bytes' samples, and the resampler's output
+/// to how its input is cut.
+const WAV_PACKET_BYTES: u32 = 32 * 1024;
 
 impl AudioLimits {
     /// The input's limits; `format` is the probed one, which decides how far libavformat may
@@ -69,6 +74,7 @@ impl AudioLimits {
             max_streams: self.max_streams,
             deadline: self.deadline,
             probe_bytes: (format == Some(AudioFormat::Wav)).then_some(WAV_PROBE_BYTES),
+            max_packet_bytes: (format == Some(AudioFormat::Wav)).then_some(WAV_PACKET_BYTES),
         }
     }
 }
@@ -81,6 +87,8 @@ pub(super) struct AudioInput<'a> {
     pub(super) index: usize,
     pub(super) time_base: ff::Rational,
     pub(super) start_time: Option<i64>,
+    /// Whether packets were read (the input is no longer at its start).
+    pub(super) read_packets: bool,
 }
 
 impl<'a> AudioInput<'a> {
@@ -183,6 +191,7 @@ impl<'a> AudioInput<'a> {
             index,
             time_base,
             start_time,
+            read_packets: false,
         })
     }
 }

@@ -20,6 +20,7 @@
 
 mod convert;
 mod input;
+mod length;
 mod stream;
 
 use std::time::Instant;
@@ -82,6 +83,62 @@ pub struct DecodedAudio {
     pub complete: bool,
 }
 
+/// The samples a clip decodes to, as its headers bound them without decoding it (see
+/// [`probe_samples`]): at least `min` and at most `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleBounds {
+    pub min: u64,
+    pub max: u64,
+}
+
+/// The samples `data` decodes to at `options.sample_rate`, cut at `options.max_samples`, as
+/// its headers bound them (or, for integer PCM in WAV, its packets' sizes), checking the caps
+/// as [`probe_audio`] does; `None` where only decoding tells. Every decode
+/// [`decode_audio`] accepts gives a count within the bounds.
+pub fn probe_samples(
+    data: &[u8],
+    declared: Option<AudioFormat>,
+    options: &DecodeOptions,
+    limits: &AudioLimits,
+) -> Result<(AudioInfo, Option<SampleBounds>), AudioError> {
+    check_rate(options, limits)?;
+    let mut input = AudioInput::open(data, declared, limits)?;
+    let bounds = input.sample_bounds(options, limits)?;
+    Ok((input.info.clone(), bounds))
+}
+
+/// A clip's length as [`count_samples`] found it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SampleCount {
+    /// From the headers, without decoding.
+    Bounded(SampleBounds),
+    /// Decoded, where the bounds did not settle what the caller needs.
+    Decoded(DecodedAudio),
+}
+
+/// The clip's bounds ([`probe_samples`]) where `settled` takes them (a family whose frames are
+/// the same over them: the count needs nothing more), else its samples decoded, from one
+/// opening of the data wherever the bounds read no packets.
+pub fn count_samples(
+    data: &[u8],
+    declared: Option<AudioFormat>,
+    options: &DecodeOptions,
+    limits: &AudioLimits,
+    settled: impl Fn(&SampleBounds) -> bool,
+) -> Result<SampleCount, AudioError> {
+    check_rate(options, limits)?;
+    let mut input = AudioInput::open(data, declared, limits)?;
+    match input.sample_bounds(options, limits)? {
+        Some(bounds) if settled(&bounds) => Ok(SampleCount::Bounded(bounds)),
+        _ => {
+            if input.read_packets {
+                input = AudioInput::open(data, declared, limits)?;
+            }
+            Ok(SampleCount::Decoded(input.decode(options, limits)?))
+        }
+    }
+}
+
 /// Reads the headers of `data` and checks the caps; decodes nothing beyond what libavformat
 /// needs to name the stream's format. `declared` is the format the request names, if any:
 /// data of another format is refused.
@@ -101,13 +158,18 @@ pub fn decode_audio(
     options: &DecodeOptions,
     limits: &AudioLimits,
 ) -> Result<(AudioInfo, DecodedAudio), AudioError> {
+    check_rate(options, limits)?;
+    let mut input = AudioInput::open(data, declared, limits)?;
+    let decoded = input.decode(options, limits)?;
+    Ok((input.info.clone(), decoded))
+}
+
+fn check_rate(options: &DecodeOptions, limits: &AudioLimits) -> Result<(), AudioError> {
     if options.sample_rate == 0 || options.sample_rate > limits.max_sample_rate {
         return Err(AudioError::BadStream(format!(
             "cannot resample to {} Hz",
             options.sample_rate
         )));
     }
-    let mut input = AudioInput::open(data, declared, limits)?;
-    let decoded = input.decode(options, limits)?;
-    Ok((input.info.clone(), decoded))
+    Ok(())
 }

@@ -178,19 +178,20 @@ impl AudioInput<'_> {
 }
 
 /// The decoded length against the headers' claim and the cap.
-struct LengthCheck {
-    claimed: Option<f64>,
-    rate: f64,
-    max_s: f64,
+pub(super) struct LengthCheck {
+    pub(super) claimed: Option<f64>,
+    pub(super) rate: f64,
+    pub(super) max_s: f64,
 }
 
 impl LengthCheck {
-    fn slack(claimed: f64) -> f64 {
+    /// How far a decoded length may lie from a claim of `claimed` seconds.
+    pub(super) fn slack(claimed: f64) -> f64 {
         LENGTH_SLACK_S + LENGTH_SLACK_FRACTION * claimed
     }
 
     /// While decoding: the samples so far are within the cap and the claim.
-    fn check_decoding(&self, samples: usize) -> Result<(), AudioError> {
+    pub(super) fn check_decoding(&self, samples: usize) -> Result<(), AudioError> {
         let seconds = samples as f64 / self.rate;
         if seconds > self.max_s {
             return Err(AudioError::TooLong {
@@ -211,7 +212,7 @@ impl LengthCheck {
     }
 
     /// At the end of the data: the whole clip is not much shorter than claimed.
-    fn check_complete(&self, samples: usize) -> Result<(), AudioError> {
+    pub(super) fn check_complete(&self, samples: usize) -> Result<(), AudioError> {
         let seconds = samples as f64 / self.rate;
         match self.claimed {
             Some(claimed) if seconds < claimed - Self::slack(claimed) => {

@@ -40,6 +40,7 @@ impl VideoLimits {
             max_streams: self.max_streams,
             deadline: self.deadline,
             probe_bytes: None,
+            max_packet_bytes: None,
         }
     }
 }
