@@ -147,7 +147,8 @@ def test_the_headers_bound_every_decoded_count(
 ) -> None:
     """The plan counts a clip from its headers where they fix its frames: the bounds it reads
     hold the count torchcodec decodes, cut to the chunk, for every clip that has them; and
-    every integer PCM WAV and every clip claiming well past the chunk has them."""
+    every integer PCM WAV (but the 0.1 s ones, too short to count through the resampler) and
+    every clip claiming well past the chunk has them."""
     bounded = set()
     for name, data in clips.items():
         info = _mm.probe_audio(data, sample_rate=RATE, max_samples=CHUNK)
@@ -156,8 +157,9 @@ def test_the_headers_bound_every_decoded_count(
         bounded.add(name)
         low, high = info["sample_bounds"]
         assert low <= min(len(reference[name]), CHUNK) <= high, name
-        assert high - low <= 5, name
-    pcm = {n for n in clips if "_wav" in n and not n.endswith(("_f32", "_f64"))}
+        assert high - low <= 2, name
+    pcm = {n for n in clips if "_wav" in n and "_0.1s_" not in n}
+    pcm -= {n for n in pcm if n.endswith(("_f32", "_f64"))}
     long = {n for n in clips if "31.3s" in n}
     assert pcm | long <= bounded
     # Float PCM may hold samples that are not numbers, which only decoding finds.
@@ -167,12 +169,12 @@ def test_the_headers_bound_every_decoded_count(
 @pytest.mark.parametrize("rate", [16000, 8000, 22050, 44100, 48000])
 def test_pcm_bounds_hold_at_the_frame_boundaries(rate: int) -> None:
     """Integer PCM WAV whose length at 16 kHz falls a sample or two either side of a feature
-    frame's edge: the bounds hold torchcodec's count, and settle the frames but where the
-    resampler's last sample could cross the edge."""
+    frame's edge, or on it: the bounds hold torchcodec's count, and settle the frames but
+    where the resampler's last sample could cross the edge."""
     rng = np.random.default_rng(rate)
     extractor = _mm.AudioFeatureExtractor(feature_size=128)
     settled = total = 0
-    for frames in (3, 100, 517, 1999):
+    for frames in (11, 100, 517, 1999):
         for off in (-2, -1, 0, 1, 2):
             n = round((frames * 160 + off) * rate / RATE)
             x = signal("noise", rate, n / rate + 0.01, 1 + n % 2, rng)
@@ -184,10 +186,10 @@ def test_pcm_bounds_hold_at_the_frame_boundaries(rate: int) -> None:
             if extractor.frames(low) == extractor.frames(high):
                 settled += 1
                 assert extractor.frames(count) == extractor.frames(low)
-    # At the family's rate the count is the packets' own; through the resampler, lengths this
-    # close to an edge are mostly left to decoding.
-    if rate == RATE:
-        assert settled == total
+    # At the family's rate the count is the packets' own; through the resampler, a length on
+    # an edge (a whole number of 10 ms) is settled, and some a sample or two off are left to
+    # decoding.
+    assert settled == total if rate == RATE else settled >= total // 5
 
 
 def _extractor_pair(feature_size: int) -> tuple[WhisperFeatureExtractor, _mm.AudioFeatureExtractor]:

@@ -6,8 +6,10 @@
 //!   header that lies), so the clip is the cut, whatever its codec.
 //! - Integer PCM (and A-law, mu-law) in WAV starting at 0: each packet decodes to its bytes'
 //!   samples, so the packets' sizes count the samples without decoding them; at the family's
-//!   rate that is the count, at another the resampler's output is within [`RESAMPLED_SLACK`]
-//!   of `samples * out_rate / in_rate`.
+//!   rate that is the count, at another the resampler's output of a clip of at least
+//!   [`MIN_RESAMPLED_S`] is `floor` or `ceil` of `samples * out_rate / in_rate` (it emits the
+//!   output samples whose input position lies before the end, and a shorter clip loses some
+//!   to the filter's length), taken with a sample's margin below.
 //!
 //! Elsewhere (compressed audio shorter than the cut, float PCM, which may hold samples that
 //! are not numbers, a stream that starts later than 0) only decoding tells the count: a
@@ -22,9 +24,8 @@ use super::{AudioLimits, DecodeOptions, SampleBounds};
 use crate::audio::error::AudioError;
 use crate::audio::format::AudioFormat;
 
-/// How far the resampler's output length may lie from `samples * out_rate / in_rate`, either
-/// way (it ends on its filter's phase: a sample more or less than the nearest count).
-const RESAMPLED_SLACK: u64 = 2;
+/// The shortest clip counted through the resampler, in seconds.
+const MIN_RESAMPLED_S: f64 = 0.1;
 
 /// The PCM codecs whose samples are always numbers, with their bytes per sample.
 const COUNTED_CODECS: [(ff::codec::Id, u64); 10] = {
@@ -73,14 +74,13 @@ impl AudioInput<'_> {
         let out_rate = u64::from(options.sample_rate);
         let (min, max) = if in_rate == out_rate {
             (input, input)
+        } else if (input as f64) < MIN_RESAMPLED_S * in_rate as f64 {
+            return Ok(None);
         } else {
             let scaled = u128::from(input) * u128::from(out_rate);
             let floor = u64::try_from(scaled / u128::from(in_rate)).unwrap_or(u64::MAX);
             let ceil = u64::try_from(scaled.div_ceil(u128::from(in_rate))).unwrap_or(u64::MAX);
-            (
-                floor.saturating_sub(RESAMPLED_SLACK),
-                ceil.saturating_add(RESAMPLED_SLACK),
-            )
+            (floor.saturating_sub(1), ceil)
         };
         // Where a count in the bounds could be refused, decoding decides (and names why).
         let within = |n: u64| {
@@ -119,10 +119,10 @@ impl AudioInput<'_> {
             return Ok(None);
         };
         let block = width * u64::from(self.info.channels);
-        // Past the cut's worth of input (and the resampler's slack) the count no longer
+        // Past the cut's worth of input (and the resampler's margin) the count no longer
         // matters.
         let enough = options.max_samples.map(|cut| {
-            let scaled = (cut as u64 + 2 * RESAMPLED_SLACK + 1) * u64::from(self.info.sample_rate);
+            let scaled = (cut as u64 + 2) * u64::from(self.info.sample_rate);
             scaled.div_ceil(u64::from(options.sample_rate)) + 1
         });
         let input_limits = limits.input(None);
