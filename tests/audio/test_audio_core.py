@@ -179,7 +179,9 @@ def test_pcm_bounds_hold_at_the_frame_boundaries(rate: int) -> None:
             n = round((frames * 160 + off) * rate / RATE)
             x = signal("noise", rate, n / rate + 0.01, 1 + n % 2, rng)
             data = wav_bytes(x[:n], rate, "s16")
-            low, high = _mm.probe_audio(data, sample_rate=RATE)["sample_bounds"]
+            bounds = _mm.probe_audio(data, sample_rate=RATE)["sample_bounds"]
+            assert bounds is not None, n
+            low, high = bounds
             count = len(torchcodec_samples(data, RATE))
             assert low <= count <= high, (n, count, low, high)
             total += 1

@@ -1,8 +1,9 @@
 """Typed stubs for the Rust extension `mmserve._mm` (hand-written; checked by stubtest)."""
 
-from typing import Final, Literal, NotRequired, TypedDict, final
+from typing import Final, Literal, TypedDict, final
 
 import numpy
+from typing_extensions import NotRequired
 
 __version__: str
 

@@ -292,22 +292,21 @@ impl LogMel {
         let loudest = logs.iter().map(|b| b.loudest).fold(LOG_FLOOR, f64::max);
         let floor = (loudest.log10() - DYNAMIC_RANGE) as f32;
         let scaled = |log: f32| (log.max(floor) + 4.0) * 0.25;
-        // Transposed to `[mels, frames]` a block at a time, so the writes stay in cache.
-        let mut data = vec![0f32; mels * frames];
-        for (&(start, end), block) in blocks.iter().zip(&logs) {
-            for (m, row) in data.chunks_exact_mut(frames).enumerate() {
-                let column = block.values[m..].iter().step_by(mels);
-                for (out, &log) in row[start..end].iter_mut().zip(column) {
-                    *out = scaled(log);
-                }
+        // Transposed to `[mels, frames]`, a row at a time, each written once in order.
+        let mut data = Vec::with_capacity(mels * frames);
+        for m in 0..mels {
+            let row = data.len();
+            for block in &logs {
+                data.extend(
+                    block.values[m..]
+                        .iter()
+                        .step_by(mels)
+                        .map(|&log| scaled(log)),
+                );
             }
-        }
-        // The frames past the last computed one are padding alone, as it is.
-        if computed > 0 && computed < frames {
-            for row in data.chunks_exact_mut(frames) {
-                let last = row[computed - 1];
-                row[computed..].fill(last);
-            }
+            // The frames past the last computed one are padding alone, as it is.
+            let last = data.get(row + computed.max(1) - 1).copied().unwrap_or(0.0);
+            data.resize(row + frames, last);
         }
         Ok(LogMelFeatures {
             data,

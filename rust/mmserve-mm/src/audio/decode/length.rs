@@ -130,7 +130,7 @@ impl AudioInput<'_> {
         let mut samples = 0u64;
         while let Some(packet) = self.source.next_packet(self.index, &input_limits)? {
             let size = packet.size() as u64;
-            if size % block != 0 {
+            if !size.is_multiple_of(block) {
                 return Ok(None);
             }
             samples += size / block;

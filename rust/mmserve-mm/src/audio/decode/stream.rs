@@ -18,6 +18,11 @@ use crate::common::ffmpeg::single_threaded_context;
 const LENGTH_SLACK_S: f64 = 0.5;
 const LENGTH_SLACK_FRACTION: f64 = 0.01;
 
+/// The most samples reserved from a header's claim (a minute at 16 kHz), and the margin added
+/// for a codec's priming and padding.
+const MAX_RESERVED: usize = 960_000;
+const RESERVE_MARGIN: usize = 4096;
+
 /// torchcodec's pre-roll: the frames a lossy codec needs decoded before the first sample
 /// wanted, else this many seconds where the frame size is unknown.
 const PREROLL_FRAMES: f64 = 4.0;
@@ -96,7 +101,14 @@ impl AudioInput<'_> {
             rate: f64::from(options.sample_rate),
             max_s: limits.max_duration_s,
         };
-        let mut out: Vec<f32> = Vec::new();
+        // Room for what the headers claim, up to the cut: growing a large buffer by doubling
+        // copies it and touches its memory again each time.
+        let expected = self
+            .info
+            .duration_s
+            .map_or(0.0, |s| s * f64::from(options.sample_rate));
+        let room = (expected.max(0.0) as usize).min(options.max_samples.unwrap_or(MAX_RESERVED));
+        let mut out: Vec<f32> = Vec::with_capacity(room.min(MAX_RESERVED) + RESERVE_MARGIN);
         let mut first_seconds: Option<f64> = None;
         let mut frame = ff::frame::Audio::empty();
         let mut flushed = false;
