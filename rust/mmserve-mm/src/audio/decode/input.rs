@@ -60,11 +60,12 @@ pub(super) fn ff_error(doing: &'static str) -> impl Fn(ff::Error) -> AudioError 
 /// over up to 32 packets (128 KiB), running every demuxer's probe on it six times over: most
 /// of the cost of opening a WAV file. Its first packet tells as much for audio that is PCM.
 const WAV_PROBE_BYTES: i64 = 4096;
-/// The WAV demuxer's packets: 32 KiB (0.19 s of CD audio) where it reads 4 KiB by default,
-/// which spares most of the per-packet work of demuxing, decoding and resampling. The samples
-/// do not depend on it: a PCM packet decodes to its bytes' samples, and the resampler's output
-/// to how its input is cut.
-const WAV_PACKET_BYTES: u32 = 32 * 1024;
+/// The WAV demuxer's packets once the headers are read: 32 KiB (0.19 s of CD audio) where it
+/// reads 4 KiB by default, which spares most of the per-packet work of demuxing, decoding and
+/// resampling. Set after the headers, whose reading probes the first packet's content. The
+/// samples do not depend on it: a PCM packet decodes to its bytes' samples, and the
+/// resampler's output to how its input is cut.
+const WAV_PACKET_BYTES: i64 = 32 * 1024;
 
 impl AudioLimits {
     /// The input's limits; `format` is the probed one, which decides how far libavformat may
@@ -74,7 +75,6 @@ impl AudioLimits {
             max_streams: self.max_streams,
             deadline: self.deadline,
             probe_bytes: (format == Some(AudioFormat::Wav)).then_some(WAV_PROBE_BYTES),
-            max_packet_bytes: (format == Some(AudioFormat::Wav)).then_some(WAV_PACKET_BYTES),
         }
     }
 }
@@ -119,6 +119,14 @@ impl<'a> AudioInput<'a> {
             return Err(ff_error("reading the stream info")(ff::Error::from(ret)));
         }
         limits.input(None).check_deadline()?;
+        if found == AudioFormat::Wav {
+            // SAFETY: the format context is live and its private data is the wav demuxer's,
+            // which takes the option (an option it did not take would leave it unset).
+            unsafe {
+                let ctx = source.input.as_mut_ptr();
+                ffi::av_opt_set_int((*ctx).priv_data, c"max_size".as_ptr(), WAV_PACKET_BYTES, 0);
+            }
+        }
         if source.input.nb_streams() as usize > limits.max_streams {
             return Err(AudioError::TooManyStreams {
                 limit: limits.max_streams,

@@ -73,10 +73,6 @@ pub struct InputLimits {
     /// The bytes libavformat may read to learn a stream's codec and parameters (its
     /// `probesize`); its default (5 MB) where `None`.
     pub probe_bytes: Option<i64>,
-    /// The largest packet the demuxer reads, where it takes the `max_size` option (the wav
-    /// demuxer: 4096 bytes by default, a packet, a decoder call and a resampler call per
-    /// 23 ms of CD audio); its default where `None`.
-    pub max_packet_bytes: Option<u32>,
 }
 
 impl InputLimits {
@@ -190,13 +186,7 @@ impl<'a> MemoryInput<'a> {
                 callback: Some(interrupted),
                 opaque: ptr::addr_of!(*deadline) as *mut c_void,
             };
-            let mut options: *mut ffi::AVDictionary = ptr::null_mut();
-            if let Some(bytes) = limits.max_packet_bytes {
-                ffi::av_dict_set_int(&mut options, c"max_size".as_ptr(), i64::from(bytes), 0);
-            }
-            let ret = ffi::avformat_open_input(&mut ctx, ptr::null(), format.0, &mut options);
-            // Options the demuxer does not take are left in the dictionary, unused.
-            ffi::av_dict_free(&mut options);
+            let ret = ffi::avformat_open_input(&mut ctx, ptr::null(), format.0, ptr::null_mut());
             if ret < 0 {
                 // avformat_open_input freed the context; the IO context is still ours.
                 free_avio(&mut avio);

@@ -40,7 +40,6 @@ impl VideoLimits {
             max_streams: self.max_streams,
             deadline: self.deadline,
             probe_bytes: None,
-            max_packet_bytes: None,
         }
     }
 }
