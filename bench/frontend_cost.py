@@ -47,6 +47,7 @@ import collections
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -408,7 +409,7 @@ def start_server(
     print(f"{name} warm-up: {warm.complete}/{warm.total} complete")
     # Each component, and the nats-server (which Dynamo's file discovery does not use).
     pids = {process: p.pid for process, p in deployment.processes.items()}
-    if nats_pid is not None and name == "mmserve":
+    if nats_pid is not None and name.startswith("mmserve"):
         pids["nats-server"] = nats_pid
     return Server(name, deployment, pids)
 
@@ -420,12 +421,13 @@ def measure(server: Server, workload: str, bodies: list[dict], args: argparse.Na
     spy = None
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^\w.=-]+", "_", server.name)  # a variant's name holds paths
         spy = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "py-spy"), "record",
                 "-p", str(pids["frontend"]), "-d", str(int(args.py_spy_seconds)),
                 *args.py_spy_flags, "-r", "100", "--threads", "--format", "speedscope",
-                "-o", str(args.py_spy / f"{server.name}-{workload}.json"),
+                "-o", str(args.py_spy / f"{slug}-{workload}.json"),
             ],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -439,7 +441,7 @@ def measure(server: Server, workload: str, bodies: list[dict], args: argparse.Na
             args.max_requests,
             args.prompt_tokens,
             concurrency,
-            Path(tempfile.mkdtemp(prefix=f"aiperf-{server.name}-")),
+            Path(tempfile.mkdtemp(prefix="aiperf-")),
         )
     else:
         outcome, elapsed = uvloop.run(
@@ -507,12 +509,22 @@ def main() -> int:
     )
     parser.add_argument(
         "--router-mode",
-        choices=["round-robin", "kv"],
+        choices=["round-robin", "kv", "default"],
         default="round-robin",
         help="both frontends' router mode, so that both do the same routing work (kv: each "
-        "also indexes the workers' KV events; default: round-robin)",
+        "also indexes the workers' KV events), or `default`: each its own default, kv for "
+        "mmserve and round-robin for Dynamo (default: round-robin)",
     )
     parser.add_argument("--thread", default="", help="with --summarize: only these threads")
+    parser.add_argument(
+        "--frontend-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="also run each workload against another mmserve deployment whose frontend has "
+        "these variables set (repeatable: one more deployment each), e.g. "
+        "MMSERVE_FRONTEND_MALLOC=system",
+    )
     args = parser.parse_args()
     if args.micro:
         micro(build_tiny_model("qwen2_vl"), 300, args.prompt_tokens)
@@ -529,6 +541,9 @@ def main() -> int:
         print(f"Dynamo skipped: {dynamo_python} cannot import its frontend and mocker ({reason})")
         dynamo_python = None
 
+    modes = dict.fromkeys(("mmserve", "dynamo"), args.router_mode)
+    if args.router_mode == "default":
+        modes = {"mmserve": "kv", "dynamo": "round-robin"}
     raise_open_file_limit()
     model_path = build_tiny_model("qwen2_vl")
     model = model_path.name
@@ -577,16 +592,25 @@ def main() -> int:
         ]
         log_dir = args.log_dir or tmp_path
         log_dir.mkdir(parents=True, exist_ok=True)
-        servers: dict[str, Callable[[], Deployment]] = {
-            "mmserve": lambda: Deployment(
+
+        def mmserve(frontend_env: dict[str, str], logs: Path) -> Callable[[], Deployment]:
+            logs.mkdir(exist_ok=True)
+            return lambda: Deployment(
                 args.pattern,
                 model_path,
                 nats.url,
-                log_dir,
+                logs,
                 worker_flags=["--engine", "mock", *ZERO_COMPUTE],
-                frontend_flags=["--router-mode", args.router_mode],
+                frontend_flags=["--router-mode", modes["mmserve"]],
+                process_env={"frontend": frontend_env},
+                unforked=frozenset({"frontend"}),
             )
-        }
+
+        servers: dict[str, Callable[[], Deployment]] = {"mmserve": mmserve({}, log_dir)}
+        for i, variant in enumerate(args.frontend_env):
+            servers[f"mmserve {variant}"] = mmserve(
+                dict(item.split("=", 1) for item in variant.split(",")), log_dir / f"variant-{i}"
+            )
         if dynamo_python:
             servers["dynamo"] = lambda: DynamoDeployment(
                 "dynamo",
@@ -594,7 +618,7 @@ def main() -> int:
                 nats.url,
                 log_dir,
                 python=dynamo_python,
-                mode=args.router_mode,
+                mode=modes["dynamo"],
                 num_workers=1,
                 costs=MockCosts(prefill_us_per_token=0.0, decode_ms_per_token=0.0),
             )
@@ -617,7 +641,8 @@ def main() -> int:
         failed_any = any(row[4] != "0" for row in rows)
     print(
         f"pattern {args.pattern}, engine mock with zero compute, router mode "
-        f"{args.router_mode}, prompts of about {args.prompt_tokens} tokens"
+        f"{', '.join(f'{k} {v}' for k, v in modes.items())}, prompts of about "
+        f"{args.prompt_tokens} tokens"
     )
     print(
         "| server | workload | c | requests | failed | req/s | frontend CPU/req "
