@@ -45,6 +45,7 @@ import asyncio
 import base64
 import collections
 import io
+import itertools
 import json
 import os
 import re
@@ -517,13 +518,13 @@ def main() -> int:
     )
     parser.add_argument("--thread", default="", help="with --summarize: only these threads")
     parser.add_argument(
-        "--frontend-env",
+        "--variant",
         action="append",
         default=[],
-        metavar="NAME=VALUE[,NAME=VALUE]",
+        metavar='"NAME=VALUE ... --flag value ..."',
         help="also run each workload against another mmserve deployment whose frontend has "
-        "these variables set (repeatable: one more deployment each), e.g. "
-        "MMSERVE_FRONTEND_MALLOC=system",
+        "these variables set and these flags added (repeatable: one more deployment each), e.g. "
+        '"MMSERVE_FRONTEND_MALLOC=system" or "--router-mode round-robin"',
     )
     args = parser.parse_args()
     if args.micro:
@@ -593,7 +594,12 @@ def main() -> int:
         log_dir = args.log_dir or tmp_path
         log_dir.mkdir(parents=True, exist_ok=True)
 
-        def mmserve(frontend_env: dict[str, str], logs: Path) -> Callable[[], Deployment]:
+        def mmserve(variant: str, logs: Path) -> Callable[[], Deployment]:
+            words = variant.split()
+            # NAME=VALUE words before the first flag are the environment, the rest flags.
+            env_words = list(itertools.takewhile(lambda word: not word.startswith("-"), words))
+            frontend_env = dict(word.split("=", 1) for word in env_words)
+            flags = words[len(env_words) :]
             logs.mkdir(exist_ok=True)
             return lambda: Deployment(
                 args.pattern,
@@ -601,16 +607,14 @@ def main() -> int:
                 nats.url,
                 logs,
                 worker_flags=["--engine", "mock", *ZERO_COMPUTE],
-                frontend_flags=["--router-mode", modes["mmserve"]],
+                frontend_flags=["--router-mode", modes["mmserve"], *flags],
                 process_env={"frontend": frontend_env},
                 unforked=frozenset({"frontend"}),
             )
 
-        servers: dict[str, Callable[[], Deployment]] = {"mmserve": mmserve({}, log_dir)}
-        for i, variant in enumerate(args.frontend_env):
-            servers[f"mmserve {variant}"] = mmserve(
-                dict(item.split("=", 1) for item in variant.split(",")), log_dir / f"variant-{i}"
-            )
+        servers: dict[str, Callable[[], Deployment]] = {"mmserve": mmserve("", log_dir)}
+        for i, variant in enumerate(args.variant):
+            servers[f"mmserve {variant}"] = mmserve(variant, log_dir / f"variant-{i}")
         if dynamo_python:
             servers["dynamo"] = lambda: DynamoDeployment(
                 "dynamo",
