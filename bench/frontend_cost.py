@@ -23,6 +23,12 @@ requests, failures, TTFT p50/p99, and the CPU time per request of the frontend a
 server processes (frontend, workers, nats-server), as markdown. `--dynamo-python PYTHON` also
 runs every workload against Dynamo's frontend and mocker (`bench.router.DynamoDeployment`: file
 discovery, one mocker worker with zero simulated time) under that interpreter, one row each.
+Each `--variant "NAME=VALUE ... --flag value"` adds one more mmserve deployment whose frontend
+has those variables set and flags added (e.g. `MMSERVE_FRONTEND_MALLOC=system`, or
+`--router-mode round-robin` beside the kv default), one row each. mmserve's frontends start as
+the `mmserve frontend` command starts (their own interpreter, which preloads the allocator),
+not forked from the tests' preloaded interpreter. `--router-mode` sets both servers' mode;
+`default` leaves each its own (mmserve kv, Dynamo round-robin).
 
     .venv/bin/python -m bench.frontend_cost
     .venv/bin/python -m bench.frontend_cost --workloads text,image-1280x960-data \\

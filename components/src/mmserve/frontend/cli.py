@@ -58,7 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "frontend",
         help="OpenAI-compatible HTTP server",
         description="Serve /v1/chat/completions for a vision-language model and hand each "
-        "request to the first worker of the deployed pipeline.",
+        "request to the first worker of the deployed pipeline. The command re-executes itself "
+        "with mimalloc preloaded in place of glibc's malloc (jemalloc when mimalloc is not "
+        "installed); MMSERVE_FRONTEND_MALLOC=system|mimalloc|jemalloc|tcmalloc|PATH chooses.",
     )
     add_arguments(parser)
     parser.set_defaults(handler=_handle)
