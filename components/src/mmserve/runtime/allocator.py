@@ -97,8 +97,8 @@ def reexec_with_allocator() -> None:
     preloaded). Call it before anything else: the process image is replaced."""
     environ = os.environ
     ld_preload = environ.get("LD_PRELOAD", "")
-    if preloads_allocator(ld_preload):
-        return
+    if not sys.platform.startswith("linux") or preloads_allocator(ld_preload):
+        return  # LD_PRELOAD is the Linux loader's
     try:
         library = choose_library(environ.get(ALLOCATOR_ENV, DEFAULT_ALLOCATOR))
     except ValueError as exc:
