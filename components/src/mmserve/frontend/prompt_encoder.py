@@ -5,9 +5,9 @@ its per-byte alignment bookkeeping) is about a fifth of the encode. Every Unicod
 leaves ASCII as it is, and most prompts are ASCII (`str.isascii` is a flag CPython keeps, free
 to read). So an ASCII prompt goes to a twin of the tokenizer without the normalizer: the same
 model object (vocabulary and merges shared, not copied), pre-tokenizer, post-processor and added
-tokens. The twin is built only when the normalizer is a single Unicode normal form, in under a
-millisecond, and used only when its added tokens keep their ids and a probe text with every
-added token encodes to the same ids both ways; any other text goes to the tokenizer itself.
+tokens. The twin is built only when the normalizer is a single Unicode normal form, in a few
+milliseconds at start, and used only when its added tokens keep their ids and a probe text with
+every added token encodes to the same ids both ways; any other text goes to the tokenizer itself.
 """
 
 from __future__ import annotations
