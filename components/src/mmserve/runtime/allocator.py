@@ -3,8 +3,8 @@
 Tokenizing a prompt is most of the frontend's CPU on text requests, and glibc's malloc and free
 are about 45% of the tokenizer's own time (many small short-lived strings and vectors, freed on
 the pool's other thread): with mimalloc preloaded the same encode takes half the CPU. Serving
-systems do the same from outside (vLLM's CPU guide preloads tcmalloc, SGLang's and TensorRT-LLM's
-images jemalloc), by `LD_PRELOAD`, which only works when set before the process starts. So
+systems preload an allocator from outside (vLLM's CPU guide preloads tcmalloc), by
+`LD_PRELOAD`, which only works when set before the process starts. So
 `mmserve frontend` re-executes itself once, first thing, with the library added to
 `LD_PRELOAD`: a new interpreter of a few tens of milliseconds, before any heavy import.
 
