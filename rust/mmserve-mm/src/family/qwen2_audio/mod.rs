@@ -4,7 +4,7 @@
 //! row the audio tower and its average pool leave of the clip's valid frames. 1-D rope.
 //! Mirrors transformers' `Qwen2AudioProcessor` and `Qwen2AudioEncoder`'s output lengths.
 
-mod config;
+pub(crate) mod config;
 
 use std::sync::Arc;
 

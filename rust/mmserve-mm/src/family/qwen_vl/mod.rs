@@ -2,7 +2,7 @@
 //! implementation, parameters from the [`Spec`], each model type a [`QwenVariant`]. Mirrors
 //! transformers' `Qwen2VLImageProcessor(Pil)` and `get_rope_index`.
 
-mod config;
+pub(crate) mod config;
 mod geometry;
 mod positions;
 
