@@ -17,15 +17,19 @@ import pytest
 import torch
 import transformers
 from PIL import Image
+from transformers.video_utils import VideoMetadata
 
+from mmserve import _mm
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
+from mmserve.media.video import video_options
 from mmserve.models.family import resolve_model_spec
 from mmserve.protocol import ChatCompletionRequest
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.audio import signal, torchcodec_samples, wav_bytes
 from tests.support.engines import make_image
-from tests.support.images import png_data_url
+from tests.support.images import data_url, png_data_url
+from tests.support.video import FFMPEG, make_video
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -113,6 +117,77 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
         image_grid_thw=reference.get("image_grid_thw"),
         attention_mask=torch.ones_like(ids),
         audio_seqlens=None if lengths is None else lengths.sum(-1),
+    )
+    assert plan.positions is not None
+    assert torch.equal(torch.tensor(plan.positions.rows), positions.reshape(-1))
+    assert plan.positions.delta == int(delta.flatten()[0])
+
+
+@pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
+@pytest.mark.parametrize("fps", [None, 3.0])
+async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
+    checkpoint: Checkpoint, tmp_path: Path, fps: float | None
+) -> None:
+    """A video between a clip and an image, sampled at the default rate and at 3 fps (a
+    second per grid of 2/3, whose positions torch rounds in float32): the frames the core
+    samples, given to the processor, make the plan's ids; its temporal patches sit
+    `position_id_per_seconds x second_per_grid` apart, and the text after it resumes past
+    its last one."""
+    served, processor = checkpoint.served, checkpoint.processor
+    preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
+    video = make_video(tmp_path / "v.mp4", size="96x64", rate="10", seconds=2.0)
+    clip = _clip(1.3, 1)
+    image = make_image(60, 60, seed=2)
+    parts = [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"}},
+        {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
+        {"type": "image_url", "image_url": {"url": png_data_url(image)}},
+        {"type": "text", "text": "What happens?"},
+    ]
+    body: dict[str, Any] = {"model": served.name, "messages": [{"role": "user", "content": parts}]}
+    if fps is not None:
+        body["mm_processor_kwargs"] = {"fps": fps}
+    request = msgspec.convert(body, ChatCompletionRequest)
+    plan = (await preprocessor.preprocess(request, "r", 1e12)).plan
+
+    assert preprocessor.video_range is not None
+    settings = preprocessor.video_range.settings(request.mm_processor_kwargs, None)
+    indices = _mm.plan_video(video, video_options(settings.base, settings.sampling))["indices"]
+    info, frames = _mm.decode_video(video, indices)
+    sampled_fps = info["fps"] * len(indices) / info["total_frames"]
+    template = [{"type": "audio"}, {"type": "video"}, {"type": "image"}, parts[-1]]
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
+    )
+    sampling = settings.sampling
+    reference = processor(
+        text=[text],
+        audio=[torchcodec_samples(clip, RATE)],
+        images=[image],
+        videos=[torch.from_numpy(frames)],
+        video_metadata=[
+            VideoMetadata(
+                total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
+            )
+        ],
+        do_sample_frames=False,
+        videos_kwargs={
+            "fps": sampled_fps,
+            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
+        },
+        input_data_format="channels_last",
+        return_tensors="pt",
+    )
+    ids = reference["input_ids"]
+    assert list(plan.token_ids) == ids[0].tolist()
+    assert reference["video_grid_thw"][0, 0] > 1  # temporal patches to space
+    positions, delta = checkpoint.thinker.get_rope_index(
+        ids,
+        image_grid_thw=reference["image_grid_thw"],
+        video_grid_thw=reference["video_grid_thw"],
+        attention_mask=torch.ones_like(ids),
+        audio_seqlens=reference["feature_attention_mask"].sum(-1),
+        second_per_grids=reference["video_second_per_grid"],
     )
     assert plan.positions is not None
     assert torch.equal(torch.tensor(plan.positions.rows), positions.reshape(-1))
