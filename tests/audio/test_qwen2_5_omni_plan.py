@@ -70,7 +70,7 @@ def test_the_registry_reads_the_thinker_of_the_composite_config(checkpoint: Chec
 
 
 # Each case: the user's parts in order, ("audio", seconds) or ("image", width, height).
-CASES = {
+CASES: dict[str, list[tuple[Any, ...]]] = {
     "clip": [("audio", 2.3)],
     "image": [("image", 90, 60)],
     "clips_beside_an_image": [("audio", 0.7), ("image", 130, 70), ("audio", 31.0)],
@@ -139,7 +139,10 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
     clip = _clip(1.3, 1)
     image = make_image(60, 60, seed=2)
     parts = [
-        {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"}},
+        {
+            "type": "input_audio",
+            "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"},
+        },
         {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
         {"type": "image_url", "image_url": {"url": png_data_url(image)}},
         {"type": "text", "text": "What happens?"},

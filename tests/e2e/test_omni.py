@@ -79,9 +79,7 @@ def reference(
     ]
     text = processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
     audio = [torchcodec_samples(clip, 16000) for clip in clips]
-    inputs = processor(
-        text=text, audio=audio or None, images=images or None, return_tensors="pt"
-    )
+    inputs = processor(text=text, audio=audio or None, images=images or None, return_tensors="pt")
     with torch.inference_mode():
         out = thinker.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
     prompt = inputs["input_ids"].shape[1]

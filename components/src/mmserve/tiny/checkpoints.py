@@ -190,6 +190,7 @@ def _qwen2_5_omni_thinker_config() -> dict[str, Any]:
         "vision_start_token_id": _first_special_id("qwen2_5_omni") + 9,
         "vision_end_token_id": _first_special_id("qwen2_5_omni") + 10,
         "initializer_range": INIT_SCALE,
+        "tie_word_embeddings": True,
     }
 
 
@@ -330,7 +331,6 @@ def _build_model(family: str, seed: int) -> Any:
         config = transformers.Qwen2_5OmniConfig(
             thinker_config=_qwen2_5_omni_thinker_config(), enable_audio_output=False
         )
-        config.thinker_config.tie_word_embeddings = True
     else:
         config_class = {
             "qwen2_vl": transformers.Qwen2VLConfig,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from mmserve.tiny.chat_template import qwen_chat_template
 
@@ -162,7 +163,7 @@ def write_qwen_tokenizer(
         }
         for offset, (token, special) in enumerate(tokens)
     }
-    config = {
+    config: dict[str, Any] = {
         "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": added,
         "bos_token": None,
