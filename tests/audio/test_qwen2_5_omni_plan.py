@@ -17,19 +17,16 @@ import pytest
 import torch
 import transformers
 from PIL import Image
-from transformers.video_utils import VideoMetadata
 
-from mmserve import _mm
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
 from mmserve.media import MediaPolicy
-from mmserve.media.video import video_options
 from mmserve.models.family import resolve_model_spec
 from mmserve.protocol import ChatCompletionRequest
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.audio import signal, torchcodec_samples, wav_bytes
 from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
-from tests.support.video import FFMPEG, make_video
+from tests.support.video import FFMPEG, make_video, sampled_frames
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -155,9 +152,7 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
 
     assert preprocessor.video_range is not None
     settings = preprocessor.video_range.settings(request.mm_processor_kwargs, None)
-    indices = _mm.plan_video(video, video_options(settings.base, settings.sampling))["indices"]
-    info, frames = _mm.decode_video(video, indices)
-    sampled_fps = info["fps"] * len(indices) / info["total_frames"]
+    frames, metadata, sampled_fps = sampled_frames(video, settings)
     template = [{"type": "audio"}, {"type": "video"}, {"type": "image"}, parts[-1]]
     text = processor.apply_chat_template(
         [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
@@ -167,12 +162,8 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
         text=[text],
         audio=[torchcodec_samples(clip, RATE)],
         images=[image],
-        videos=[torch.from_numpy(frames)],
-        video_metadata=[
-            VideoMetadata(
-                total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
-            )
-        ],
+        videos=[frames],
+        video_metadata=[metadata],
         do_sample_frames=False,
         videos_kwargs={
             "fps": sampled_fps,

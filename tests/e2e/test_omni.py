@@ -1,8 +1,8 @@
 """Qwen2.5-Omni's thinker end to end on its tiny checkpoint: the aggregated worker and encode /
 prefill / decode apart give transformers' greedy tokens (the thinker's `generate` on its
-processor's inputs), through the official openai client, streamed and not, for a clip alone
-and for clips beside an image in one prompt (its audio tower's chunked attention, its vision
-tower, TMRoPE); `use_audio_in_video` is refused by name. One pair of deployments."""
+processor's inputs), through the official openai client, streamed and not, for a clip alone,
+clips beside an image, and a clip beside a video (its audio tower's chunked attention, its
+vision tower, TMRoPE); `use_audio_in_video` is refused by name. One pair of deployments."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from tests.e2e.test_audio import _complete, _refusal, _stream, _user, input_audi
 from tests.support.audio import signal, torchcodec_samples, wav_bytes
 from tests.support.deployment import Deployment
 from tests.support.engines import make_image
-from tests.support.images import png_data_url
+from tests.support.images import data_url, png_data_url
+from tests.support.video import make_video, sampled_frames
 
 pytestmark = pytest.mark.slow
 
@@ -65,29 +66,63 @@ def _reference_model(model_path: Path) -> tuple[Any, Any]:
 
 
 def reference(
-    model_path: Path, messages: list[dict[str, Any]], clips: list[bytes], images: list[Any]
+    model_path: Path,
+    messages: list[dict[str, Any]],
+    clips: list[bytes],
+    images: list[Any],
+    video: bytes | None = None,
 ) -> tuple[str, int]:
     """The thinker's greedy completion on the processor's inputs (each clip loaded as
-    transformers loads audio): its text and prompt length."""
+    transformers loads audio, a video's frames as the core samples them): its text and prompt
+    length."""
     import torch
 
     processor, thinker = _reference_model(model_path)
-    kinds = {"input_audio": {"type": "audio"}, "image_url": {"type": "image"}}
+    kinds = {
+        "input_audio": {"type": "audio"},
+        "image_url": {"type": "image"},
+        "video_url": {"type": "video"},
+    }
     template = [
         {"role": m["role"], "content": [kinds.get(p["type"], p) for p in m["content"]]}
         for m in messages
     ]
     text = processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
     audio = [torchcodec_samples(clip, 16000) for clip in clips]
-    inputs = processor(text=text, audio=audio or None, images=images or None, return_tensors="pt")
+    videos: dict[str, Any] = {}
+    if video is not None:
+        frames, metadata, fps = sampled_frames(video, _default_video_settings(model_path))
+        sampling = _default_video_settings(model_path).sampling
+        size = {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels}
+        videos = {
+            "videos": [frames],
+            "video_metadata": [metadata],
+            "do_sample_frames": False,
+            "videos_kwargs": {"fps": fps, "size": size},
+            "input_data_format": "channels_last",
+        }
+    inputs = processor(
+        text=text, audio=audio or None, images=images or None, return_tensors="pt", **videos
+    )
     with torch.inference_mode():
         out = thinker.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
     prompt = inputs["input_ids"].shape[1]
     return processor.tokenizer.decode(out[0, prompt:], skip_special_tokens=True), prompt
 
 
+@functools.cache
+def _default_video_settings(model_path: Path) -> Any:
+    """How the frontend samples a video by default."""
+    from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+    from mmserve.media import MediaPolicy
+
+    preprocessor = ChatPreprocessor(ServedModel.load(model_path), ChatOptions(policy=MediaPolicy()))
+    assert preprocessor.video_range is not None
+    return preprocessor.video_range.settings(None, None)
+
+
 def test_each_pattern_gives_the_thinkers_tokens(
-    clients: dict[str, openai.OpenAI], model_path: Path
+    clients: dict[str, openai.OpenAI], model_path: Path, tmp_path: Path
 ) -> None:
     rng = np.random.default_rng(5)
     # Past the tower's 200-frame attention chunk (2 s), so its chunking is crossed.
@@ -102,9 +137,16 @@ def test_each_pattern_gives_the_thinkers_tokens(
         question,
         input_audio(speech, "wav"),
     )
+    video = make_video(tmp_path / "v.mp4", size="96x64", rate="10", seconds=2.0)
+    watched = _user(
+        input_audio(tone, "wav"),
+        {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
+        question,
+    )
     expected = {
         "one": reference(model_path, one, [speech], []),
         "mixed": reference(model_path, mixed, [tone, speech], [image]),
+        "watched": reference(model_path, watched, [tone], [], video),
     }
     # The clip moves the tokens: a served prompt that lost it would not pass.
     other = _user(input_audio(tone, "wav"), question)
@@ -114,6 +156,7 @@ def test_each_pattern_gives_the_thinkers_tokens(
         assert _complete(client, name, one) == expected["one"], pattern
         assert _complete(client, name, mixed) == expected["mixed"], pattern
         assert _stream(client, name, mixed) == expected["mixed"][0], pattern
+        assert _complete(client, name, watched) == expected["watched"], pattern
 
 
 def test_a_videos_own_audio_track_is_refused_by_name(
