@@ -141,14 +141,12 @@ def main() -> None:
         _, suffix, make = MEDIA[medium]
         for seed in range(count):
             make(items / f"{seed}.{suffix}", seed)
-    base, _server = serve_directory(items)
-    cold = {
-        medium: iter(f"{base}/{seed}.{MEDIA[medium][1]}" for seed in range(1, count))
-        for medium in args.media
-    }
-
     rows = []
-    with NatsServer() as nats:
+    with serve_directory(items) as (base, _server), NatsServer() as nats:
+        cold = {
+            medium: iter(f"{base}/{seed}.{MEDIA[medium][1]}" for seed in range(1, count))
+            for medium in args.media
+        }
         for pattern in args.patterns:
             deployment = Deployment(
                 pattern, model_path, nats.url, work, transfer=args.transfer

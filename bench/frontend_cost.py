@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import base64
 import collections
+import contextlib
 import io
 import json
 import os
@@ -537,11 +538,12 @@ def main() -> int:
     warm_prompts = make_prompts(tokenizer, args.warmup, args.prompt_tokens)
     warm_prompts = [f"Warm-up {p}" for p in warm_prompts]
     rows: list[tuple] = []
-    with tempfile.TemporaryDirectory() as tmp, NatsServer() as nats:
-        tmp_path = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        tmp_path = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        nats = stack.enter_context(NatsServer())
         image_root = tmp_path / "images"
         image_root.mkdir()
-        base, file_server = serve_directory(image_root)
+        base, _file_server = stack.enter_context(serve_directory(image_root))
         bodies: dict[str, list[dict]] = {
             "text": [text_body(model, p) for p in prompts],
             "text-repeat": [text_body(model, p) for p in prompts],
@@ -612,7 +614,6 @@ def main() -> int:
         finally:
             for deployment in launched:
                 deployment.stop()
-            file_server.shutdown()
         rows.sort(key=lambda row: (list(servers).index(row[0]), workloads.index(row[1])))
         failed_any = any(row[4] != "0" for row in rows)
     print(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import io
 import json
 import os
@@ -291,11 +292,12 @@ def main() -> int:
     # One connection (a file) per stream, and as many on the frontend's side.
     raise_open_file_limit()
     model_path = build_tiny_model("qwen2_vl")
-    with tempfile.TemporaryDirectory() as tmp, NatsServer() as nats:
-        tmp_path = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        tmp_path = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        nats = stack.enter_context(NatsServer())
         image_root = tmp_path / "images"
         image_root.mkdir()
-        base = serve_directory(image_root)[0]
+        base, _file_server = stack.enter_context(serve_directory(image_root))
         images = [f"{base}/{name}" for name in write_images(image_root, args.images)]
         log_dir = args.log_dir or tmp_path
         log_dir.mkdir(parents=True, exist_ok=True)

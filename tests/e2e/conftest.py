@@ -29,10 +29,8 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def image_file_server(image_dir: Path) -> Iterator[tuple[str, CountingFileServer]]:
     """A loopback HTTP server over `image_dir`: its base URL, and the server counting GETs."""
-    url, server = serve_directory(image_dir)
-    yield url, server
-    server.shutdown()
-    server.server_close()
+    with serve_directory(image_dir) as served:
+        yield served
 
 
 @pytest.fixture(scope="session")

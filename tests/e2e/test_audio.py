@@ -49,10 +49,8 @@ def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def clip_file_server(clip_dir: Path) -> Iterator[tuple[str, CountingFileServer]]:
     """A loopback HTTP server over `clip_dir`: its base URL, and the server counting GETs."""
-    url, server = serve_directory(clip_dir)
-    yield url, server
-    server.shutdown()
-    server.server_close()
+    with serve_directory(clip_dir) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

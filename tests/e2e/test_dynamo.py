@@ -338,9 +338,8 @@ def test_an_image_by_http_url_is_fetched_by_dynamos_frontend_and_again_by_the_wo
     model = ours.model_path.name
     question = scenes.question("colour", 3)
     question.images[0].save(tmp_path / "scene.png")
-    base_url, server = serve_directory(tmp_path)
-    port = base_url.rsplit(":", 1)[1]
-    try:
+    with serve_directory(tmp_path) as (base_url, server):
+        port = base_url.rsplit(":", 1)[1]
         messages = _image_messages([f"{base_url}/scene.png"], question.text)
         expected = _ask(ours.base_url, model, messages, max_tokens=8)
         assert expected[0] == question.answer
@@ -360,9 +359,6 @@ def test_an_image_by_http_url_is_fetched_by_dynamos_frontend_and_again_by_the_wo
         assert response.status_code == 400, response.text
         assert "fetch.forbidden_address" in response.json()["message"]
         assert server.gets["/scene.png"] == 4
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_qwen2_5_vl_and_qwen3_vl_give_the_same_greedy_tokens(
@@ -547,14 +543,10 @@ def test_an_encode_worker_apart_gives_the_same_greedy_tokens(
     # policy would refuse 127.0.0.1, never does.
     question = scenes.question("colour", 3)
     question.images[0].save(tmp_path / "scene.png")
-    base_url, server = serve_directory(tmp_path)
-    try:
+    with serve_directory(tmp_path) as (base_url, server):
         messages = _image_messages([f"{base_url}/scene.png"], question.text)
         assert _ask(theirs.base_url, model, messages, max_tokens=8)[0] == question.answer
         assert server.gets["/scene.png"] == 2
-    finally:
-        server.shutdown()
-        server.server_close()
     assert theirs.log("encode1").count(" done: ") == encoded + 1
     # The encode worker's refusal is the client's 400 with its reason.
     _assert_a_sliver_is_refused(theirs.base_url, model)

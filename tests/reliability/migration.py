@@ -95,12 +95,8 @@ def image_server(root: Path) -> Iterator[str]:
     """Four small images of different sizes on a loopback server: its base URL."""
     for i in range(4):
         photo_like(84 + 28 * (i % 2), 56 + 28 * (i // 2), seed=i).save(root / f"{i}.png")
-    url, server = serve_directory(root)
-    try:
+    with serve_directory(root) as (url, _server):
         yield url
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextlib.contextmanager

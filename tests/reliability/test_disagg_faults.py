@@ -55,10 +55,8 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("fault-images")
     photo_like(320, 240, 1).save(root / "photo.jpg", quality=90)
     photo_like(90, 60, 3).save(root / "small.png")
-    url, server = serve_directory(root)
-    yield url
-    server.shutdown()
-    server.server_close()
+    with serve_directory(root) as (url, _server):
+        yield url
 
 
 def image_chat(max_tokens: int, url: str) -> dict[str, object]:

@@ -56,10 +56,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     for part in range(PARTS):
         sparse_png(root / f"part-{part}.png", PART_MIB)
     sparse_png(root / "whole.png", WHOLE_MIB)
-    url, http = serve_directory(root)
-    yield url
-    http.shutdown()
-    http.server_close()
+    with serve_directory(root) as (url, _server):
+        yield url
 
 
 @pytest.fixture(scope="module")

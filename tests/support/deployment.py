@@ -66,13 +66,18 @@ class _QuietFileHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def serve_directory(root: Path) -> tuple[str, CountingFileServer]:
-    """A loopback HTTP server over `root` in a daemon thread: its base URL and the server
-    (`shutdown()` it when done)."""
+@contextlib.contextmanager
+def serve_directory(root: Path) -> Iterator[tuple[str, CountingFileServer]]:
+    """A loopback HTTP server over `root` in a daemon thread, for one block: its base URL and
+    the server (which counts the GETs of each path)."""
     server = CountingFileServer(root)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}", server
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 _handed_out: set[int] = set()

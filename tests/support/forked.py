@@ -46,6 +46,7 @@ PRELOAD = [
     "transformers.models.gemma3.modeling_gemma3",
     "transformers.models.qwen3_5.modeling_qwen3_5",
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+    "transformers.models.qwen2_audio.modeling_qwen2_audio",
     "httpx",
     "msgspec",
     "nats",

@@ -24,9 +24,5 @@ class MediaServer:
 @contextmanager
 def media_server_over(root: Path) -> Iterator[MediaServer]:
     """A loopback HTTP server over `root` (`deployment.serve_directory`'s), for one block."""
-    url, server = serve_directory(root)
-    try:
+    with serve_directory(root) as (url, _server):
         yield MediaServer(root, url)
-    finally:
-        server.shutdown()
-        server.server_close()
