@@ -12,13 +12,13 @@ pub(crate) mod config;
 use std::sync::Arc;
 
 use crate::family::config::{ConfigFiles, FamilyFacts};
-use crate::family::qwen2_audio::audio_tokens;
-use crate::family::qwen_vl::QwenVl;
+use crate::family::qwen2_audio::{audio_tokens, clip_update};
+use crate::family::qwen_vl::{with_delta, QwenVl};
 use crate::family::registry::{FamilyModule, FamilyName};
 use crate::family::spec::{AudioSpec, Spec, SpecError};
 use crate::pipeline::{
-    Capabilities, DecodedImage, Embed, EmbedOf, Family, Geometry, ItemPrompt, Modality,
-    Placeholder, Positions, ProcessError, ProcessedItem, PromptUpdate, UpdatePart,
+    Capabilities, DecodedImage, Family, Geometry, ItemPrompt, Modality, Placeholder, Positions,
+    ProcessError, ProcessedItem, PromptUpdate,
 };
 use crate::video::VideoFamily;
 
@@ -142,15 +142,7 @@ impl Family for Qwen25Omni {
 
     fn prompt_update(&self, item: &ItemPrompt<'_>) -> Result<PromptUpdate, ProcessError> {
         match item.geometry {
-            Geometry::Audio { .. } => Ok(PromptUpdate {
-                parts: vec![UpdatePart::Embed(Embed {
-                    id: self.audio.audio_token_id,
-                    n: self.num_tokens(&item.geometry),
-                    geometry: item.geometry,
-                    of: EmbedOf::Whole,
-                })],
-                announced: false,
-            }),
+            Geometry::Audio { frames, .. } => Ok(clip_update(&self.audio, item.geometry, frames)),
             _ => self.vision.prompt_update(item),
         }
     }
@@ -259,13 +251,7 @@ pub fn tmrope(
         put(i, [next; 3]);
         next += 1;
     }
-    let max_position = positions.iter().copied().max().unwrap_or(-1);
-    let delta = if len == 0 {
-        0
-    } else {
-        max_position + 1 - len as i64
-    };
-    Ok(Positions::MRope { positions, delta })
+    Ok(with_delta(positions, len))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ mod positions;
 use std::sync::Arc;
 
 pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
-pub use positions::{mrope_blocks, VisionBlock};
+pub use positions::{mrope_blocks, with_delta, VisionBlock};
 
 use crate::family::config::{ConfigFiles, FamilyFacts};
 use crate::family::registry::{FamilyModule, FamilyName};
