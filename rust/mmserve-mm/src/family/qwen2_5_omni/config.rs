@@ -26,8 +26,9 @@ mod defaults {
 /// The thinker's images and videos follow Qwen2-VL's processors; its positions are its own.
 const VISION: QwenVariant = QWEN2_VL;
 
-/// A token id under the thinker's key, else its Qwen-VL name, else the class default.
-fn token(files: &ConfigFiles, keys: [&'static str; 2], default: u32) -> Result<u32, SpecError> {
+/// A token id under the first of `keys` the config names (the thinker's, then Qwen-VL's), else
+/// the class default.
+fn token(files: &ConfigFiles, keys: &[&'static str], default: u32) -> Result<u32, SpecError> {
     keys.iter()
         .find_map(|&key| {
             files
@@ -50,7 +51,7 @@ pub(super) fn read(
             "image_token_id",
             token(
                 files,
-                ["image_token_index", "image_token_id"],
+                &["image_token_index", "image_token_id"],
                 d::IMAGE_TOKEN_INDEX,
             )?,
         ),
@@ -58,25 +59,17 @@ pub(super) fn read(
             "video_token_id",
             token(
                 files,
-                ["video_token_index", "video_token_id"],
+                &["video_token_index", "video_token_id"],
                 d::VIDEO_TOKEN_INDEX,
             )?,
         ),
         (
             "vision_start_token_id",
-            token(
-                files,
-                ["vision_start_token_id", "vision_start_token_id"],
-                d::VISION_START_TOKEN_ID,
-            )?,
+            token(files, &["vision_start_token_id"], d::VISION_START_TOKEN_ID)?,
         ),
         (
             "vision_end_token_id",
-            token(
-                files,
-                ["vision_end_token_id", "vision_end_token_id"],
-                d::VISION_END_TOKEN_ID,
-            )?,
+            token(files, &["vision_end_token_id"], d::VISION_END_TOKEN_ID)?,
         ),
     ];
     // Qwen-VL's reader, over the thinker's ids under Qwen-VL's names.
@@ -87,7 +80,7 @@ pub(super) fn read(
     let (mut spec, facts) = qwen_vl::config::read(&VISION, name, &vision_files)?;
     let audio_token_id = token(
         files,
-        ["audio_token_index", "audio_token_id"],
+        &["audio_token_index", "audio_token_id"],
         d::AUDIO_TOKEN_INDEX,
     )?;
     spec.audio = Some(qwen2_audio::config::audio_spec(files, audio_token_id)?);
