@@ -479,9 +479,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="build tiny checkpoints (offline): random weights, or the trained default",
         description=(
             "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE / Qwen3.5 / Qwen3.5-MoE "
-            "/ Gemma 3 / Qwen2-Audio checkpoints with random weights and the real Qwen "
-            "tokenizer (Qwen3.5 and Gemma 3: their special-token ids); prints each checkpoint "
-            "dir. Skips ones already built."
+            "/ Gemma 3 / Qwen2-Audio / Qwen2.5-Omni (its thinker) checkpoints with random "
+            "weights and the real Qwen tokenizer (Qwen3.5, Gemma 3 and Qwen2.5-Omni: their "
+            "special-token ids); prints each checkpoint dir. Skips ones already built."
         ),
     )
     parser.add_argument(
