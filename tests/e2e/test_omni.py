@@ -23,8 +23,6 @@ from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
 from tests.support.video import make_video, sampled_frames
 
-pytestmark = pytest.mark.slow
-
 MAX_TOKENS = 8
 PATTERNS = ("agg", "e_p_d")
 
