@@ -17,6 +17,7 @@ from mmserve.runtime.nats_server import NatsServer, nats_url_from_env_or_private
 SLOW_PATHS = (
     "e2e/",
     "audio/test_audio_core.py",
+    "audio/test_qwen2_5_omni_plan.py",
     "reliability/",
     "engines/test_grammar.py",
     "engines/test_kv_transfer.py",

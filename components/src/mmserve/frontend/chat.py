@@ -287,6 +287,13 @@ class ChatPreprocessor:
                 f"{self.options.policy.max_items} are allowed",
                 param="messages",
             )
+        if request.mm_processor_kwargs and request.mm_processor_kwargs.use_audio_in_video:
+            raise ApiError(
+                ERROR_UNSUPPORTED_OPTION,
+                "mm_processor_kwargs.use_audio_in_video is not supported: a video's own audio "
+                "track is not read; send the track as an input_audio or audio_url part",
+                param="mm_processor_kwargs.use_audio_in_video",
+            )
         counts = {"image": 0, "video": 0, "audio": 0}
         for ref in items:
             counts[ref.modality] += 1
