@@ -81,9 +81,14 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> Clips:
         ("speech_like_31.3s_44100hz_2ch", signal("speech_like", 44100, 31.3, 2, rng), 44100, long)
     )
 
+    # One directory made here: the factory's first mktemp creates its base directory, which
+    # two of the pool's threads would race to create.
+    root = tmp_path_factory.mktemp("clips")
+
     def run(job: tuple[str, np.ndarray, int, tuple[Encoding, ...]]) -> Clips:
         name, x, rate, encodings = job
-        workdir = tmp_path_factory.mktemp(name)
+        workdir = root / name
+        workdir.mkdir()
         return {f"{name}_{k}": v for k, v in encode(x, rate, encodings, workdir).items()}
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
