@@ -6,10 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 # FFmpeg's libraries for the video and audio features (bindgen needs libclang), and the ffmpeg
-# program the video and audio tests make their media with.
+# program the video and audio tests make their media with. mimalloc, which the frontend preloads
+# in place of glibc's malloc (components/src/mmserve/runtime/allocator.py).
 APT_PACKAGES=(pkg-config libturbojpeg0-dev curl iproute2 openssl
   libavformat-dev libavcodec-dev libswscale-dev libswresample-dev libavutil-dev clang libclang-dev
-  ffmpeg)
+  ffmpeg libmimalloc2.0)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -23,6 +23,12 @@ requests, failures, TTFT p50/p99, and the CPU time per request of the frontend a
 server processes (frontend, workers, nats-server), as markdown. `--dynamo-python PYTHON` also
 runs every workload against Dynamo's frontend and mocker (`bench.router.DynamoDeployment`: file
 discovery, one mocker worker with zero simulated time) under that interpreter, one row each.
+Each `--variant "NAME=VALUE ... --flag value"` adds one more mmserve deployment whose frontend
+has those variables set and flags added (e.g. `MMSERVE_FRONTEND_MALLOC=system`, or
+`--router-mode round-robin` beside the kv default), one row each. mmserve's frontends start as
+the `mmserve frontend` command starts (their own interpreter, which preloads the allocator),
+not forked from the tests' preloaded interpreter. `--router-mode` sets both servers' mode;
+`default` leaves each its own (mmserve kv, Dynamo round-robin).
 
     .venv/bin/python -m bench.frontend_cost
     .venv/bin/python -m bench.frontend_cost --workloads text,image-1280x960-data \\
@@ -46,8 +52,10 @@ import base64
 import collections
 import contextlib
 import io
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -409,7 +417,7 @@ def start_server(
     print(f"{name} warm-up: {warm.complete}/{warm.total} complete")
     # Each component, and the nats-server (which Dynamo's file discovery does not use).
     pids = {process: p.pid for process, p in deployment.processes.items()}
-    if nats_pid is not None and name == "mmserve":
+    if nats_pid is not None and name.startswith("mmserve"):
         pids["nats-server"] = nats_pid
     return Server(name, deployment, pids)
 
@@ -421,12 +429,13 @@ def measure(server: Server, workload: str, bodies: list[dict], args: argparse.Na
     spy = None
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^\w.=-]+", "_", server.name)  # a variant's name holds paths
         spy = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "py-spy"), "record",
                 "-p", str(pids["frontend"]), "-d", str(int(args.py_spy_seconds)),
                 *args.py_spy_flags, "-r", "100", "--threads", "--format", "speedscope",
-                "-o", str(args.py_spy / f"{server.name}-{workload}.json"),
+                "-o", str(args.py_spy / f"{slug}-{workload}.json"),
             ],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -440,7 +449,7 @@ def measure(server: Server, workload: str, bodies: list[dict], args: argparse.Na
             args.max_requests,
             args.prompt_tokens,
             concurrency,
-            Path(tempfile.mkdtemp(prefix=f"aiperf-{server.name}-")),
+            Path(tempfile.mkdtemp(prefix="aiperf-")),
         )
     else:
         outcome, elapsed = uvloop.run(
@@ -508,12 +517,22 @@ def main() -> int:
     )
     parser.add_argument(
         "--router-mode",
-        choices=["round-robin", "kv"],
+        choices=["round-robin", "kv", "default"],
         default="round-robin",
         help="both frontends' router mode, so that both do the same routing work (kv: each "
-        "also indexes the workers' KV events; default: round-robin)",
+        "also indexes the workers' KV events), or `default`: each its own default, kv for "
+        "mmserve and round-robin for Dynamo (default: round-robin)",
     )
     parser.add_argument("--thread", default="", help="with --summarize: only these threads")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar='"NAME=VALUE ... --flag value ..."',
+        help="also run each workload against another mmserve deployment whose frontend has "
+        "these variables set and these flags added (repeatable: one more deployment each), e.g. "
+        '"MMSERVE_FRONTEND_MALLOC=system" or "--router-mode round-robin"',
+    )
     args = parser.parse_args()
     if args.micro:
         micro(build_tiny_model("qwen2_vl"), 300, args.prompt_tokens)
@@ -530,6 +549,9 @@ def main() -> int:
         print(f"Dynamo skipped: {dynamo_python} cannot import its frontend and mocker ({reason})")
         dynamo_python = None
 
+    modes = dict.fromkeys(("mmserve", "dynamo"), args.router_mode)
+    if args.router_mode == "default":
+        modes = {"mmserve": "kv", "dynamo": "round-robin"}
     raise_open_file_limit()
     model_path = build_tiny_model("qwen2_vl")
     model = model_path.name
@@ -579,16 +601,28 @@ def main() -> int:
         ]
         log_dir = args.log_dir or tmp_path
         log_dir.mkdir(parents=True, exist_ok=True)
-        servers: dict[str, Callable[[], Deployment]] = {
-            "mmserve": lambda: Deployment(
+
+        def mmserve(variant: str, logs: Path) -> Callable[[], Deployment]:
+            words = variant.split()
+            # NAME=VALUE words before the first flag are the environment, the rest flags.
+            env_words = list(itertools.takewhile(lambda word: not word.startswith("-"), words))
+            frontend_env = dict(word.split("=", 1) for word in env_words)
+            flags = words[len(env_words) :]
+            logs.mkdir(exist_ok=True)
+            return lambda: Deployment(
                 args.pattern,
                 model_path,
                 nats.url,
-                log_dir,
+                logs,
                 worker_flags=["--engine", "mock", *ZERO_COMPUTE],
-                frontend_flags=["--router-mode", args.router_mode],
+                frontend_flags=["--router-mode", modes["mmserve"], *flags],
+                process_env={"frontend": frontend_env},
+                unforked=frozenset({"frontend"}),
             )
-        }
+
+        servers: dict[str, Callable[[], Deployment]] = {"mmserve": mmserve("", log_dir)}
+        for i, variant in enumerate(args.variant):
+            servers[f"mmserve {variant}"] = mmserve(variant, log_dir / f"variant-{i}")
         if dynamo_python:
             servers["dynamo"] = lambda: DynamoDeployment(
                 "dynamo",
@@ -596,7 +630,7 @@ def main() -> int:
                 nats.url,
                 log_dir,
                 python=dynamo_python,
-                mode=args.router_mode,
+                mode=modes["dynamo"],
                 num_workers=1,
                 costs=MockCosts(prefill_us_per_token=0.0, decode_ms_per_token=0.0),
             )
@@ -618,7 +652,8 @@ def main() -> int:
         failed_any = any(row[4] != "0" for row in rows)
     print(
         f"pattern {args.pattern}, engine mock with zero compute, router mode "
-        f"{args.router_mode}, prompts of about {args.prompt_tokens} tokens"
+        f"{', '.join(f'{k} {v}' for k, v in modes.items())}, prompts of about "
+        f"{args.prompt_tokens} tokens"
     )
     print(
         "| server | workload | c | requests | failed | req/s | frontend CPU/req "

@@ -12,10 +12,12 @@ from mmserve.runtime.nats_server import NatsServer, nats_url_from_env_or_private
 # The slow tier, in this one place: `make test` runs every test, `make test-fast` (`-m "not
 # slow"`) leaves these out to stay under 3 minutes on 2 cores. Chosen from a `--durations=0` run:
 # whole deployments and process kills, KV and tensors moved between processes, and the engines
-# on every family but the first (the fast tier keeps one family; parity on each is in the full).
+# and the in-process patterns on every family but the first (the fast tier keeps one family;
+# parity on each is in the full).
 SLOW_PATHS = (
     "e2e/",
     "audio/test_audio_core.py",
+    "audio/test_qwen2_5_omni_plan.py",
     "reliability/",
     "engines/test_grammar.py",
     "engines/test_kv_transfer.py",
@@ -29,6 +31,7 @@ SLOW_TESTS = {
     "mm/test_qwen_vl.py::test_large_images",
     "grammar/test_generated_schemas.py::test_every_output_of_hundreds_of_schemas_validates",
 }
+PER_FAMILY_PATHS = ("engines/", "worker/test_video_patterns.py")
 FAST_FAMILY = "qwen2_vl"
 
 
@@ -40,13 +43,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = item.path.relative_to(root).as_posix()
         name = getattr(item, "originalname", item.name)
         callspec = getattr(item, "callspec", None)
-        family = callspec.params.get("tiny_model", FAST_FAMILY) if callspec else FAST_FAMILY
+        # The family a test runs on: its `tiny_model`, or its module's `model_path` fixture's.
+        params = callspec.params if callspec else {}
+        family = params.get("tiny_model", params.get("model_path", FAST_FAMILY))
         if (
             path.startswith(SLOW_PATHS)
             or f"{path}::{name}" in SLOW_TESTS
-            or (path.startswith("engines/") and family != FAST_FAMILY)
+            or (path.startswith(PER_FAMILY_PATHS) and family != FAST_FAMILY)
         ):
             item.add_marker(pytest.mark.slow)
+    # Modules with slow tests run first: pytest-xdist hands out whole modules in this order
+    # (`--dist loadfile`), so the fast ones fill the end of the run and the workers finish
+    # together, rather than one waiting on the other's last deployments.
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_modules)
 
 
 @pytest.fixture(scope="session")

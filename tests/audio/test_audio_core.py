@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -80,9 +81,14 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> Clips:
         ("speech_like_31.3s_44100hz_2ch", signal("speech_like", 44100, 31.3, 2, rng), 44100, long)
     )
 
+    # One directory made here: the factory's first mktemp creates its base directory, which
+    # two of the pool's threads would race to create.
+    root = tmp_path_factory.mktemp("clips")
+
     def run(job: tuple[str, np.ndarray, int, tuple[Encoding, ...]]) -> Clips:
         name, x, rate, encodings = job
-        workdir = tmp_path_factory.mktemp(name)
+        workdir = root / name
+        workdir.mkdir()
         return {f"{name}_{k}": v for k, v in encode(x, rate, encodings, workdir).items()}
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -456,6 +462,29 @@ def test_a_clip_over_the_duration_cap_is_refused_from_its_headers(clips: Clips) 
         == "audio.too_long"
     )
     assert _mm.decode_audio(streamed, sample_rate=RATE)[1].shape == (192000,)
+
+
+def test_a_lying_rate_is_refused_before_its_samples_are_made() -> None:
+    """A WAV that claims 1 Hz and states no length: each of its frames would resample to more
+    than an hour at 16 kHz (a 13 kB file took 1.3 GB before it was refused). The length is
+    checked before a frame is resampled; the peak memory is the child process's own."""
+    x = signal("noise", 1, 16384.0, 1, np.random.default_rng(5))
+    data = wav_bytes(x, 1, "u8", data_size=0xFFFFFFFF)
+    script = f"""
+import re, sys
+from mmserve import _mm
+try:
+    _mm.decode_audio(sys.stdin.buffer.read(), sample_rate={RATE}, max_duration_s=600.0)
+except _mm.MediaError as err:
+    peak_kib = re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)
+    print(err.args[0], int(peak_kib) // 1024)
+"""
+    child = subprocess.run(
+        [sys.executable, "-c", script], input=data, capture_output=True, check=True, timeout=60
+    )
+    code, peak_mib = child.stdout.decode().split()
+    assert code == "audio.too_long"
+    assert int(peak_mib) < 200, f"{peak_mib} MiB"
 
 
 def test_a_deadline_stops_decoding(clips: Clips) -> None:

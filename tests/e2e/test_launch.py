@@ -1,8 +1,8 @@
 """Each launch script starts its deployment, answers the README's curl right, and after Ctrl-C
 stops its components in order (frontend, workers, nats-server), quietly, leaving no process
-behind; `make run` idle stops within 2 s of Ctrl-C and frees its ports; flags reach the frontend
-and each role; a SIGKILL leaves no nats-server holding its port; a taken port is named in one
-line."""
+behind; `make run` idle stops within 2 s of Ctrl-C and frees its ports, its frontend running with
+its allocator preloaded; flags reach the frontend and each role; a SIGKILL leaves no nats-server
+holding its port; a taken port is named in one line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from mmserve.runtime.allocator import AUTO_ORDER, find_library
 from mmserve.runtime.nats_server import NatsServer
 from mmserve.runtime.ports import port_holder
 from tests.support.deployment import free_port
@@ -126,6 +127,11 @@ def _readme_request() -> tuple[dict, str]:
     return json.loads(body.group(1)), answer.group(1)
 
 
+def _default_allocator() -> str:
+    """The allocator a frontend runs with by default here: the first of auto's installed."""
+    return next((name for name in AUTO_ORDER if find_library(name) is not None), "system")
+
+
 def _started(log: Path, name: str) -> str:
     """The command line the script printed for component NAME."""
     found = re.search(rf"^\[launch\] starting {name}: (.*)$", log.read_text(), re.MULTILINE)
@@ -205,7 +211,8 @@ def test_ctrl_c_on_an_idle_make_run_returns_within_2_s_leaving_nothing(tmp_path:
     after one answer: Ctrl-C, as a terminal sends it (SIGINT to the foreground group: make and
     the script), returns within 2 s, without a leak report (the worker has triton loaded, by
     transformers through torch._dynamo, and a frozen heap) or a deregistration timed out, and
-    leaves no process and no port behind."""
+    leaves no process and no port behind. Its frontend ran with mimalloc preloaded (when
+    installed)."""
     http_port, nats_port = free_port(), free_port()
     env = {key: value for key, value in os.environ.items() if key != "NATS_URL"}
     for key in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL"):  # when the suite itself runs under make
@@ -243,6 +250,8 @@ def test_ctrl_c_on_an_idle_make_run_returns_within_2_s_leaving_nothing(tmp_path:
     assert "leaked" not in text, text[-3000:]
     assert "could not deregister" not in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+    # The frontend re-executed itself with its allocator preloaded (runtime/allocator.py).
+    assert f"malloc: {_default_allocator()})" in text, text[-3000:]
     assert [pid for pid in components if _alive(pid)] == []
     assert port_holder(http_port) is None and port_holder(nats_port) is None
 

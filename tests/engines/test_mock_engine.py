@@ -303,8 +303,9 @@ async def test_prompt_logprobs_are_simulated_and_reuse_no_prefix(model_path: Pat
     assert chunk.prompt_logprobs == kv.prompt_logprobs
 
 
-async def test_encode_rows_of_a_clip_are_the_plans_token_count() -> None:
-    engine = await engine_for(build_tiny_model("qwen2_audio"))
+@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_5_omni"])
+async def test_encode_rows_of_a_clip_are_the_plans_token_count(family: str) -> None:
+    engine = await engine_for(build_tiny_model(family))
     audio_token = engine.spec.core.audio_token_id
     ids = [151644, 151647, audio_token, 151648, 151647, audio_token, 151648, 151645]
     clips = [wav_bytes(np.zeros((n, 1), np.float32), 16000, "s16") for n in (16000, 700_000)]

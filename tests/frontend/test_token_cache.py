@@ -200,7 +200,7 @@ def test_the_frontends_encoder_gives_the_tokenizers_ids(text: list[str]) -> None
     served = _served()
     preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
     joined = "".join(text)
-    assert preprocessor._encode(joined) == _encode(joined)
+    assert preprocessor.encoder.encode(joined) == _encode(joined)
 
 
 def test_encoding_a_long_prompt_leaves_other_threads_running() -> None:
@@ -210,7 +210,7 @@ def test_encoding_a_long_prompt_leaves_other_threads_running() -> None:
 
     def encode() -> None:
         started.set()
-        preprocessor._encode(text)
+        preprocessor.encoder.encode(text)
         done.set()
 
     worker = threading.Thread(target=encode)

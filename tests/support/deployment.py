@@ -152,6 +152,9 @@ class Deployment:
     hosts: dict[str, SimulatedHost] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
     process_env: dict[str, dict[str, str]] = field(default_factory=dict)  # and to one's
+    # processes started as the command is (`python -m mmserve.cli`), never forked: e.g. a
+    # frontend measured as users run it (it re-executes itself with its allocator preloaded)
+    unforked: frozenset[str] = frozenset()
     https: str | None = None  # the CA file of the frontend's certificate, when it serves HTTPS
 
     @property
@@ -178,7 +181,7 @@ class Deployment:
         env = {**os.environ, "NATS_URL": self.nats_url, "HF_HUB_OFFLINE": "1", **self.env}
         env.update(self.process_env.get(name, {}))
         log_path = self.log_dir / f"{self.pattern}-{name}.log"
-        if name not in self.hosts and forked.can_fork(env):
+        if name not in self.hosts and name not in self.unforked and forked.can_fork(env):
             self.processes[name] = forked.ForkedProcess(args, env, log_path)
             return
         log = open(log_path, "wb")

@@ -47,6 +47,7 @@ PRELOAD = [
     "transformers.models.qwen3_5.modeling_qwen3_5",
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
     "transformers.models.qwen2_audio.modeling_qwen2_audio",
+    "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni",
     "httpx",
     "msgspec",
     "nats",

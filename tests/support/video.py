@@ -88,26 +88,32 @@ def checkpoint(family: str) -> tuple[ModelSpec, Any, Any]:
     return resolve_model_spec(path), hf_processor(path), model
 
 
+def sampled_frames(data: bytes, settings: VideoSettings) -> tuple[torch.Tensor, Any, float]:
+    """The frames the core samples of a video under `settings`, as transformers' processors
+    take them (`[frames, height, width, 3]`), their `VideoMetadata`, and the rate they sample
+    the video at."""
+    indices = _mm.plan_video(data, video_options(settings.base, settings.sampling))["indices"]
+    info, frames = _mm.decode_video(data, indices)
+    metadata = VideoMetadata(
+        total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
+    )
+    return torch.from_numpy(frames), metadata, info["fps"] * len(indices) / info["total_frames"]
+
+
 def hf_reference(
     family: str, text: str, media: list[tuple[str, bytes]], settings: VideoSettings
 ) -> tuple[list[int], np.ndarray, int]:
     """(ids, positions [3, len], delta) as transformers computes them: the processor given
     the frames the core samples for each video, then `get_rope_index`."""
     _, processor, model = checkpoint(family)
-    options = video_options(settings.base, settings.sampling)
     images, videos, metadata = [], [], []
     for kind, data in media:
         if kind == "image":
             images.append(Image.open(io.BytesIO(data)))
             continue
-        indices = _mm.plan_video(data, options)["indices"]
-        info, frames = _mm.decode_video(data, indices)
-        videos.append(torch.from_numpy(frames))
-        metadata.append(
-            VideoMetadata(
-                total_num_frames=info["total_frames"], fps=info["fps"], frames_indices=indices
-            )
-        )
+        frames, meta, _ = sampled_frames(data, settings)
+        videos.append(frames)
+        metadata.append(meta)
     sampling = settings.sampling
     out = processor(
         text=[text],

@@ -13,6 +13,7 @@ import sys
 import traceback
 from typing import NoReturn
 
+from mmserve.runtime.allocator import reexec_with_allocator
 from mmserve.runtime.lifetime import exit_without_teardown, follow_launcher
 
 COMPONENT_MODULES: list[str] = [
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> NoReturn:
     """The `mmserve` command: `main()` on the command line, exiting as `sys.exit` would but
     without the interpreter's teardown (`exit_without_teardown`), also when `main()` fails:
-    the traceback is printed as Python prints it, and no leak report follows it."""
+    the traceback is printed as Python prints it, and no leak report follows it. The frontend
+    first re-executes itself with its allocator preloaded (`runtime/allocator.py`); a component
+    forked with `main(argv)` keeps the allocator of the process it was forked from."""
+    if sys.argv[1:2] == ["frontend"]:
+        reexec_with_allocator()
     try:
         status = main()
     except SystemExit as stop:

@@ -1,8 +1,11 @@
-"""Qwen2-Audio's audio tower and projector over clips' log-mel features, as transformers'
-`Qwen2AudioForConditionalGeneration` runs them: each clip attends to its valid frames only
-(its `feature_attention_mask`), and keeps the rows those frames make. The hf engine calls it
-on its transformers model, the sglang engine on the tower SGLang loads (transformers' own
-`Qwen2AudioEncoder` and projector), so both give transformers' rows."""
+"""Audio towers over clips' log-mel features, as transformers runs them: each clip attends to
+its valid frames only (its `feature_attention_mask`), and keeps the rows those frames make.
+
+- Qwen2-Audio (`audio_rows`): the tower and projector of `Qwen2AudioForConditionalGeneration`.
+  The hf engine calls it on its transformers model, the sglang engine on the tower SGLang loads
+  (transformers' own `Qwen2AudioEncoder` and projector), so both give transformers' rows.
+- Qwen2.5-Omni's thinker (`thinker_audio_rows`): its `get_audio_features`, whose tower attends
+  within chunks of `2 x n_window` frames and projects its own output."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ def audio_rows(
 
     device = next(tower.parameters()).device
     features = torch.stack([clip.pixel_values for clip in clips]).to(device, dtype)
-    valid = torch.tensor([clip.grid_thw[2] for clip in clips], device=device)
+    valid = _valid_frames(clips, device)
     after_conv, rows = tower._get_feat_extract_output_lengths(valid)
     positions = (features.shape[-1] - 2) // 2 + 1
     attended = torch.arange(positions, device=device)[None, :] < after_conv[:, None]
@@ -35,3 +38,25 @@ def audio_rows(
     hidden = tower(features, attention_mask=mask).last_hidden_state
     projected = projector(hidden)
     return [projected[i, : int(n)] for i, n in enumerate(rows.tolist())]
+
+
+def _valid_frames(clips: Sequence[MediaInput], device: torch.device) -> torch.Tensor:
+    """Each clip's valid feature frames, the plan's `grid_thw[2]`."""
+    return torch.tensor([clip.grid_thw[2] for clip in clips], device=device)
+
+
+def thinker_audio_rows(
+    thinker: Any, clips: Sequence[MediaInput], dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """Each clip's rows (`[tokens, hidden]`): a Qwen2.5-Omni thinker's `get_audio_features`
+    over the clips' features (`pixel_values`, `[mel bins, frames]`) masked to their valid
+    frames, as its forward calls it on the processor's `input_features`."""
+    device = next(thinker.parameters()).device
+    features = torch.stack([clip.pixel_values for clip in clips]).to(device, dtype)
+    valid = _valid_frames(clips, device)
+    mask = torch.arange(features.shape[-1], device=device)[None, :] < valid[:, None]
+    rows = thinker.get_audio_features(
+        features, feature_attention_mask=mask.long(), return_dict=True
+    ).last_hidden_state
+    _, counts = thinker.audio_tower._get_feat_extract_output_lengths(valid)
+    return list(rows.split(counts.tolist()))

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from mmserve.engines.audio_tower import audio_rows
+from mmserve.engines.audio_tower import audio_rows, thinker_audio_rows
 from mmserve.engines.base import (
     Admission,
     Embeddings,
@@ -54,7 +54,7 @@ from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
 from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
-from mmserve.models.family import ModelSpec, model_class, resolve_model_spec
+from mmserve.models.family import ModelSpec, load_model, resolve_model_spec
 from mmserve.protocol import (
     BootstrapInfo,
     FirstToken,
@@ -116,7 +116,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         self.dtype = dtype
         self.admission = Admission(max_queue)
         self.pad_scheme = pad_scheme
-        model: Any = model_class(self.spec.family).from_pretrained(self.spec.path, dtype=dtype)
+        model: Any = load_model(self.spec.family, self.spec.path, dtype=dtype)
         self.model = model.to(self.device)
         self.model.eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.spec.path)
@@ -206,11 +206,13 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         towered: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         audio = [i for i, item in enumerate(items) if item.modality == "audio"]
         if audio:
-            clips = audio_rows(
-                self._inner.audio_tower,
-                self._inner.multi_modal_projector,
-                [items[i] for i in audio],
-                self.dtype,
+            heard = [items[i] for i in audio]
+            clips = (
+                audio_rows(
+                    self._inner.audio_tower, self._inner.multi_modal_projector, heard, self.dtype
+                )
+                if hasattr(self._inner, "multi_modal_projector")
+                else thinker_audio_rows(self._inner, heard, self.dtype)
             )
             towered |= {index: (rows, ()) for index, rows in zip(audio, clips, strict=True)}
         for modality in ("image", "video"):

@@ -28,6 +28,7 @@ from mmserve.media.policy import MediaPolicy
 from mmserve.protocol.openai import DEFAULT_MAX_N
 from mmserve.reasoning import REASONING_PARSER_ALIASES, REASONING_PARSERS
 from mmserve.router.settings import RouterSettings
+from mmserve.runtime.allocator import loaded_allocator
 from mmserve.runtime.heap import freeze_startup_heap
 from mmserve.runtime.lifetime import add_drain_timeout_argument, exit_without_teardown
 from mmserve.transfer.options import add_transfer_arguments
@@ -57,7 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "frontend",
         help="OpenAI-compatible HTTP server",
         description="Serve /v1/chat/completions for a vision-language model and hand each "
-        "request to the first worker of the deployed pipeline.",
+        "request to the first worker of the deployed pipeline. The command re-executes itself "
+        "with mimalloc preloaded in place of glibc's malloc (jemalloc when mimalloc is not "
+        "installed); MMSERVE_FRONTEND_MALLOC=system|mimalloc|jemalloc|tcmalloc|PATH chooses.",
     )
     add_arguments(parser)
     parser.set_defaults(handler=_handle)
@@ -354,9 +357,10 @@ async def serve(
         server = DrainingServer(server_config(args, app), app.drain)
         frozen = freeze_startup_heap()
         log.info(
-            "serving %s on %s://%s:%d/v1 (up to %d open files, %d start-up objects frozen)",
+            "serving %s on %s://%s:%d/v1 (up to %d open files, %d start-up objects frozen, "
+            "malloc: %s)",
             app.preprocessor.model.name, "https" if args.ssl_certfile else "http",
-            args.http_host, args.http_port, open_files, frozen,
+            args.http_host, args.http_port, open_files, frozen, loaded_allocator(),
         )  # fmt: skip
         await server.serve()
         if not server.started:

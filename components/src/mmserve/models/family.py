@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mmserve import _mm
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+# The thinker class of each composite family (`load_model`).
+_THINKERS = {"qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration"}
 
 
 class UnsupportedModel(ValueError):
@@ -175,3 +179,19 @@ def model_class(family: str) -> type[PreTrainedModel]:
         raise UnsupportedModel(f"transformers {transformers.__version__} has no model for {family}")
     cls: type[PreTrainedModel] = getattr(transformers, name)
     return cls
+
+
+def load_model(family: str, path: str | Path, **options: Any) -> PreTrainedModel:
+    """The model that reads the prompt and writes the text, from the checkpoint at `path`
+    (`options` go to `from_pretrained`). A composite checkpoint (Qwen2.5-Omni's: a thinker
+    beside a talker that speaks) loads its thinker alone, from the thinker's config and weights
+    (`thinker.*`), as vLLM serves it; the talker's weights are never read."""
+    import transformers
+
+    if family not in _THINKERS:
+        return model_class(family).from_pretrained(path, **options)
+    config = transformers.AutoConfig.from_pretrained(path)
+    thinker: type[PreTrainedModel] = getattr(transformers, _THINKERS[family])
+    return thinker.from_pretrained(
+        path, config=config.thinker_config, key_mapping={r"^thinker\.": ""}, **options
+    )

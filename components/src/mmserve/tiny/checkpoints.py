@@ -30,9 +30,9 @@ TINY_FAMILIES = (
     "qwen3_5_moe",
     "gemma3",
 )
-# Families that hear rather than see: built like the others, kept apart from TINY_FAMILIES,
-# which the image tests run over.
-AUDIO_FAMILIES = ("qwen2_audio",)
+# Families that hear (Qwen2.5-Omni's thinker sees too): built like the others, kept apart from
+# TINY_FAMILIES, which the image tests run over.
+AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
 # Families with Qwen3-VL's vision tower, preprocessing and interleaved M-RoPE.
 _QWEN3_VISION = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 # Qwen3.5's hybrid language models: Gated DeltaNet linear-attention layers beside full attention.
@@ -177,6 +177,23 @@ def _qwen2_audio_encoder_config() -> dict[str, Any]:
     }
 
 
+def _qwen2_5_omni_thinker_config() -> dict[str, Any]:
+    """A tiny thinker: Qwen2.5-VL's tiny vision tower, Qwen2-Audio's tiny encoder with the
+    real `n_window` (its attention runs in chunks of 2 x 100 frames), the tiny text model."""
+    audio = {**_qwen2_audio_encoder_config(), "n_window": 100, "output_dim": TEXT_HIDDEN}
+    return {
+        "text_config": _text_config("qwen2_5_omni"),
+        "vision_config": _vision_config("qwen2_5_vl"),
+        "audio_config": audio,
+        # Not a field of the thinker's config class, yet read by its `get_rope_index` (and
+        # written by the real checkpoints).
+        "vision_start_token_id": _first_special_id("qwen2_5_omni") + 9,
+        "vision_end_token_id": _first_special_id("qwen2_5_omni") + 10,
+        "initializer_range": INIT_SCALE,
+        "tie_word_embeddings": True,
+    }
+
+
 def _gemma3_vision_config() -> dict[str, Any]:
     return {
         "hidden_size": 32,
@@ -215,6 +232,13 @@ def _vision_config(family: str) -> dict[str, Any]:
 
 
 def preprocessor_config(family: str) -> dict[str, Any]:
+    if family == "qwen2_5_omni":
+        # As its checkpoints: the image processor's and the extractor's keys in one file.
+        return {
+            **preprocessor_config("qwen2_5_vl"),
+            **preprocessor_config("qwen2_audio"),
+            "processor_class": "Qwen2_5OmniProcessor",
+        }
     if family == "qwen2_audio":
         return {
             "feature_extractor_type": "WhisperFeatureExtractor",
@@ -301,6 +325,12 @@ def _build_model(family: str, seed: int) -> Any:
             initializer_range=INIT_SCALE,  # type: ignore[call-arg]
         )
         config.tie_word_embeddings = True
+    elif family == "qwen2_5_omni":
+        # The whole model's config, as the real checkpoints ship it, without the talker that
+        # speaks: only the thinker is served.
+        config = transformers.Qwen2_5OmniConfig(
+            thinker_config=_qwen2_5_omni_thinker_config(), enable_audio_output=False
+        )
     else:
         config_class = {
             "qwen2_vl": transformers.Qwen2VLConfig,
@@ -385,6 +415,12 @@ def write_checkpoint(
             gemma_tokenizer.write_gemma3_tokenizer(staging)
         else:
             write_qwen_tokenizer(staging, family, _first_special_id(family))
+        if family == "qwen2_5_omni":
+            # As its checkpoints: the processor's template apart (its processor reads only it).
+            from mmserve.tiny.chat_template import qwen_chat_template
+
+            template = {"chat_template": qwen_chat_template(family)}
+            (staging / "chat_template.json").write_text(json.dumps(template, indent=2) + "\n")
         (staging / MARKER_FILE).write_text(json.dumps(info) + "\n")
         if target.exists():
             shutil.rmtree(target)
@@ -443,9 +479,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="build tiny checkpoints (offline): random weights, or the trained default",
         description=(
             "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE / Qwen3.5 / Qwen3.5-MoE "
-            "/ Gemma 3 / Qwen2-Audio checkpoints with random weights and the real Qwen "
-            "tokenizer (Qwen3.5 and Gemma 3: their special-token ids); prints each checkpoint "
-            "dir. Skips ones already built."
+            "/ Gemma 3 / Qwen2-Audio / Qwen2.5-Omni (its thinker) checkpoints with random "
+            "weights and the real Qwen tokenizer (Qwen3.5, Gemma 3 and Qwen2.5-Omni: their "
+            "special-token ids); prints each checkpoint dir. Skips ones already built."
         ),
     )
     parser.add_argument(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from mmserve.tiny.chat_template import qwen_chat_template
 
@@ -48,6 +49,34 @@ QWEN2_AUDIO_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|audio_bos|>",
     "<|audio_eos|>",
 )
+# Qwen2.5-Omni's, in id order from 151643, as in its checkpoints: Qwen2-VL's with the audio
+# tokens where the object and box tokens were, and the vision tokens renamed.
+QWEN2_5_OMNI_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_bos|>",
+    "<|vision_eos|>",
+    "<|vision_pad|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+)
+# The attributes `Qwen2_5OmniProcessor` reads of its tokenizer, as its checkpoints name them.
+QWEN2_5_OMNI_NAMED_TOKENS = {
+    "image_token": "<|IMAGE|>",
+    "audio_token": "<|AUDIO|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
 # After those, Qwen2.5's added tokens (not special: `skip_special_tokens` keeps their text).
 QWEN2_5_TOKENS: tuple[str, ...] = (
     "<tool_call>",
@@ -74,9 +103,12 @@ def added_tokens(family: str) -> tuple[tuple[str, bool], ...]:
     """The tokens a Qwen family's tokenizer adds after the BPE ranks, in id order, each with
     whether it is special: Qwen2-VL's special tokens, then Qwen2.5-VL's tool-call tokens, then
     Qwen3-VL's and Qwen3.5's tool-response and thinking tokens; Qwen2-Audio's own special
-    tokens alone."""
+    tokens alone; Qwen2.5-Omni's own special tokens, then Qwen2.5's."""
     if family == "qwen2_audio":
         return tuple((token, True) for token in QWEN2_AUDIO_SPECIAL_TOKENS)
+    if family == "qwen2_5_omni":
+        special = tuple((token, True) for token in QWEN2_5_OMNI_SPECIAL_TOKENS)
+        return special + tuple((token, False) for token in QWEN2_5_TOKENS)
     tokens = [(token, True) for token in QWEN2_VL_SPECIAL_TOKENS]
     if family != "qwen2_vl":
         tokens += [(token, False) for token in QWEN2_5_TOKENS]
@@ -131,7 +163,7 @@ def write_qwen_tokenizer(
         }
         for offset, (token, special) in enumerate(tokens)
     }
-    config = {
+    config: dict[str, Any] = {
         "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": added,
         "bos_token": None,
@@ -144,4 +176,6 @@ def write_qwen_tokenizer(
         "split_special_tokens": False,
         "chat_template": qwen_chat_template(family),
     }
+    if family == "qwen2_5_omni":
+        config["extra_special_tokens"] = QWEN2_5_OMNI_NAMED_TOKENS
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

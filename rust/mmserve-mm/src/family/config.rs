@@ -31,7 +31,7 @@ impl ConfigFiles {
     ) -> Result<Self, SpecError> {
         Ok(ConfigFiles {
             preprocessor: parse_object(preprocessor_config, "preprocessor_config.json")?,
-            config: parse_object(config, "config.json")?,
+            config: thinker(parse_object(config, "config.json")?),
             generation: generation_config
                 .map(|text| parse_object(text, "generation_config.json"))
                 .transpose()?,
@@ -93,6 +93,25 @@ impl ConfigFiles {
             .and_then(|t| t.get(key))
             .filter(|v| !v.is_null())
             .or_else(|| self.config.get(key).filter(|v| !v.is_null()))
+    }
+}
+
+/// A composite checkpoint (Qwen-Omni's: a thinker that reads and writes text beside a talker
+/// that speaks) is served by its thinker: its config reads as `thinker_config`, under the
+/// checkpoint's own `model_type`.
+fn thinker(mut config: Object) -> Object {
+    match config.remove("thinker_config") {
+        Some(Value::Object(mut thinker)) => {
+            if let Some(model_type) = config.remove("model_type") {
+                thinker.insert("model_type".to_owned(), model_type);
+            }
+            thinker
+        }
+        Some(other) => {
+            config.insert("thinker_config".to_owned(), other);
+            config
+        }
+        None => config,
     }
 }
 

@@ -13,7 +13,7 @@ use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::family::config::{Checkpoint, ConfigFiles, FamilyFacts, ModelFacts};
 use crate::family::spec::{Spec, SpecError};
-use crate::family::{gemma3, qwen2_audio, qwen_vl};
+use crate::family::{gemma3, qwen2_5_omni, qwen2_audio, qwen_vl};
 use crate::pipeline::{Family, Modality};
 use crate::video::VideoFamily;
 
@@ -86,6 +86,9 @@ families! {
     Gemma3 = "gemma3" => &gemma3::GEMMA3,
     /// A Whisper-style audio encoder before a Qwen2 language model, 1-D rope; no images.
     Qwen2Audio = "qwen2_audio" => &qwen2_audio::QWEN2_AUDIO,
+    /// Qwen2.5-Omni's thinker: Qwen2.5-VL's vision and Qwen2-Audio's clips in one prompt,
+    /// TMRoPE positions.
+    Qwen25Omni = "qwen2_5_omni" => &qwen2_5_omni::QWEN2_5_OMNI,
 }
 
 impl FamilyName {
@@ -212,7 +215,7 @@ mod tests {
         }
         assert_eq!(
             FamilyName::known(),
-            "gemma3, qwen2_5_vl, qwen2_audio, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_vl, qwen3_vl_moe"
+            "gemma3, qwen2_5_omni, qwen2_5_vl, qwen2_audio, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_vl, qwen3_vl_moe"
         );
     }
 
@@ -236,7 +239,7 @@ mod tests {
         let err = spec_from_hf_configs("{}", llava).unwrap_err();
         assert_eq!(err.code(), "spec.unknown_family");
         assert!(
-            err.to_string().contains("known: gemma3, qwen2_5_vl"),
+            err.to_string().contains("known: gemma3, qwen2_5_omni"),
             "{err}"
         );
         let err = spec_from_hf_configs("[]", "{}").unwrap_err();

@@ -55,12 +55,16 @@ impl Converter {
     /// Appends the samples of `frame` (whose timestamp is `pts_seconds`, and whose decoder
     /// gives `channels` channels) to `out`; returns the timestamp of its first sample output
     /// (later than `pts_seconds` when the resampler starts after its first samples).
+    /// `check_length` is asked about the length `out` would reach before any of it is made:
+    /// a header that lies about the rate (1 Hz, resampled to 16 kHz) would otherwise turn one
+    /// frame of a small file into hours of samples.
     pub(super) fn convert(
         &mut self,
         frame: &ffi::AVFrame,
         pts_seconds: f64,
         channels: c_int,
         out: &mut Vec<f32>,
+        check_length: impl Fn(usize) -> Result<(), AudioError>,
     ) -> Result<f64, AudioError> {
         let frame_channels = frame.ch_layout.nb_channels;
         if frame_channels != channels {
@@ -77,6 +81,7 @@ impl Converter {
             || frame.sample_rate != self.out_rate
             || channels != 1;
         if !must_convert {
+            check_length(out.len() + samples)?;
             if samples > 0 {
                 // SAFETY: a planar float mono frame holds `samples` floats in its first plane.
                 let plane = unsafe {
@@ -106,6 +111,7 @@ impl Converter {
             return Ok(pts_seconds);
         };
         let inputs = samples - skip;
+        check_length(out.len() + resampled_length(inputs, frame.sample_rate, self.out_rate))?;
         let capacity = if frame.sample_rate != self.out_rate {
             // SAFETY: the context is live. An upper bound: the resampler keeps what needs
             // future samples.
@@ -175,6 +181,14 @@ fn sample_format(format: c_int) -> Option<ffi::AVSampleFormat> {
     known
         .contains(&format)
         .then(|| unsafe { std::mem::transmute::<c_int, ffi::AVSampleFormat>(format) })
+}
+
+/// How many samples `inputs` at `rate` make at `out_rate`, rounded down (the resampler's
+/// delay aside).
+fn resampled_length(inputs: usize, rate: c_int, out_rate: c_int) -> usize {
+    let length = inputs as u128 * u128::from(out_rate.unsigned_abs())
+        / u128::from(rate.unsigned_abs().max(1));
+    usize::try_from(length).unwrap_or(usize::MAX)
 }
 
 pub(super) fn gcd(a: i64, b: i64) -> i64 {

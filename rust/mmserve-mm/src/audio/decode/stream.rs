@@ -136,7 +136,9 @@ impl AudioInput<'_> {
                     continue;
                 }
                 let seconds = pts_to_seconds(pts, self.time_base);
-                let shown = converter.convert(f, seconds, channels, &mut out)?;
+                let shown = converter.convert(f, seconds, channels, &mut out, |samples| {
+                    length.check_decoding(samples)
+                })?;
                 let first = *first_seconds.get_or_insert(shown);
                 length.check_decoding(out.len())?;
                 if let Some(max) = options.max_samples {

@@ -31,9 +31,50 @@ fn count(pp: &Object, key: &'static str, default: u64) -> Result<u64, SpecError>
 /// The spec of a Qwen2-Audio checkpoint. It takes no images: the image fields hold the
 /// neutral values a spec validates with, and its capabilities say it takes none.
 pub(super) fn read(files: &ConfigFiles) -> Result<(Spec, FamilyFacts), SpecError> {
+    let audio_token_id = match files
+        .config
+        .get("audio_token_index")
+        .filter(|v| !v.is_null())
+    {
+        Some(v) => as_u32(v, "audio_token_index")?,
+        None => u32::try_from(defaults::AUDIO_TOKEN_INDEX)
+            .map_err(|_| invalid("audio_token_index", "too large"))?,
+    };
+    let audio = audio_spec(files, audio_token_id)?;
+    let spec = Spec {
+        family: FamilyName::Qwen2Audio,
+        patch_size: 1,
+        merge_size: 1,
+        temporal_patch_size: 1,
+        min_pixels: 1,
+        max_pixels: 1,
+        image_mean: [0.0; 3],
+        image_std: [1.0; 3],
+        rescale_factor: 1.0,
+        resample: Filter::Bicubic,
+        backend: Backend::Pil,
+        image_token_id: audio_token_id,
+        vision_start_token_id: audio_token_id,
+        vision_end_token_id: audio_token_id,
+        image_size: None,
+        video_token_id: None,
+        tokens_per_second: None,
+        pan_and_scan: None,
+        do_pan_and_scan: false,
+        pixel_bounds: None,
+        audio: Some(audio),
+    };
+    spec.validate()?;
+    Ok((spec, FamilyFacts::default()))
+}
+
+/// The audio part of a spec: `WhisperFeatureExtractor`'s keys in `preprocessor_config.json`
+/// (its class defaults where left out), checked against the encoder's `audio_config.num_mel_bins`.
+/// Qwen2.5-Omni's thinker reads its clips the same way.
+pub(crate) fn audio_spec(files: &ConfigFiles, audio_token_id: u32) -> Result<AudioSpec, SpecError> {
     use defaults as d;
 
-    let (pp, cfg) = (&files.preprocessor, &files.config);
+    let pp = &files.preprocessor;
     if let Some(kind) = pp.get("feature_extractor_type").and_then(Value::as_str) {
         if kind != "WhisperFeatureExtractor" {
             return Err(invalid(
@@ -80,11 +121,7 @@ pub(super) fn read(files: &ConfigFiles) -> Result<(Spec, FamilyFacts), SpecError
             .ok_or_else(|| invalid("padding_value", format!("expected a number, got {v}")))?
             as f32,
     };
-    let audio_token_id = match cfg.get("audio_token_index").filter(|v| !v.is_null()) {
-        Some(v) => as_u32(v, "audio_token_index")?,
-        None => to_u32(d::AUDIO_TOKEN_INDEX, "audio_token_index")?,
-    };
-    let audio = AudioSpec {
+    Ok(AudioSpec {
         audio_token_id,
         feature_size: usize::try_from(feature_size)
             .map_err(|_| invalid("feature_size", "too large"))?,
@@ -95,32 +132,7 @@ pub(super) fn read(files: &ConfigFiles) -> Result<(Spec, FamilyFacts), SpecError
             .map_err(|_| invalid("n_fft", "too large"))?,
         chunk_length,
         padding_value,
-    };
-    let spec = Spec {
-        family: FamilyName::Qwen2Audio,
-        patch_size: 1,
-        merge_size: 1,
-        temporal_patch_size: 1,
-        min_pixels: 1,
-        max_pixels: 1,
-        image_mean: [0.0; 3],
-        image_std: [1.0; 3],
-        rescale_factor: 1.0,
-        resample: Filter::Bicubic,
-        backend: Backend::Pil,
-        image_token_id: audio_token_id,
-        vision_start_token_id: audio_token_id,
-        vision_end_token_id: audio_token_id,
-        image_size: None,
-        video_token_id: None,
-        tokens_per_second: None,
-        pan_and_scan: None,
-        do_pan_and_scan: false,
-        pixel_bounds: None,
-        audio: Some(audio),
-    };
-    spec.validate()?;
-    Ok((spec, FamilyFacts::default()))
+    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! row the audio tower and its average pool leave of the clip's valid frames. 1-D rope.
 //! Mirrors transformers' `Qwen2AudioProcessor` and `Qwen2AudioEncoder`'s output lengths.
 
-mod config;
+pub(crate) mod config;
 
 use std::sync::Arc;
 
@@ -61,6 +61,20 @@ pub fn audio_tokens(frames: u32) -> usize {
     ((after_conv - 2).div_euclid(2) + 1).max(0) as usize
 }
 
+/// A clip's `<|AUDIO|>` repeated once per audio token of its `frames` valid frames (the ids
+/// around it stay).
+pub fn clip_update(audio: &AudioSpec, geometry: Geometry, frames: u32) -> PromptUpdate {
+    PromptUpdate {
+        parts: vec![UpdatePart::Embed(Embed {
+            id: audio.audio_token_id,
+            n: audio_tokens(frames),
+            geometry,
+            of: EmbedOf::Whole,
+        })],
+        announced: false,
+    }
+}
+
 impl Family for Qwen2Audio {
     fn spec(&self) -> &Spec {
         &self.spec
@@ -109,17 +123,11 @@ impl Family for Qwen2Audio {
         }]
     }
 
-    /// The placeholder repeated once per audio token (the ids around it stay).
     fn prompt_update(&self, item: &ItemPrompt<'_>) -> Result<PromptUpdate, ProcessError> {
-        Ok(PromptUpdate {
-            parts: vec![UpdatePart::Embed(Embed {
-                id: self.audio.audio_token_id,
-                n: self.num_tokens(&item.geometry),
-                geometry: item.geometry,
-                of: EmbedOf::Whole,
-            })],
-            announced: false,
-        })
+        match item.geometry {
+            Geometry::Audio { frames, .. } => Ok(clip_update(&self.audio, item.geometry, frames)),
+            _ => Err(ProcessError::ModalityUnsupported(Modality::Image)),
+        }
     }
 
     fn positions(

@@ -23,7 +23,7 @@ mod hf_defaults {
 }
 
 /// The spec of a Qwen-VL checkpoint (`variant`'s `name`), and its deepstack layers.
-pub(super) fn read(
+pub(crate) fn read(
     variant: &QwenVariant,
     name: FamilyName,
     files: &ConfigFiles,

@@ -2,14 +2,14 @@
 //! implementation, parameters from the [`Spec`], each model type a [`QwenVariant`]. Mirrors
 //! transformers' `Qwen2VLImageProcessor(Pil)` and `get_rope_index`.
 
-mod config;
+pub(crate) mod config;
 mod geometry;
 mod positions;
 
 use std::sync::Arc;
 
 pub use geometry::{smart_resize, MAX_ASPECT_RATIO};
-pub use positions::{mrope_blocks, VisionBlock};
+pub use positions::{mrope_blocks, with_delta, VisionBlock};
 
 use crate::family::config::{ConfigFiles, FamilyFacts};
 use crate::family::registry::{FamilyModule, FamilyName};

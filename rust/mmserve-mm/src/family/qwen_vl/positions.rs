@@ -78,13 +78,19 @@ pub fn mrope_blocks(
             }
         }
     }
+    Ok(with_delta(positions, len))
+}
+
+/// M-RoPE's `[3 x len]` rows with their delta: the largest position + 1 - `len`, what a
+/// decode step adds to its index (`get_rope_index`'s `mrope_position_deltas`).
+pub fn with_delta(positions: Vec<i64>, len: usize) -> Positions {
     let max_position = positions.iter().copied().max().unwrap_or(-1);
     let delta = if len == 0 {
         0
     } else {
         max_position + 1 - len as i64
     };
-    Ok(Positions::MRope { positions, delta })
+    Positions::MRope { positions, delta }
 }
 
 #[cfg(test)]

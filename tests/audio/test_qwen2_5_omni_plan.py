@@ -1,0 +1,188 @@
+"""Qwen2.5-Omni's thinker, planned by the frontend: the expanded ids equal
+`Qwen2_5OmniProcessor`'s and the positions (TMRoPE) the thinker's own `get_rope_index`, for a
+clip alone, an image alone, clips beside an image in one prompt, and a video; the registry
+reads the checkpoint's composite config (the thinker's inside it)."""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+
+from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+from mmserve.media import MediaPolicy
+from mmserve.models.family import resolve_model_spec
+from mmserve.protocol import ChatCompletionRequest
+from mmserve.tiny.checkpoints import build_tiny_model
+from tests.support.audio import signal, torchcodec_samples, wav_bytes
+from tests.support.engines import make_image
+from tests.support.images import data_url, png_data_url
+from tests.support.video import FFMPEG, make_video, sampled_frames
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+RATE = 16000
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    thinker: Any  # its get_rope_index, on the meta device (no weights)
+    served: ServedModel
+    processor: Any  # Qwen2_5OmniProcessor
+
+
+@pytest.fixture(scope="module")
+def checkpoint() -> Checkpoint:
+    path = build_tiny_model("qwen2_5_omni")
+    config = transformers.AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        thinker = transformers.Qwen2_5OmniThinkerForConditionalGeneration(config.thinker_config)
+    processor = transformers.AutoProcessor.from_pretrained(path)
+    return Checkpoint(path, thinker, ServedModel.load(path), processor)
+
+
+def _clip(seconds: float, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return wav_bytes(signal("speech_like", 22050, seconds, 1, rng), 22050, "s16")
+
+
+def test_the_registry_reads_the_thinker_of_the_composite_config(checkpoint: Checkpoint) -> None:
+    spec = resolve_model_spec(checkpoint.path)
+    assert spec.family == "qwen2_5_omni"
+    assert (spec.image_token_id, spec.video_token_id) == (151655, 151656)
+    assert spec.core.audio_extractor is not None
+    assert spec.core.rope == "mrope"
+    assert spec.vocab_size == checkpoint.thinker.config.text_config.vocab_size
+    assert type(checkpoint.processor).__name__ == "Qwen2_5OmniProcessor"
+
+
+# Each case: the user's parts in order, ("audio", seconds) or ("image", width, height).
+CASES: dict[str, list[tuple[Any, ...]]] = {
+    "clip": [("audio", 2.3)],
+    "image": [("image", 90, 60)],
+    "clips_beside_an_image": [("audio", 0.7), ("image", 130, 70), ("audio", 31.0)],
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_the_plan_equals_the_processor_and_get_rope_index(
+    checkpoint: Checkpoint, case: str
+) -> None:
+    served, processor = checkpoint.served, checkpoint.processor
+    preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What is this?"}]
+    template: list[dict[str, Any]] = [{"type": "text", "text": "What is this?"}]
+    images: list[Image.Image] = []
+    clips: list[np.ndarray] = []
+    for seed, item in enumerate(CASES[case]):
+        if item[0] == "audio":
+            clip = _clip(float(item[1]), seed)
+            data = base64.b64encode(clip).decode()
+            parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+            template.append({"type": "audio"})
+            clips.append(torchcodec_samples(clip, RATE))
+        else:
+            image = make_image(int(item[1]), int(item[2]), seed=seed)
+            parts.append({"type": "image_url", "image_url": {"url": png_data_url(image)}})
+            template.append({"type": "image"})
+            images.append(image)
+    messages = [{"role": "user", "content": parts}]
+    request = msgspec.convert({"model": served.name, "messages": messages}, ChatCompletionRequest)
+    plan = (await preprocessor.preprocess(request, "r", 1e12)).plan
+
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
+    )
+    reference = processor(
+        text=[text], images=images or None, audio=clips or None, return_tensors="pt"
+    )
+    ids = reference["input_ids"]
+    assert list(plan.token_ids) == ids[0].tolist()
+    lengths = reference.get("feature_attention_mask")
+    positions, delta = checkpoint.thinker.get_rope_index(
+        ids,
+        image_grid_thw=reference.get("image_grid_thw"),
+        attention_mask=torch.ones_like(ids),
+        audio_seqlens=None if lengths is None else lengths.sum(-1),
+    )
+    assert plan.positions is not None
+    assert torch.equal(torch.tensor(plan.positions.rows), positions.reshape(-1))
+    assert plan.positions.delta == int(delta.flatten()[0])
+
+
+@pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
+@pytest.mark.parametrize("fps", [None, 3.0])
+async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
+    checkpoint: Checkpoint, tmp_path: Path, fps: float | None
+) -> None:
+    """A video between a clip and an image, sampled at the default rate and at 3 fps (a
+    second per grid of 2/3, whose positions torch rounds in float32): the frames the core
+    samples, given to the processor, make the plan's ids; its temporal patches sit
+    `position_id_per_seconds x second_per_grid` apart, and the text after it resumes past
+    its last one."""
+    served, processor = checkpoint.served, checkpoint.processor
+    preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
+    video = make_video(tmp_path / "v.mp4", size="96x64", rate="10", seconds=2.0)
+    clip = _clip(1.3, 1)
+    image = make_image(60, 60, seed=2)
+    parts = [
+        {
+            "type": "input_audio",
+            "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"},
+        },
+        {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
+        {"type": "image_url", "image_url": {"url": png_data_url(image)}},
+        {"type": "text", "text": "What happens?"},
+    ]
+    body: dict[str, Any] = {"model": served.name, "messages": [{"role": "user", "content": parts}]}
+    if fps is not None:
+        body["mm_processor_kwargs"] = {"fps": fps}
+    request = msgspec.convert(body, ChatCompletionRequest)
+    plan = (await preprocessor.preprocess(request, "r", 1e12)).plan
+
+    assert preprocessor.video_range is not None
+    settings = preprocessor.video_range.settings(request.mm_processor_kwargs, None)
+    frames, metadata, sampled_fps = sampled_frames(video, settings)
+    template = [{"type": "audio"}, {"type": "video"}, {"type": "image"}, parts[-1]]
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
+    )
+    sampling = settings.sampling
+    reference = processor(
+        text=[text],
+        audio=[torchcodec_samples(clip, RATE)],
+        images=[image],
+        videos=[frames],
+        video_metadata=[metadata],
+        do_sample_frames=False,
+        videos_kwargs={
+            "fps": sampled_fps,
+            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
+        },
+        input_data_format="channels_last",
+        return_tensors="pt",
+    )
+    ids = reference["input_ids"]
+    assert list(plan.token_ids) == ids[0].tolist()
+    assert reference["video_grid_thw"][0, 0] > 1  # temporal patches to space
+    positions, delta = checkpoint.thinker.get_rope_index(
+        ids,
+        image_grid_thw=reference["image_grid_thw"],
+        video_grid_thw=reference["video_grid_thw"],
+        attention_mask=torch.ones_like(ids),
+        audio_seqlens=reference["feature_attention_mask"].sum(-1),
+        second_per_grids=reference["video_second_per_grid"],
+    )
+    assert plan.positions is not None
+    assert torch.equal(torch.tensor(plan.positions.rows), positions.reshape(-1))
+    assert plan.positions.delta == int(delta.flatten()[0])
