@@ -23,7 +23,7 @@ from safetensors.torch import save
 
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.audio import Encoding, encode_one, signal, torchcodec_samples, wav_bytes
-from tests.support.deployment import CountingFileServer, Deployment, serve_directory
+from tests.support.deployment import CountingFileServer, Deployment, all_running, serve_directory
 from tests.support.embeds import audio_tower_safetensors
 
 MAX_TOKENS = 8
@@ -82,18 +82,11 @@ def clients(
         Deployment(p, model_path, nats_url, log_dir, frontend_flags=flags + extra.get(p, []))
         for p in PATTERNS
     ]
-    try:
-        for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
+    with all_running(deployments):
         yield {
             d.pattern: openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
             for d in deployments
         }
-    finally:
-        for deployment in deployments:
-            deployment.stop()
 
 
 def input_audio(data: bytes, fmt: str) -> dict[str, Any]:

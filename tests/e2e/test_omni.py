@@ -18,7 +18,7 @@ import pytest
 from mmserve.tiny.checkpoints import build_tiny_model
 from tests.e2e.test_audio import _complete, _refusal, _stream, _user, input_audio
 from tests.support.audio import signal, torchcodec_samples, wav_bytes
-from tests.support.deployment import Deployment
+from tests.support.deployment import Deployment, all_running
 from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
 from tests.support.video import make_video, sampled_frames
@@ -39,18 +39,11 @@ def clients(
     """An openai client of each pattern's frontend, both deployments running."""
     log_dir = tmp_path_factory.mktemp("omni-logs")
     deployments = [Deployment(p, model_path, nats_url, log_dir) for p in PATTERNS]
-    try:
-        for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
+    with all_running(deployments):
         yield {
             d.pattern: openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
             for d in deployments
         }
-    finally:
-        for deployment in deployments:
-            deployment.stop()
 
 
 @functools.cache

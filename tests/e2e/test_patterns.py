@@ -8,7 +8,6 @@ tests together and starts the next family's deployments after stopping these."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 
 from mmserve.models.family import resolve_model_spec
 from mmserve.tiny.checkpoints import TINY_FAMILIES, build_tiny_model
-from tests.support.deployment import Deployment, stop_processes
+from tests.support.deployment import Deployment, all_running
 from tests.support.embeds import embeds_part, vision_tower_safetensors
 from tests.support.images import file_data_url
 from tests.support.waiting import wait_until
@@ -131,20 +130,6 @@ def _logged(deployment: Deployment, process: str, request_id: str) -> bool:
     return request_id in deployment.log(process)
 
 
-@contextlib.contextmanager
-def _all_running(deployments: list[Deployment]) -> Iterator[None]:
-    """Every deployment started at once (their start-ups overlap) and ready inside the block;
-    all stopped at once when it ends, however it ends."""
-    try:
-        for deployment in deployments:
-            deployment.start()
-        for deployment in deployments:
-            deployment.wait_ready()
-        yield
-    finally:
-        stop_processes([p for deployment in deployments for p in deployment.processes.values()])
-
-
 @pytest.fixture(scope="module")
 def deployed(
     request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
@@ -166,7 +151,7 @@ def deployed(
         )
         for p in FAMILY_PATTERNS.get(family, PATTERNS)
     ]
-    with _all_running(deployments):
+    with all_running(deployments):
         yield {deployment.pattern: deployment for deployment in deployments}
 
 
@@ -283,7 +268,7 @@ def test_frontend_decoding_gives_the_same_tokens(
         Deployment("e_p_d", model_path, nats_url, tmp_path, frontend_flags=decoding),
     ]
     requests = _requests(image_server, image_dir)[1:]
-    with _all_running(deployments):
+    with all_running(deployments):
         results, streamed, gets = _run_patterns(deployments, requests, image_gets)
     twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
     for pattern in ("e_pd", "e_p_d"):

@@ -21,8 +21,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, SecretStr
 
 from mmserve.tiny.checkpoints import build_tiny_model
-from tests.e2e.test_patterns import _all_running
-from tests.support.deployment import Deployment
+from tests.support.deployment import Deployment, all_running
 from tests.support.schemas import random_schema, validates
 
 PATTERNS = ["agg", "ep_d", "e_pd", "e_p_d"]
@@ -58,7 +57,7 @@ def deployments(
         )
         for pattern in PATTERNS
     }
-    with _all_running(list(started.values())):
+    with all_running(list(started.values())):
         yield started
 
 

@@ -276,6 +276,20 @@ class Deployment:
         stop_processes(self.processes.values())
 
 
+@contextlib.contextmanager
+def all_running(deployments: list[Deployment]) -> Iterator[None]:
+    """Every deployment started at once (their start-ups overlap) and ready inside the block;
+    all stopped at once when it ends, however it ends."""
+    try:
+        for deployment in deployments:
+            deployment.start()
+        for deployment in deployments:
+            deployment.wait_ready()
+        yield
+    finally:
+        stop_processes([p for deployment in deployments for p in deployment.processes.values()])
+
+
 def stop_processes(processes: Iterable[Process]) -> None:
     """SIGTERM every process still running, then wait for each (20 s, then SIGKILL its group)."""
     processes = list(processes)
