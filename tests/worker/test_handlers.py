@@ -40,6 +40,7 @@ from mmserve.protocol import (
     TokenChunk,
 )
 from mmserve.runtime import RemoteError, Runtime, Unavailable
+from mmserve.runtime.discovery import DISCOVERY_GRACE
 from mmserve.tiny.checkpoints import build_tiny_model
 from mmserve.topology import GENERATE, Role
 from mmserve.transfer import DEFAULT_INLINE_THRESHOLD, TransferAgent, create_transfer_agent
@@ -449,6 +450,39 @@ async def test_reset_prefix_cache_clears_every_instance_and_the_routers_index(
     finally:
         if dispatcher is not None:
             await dispatcher.stop()
+        await deployment.close()
+        for engine in engines:
+            await engine.close()
+
+
+async def test_an_encoder_waits_for_the_language_worker_that_starts_just_after_it(
+    nats_url: str, model_path: Path, prompts: Prompts
+) -> None:
+    """A request reaching an encoder before its language worker is listed (the worker has just
+    started, or its record expired while its event loop stalled) waits for it; with none at
+    all, it is refused as unavailable once the grace has passed."""
+    engines = await fresh_engines(model_path, 2)
+    deployment = InProcess(nats_url, model_path)
+    try:
+        await deployment.start(Role.ENCODE, engines[0], encode=True)
+        request = await prompts.request([IMAGES["wide"]])
+        started = time.monotonic()
+        with pytest.raises(RemoteError) as raised:
+            await deployment.stream(Role.ENCODE, request)
+        assert raised.value.code == protocol.ERROR_UNAVAILABLE
+        assert "registered to take encoded requests" in raised.value.message
+        assert time.monotonic() - started >= DISCOVERY_GRACE
+
+        async def worker_starts_later() -> None:
+            await asyncio.sleep(DISCOVERY_GRACE / 4)
+            await deployment.start(Role.WORKER, engines[1])
+
+        again = msgspec.structs.replace(request, request_id=uuid.uuid4().hex)
+        chunks, _ = await asyncio.gather(
+            deployment.stream(Role.ENCODE, again), worker_starts_later()
+        )
+        assert_complete(chunks, again)
+    finally:
         await deployment.close()
         for engine in engines:
             await engine.close()

@@ -176,7 +176,7 @@ async def _once(done: PrefillDone) -> AsyncGenerator[PrefillReply, None]:
     yield done
 
 
-def _reply_to_caller() -> Forward[EncodedImages]:
+async def _reply_to_caller() -> Forward[EncodedImages]:
     async def reply(encoded: PreprocessedRequest) -> AsyncGenerator[EncodedImages, None]:
         yield EncodedImages.of(encoded)
 

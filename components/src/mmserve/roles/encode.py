@@ -7,7 +7,7 @@ offers a peer encoder the embeddings its encoder cache holds."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import msgspec
 
@@ -34,12 +34,12 @@ class EncodeCore(RoleCore):
     encoder: EncodeStage  # never None: `roles.build_core` refuses an encode core without one
 
     async def generate(
-        self, request: PreprocessedRequest, hop: Callable[[], Forward[T]]
+        self, request: PreprocessedRequest, hop: Callable[[], Awaitable[Forward[T]]]
     ) -> AsyncGenerator[T, None]:
         """Encode the request and forward it: `hop()` says where, before anything is encoded
         (it refuses when there is nowhere to go)."""
         with tracked(self.component, request) as progress, nvtx.nvtx_range(nvtx.ENC_GENERATE):
-            forward = hop()
+            forward = await hop()
             replies = forward(await self.encoded(request))
             async with contextlib.aclosing(replies):
                 async for reply in replies:

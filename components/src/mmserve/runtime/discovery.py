@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Literal
 
 import msgspec
@@ -36,6 +36,9 @@ BUCKET = "mmserve_instances"
 LEASE_TTL = 3.0
 HEARTBEAT_INTERVAL = 0.75
 SWEEP_INTERVAL = 0.25
+# How long a caller waits for an instance it needs before calling it unavailable: a record the
+# bucket expired while its owner's event loop stalled comes back with the next heartbeat.
+DISCOVERY_GRACE = 2 * HEARTBEAT_INTERVAL
 _KV_OPERATION = "KV-Operation"
 _MARKER_REASON = "Nats-Marker-Reason"
 REPLICAS = 3  # copies of the bucket on a cluster (a majority of 3 survives one server)
@@ -303,3 +306,13 @@ class InstanceWatcher:
             expired_before = now - LEASE_TTL
             for key in [k for k, (_, seen) in self._live.items() if seen < expired_before]:
                 self._remove(key, expired=True)
+
+
+async def wait_for_change(watchers: Iterable[InstanceWatcher], timeout: float) -> None:
+    """Return once any of `watchers` gains or loses an instance, or after `timeout` seconds."""
+    waits = [asyncio.ensure_future(watcher._changed.wait()) for watcher in watchers]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

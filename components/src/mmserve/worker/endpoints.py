@@ -8,6 +8,7 @@ any instance when none was chosen or it is gone (`runtime.retry`)."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from mmserve import protocol
@@ -34,6 +35,7 @@ from mmserve.roles import (
 )
 from mmserve.roles.encode import Forward
 from mmserve.runtime import Client, InstanceWatcher, RemoteError, RequestContext, Runtime
+from mmserve.runtime.discovery import DISCOVERY_GRACE, wait_for_change
 from mmserve.runtime.retry import stream_routed
 from mmserve.topology import (
     ENCODE_ITEMS,
@@ -164,13 +166,20 @@ class EncodeEndpoints(Endpoints):
             async for chunk in chunks:
                 yield chunk
 
-    def _language_hop(self) -> Forward[TokenChunk]:
-        hop = language_hop(lambda role: bool(self._watchers[role].instances()))
-        if hop is None:
-            raise RemoteError(
-                protocol.ERROR_UNAVAILABLE,
-                "no worker, or decode and prefill worker, is registered to take encoded requests",
-            )
+    async def _language_hop(self) -> Forward[TokenChunk]:
+        """The language hop to forward to. One not listed yet is waited for a little: a worker
+        that has just started, or whose record the bucket expired while its event loop stalled,
+        is heard again within a heartbeat."""
+        deadline = time.monotonic() + DISCOVERY_GRACE
+        while (hop := language_hop(lambda role: bool(self._watchers[role].instances()))) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteError(
+                    protocol.ERROR_UNAVAILABLE,
+                    "no worker, or decode and prefill worker, is registered to take encoded "
+                    "requests",
+                )
+            await wait_for_change(self._watchers.values(), left)
         client = self._clients[hop]
 
         def forward(encoded: PreprocessedRequest) -> AsyncGenerator[TokenChunk, None]:
