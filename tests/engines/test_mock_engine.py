@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from mmserve import _mm
 from mmserve.engines.base import GREEDY, EngineError, EngineRequest, ItemEmbedding, MediaInput
@@ -84,7 +83,7 @@ async def test_encode_rows_are_the_plans_token_count_for_every_family(tiny_model
     rng = np.random.default_rng(3)
     images = [png_bytes(rng, w, h) for w, h in [(64, 64), (300, 120), (90, 400)]]
     # The family's own placeholders, as its chat template writes them.
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer = engine.tokenizer  # the checkpoint's, as AutoTokenizer loads it
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}] * len(images)}],
         tokenize=False,

@@ -47,6 +47,7 @@ from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.logits import Sampler, next_tokens, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
+from mmserve.engines.tokenizer import engine_tokenizer
 from mmserve.grammar.base import CompiledGrammar
 from mmserve.grammar.cache import GrammarCache
 from mmserve.grammar.constraint import Constraint
@@ -108,8 +109,6 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
         """Load the checkpoint (blocking: use `HfEngine.load` from async code)."""
-        import transformers
-
         self.logprobs_mode: LogprobsMode = logprobs_mode
         self.spec: ModelSpec = resolve_model_spec(model_path)
         self.device = torch.device(device)
@@ -119,7 +118,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         model: Any = load_model(self.spec.family, self.spec.path, dtype=dtype)
         self.model = model.to(self.device)
         self.model.eval()
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.spec.path)
+        self.tokenizer = engine_tokenizer(self.spec.path)
         self._inner = self.model.model
         self._text_config = self.model.config.get_text_config()
         self._linear_layers = frozenset(self.spec.linear_attention_layers)

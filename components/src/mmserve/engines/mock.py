@@ -64,6 +64,7 @@ from mmserve.engines.defaults import (
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
+from mmserve.engines.tokenizer import engine_tokenizer
 from mmserve.grammar.cache import GrammarCache
 from mmserve.grammar.constraint import Constraint
 from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
@@ -214,12 +215,10 @@ class MockEngine(CachingEngine[_MockKv, None]):
         grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
         """Read the checkpoint's spec and tokenizer (blocking: use `MockEngine.load`)."""
-        from transformers import AutoTokenizer
-
         if min(prefill_us_per_token, decode_ms_per_token, encode_us_per_token) < 0:
             raise ValueError("mock encode, prefill and decode times must be >= 0")
         self.spec: ModelSpec = resolve_model_spec(model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
+        self.tokenizer = engine_tokenizer(self.spec.path)
         self.grammars = GrammarCache.for_tokenizer(
             self.tokenizer, self.spec.vocab_size, self.spec.eos_token_ids, grammar_compile_timeout_s
         )
