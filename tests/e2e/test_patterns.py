@@ -255,21 +255,26 @@ def test_every_pattern_gives_the_aggregated_tokens_for_videos(
         assert gets[pattern] == twice, f"{pattern} fetched {dict(gets[pattern])}"
 
 
+@pytest.mark.parametrize("deployed", ["qwen2_vl"], indirect=True)
 def test_frontend_decoding_gives_the_same_tokens(
-    nats_url: str, tmp_path: Path, image_server: str, image_dir: Path, image_gets: Counter[str]
+    deployed: dict[str, Deployment],
+    nats_url: str,
+    tmp_path: Path,
+    image_server: str,
+    image_dir: Path,
+    image_gets: Counter[str],
 ) -> None:
     """With --frontend-decoding the frontend preprocesses and ships pixel_values by transfer;
-    E/PD and E/P/D answer exactly what the aggregated worker answers from URLs."""
-    model_path = build_tiny_model("qwen2_vl")
+    E/PD and E/P/D answer exactly what the family's aggregated worker answers from URLs."""
+    aggregated = deployed["agg"]
     decoding = ["--frontend-decoding", "--transfer", "shm"]
     deployments = [
-        Deployment("agg", model_path, nats_url, tmp_path),
-        Deployment("e_pd", model_path, nats_url, tmp_path, frontend_flags=decoding),
-        Deployment("e_p_d", model_path, nats_url, tmp_path, frontend_flags=decoding),
+        Deployment(p, aggregated.model_path, nats_url, tmp_path, frontend_flags=decoding)
+        for p in ("e_pd", "e_p_d")
     ]
     requests = _requests(image_server, image_dir)[1:]
     with all_running(deployments):
-        results, streamed, gets = _run_patterns(deployments, requests, image_gets)
+        results, streamed, gets = _run_patterns([aggregated, *deployments], requests, image_gets)
     twice = Counter({path: 2 * n for path, n in _image_urls(requests, image_server).items()})
     for pattern in ("e_pd", "e_p_d"):
         assert streamed[pattern] == [text for text, *_ in results["agg"]]
