@@ -137,7 +137,9 @@ impl PySpec {
     /// (`use_audio_in_video`: Qwen2.5-Omni).
     #[getter]
     fn audio_in_video(&self) -> bool {
-        self.spec.audio.is_some_and(|audio| audio.in_video.is_some())
+        self.spec
+            .audio
+            .is_some_and(|audio| audio.in_video.is_some())
     }
 
     /// Whether the request driver plans a video one item per temporal group, each after its

@@ -210,11 +210,10 @@ impl Qwen25Omni {
             .collect();
         let audio: Vec<f64> = (0..audio_tokens(frames)).map(|k| k as f64).collect();
         let chunk = self.tokens_per_chunk() as f64;
-        let runs = interleave(&chunked(&video, chunk), &chunked(&audio, chunk))
-            .into_iter()
-            .map(|(is_audio, n)| (if is_audio { self.audio.audio_token_id } else { video_token }, n))
-            .filter(|&(_, n)| n > 0)
-            .collect::<Vec<(TokenId, usize)>>();
+        let runs = interleave(
+            (video_token, &chunked(&video, chunk)),
+            (self.audio.audio_token_id, &chunked(&audio, chunk)),
+        );
         Ok(PromptUpdate {
             parts: vec![
                 UpdatePart::Ids(vec![in_video.audio_start_token_id]),
@@ -249,15 +248,18 @@ fn chunked(values: &[f64], chunk: f64) -> Vec<(usize, usize)> {
 }
 
 /// The frames' runs and the track's, alternating chunk by chunk (frames first), as
-/// `(is_audio, tokens)`.
-fn interleave(video: &[(usize, usize)], audio: &[(usize, usize)]) -> Vec<(bool, usize)> {
+/// `(placeholder, tokens)`.
+fn interleave(
+    (video_token, video): (TokenId, &[(usize, usize)]),
+    (audio_token, audio): (TokenId, &[(usize, usize)]),
+) -> Vec<(TokenId, usize)> {
     let mut runs = Vec::new();
     for j in 0..video.len().max(audio.len()) {
         if let Some(&(a, b)) = video.get(j) {
-            runs.push((false, b - a));
+            runs.push((video_token, b - a));
         }
         if let Some(&(a, b)) = audio.get(j) {
-            runs.push((true, b - a));
+            runs.push((audio_token, b - a));
         }
     }
     runs
@@ -367,8 +369,7 @@ pub fn tmrope(
                 let laid = match track {
                     None => block,
                     Some(n) => {
-                        let audio: Vec<[i64; 3]> =
-                            (0..n as i64).map(|k| [base + k; 3]).collect();
+                        let audio: Vec<[i64; 3]> = (0..n as i64).map(|k| [base + k; 3]).collect();
                         let chunk = tokens_per_chunk as f64;
                         let offsets_of = |rows: &[[i64; 3]]| -> Vec<f64> {
                             rows.iter().map(|r| (r[0] - base) as f64).collect()
