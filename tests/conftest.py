@@ -31,7 +31,7 @@ SLOW_TESTS = {
     "mm/test_qwen_vl.py::test_large_images",
     "grammar/test_generated_schemas.py::test_every_output_of_hundreds_of_schemas_validates",
 }
-PER_FAMILY_PATHS = ("engines/", "worker/test_video_patterns.py")
+PER_FAMILY_PATHS = ("engines/", "worker/test_video_patterns.py", "worker/test_audio_patterns.py")
 FAST_FAMILY = "qwen2_vl"
 
 

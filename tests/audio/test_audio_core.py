@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -464,17 +465,15 @@ def test_a_clip_over_the_duration_cap_is_refused_from_its_headers(clips: Clips) 
     assert _mm.decode_audio(streamed, sample_rate=RATE)[1].shape == (192000,)
 
 
-def test_a_lying_rate_is_refused_before_its_samples_are_made() -> None:
-    """A WAV that claims 1 Hz and states no length: each of its frames would resample to more
-    than an hour at 16 kHz (a 13 kB file took 1.3 GB before it was refused). The length is
-    checked before a frame is resampled; the peak memory is the child process's own."""
-    x = signal("noise", 1, 16384.0, 1, np.random.default_rng(5))
-    data = wav_bytes(x, 1, "u8", data_size=0xFFFFFFFF)
+def refusal_and_peak_mib(call: str, data: bytes) -> tuple[str, int]:
+    """`_mm.<call>` on `data` in a child process: the refusal's code, and the child's peak
+    memory in MiB (its own, from VmHWM: `ru_maxrss` carries over across exec)."""
     script = f"""
 import re, sys
 from mmserve import _mm
+data = sys.stdin.buffer.read()
 try:
-    _mm.decode_audio(sys.stdin.buffer.read(), sample_rate={RATE}, max_duration_s=600.0)
+    _mm.{call}
 except _mm.MediaError as err:
     peak_kib = re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)
     print(err.args[0], int(peak_kib) // 1024)
@@ -483,8 +482,32 @@ except _mm.MediaError as err:
         [sys.executable, "-c", script], input=data, capture_output=True, check=True, timeout=60
     )
     code, peak_mib = child.stdout.decode().split()
+    return code, int(peak_mib)
+
+
+def test_a_lying_rate_is_refused_before_its_samples_are_made() -> None:
+    """A WAV that claims 1 Hz and states no length: each of its frames would resample to more
+    than an hour at 16 kHz (a 13 kB file took 1.3 GB before it was refused). The length is
+    checked before a frame is resampled."""
+    x = signal("noise", 1, 16384.0, 1, np.random.default_rng(5))
+    data = wav_bytes(x, 1, "u8", data_size=0xFFFFFFFF)
+    call = f"decode_audio(data, sample_rate={RATE}, max_duration_s=600.0)"
+    code, peak_mib = refusal_and_peak_mib(call, data)
     assert code == "audio.too_long"
-    assert int(peak_mib) < 200, f"{peak_mib} MiB"
+    assert peak_mib < 200, f"{peak_mib} MiB"
+
+
+def test_a_header_that_claims_a_huge_block_costs_no_memory() -> None:
+    """A WAV whose INFO entry claims 1.3 GB: FFmpeg's WAV demuxer allocates and zeroes what
+    the entry claims before reading it (2 GB at peak for this 3 kB file). FFmpeg's allocations
+    are bounded (256 MiB), so the entry is refused instead."""
+    clip = wav_bytes(signal("noise", 8000, 0.2, 1, np.random.default_rng(6)), 8000, "s16")
+    huge_entry = b"ISFT" + struct.pack("<I", 0x50000000) + b"x" * 64
+    info = b"LIST" + struct.pack("<I", 0x7FFF0000) + b"INFO" + huge_entry
+    at = clip.index(b"data")
+    code, peak_mib = refusal_and_peak_mib("probe_audio(data)", clip[:at] + info + clip[at:])
+    assert code == "audio.corrupt"
+    assert peak_mib < 200, f"{peak_mib} MiB"
 
 
 def test_a_deadline_stops_decoding(clips: Clips) -> None:

@@ -29,8 +29,8 @@ from tests.support.embeds import audio_tower_safetensors
 MAX_TOKENS = 8
 MAX_AUDIO_DURATION_S = 20
 AUDIO_LIMIT = 2
-# EP/D and E/PD differ from these only in which hop encodes (they pass too: add them here to
-# run them); aggregated and every hop apart cover what audio adds.
+# EP/D and E/PD differ from these only in which hop encodes: they run in one process
+# (tests/worker/test_audio_patterns.py); aggregated and every hop apart cover what audio adds.
 PATTERNS = ("agg", "e_p_d")
 
 

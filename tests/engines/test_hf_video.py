@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoTokenizer
 from transformers.video_utils import VideoMetadata
 
 from mmserve import _mm
@@ -413,7 +412,7 @@ def qwen3(request: pytest.FixtureRequest) -> HfEngine:
 def driver_plan(spec: ModelSpec, items: list[Item]) -> tuple[RequestPlan, list[MediaPayload]]:
     """The plan the frontend's driver makes of the prompt with `items` (from its bytes, count
     only), and the payloads it sends on (a video's bytes with its first planned item)."""
-    tokenizer = AutoTokenizer.from_pretrained(spec.path)
+    tokenizer = hf_processor(spec.path).tokenizer  # the checkpoint's AutoTokenizer
     media = "".join(IMAGE_PART if item.sampling is None else VIDEO_PART for item in items)
     settings = VideoSettings(base=base_options(spec), sampling=SAMPLING)
     planned = plan_request_here(

@@ -64,11 +64,12 @@ def make_video_with_track(
     return path.read_bytes()
 
 
+@functools.cache
 def hf_processor(path: Path) -> Any:
-    """transformers' processor of the tiny checkpoint at `path`. The tiny Qwen3-VL(-MoE) and
-    Qwen3.5 checkpoints have no video_preprocessor_config.json, where transformers finds
-    Qwen2-VL's video processor: they get Qwen3-VL's own (class defaults, as the core reads the
-    checkpoint)."""
+    """transformers' processor of the tiny checkpoint at `path`, loaded once (its tokenizer
+    takes seconds). The tiny Qwen3-VL(-MoE) and Qwen3.5 checkpoints have no
+    video_preprocessor_config.json, where transformers finds Qwen2-VL's video processor: they
+    get Qwen3-VL's own (class defaults, as the core reads the checkpoint)."""
     processor = AutoProcessor.from_pretrained(path)
     if AutoConfig.from_pretrained(path).model_type in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5"):
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor

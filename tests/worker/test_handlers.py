@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 from mmserve import media, protocol
 from mmserve.encode.embeddings import offer_embeddings
 from mmserve.encode.stage import EncodeStage
-from mmserve.engines.base import EngineOverloaded, EngineRequest, ItemEmbedding
+from mmserve.engines.base import Engine, EngineOverloaded, EngineRequest, ItemEmbedding
 from mmserve.engines.mock import MockEngine
 from mmserve.frontend.nats_dispatch import NatsDispatcher
 from mmserve.kv.view import reusable_blocks
@@ -97,7 +97,7 @@ class InProcess:
         return runtime
 
     async def start(
-        self, role: Role, engine: MockEngine, *, encode: bool = False, kv_events: bool = False
+        self, role: Role, engine: Engine, *, encode: bool = False, kv_events: bool = False
     ) -> Endpoints:
         """Serve `role`'s handler (with an encode stage if `encode`, publishing the engine's
         KV events if `kv_events`, and its embedding-cache events too if it also encodes) and

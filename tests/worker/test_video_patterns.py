@@ -1,8 +1,8 @@
 """A request with a video through every deployment pattern's handlers, in one process over a
-real nats-server: hf engines on each video family's tiny checkpoint (one per handler, so no
-cache is shared) and the inline transfer backend. The plan is the frontend driver's, and
-each pattern gives transformers' own `generate` tokens with `pixel_values_videos`
-(`tests/engines/test_hf_video.py` builds the reference and the plan)."""
+real nats-server: hf engines on each video family's tiny checkpoint and the inline transfer
+backend (`tests/worker/patterns.py`). The plan is the frontend driver's, and each pattern gives
+transformers' own `generate` tokens with `pixel_values_videos` (`tests/engines/test_hf_video.py`
+builds the reference and the plan)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pytest_asyncio
 from mmserve.engines.hf import HfEngine
 from mmserve.protocol import PreprocessedRequest, SamplingParams, StopConditions
 from mmserve.tiny.checkpoints import build_tiny_model
-from mmserve.topology import Role
 from tests.engines.test_hf_video import (
     NEW_TOKENS,
     SAMPLING,
@@ -28,21 +27,14 @@ from tests.engines.test_hf_video import (
 )
 from tests.support.engines import make_image
 from tests.video.test_video_core import FFMPEG, make_video
-from tests.worker.test_handlers import InProcess, completion
+from tests.worker.patterns import PATTERNS, Patterns, every_pattern
+from tests.worker.test_handlers import completion
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.timeout(300),
     pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program (make setup)"),
 ]
-
-# Each pattern: its handlers (role, encodes) in start order, and the role a request enters at.
-PATTERNS: dict[str, tuple[list[tuple[Role, bool]], Role]] = {
-    "agg": ([(Role.WORKER, True)], Role.WORKER),
-    "E/PD": ([(Role.WORKER, False), (Role.ENCODE, True)], Role.ENCODE),
-    "EP/D": ([(Role.PREFILL, True), (Role.DECODE, False)], Role.DECODE),
-    "E/P/D": ([(Role.PREFILL, False), (Role.DECODE, False), (Role.ENCODE, True)], Role.ENCODE),
-}
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
@@ -53,9 +45,9 @@ def model_path(request: pytest.FixtureRequest) -> Path:
 
 
 @pytest.fixture(scope="module")
-def planner(model_path: Path) -> HfEngine:
-    """The engine the reference and the plans are made with (it serves nothing)."""
-    return HfEngine(model_path)
+def planner(patterns: Patterns) -> HfEngine:
+    """The engine whose model the reference and the plans are made with (between requests)."""
+    return patterns.engines[0]
 
 
 @pytest.fixture(scope="module")
@@ -64,33 +56,21 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def deployments(nats_url: str, model_path: Path) -> AsyncIterator[dict[str, InProcess]]:
-    started: dict[str, InProcess] = {}
-    engines: list[HfEngine] = []
-    try:
-        for name, (handlers, _) in PATTERNS.items():
-            deployment = started[name] = InProcess(nats_url, model_path)
-            for role, encodes in handlers:
-                engines.append(await HfEngine.load(model_path))
-                await deployment.start(role, engines[-1], encode=encodes)
+async def patterns(nats_url: str, model_path: Path) -> AsyncIterator[Patterns]:
+    async with every_pattern(nats_url, model_path) as started:
         yield started
-    finally:
-        for deployment in started.values():
-            await deployment.close()
-        for engine in engines:
-            await engine.close()
 
 
 @pytest.mark.parametrize("num_images", [0, 2])
 async def test_every_pattern_gives_transformers_tokens_for_a_video(
-    deployments: dict[str, InProcess], planner: HfEngine, video: bytes, num_images: int
+    patterns: Patterns, planner: HfEngine, video: bytes, num_images: int
 ) -> None:
     images = [Item(png(make_image(56 + 28 * i, 84 - 28 * i, seed=i))) for i in range(num_images)]
     items = [*images[:1], Item(video, SAMPLING), *images[1:]]
     inputs, expected = reference(planner, items)
     plan, payloads = driver_plan(planner.spec, items)
     assert plan.token_ids == inputs["input_ids"][0].tolist()
-    for name, (_, entry) in PATTERNS.items():
+    for name in PATTERNS:
         request = PreprocessedRequest(
             request_id=uuid.uuid4().hex,
             deadline=time.time() + 120,
@@ -100,7 +80,7 @@ async def test_every_pattern_gives_transformers_tokens_for_a_video(
             sampling=SamplingParams(temperature=0.0),
             stop=StopConditions(max_tokens=NEW_TOKENS, ignore_eos=True),
         )
-        chunks = await deployments[name].stream(entry, request)
+        chunks = await patterns.stream(name, request)
         assert completion(chunks) == expected, name
         assert chunks[-1].usage is not None
         assert chunks[-1].usage.prompt_tokens == len(plan.token_ids)

@@ -132,11 +132,21 @@ unsafe fn free_avio(avio: &mut *mut ffi::AVIOContext) {
     }
 }
 
-/// Silences FFmpeg's log, once per process.
-pub fn quiet_logs() {
-    static QUIET: Once = Once::new();
-    // FFmpeg would print every complaint about a hostile file to stderr.
-    QUIET.call_once(|| ff::util::log::set_level(ff::util::log::Level::Quiet));
+/// The largest block FFmpeg may allocate (its own default is 2 GiB). Some demuxers allocate
+/// what a header claims before reading it: a 3.5 kB WAV whose INFO chunk claims 1.3 GB had
+/// that much zeroed. The largest block a file within the caps needs is a frame of the largest
+/// video allowed converted to RGB (8192 x 8192 x 3 bytes, 192 MiB).
+pub const MAX_ALLOC: usize = 256 << 20;
+
+/// Sets FFmpeg up once per process: its log silenced (it would print every complaint about a
+/// hostile file to stderr) and its allocations bounded by [`MAX_ALLOC`].
+pub fn configure() {
+    static CONFIGURED: Once = Once::new();
+    CONFIGURED.call_once(|| {
+        ff::util::log::set_level(ff::util::log::Level::Quiet);
+        // SAFETY: av_max_alloc only stores the bound, read by every later allocation.
+        unsafe { ffi::av_max_alloc(MAX_ALLOC) };
+    });
 }
 
 impl<'a> MemoryInput<'a> {
@@ -147,7 +157,7 @@ impl<'a> MemoryInput<'a> {
         format: Format,
         limits: &InputLimits,
     ) -> Result<MemoryInput<'a>, FfError> {
-        quiet_logs();
+        configure();
         let mut reader = Box::new(Reader { data, pos: 0 });
         let deadline = Box::new(limits.deadline);
         let oom = || FfError::OutOfMemory;
@@ -190,7 +200,8 @@ impl<'a> MemoryInput<'a> {
             if ret < 0 {
                 // avformat_open_input freed the context; the IO context is still ours.
                 free_avio(&mut avio);
-                // A demuxer that meets one stream past `max_streams` fails with ENOMEM.
+                // A demuxer that meets one stream past `max_streams` fails with ENOMEM; so does
+                // one whose header asks for a block over `MAX_ALLOC`, which FFmpeg refuses.
                 if ret == ffi::AVERROR(ffi::ENOMEM) {
                     return Err(FfError::TooManyStreams {
                         limit: limits.max_streams,
