@@ -121,6 +121,23 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
     assert plan.positions.delta == int(delta.flatten()[0])
 
 
+def _sampled_video(video: bytes, settings: Any) -> dict[str, Any]:
+    """The processor's video inputs for `video`: the frames the core samples under
+    `settings`, at their sampled rate and the settings' pixel bounds."""
+    frames, metadata, sampled_fps = sampled_frames(video, settings)
+    sampling = settings.sampling
+    return {
+        "videos": [frames],
+        "video_metadata": [metadata],
+        "do_sample_frames": False,
+        "videos_kwargs": {
+            "fps": sampled_fps,
+            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
+        },
+        "input_data_format": "channels_last",
+    }
+
+
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 @pytest.mark.parametrize("fps", [None, 3.0])
 async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
@@ -153,24 +170,15 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
 
     assert preprocessor.video_range is not None
     settings = preprocessor.video_range.settings(request.mm_processor_kwargs, None)
-    frames, metadata, sampled_fps = sampled_frames(video, settings)
     template = [{"type": "audio"}, {"type": "video"}, {"type": "image"}, parts[-1]]
     text = processor.apply_chat_template(
         [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
     )
-    sampling = settings.sampling
     reference = processor(
         text=[text],
         audio=[torchcodec_samples(clip, RATE)],
         images=[image],
-        videos=[frames],
-        video_metadata=[metadata],
-        do_sample_frames=False,
-        videos_kwargs={
-            "fps": sampled_fps,
-            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
-        },
-        input_data_format="channels_last",
+        **_sampled_video(video, settings),
         return_tensors="pt",
     )
     ids = reference["input_ids"]
@@ -232,25 +240,16 @@ async def test_a_video_with_its_track_equals_the_processor_and_get_rope_index(
 
     assert preprocessor.video_range is not None
     settings = preprocessor.video_range.settings(request.mm_processor_kwargs, None)
-    frames, metadata, sampled_fps = sampled_frames(video, settings)
     template = [{"type": "audio"}, {"type": "video"}, parts[-1]]
     text = processor.apply_chat_template(
         [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
     )
-    sampling = settings.sampling
     reference = processor(
         text=[text],
         audio=[torchcodec_samples(clip, RATE), torchcodec_samples(video, RATE)],
         audio_from_video_indices=[None, 0],
-        videos=[frames],
-        video_metadata=[metadata],
-        do_sample_frames=False,
         use_audio_in_video=True,
-        videos_kwargs={
-            "fps": sampled_fps,
-            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
-        },
-        input_data_format="channels_last",
+        **_sampled_video(video, settings),
         return_tensors="pt",
     )
     ids = reference["input_ids"]
