@@ -19,6 +19,7 @@ import transformers
 from PIL import Image
 
 from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
 from mmserve.protocol import ChatCompletionRequest
@@ -26,7 +27,7 @@ from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.audio import signal, torchcodec_samples, wav_bytes
 from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
-from tests.support.video import FFMPEG, make_video, sampled_frames
+from tests.support.video import FFMPEG, make_video, make_video_with_track, sampled_frames
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -120,6 +121,23 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
     assert plan.positions.delta == int(delta.flatten()[0])
 
 
+def _sampled_video(video: bytes, settings: Any) -> dict[str, Any]:
+    """The processor's video inputs for `video`: the frames the core samples under
+    `settings`, at their sampled rate and the settings' pixel bounds."""
+    frames, metadata, sampled_fps = sampled_frames(video, settings)
+    sampling = settings.sampling
+    return {
+        "videos": [frames],
+        "video_metadata": [metadata],
+        "do_sample_frames": False,
+        "videos_kwargs": {
+            "fps": sampled_fps,
+            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
+        },
+        "input_data_format": "channels_last",
+    }
+
+
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 @pytest.mark.parametrize("fps", [None, 3.0])
 async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
@@ -152,24 +170,15 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
 
     assert preprocessor.video_range is not None
     settings = preprocessor.video_range.settings(request.mm_processor_kwargs, None)
-    frames, metadata, sampled_fps = sampled_frames(video, settings)
     template = [{"type": "audio"}, {"type": "video"}, {"type": "image"}, parts[-1]]
     text = processor.apply_chat_template(
         [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
     )
-    sampling = settings.sampling
     reference = processor(
         text=[text],
         audio=[torchcodec_samples(clip, RATE)],
         images=[image],
-        videos=[frames],
-        video_metadata=[metadata],
-        do_sample_frames=False,
-        videos_kwargs={
-            "fps": sampled_fps,
-            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
-        },
-        input_data_format="channels_last",
+        **_sampled_video(video, settings),
         return_tensors="pt",
     )
     ids = reference["input_ids"]
@@ -186,3 +195,97 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
     assert plan.positions is not None
     assert torch.equal(torch.tensor(plan.positions.rows), positions.reshape(-1))
     assert plan.positions.delta == int(delta.flatten()[0])
+
+
+# Each case: (video seconds, video frame rate, requested fps or None).
+TRACKS: dict[str, tuple[float, str, float | None]] = {
+    "short": (1.0, "10", None),
+    "crossing_chunks": (5.0, "10", None),
+    "odd_fps": (3.0, "9", 3.0),
+}
+
+
+@pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
+@pytest.mark.parametrize("case", TRACKS)
+async def test_a_video_with_its_track_equals_the_processor_and_get_rope_index(
+    checkpoint: Checkpoint, tmp_path: Path, case: str
+) -> None:
+    """`use_audio_in_video`: a video's track (decoded as transformers' `load_audio` decodes
+    it) interleaved with its frames every 2 s of positions, after a clip: the ids equal the
+    processor's (`use_audio_in_video=True`, the track given as the video's audio) and the
+    positions `get_rope_index(..., use_audio_in_video=True)`'s."""
+    served, processor = checkpoint.served, checkpoint.processor
+    preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
+    seconds, rate, fps = TRACKS[case]
+    video = make_video_with_track(tmp_path / "v.mp4", seconds=seconds, rate=rate)
+    clip = _clip(0.6, 3)
+    parts = [
+        {
+            "type": "input_audio",
+            "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"},
+        },
+        {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
+        {"type": "text", "text": "What happens?"},
+    ]
+    kwargs: dict[str, Any] = {"use_audio_in_video": True}
+    if fps is not None:
+        kwargs["fps"] = fps
+    body = {
+        "model": served.name,
+        "messages": [{"role": "user", "content": parts}],
+        "mm_processor_kwargs": kwargs,
+    }
+    request = msgspec.convert(body, ChatCompletionRequest)
+    plan = (await preprocessor.preprocess(request, "r", 1e12)).plan
+
+    assert preprocessor.video_range is not None
+    settings = preprocessor.video_range.settings(request.mm_processor_kwargs, None)
+    template = [{"type": "audio"}, {"type": "video"}, parts[-1]]
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": template}], tokenize=False, add_generation_prompt=True
+    )
+    reference = processor(
+        text=[text],
+        audio=[torchcodec_samples(clip, RATE), torchcodec_samples(video, RATE)],
+        audio_from_video_indices=[None, 0],
+        use_audio_in_video=True,
+        **_sampled_video(video, settings),
+        return_tensors="pt",
+    )
+    ids = reference["input_ids"]
+    assert list(plan.token_ids) == ids[0].tolist()
+    (item,) = [m for m in plan.media if m.modality == "video"]
+    assert item.video is not None and item.video.use_audio_in_video
+    positions, delta = checkpoint.thinker.get_rope_index(
+        ids,
+        video_grid_thw=reference["video_grid_thw"],
+        attention_mask=torch.ones_like(ids),
+        use_audio_in_video=True,
+        audio_seqlens=reference["feature_attention_mask"].sum(-1),
+        second_per_grids=reference["video_second_per_grid"],
+    )
+    assert plan.positions is not None
+    assert torch.equal(torch.tensor(plan.positions.rows), positions.reshape(-1))
+    assert plan.positions.delta == int(delta.flatten()[0])
+
+
+@pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
+async def test_a_video_without_a_track_is_refused_by_name(
+    checkpoint: Checkpoint, tmp_path: Path
+) -> None:
+    """A silent video under `use_audio_in_video` is a 400 naming its part (transformers would
+    serve its frames alone; the client asked for a track it does not have)."""
+    preprocessor = ChatPreprocessor(checkpoint.served, ChatOptions(policy=MediaPolicy()))
+    video = make_video(tmp_path / "v.mp4", seconds=1.0)
+    parts = [{"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}}]
+    body = {
+        "model": checkpoint.served.name,
+        "messages": [{"role": "user", "content": parts}],
+        "mm_processor_kwargs": {"use_audio_in_video": True},
+    }
+    request = msgspec.convert(body, ChatCompletionRequest)
+    with pytest.raises(ApiError) as caught:
+        await preprocessor.preprocess(request, "r", 1e12)
+    assert caught.value.status == 400
+    assert caught.value.code == "audio.no_audio_stream"
+    assert caught.value.param == "messages[0].content[0].video_url"

@@ -1,8 +1,9 @@
 """Qwen2.5-Omni's thinker end to end on its tiny checkpoint: the aggregated worker and encode /
 prefill / decode apart give transformers' greedy tokens (the thinker's `generate` on its
 processor's inputs), through the official openai client, streamed and not, for a clip alone,
-clips beside an image, and a clip beside a video (its audio tower's chunked attention, its
-vision tower, TMRoPE); `use_audio_in_video` is refused by name. One pair of deployments."""
+clips beside an image, a clip beside a video (its audio tower's chunked attention, its vision
+tower, TMRoPE), and a video served with its own audio track (`use_audio_in_video`); a silent
+video under that option is refused naming its part. One pair of deployments."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.support.audio import signal, torchcodec_samples, wav_bytes
 from tests.support.deployment import Deployment, all_running
 from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
-from tests.support.video import make_video, sampled_frames
+from tests.support.video import make_video, make_video_with_track, sampled_frames
 
 MAX_TOKENS = 8
 PATTERNS = ("agg", "e_p_d")
@@ -62,10 +63,12 @@ def reference(
     clips: list[bytes],
     images: list[Any],
     video: bytes | None = None,
+    use_audio_in_video: bool = False,
 ) -> tuple[str, int]:
     """The thinker's greedy completion on the processor's inputs (each clip loaded as
-    transformers loads audio, a video's frames as the core samples them): its text and prompt
-    length."""
+    transformers loads audio, a video's frames as the core samples them; with
+    `use_audio_in_video`, its track loaded as a clip and given as the video's audio, after the
+    clips): its text and prompt length."""
     import torch
 
     processor, thinker = _reference_model(model_path)
@@ -81,11 +84,16 @@ def reference(
     text = processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
     audio = [torchcodec_samples(clip, 16000) for clip in clips]
     videos: dict[str, Any] = {}
+    if use_audio_in_video:
+        assert video is not None
+        audio.append(torchcodec_samples(video, 16000))
+        videos["audio_from_video_indices"] = [None] * len(clips) + [0]
+        videos["use_audio_in_video"] = True
     if video is not None:
         frames, metadata, fps = sampled_frames(video, _default_video_settings(model_path))
         sampling = _default_video_settings(model_path).sampling
         size = {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels}
-        videos = {
+        videos |= {
             "videos": [frames],
             "video_metadata": [metadata],
             "do_sample_frames": False,
@@ -96,7 +104,12 @@ def reference(
         text=text, audio=audio or None, images=images or None, return_tensors="pt", **videos
     )
     with torch.inference_mode():
-        out = thinker.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+        out = thinker.generate(
+            **inputs,
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            use_audio_in_video=use_audio_in_video,
+        )
     prompt = inputs["input_ids"].shape[1]
     return processor.tokenizer.decode(out[0, prompt:], skip_special_tokens=True), prompt
 
@@ -150,17 +163,42 @@ def test_each_pattern_gives_the_thinkers_tokens(
         assert _complete(client, name, watched) == expected["watched"], pattern
 
 
-def test_a_videos_own_audio_track_is_refused_by_name(
-    clients: dict[str, openai.OpenAI], model_path: Path
+def test_a_videos_own_audio_track_gives_the_thinkers_tokens(
+    clients: dict[str, openai.OpenAI], model_path: Path, tmp_path: Path
 ) -> None:
-    client = clients["agg"]
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(
-            model=model_path.name,
-            messages=_user({"type": "text", "text": "Hi"}),  # type: ignore[arg-type]
-            max_tokens=1,
-            extra_body={"mm_processor_kwargs": {"use_audio_in_video": True}},
+    """`use_audio_in_video`: a 3 s video's frames and its track interleaved (the track
+    crosses a 2 s chunk) give `generate(..., use_audio_in_video=True)`'s tokens in each
+    pattern; a silent video under the option is refused naming its part."""
+    video = make_video_with_track(tmp_path / "t.mp4", seconds=3.0)
+    watched = _user(
+        {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
+        {"type": "text", "text": "What do you hear and see?"},
+    )
+    expected = reference(model_path, watched, [], [], video, use_audio_in_video=True)
+    # The track moves the tokens: a served prompt that lost it would not pass.
+    assert reference(model_path, watched, [], [], video)[0] != expected[0]
+    option = {"mm_processor_kwargs": {"use_audio_in_video": True}}
+    name = model_path.name
+    for pattern, client in clients.items():
+        response = client.chat.completions.create(
+            model=name,
+            messages=watched,  # type: ignore[arg-type]
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body=option,
         )
-    assert caught.value.code == "unsupported_option"
-    assert caught.value.param == "mm_processor_kwargs.use_audio_in_video"
-    assert _refusal(client, model_path.name, _user(input_audio(b"x" * 64, "wav")))[0] == 400
+        assert response.usage is not None
+        got = (response.choices[0].message.content, response.usage.prompt_tokens)
+        assert got == expected, pattern
+    silent = make_video(tmp_path / "s.mp4", seconds=1.0)
+    silent_part = {"type": "video_url", "video_url": {"url": data_url(silent, "video/mp4")}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        clients["agg"].chat.completions.create(
+            model=name,
+            messages=_user(silent_part),  # type: ignore[arg-type]
+            max_tokens=1,
+            extra_body=option,
+        )
+    assert caught.value.code == "audio.no_audio_stream"
+    assert caught.value.param == "messages[0].content[0].video_url"
+    assert _refusal(clients["agg"], name, _user(input_audio(b"x" * 64, "wav")))[0] == 400

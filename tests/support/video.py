@@ -51,6 +51,19 @@ def make_video(
     return path.read_bytes()
 
 
+def make_video_with_track(
+    path: Path, *, seconds: float, rate: str = "10", sample_rate: int = 44100
+) -> bytes:
+    """An H.264 video with a stereo AAC track (a tone), both `seconds` long."""
+    tone = f"sine=frequency=440:sample_rate={sample_rate}"
+    command = [FFMPEG or "ffmpeg", "-v", "error", "-y", "-f", "lavfi"]
+    command += ["-i", f"testsrc2=size=96x64:rate={rate}", "-f", "lavfi", "-i", tone]
+    command += ["-t", str(seconds), "-c:v", "libx264", "-pix_fmt", "yuv420p"]
+    command += ["-c:a", "aac", "-ac", "2", str(path)]
+    subprocess.run(command, check=True)
+    return path.read_bytes()
+
+
 @functools.cache
 def hf_processor(path: Path) -> Any:
     """transformers' processor of the tiny checkpoint at `path`, loaded once (its tokenizer

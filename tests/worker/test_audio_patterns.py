@@ -3,7 +3,8 @@ process over a real nats-server. The request is the frontend's own: `ChatPreproc
 the openai-shaped messages the e2e tests send. Every pattern gives the aggregated worker's
 tokens, and those are transformers' greedy completion on the processor's inputs (the e2e
 tests' references): Qwen2-Audio with one clip and with two, Qwen2.5-Omni's thinker with two
-clips beside an image. The e2e tests run agg and E/P/D as processes through the openai
+clips beside an image, and with a video served with its own audio track
+(`use_audio_in_video`). The e2e tests run agg and E/P/D as processes through the openai
 client, streamed and not; this module adds EP/D and E/PD at an in-process cost."""
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from tests.e2e import test_audio, test_omni
 from tests.e2e.test_audio import _user, input_audio
 from tests.support.audio import FFMPEG, Encoding, encode_one, signal, wav_bytes
 from tests.support.engines import make_image
-from tests.support.images import png_data_url
+from tests.support.images import data_url, png_data_url
+from tests.support.video import make_video_with_track
 from tests.worker.patterns import PATTERNS, Patterns, every_pattern
 from tests.worker.test_handlers import completion
 
@@ -44,26 +46,31 @@ QUESTION = {"type": "text", "text": "What do you hear?"}
 
 @dataclass(frozen=True)
 class Case:
-    """A user turn's parts, and the clips and images in it, in order, for the reference."""
+    """A user turn's parts, and the clips, images and video in it, in order, for the
+    reference; `track`: the video is served with its audio track (`use_audio_in_video`)."""
 
     messages: list[dict[str, Any]]
     clips: list[bytes]
     images: list[Image.Image]
+    video: bytes | None = None
+    track: bool = False
 
 
 @dataclass(frozen=True)
 class Clips:
     speech: bytes  # a 16 kHz WAV
     tone: bytes  # a 44.1 kHz stereo MP3, resampled and mixed down on the way
+    video: bytes  # H.264 with a stereo AAC track, 2.5 s: the track crosses a 2 s chunk
 
 
 @pytest.fixture(scope="module")
-def clips() -> Clips:
+def clips(tmp_path_factory: pytest.TempPathFactory) -> Clips:
     rng = np.random.default_rng(9)
     speech = wav_bytes(signal("speech_like", 16000, 2.3, 1, rng), 16000, "s16")
     mp3 = Encoding("mp3", "mp3", ("-c:a", "libmp3lame", "-b:a", "64k"))
     tone = encode_one(signal("tone", 44100, 0.9, 2, rng), 44100, mp3)
-    return Clips(speech, tone)
+    video = make_video_with_track(tmp_path_factory.mktemp("video") / "t.mp4", seconds=2.5)
+    return Clips(speech, tone, video)
 
 
 def qwen2_audio_cases(clips: Clips) -> dict[str, Case]:
@@ -88,7 +95,17 @@ def qwen2_5_omni_cases(clips: Clips) -> dict[str, Case]:
             ),
             [clips.tone, clips.speech],
             [image],
-        )
+        ),
+        "a video with its track": Case(
+            _user(
+                {"type": "video_url", "video_url": {"url": data_url(clips.video, "video/mp4")}},
+                QUESTION,
+            ),
+            [],
+            [],
+            clips.video,
+            track=True,
+        ),
     }
 
 
@@ -98,7 +115,9 @@ def qwen2_audio_reference(model_path: Path, case: Case) -> tuple[str, int]:
 
 
 def qwen2_5_omni_reference(model_path: Path, case: Case) -> tuple[str, int]:
-    return test_omni.reference(model_path, case.messages, case.clips, case.images)
+    return test_omni.reference(
+        model_path, case.messages, case.clips, case.images, case.video, case.track
+    )
 
 
 @dataclass(frozen=True)
@@ -145,6 +164,8 @@ async def test_every_pattern_gives_transformers_tokens_for_audio(
             "max_tokens": MAX_TOKENS,
             "temperature": 0,
         }
+        if case.track:
+            body["mm_processor_kwargs"] = {"use_audio_in_video": True}
         request = msgspec.convert(body, ChatCompletionRequest)
         preprocessor.validate(request)
         expected = family.reference(model_path, case)

@@ -196,9 +196,13 @@ class VideoOptions:
         max_frames: int,
         min_pixels: int,
         max_pixels: int,
+        use_audio_in_video: bool = False,
     ) -> VideoOptions:
-        """These options with the sampling and per-frame pixel bounds replaced; the rest, the
-        caps included, kept."""
+        """These options with the sampling and per-frame pixel bounds replaced, and whether
+        the video's own audio track is served with its frames (it enters the identity); the
+        rest, the caps included, kept."""
+    @property
+    def use_audio_in_video(self) -> bool: ...
     @property
     def fps(self) -> float | None: ...
     @property
@@ -392,6 +396,10 @@ class Spec:
     @property
     def audio_token_id(self) -> int | None:
         """The audio placeholder the chat template writes once per clip (`<|AUDIO|>`)."""
+    @property
+    def audio_in_video(self) -> bool:
+        """Whether the family serves a video's own audio track interleaved with its frames
+        (`use_audio_in_video`: Qwen2.5-Omni)."""
     @property
     def video_per_group(self) -> bool:
         """Whether it plans a video one item per temporal group, each after its timestamp

@@ -284,6 +284,8 @@ struct Prepared {
     item: ItemOutput,
     timestamps: Vec<String>,
     crops: Vec<ItemOutput>,
+    /// A video's sampled frames per second ([`ItemPrompt::sampled_fps`]).
+    sampled_fps: Option<f64>,
 }
 
 impl Prepared {
@@ -292,6 +294,7 @@ impl Prepared {
             item,
             timestamps: Vec::new(),
             crops: Vec::new(),
+            sampled_fps: None,
         }
     }
 
@@ -302,6 +305,7 @@ impl Prepared {
             geometry: self.item.geometry,
             crops: &crops,
             timestamps: &self.timestamps,
+            sampled_fps: self.sampled_fps,
         })
     }
 
@@ -490,6 +494,23 @@ fn prepare_audio(
     format: Option<AudioFormat>,
     options: &DriverOptions,
 ) -> Result<ItemOutput, Error> {
+    let (extractor, geometry) = clip_geometry(family, bytes, format, options)?;
+    let num_tokens = family.num_tokens(&geometry);
+    let hash = identity::audio(identity::content(bytes), &extractor);
+    Ok(clip_output(hash, geometry, num_tokens, source))
+}
+
+/// The geometry of the clip `bytes` hold (a video's own audio track too, its best audio
+/// stream), with the family's extractor: the caps checked from its headers, then its samples
+/// at the family's rate and the frames they make. A clip too short to make a token is
+/// refused.
+#[cfg(feature = "audio")]
+fn clip_geometry(
+    family: &dyn Family,
+    bytes: &[u8],
+    format: Option<AudioFormat>,
+    options: &DriverOptions,
+) -> Result<(crate::audio::features::LogMelConfig, Geometry), Error> {
     use crate::audio::decode::{count_samples, DecodeOptions, SampleBounds, SampleCount};
 
     let extractor = family
@@ -513,16 +534,14 @@ fn prepare_audio(
         samples: samples as u64,
         frames,
     };
-    let num_tokens = family.num_tokens(&geometry);
-    if num_tokens == 0 {
+    if family.num_tokens(&geometry) == 0 {
         return Err(AudioError::TooShort {
             samples,
             min: 2 * extractor.hop_length + 1,
         }
         .into());
     }
-    let hash = identity::audio(identity::content(bytes), &extractor);
-    Ok(clip_output(hash, geometry, num_tokens, source))
+    Ok((extractor, geometry))
 }
 
 /// A clip's plan: its run, no pixels (its features are the encoder's work).
@@ -569,6 +588,16 @@ fn planned_audio(
         return Err(grid(reason).into());
     }
     Ok(clip_output(hash, geometry, num_tokens, source))
+}
+
+#[cfg(all(feature = "video", not(feature = "audio")))]
+fn clip_geometry(
+    _family: &dyn Family,
+    _bytes: &[u8],
+    _format: Option<AudioFormat>,
+    _options: &DriverOptions,
+) -> Result<((), Geometry), Error> {
+    Err(AudioError::Unavailable("the core was built without the audio feature").into())
 }
 
 #[cfg(not(feature = "audio"))]
@@ -669,6 +698,11 @@ fn prepare_video(
         (plan.resized_width, plan.resized_height),
         sampled_fps,
     )?;
+    let geometry = if video.audio_track {
+        with_audio_track(family, bytes, options, geometry)?
+    } else {
+        geometry
+    };
     let timestamps = if family.capabilities().video_timestamps {
         group_timestamps(
             &plan.indices,
@@ -695,6 +729,44 @@ fn prepare_video(
         },
         timestamps,
         crops: Vec::new(),
+        sampled_fps: Some(sampled_fps),
+    })
+}
+
+/// A video's geometry with its own audio track (`use_audio_in_video`), for a family that
+/// interleaves one: the track is the best audio stream of the same bytes, counted as a clip
+/// is ([`clip_geometry`]); a video without one is refused (`audio.no_audio_stream`).
+#[cfg(feature = "video")]
+fn with_audio_track(
+    family: &dyn Family,
+    bytes: &[u8],
+    options: &DriverOptions,
+    geometry: Geometry,
+) -> Result<Geometry, Error> {
+    let interleaves = family.spec().audio.is_some_and(|a| a.in_video.is_some());
+    let Geometry::Video {
+        resized_width,
+        resized_height,
+        grid_thw,
+        time_interval,
+        ..
+    } = geometry
+    else {
+        return Err(ProcessError::VideoUnsupported.into());
+    };
+    if !interleaves {
+        return Err(ProcessError::ModalityUnsupported(Modality::Audio).into());
+    }
+    let (_, track) = clip_geometry(family, bytes, None, options)?;
+    let Geometry::Audio { frames, .. } = track else {
+        return Err(ProcessError::Offsets("a track planned as no clip".into()).into());
+    };
+    Ok(Geometry::Video {
+        resized_width,
+        resized_height,
+        grid_thw,
+        time_interval,
+        track: Some(frames),
     })
 }
 
@@ -930,6 +1002,7 @@ mod tests {
             },
             timestamps: vec!["<0.2 seconds>".into(), "<1.0 seconds>".into()],
             crops: Vec::new(),
+            sampled_fps: Some(2.0),
         };
         let update = video.prompt_update(family.as_ref()).unwrap();
         let ids = [1, START, VID, END, 2];

@@ -154,6 +154,12 @@ pub fn video_group(video: u64, group: u32) -> u64 {
     Fold::new(b"vidgroup").u64(video).u32(group).finish()
 }
 
+/// A video served with its own audio track interleaved (`use_audio_in_video`): its rows are
+/// not the frames' alone, so it never meets the same video served without.
+pub fn with_audio_track(video: u64) -> u64 {
+    Fold::new(b"vidtrack").u64(video).finish()
+}
+
 /// Element types a precomputed embedding may have.
 const EMBEDDING_DTYPES: [&str; 3] = ["float32", "float16", "bfloat16"];
 

@@ -117,6 +117,9 @@ pub enum Geometry {
         resized_height: u32,
         grid_thw: [u32; 3],
         time_interval: f32,
+        /// The valid feature frames of the video's own audio track, where it is served
+        /// interleaved with the frames (`use_audio_in_video`); `None` otherwise.
+        track: Option<u32>,
     },
     /// An audio clip: its samples at the family's rate (cut to the extractor's chunk where it
     /// cuts; the least its headers allow where the plan counted them from the headers, which
@@ -203,11 +206,14 @@ pub enum EmbedOf {
 }
 
 /// The embedding rows of one planned item: `n` copies of placeholder `id`, the item's span
-/// in the expanded prompt (the run vLLM's `is_embed` selects).
+/// in the expanded prompt (the run vLLM's `is_embed` selects); where the span mixes
+/// placeholders (a video's frames interleaved with its audio track), `runs` spells it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Embed {
     pub id: TokenId,
     pub n: usize,
+    /// The span as `(placeholder, count)` runs adding up to `n`; empty: `n` copies of `id`.
+    pub runs: Vec<(TokenId, usize)>,
     pub geometry: Geometry,
     pub of: EmbedOf,
 }
@@ -253,6 +259,9 @@ pub struct ItemPrompt<'a> {
     pub crops: &'a [Geometry],
     /// A video's timestamp text per temporal group (see [`Capabilities::video_timestamps`]).
     pub timestamps: &'a [String],
+    /// A video's sampled frames per second, in float64 as the processor spaces the temporal
+    /// patches it interleaves an audio track with; `None` for other items.
+    pub sampled_fps: Option<f64>,
 }
 
 /// Rotary position ids for the expanded prompt.

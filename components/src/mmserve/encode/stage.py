@@ -24,7 +24,7 @@ import torch
 
 from mmserve import _mm, media
 from mmserve.encode.peer_pull import PeerPuller, worth_pulling
-from mmserve.engines.base import Engine, EngineError, ItemEmbedding, MediaInput
+from mmserve.engines.base import AudioTrack, Engine, EngineError, ItemEmbedding, MediaInput
 from mmserve.media.video import checkpoint_video_options, video_options
 from mmserve.models.family import resolve_model_spec
 from mmserve.observability import metrics, nvtx
@@ -152,7 +152,9 @@ class EncodeStage:
                 if item.modality == "video":
                     videos.setdefault(carriers[position], []).append(position)
             clips = [i for i, item in enumerate(planned) if item.modality == "audio"]
-            image_pixels, video_pixels, clip_features = await asyncio.gather(
+            # Videos served with their own audio track: the track is a clip of the same bytes.
+            tracked = [i for i, item in enumerate(planned) if _with_track(item)]
+            image_pixels, video_pixels, clip_features, track_features = await asyncio.gather(
                 self._images(
                     [planned[i] for i in images],
                     [data[carriers[i]] for i in images],
@@ -165,12 +167,17 @@ class EncodeStage:
                     )
                 ),
                 self._audio([data[carriers[i]] for i in clips], request.deadline),
+                self._audio([data[carriers[i]] for i in tracked], request.deadline),
             )
         processed = dict(zip(images, image_pixels, strict=True))
         processed |= dict(zip(clips, clip_features, strict=True))
         for places, (pixels, group_hashes) in zip(videos.values(), video_pixels, strict=True):
             for place in places:
                 processed[place] = _group_pixels(pixels, group_hashes, planned[place])
+        tracks = {
+            place: self._track(plan.token_ids[planned[place].offset : planned[place].end], heard)
+            for place, heard in zip(tracked, track_features, strict=True)
+        }
         inputs = []
         for position, (index, item) in enumerate(zip(indices, planned, strict=True)):
             pixels = processed[position]
@@ -187,9 +194,23 @@ class EncodeStage:
                     pixel_values=torch.from_numpy(pixels.pixel_values),
                     grid_thw=item.grid_thw,
                     modality=item.modality,
+                    track=tracks.get(position),
                 )
             )
         return inputs
+
+    def _track(self, span: list[int], heard: media.ItemPixels) -> AudioTrack:
+        """A video's own audio track (its features `heard`) for the video whose span in the
+        plan's ids is `span`: the span's audio tokens must be those the track makes."""
+        rows = torch.eq(torch.tensor(span), self.spec.audio_token_id or -1)
+        valid, planned = heard.grid_thw[2], int(rows.sum())
+        if planned != self.spec.audio_tokens(valid):
+            raise EngineError(
+                f"a video's audio track decodes to {valid} feature frames "
+                f"({self.spec.audio_tokens(valid)} tokens); the plan holds {planned}"
+            )
+        features = torch.from_numpy(heard.pixel_values)
+        return AudioTrack(features=features, grid_thw=heard.grid_thw, rows=rows)
 
     async def _images(
         self, planned: list[PlannedMedia], data: list[bytes], carriers: list[int]
@@ -294,6 +315,11 @@ class EncodeStage:
         return list(
             await asyncio.gather(*(load(i, p) for i, p in zip(planned, payloads, strict=True)))
         )
+
+
+def _with_track(item: PlannedMedia) -> bool:
+    """Whether `item` is a video served with its own audio track (`use_audio_in_video`)."""
+    return item.video is not None and item.video.use_audio_in_video
 
 
 def _group_pixels(

@@ -107,6 +107,46 @@ class MediaInput:
     pixel_values: torch.Tensor
     grid_thw: tuple[int, int, int]
     modality: MediaModality = "image"
+    # A video's own audio track served with its frames (`use_audio_in_video`).
+    track: AudioTrack | None = None
+
+    def track_clip(self) -> MediaInput | None:
+        """The track as a clip for the audio tower (None without one)."""
+        if self.track is None:
+            return None
+        return MediaInput(
+            mm_hash=self.mm_hash,
+            pixel_values=self.track.features,
+            grid_thw=self.track.grid_thw,
+            modality="audio",
+        )
+
+
+@dataclass(frozen=True)
+class AudioTrack:
+    """A video's own audio track, served interleaved with its frames (Qwen2.5-Omni's
+    `use_audio_in_video`): its log-mel `input_features` `[mel bins, frames]`, its grid `(1, 1,
+    valid frames)`, and which rows of the video's span are the track's (`rows`, bool, one per
+    token of the span: True for an audio token, False for a frame's); the video's embedding
+    holds the vision tower's rows and the audio tower's in that order."""
+
+    features: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    rows: torch.Tensor
+
+    def interleave(self, frames: torch.Tensor, audio: torch.Tensor) -> torch.Tensor:
+        """The span's rows: `frames`' where `rows` is False, `audio`'s where True."""
+        heard = int(self.rows.sum())
+        if (frames.shape[0], audio.shape[0]) != (len(self.rows) - heard, heard):
+            raise EngineError(
+                f"a video's span of {len(self.rows)} tokens ({heard} of its audio track) got "
+                f"{frames.shape[0]} frame rows and {audio.shape[0]} audio rows"
+            )
+        rows = frames.new_empty((len(self.rows), frames.shape[1]))
+        mask = self.rows.to(frames.device)
+        rows[~mask] = frames
+        rows[mask] = audio.to(frames.dtype)
+        return rows
 
 
 @dataclass(frozen=True)

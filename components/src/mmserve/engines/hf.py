@@ -205,15 +205,11 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         towered: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         audio = [i for i, item in enumerate(items) if item.modality == "audio"]
         if audio:
-            heard = [items[i] for i in audio]
-            clips = (
-                audio_rows(
-                    self._inner.audio_tower, self._inner.multi_modal_projector, heard, self.dtype
-                )
-                if hasattr(self._inner, "multi_modal_projector")
-                else thinker_audio_rows(self._inner, heard, self.dtype)
-            )
+            clips = self._audio_tower([items[i] for i in audio])
             towered |= {index: (rows, ()) for index, rows in zip(audio, clips, strict=True)}
+        # Videos served with their own audio track: the track through the audio tower.
+        tracked = {i: clip for i, item in enumerate(items) if (clip := item.track_clip())}
+        tracks = dict(zip(tracked, self._audio_tower(list(tracked.values())), strict=True))
         for modality in ("image", "video"):
             group = [i for i, item in enumerate(items) if item.modality == modality]
             if not group:
@@ -225,7 +221,21 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
                     output.pooler_output[position],
                     tuple(layer[position] for layer in deepstack_layers),
                 )
+        for index, heard in tracks.items():
+            track = items[index].track
+            assert track is not None
+            towered[index] = (track.interleave(towered[index][0], heard), ())
         return [towered[i] for i in range(len(items))]
+
+    def _audio_tower(self, clips: list[MediaInput]) -> list[torch.Tensor]:
+        """Each clip's rows from the model's audio tower (its projector's, where separate)."""
+        if not clips:
+            return []
+        if hasattr(self._inner, "multi_modal_projector"):
+            return audio_rows(
+                self._inner.audio_tower, self._inner.multi_modal_projector, clips, self.dtype
+            )
+        return thinker_audio_rows(self._inner, clips, self.dtype)
 
     def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
         """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's
@@ -247,6 +257,8 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             return
         if item.modality == "video":
             self._check_takes_video()
+        if (clip := item.track_clip()) is not None:
+            self._check_audio(clip)
         t, h, w = item.grid_thw
         merge = self.spec.spatial_merge_size
         if min(t, h, w) <= 0 or h % merge or w % merge:

@@ -244,7 +244,8 @@ class MockEngine(CachingEngine[_MockKv, None]):
         """The rows the tower would give the item: the plan's count."""
         if item.modality == "audio":
             return self.spec.core.audio_tokens(item.grid_thw[2])
-        return self.spec.image_token_count(item.grid_thw)
+        heard = 0 if item.track is None else self.spec.core.audio_tokens(item.track.grid_thw[2])
+        return self.spec.image_token_count(item.grid_thw) + heard
 
     async def encode(self, items: Sequence[MediaInput]) -> list[ItemEmbedding]:
         for item in items:

@@ -287,11 +287,15 @@ class ChatPreprocessor:
                 f"{self.options.policy.max_items} are allowed",
                 param="messages",
             )
-        if request.mm_processor_kwargs and request.mm_processor_kwargs.use_audio_in_video:
+        if (
+            request.mm_processor_kwargs
+            and request.mm_processor_kwargs.use_audio_in_video
+            and not self.model.spec.core.audio_in_video
+        ):
             raise ApiError(
                 ERROR_UNSUPPORTED_OPTION,
-                "mm_processor_kwargs.use_audio_in_video is not supported: a video's own audio "
-                "track is not read; send the track as an input_audio or audio_url part",
+                f"mm_processor_kwargs.use_audio_in_video is not supported by this model "
+                f"({self.model.spec.family}): it serves no video's own audio track",
                 param="mm_processor_kwargs.use_audio_in_video",
             )
         counts = {"image": 0, "video": 0, "audio": 0}

@@ -344,6 +344,8 @@ class VideoRange:
             ("mm_processor_kwargs", "media_io_kwargs"),
         )
         sampling = self._checked(_with(self.default, options), options)
+        if asked is not None and asked.use_audio_in_video:
+            sampling = msgspec.structs.replace(sampling, use_audio_in_video=True)
         return VideoSettings(base=self.base, sampling=sampling)
 
     def _checked(self, sampling: VideoSampling, asked: dict[str, tuple[Any, str]]) -> VideoSampling:

@@ -93,15 +93,6 @@ def _restrict_structured_outputs(components: dict[str, Any]) -> None:
             }
 
 
-def _restrict_audio_in_video(components: dict[str, Any]) -> None:
-    """A video's own audio track is not read: `use_audio_in_video` only unset or false."""
-    components["MMProcessorKwargs"]["properties"]["use_audio_in_video"] = {
-        "enum": [None, False],
-        "default": None,
-        "description": "Not implemented: accepted only unset or false",
-    }
-
-
 def _restrict_choices(schema: dict[str, Any], max_n: int) -> None:
     """`n` up to the server's `--max-n`, and `best_of` unset or equal to `n` (one variant per
     `n`: JSON Schema cannot compare two fields)."""
@@ -299,7 +290,6 @@ def openapi_document(
     ):
         _require_media_or_uuid(components[part], field)
     _restrict_structured_outputs(components)
-    _restrict_audio_in_video(components)
     security = _SECURITY
     return {
         "openapi": "3.1.0",

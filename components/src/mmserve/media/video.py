@@ -49,6 +49,7 @@ def video_options(base: _mm.VideoOptions, sampling: VideoSampling) -> _mm.VideoO
         max_frames=sampling.max_frames,
         min_pixels=sampling.min_pixels,
         max_pixels=sampling.max_pixels,
+        use_audio_in_video=sampling.use_audio_in_video,
     )
 
 
@@ -61,4 +62,5 @@ def sampling_of(options: _mm.VideoOptions) -> VideoSampling:
         max_frames=options.max_frames,
         min_pixels=options.min_pixels,
         max_pixels=options.max_pixels,
+        use_audio_in_video=options.use_audio_in_video,
     )

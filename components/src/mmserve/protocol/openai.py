@@ -256,7 +256,7 @@ class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     request's images, and each frame of its videos, are resized under; how its videos are
     sampled (`fps` or `num_frames`, `min_frames` / `max_frames`); Gemma 3's pan-and-scan, under
     the names of its image processor (`do_pan_and_scan`, `pan_and_scan_*`); Qwen-Omni's
-    `use_audio_in_video` (refused when true)."""
+    `use_audio_in_video` (a video's own audio track served with its frames)."""
 
     min_pixels: _Positive | None = None
     max_pixels: _Positive | None = None
@@ -268,8 +268,8 @@ class MMProcessorKwargs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     pan_and_scan_min_crop_size: _PositiveU32 | None = None
     pan_and_scan_max_num_crops: _PositiveU32 | None = None
     pan_and_scan_min_ratio_to_activate: Annotated[float, msgspec.Meta(ge=0, le=1e6)] | None = None
-    # Qwen-Omni's: a video's own audio track interleaved with its frames. Not served: true is
-    # refused by name (`frontend.chat`).
+    # Qwen-Omni's: a video's own audio track interleaved with its frames (refused by name on
+    # a model that serves none).
     use_audio_in_video: bool | None = None
 
 

@@ -118,6 +118,10 @@ class VideoSampling(msgspec.Struct, frozen=True, kw_only=True):
     max_frames: int = 768
     min_pixels: int
     max_pixels: int
+    # Qwen2.5-Omni's `use_audio_in_video`: the video's own audio track is served with its
+    # frames, their tokens interleaved in the item's span (its rows: the vision tower's and
+    # the audio tower's, in the span's order); it enters the item's identity.
+    use_audio_in_video: bool = False
 
 
 class PlannedMedia(msgspec.Struct, frozen=True, kw_only=True):

@@ -120,6 +120,21 @@ pub struct AudioSpec {
     pub n_fft: usize,
     pub chunk_length: u32,
     pub padding_value: f32,
+    /// How a video's own audio track interleaves with its frames, for a family that serves
+    /// it (`use_audio_in_video`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_video: Option<TrackInVideo>,
+}
+
+/// Qwen2.5-Omni's interleaving of a video's frames with its audio track: the track's tokens
+/// between `audio_start_token_id` and `audio_end_token_id` inside the video's vision bos and
+/// eos, frames and audio alternating every `seconds_per_chunk` seconds of positions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackInVideo {
+    pub audio_start_token_id: u32,
+    pub audio_end_token_id: u32,
+    pub seconds_per_chunk: f64,
 }
 
 impl AudioSpec {

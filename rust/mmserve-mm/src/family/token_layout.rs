@@ -98,7 +98,20 @@ pub fn apply(
                 UpdatePart::Text(text) => ids.extend(spell(prompt.pieces, text)?),
                 UpdatePart::Embed(embed) => {
                     let start = ids.len();
-                    ids.resize(start + embed.n, embed.id);
+                    if embed.runs.is_empty() {
+                        ids.resize(start + embed.n, embed.id);
+                    } else {
+                        for &(id, n) in &embed.runs {
+                            ids.resize(ids.len() + n, id);
+                        }
+                    }
+                    if ids.len() != start + embed.n {
+                        return Err(ProcessError::Offsets(format!(
+                            "an item of {} tokens laid out as {}",
+                            embed.n,
+                            ids.len() - start
+                        )));
+                    }
                     offsets.push((start, ids.len()));
                 }
             }
@@ -174,6 +187,7 @@ mod tests {
         UpdatePart::Embed(Embed {
             id,
             n,
+            runs: Vec::new(),
             geometry: Geometry::Image {
                 resized_width: 1,
                 resized_height: 1,

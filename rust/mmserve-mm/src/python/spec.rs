@@ -133,6 +133,15 @@ impl PySpec {
         self.spec.audio.map(|audio| audio.audio_token_id)
     }
 
+    /// Whether the family serves a video's own audio track interleaved with its frames
+    /// (`use_audio_in_video`: Qwen2.5-Omni).
+    #[getter]
+    fn audio_in_video(&self) -> bool {
+        self.spec
+            .audio
+            .is_some_and(|audio| audio.in_video.is_some())
+    }
+
     /// Whether the request driver plans a video one item per temporal group, each after its
     /// timestamp text (Qwen3-VL; `process` then needs the tokenizer's `timestamp_tokens`).
     #[getter]

@@ -221,6 +221,7 @@ mod ffmpeg {
                     timeout_s,
                 )?,
                 max_tokens: self.max_tokens,
+                audio_track: self.audio_track,
             })
         }
     }
@@ -361,6 +362,7 @@ pub struct PyVideoOptions {
     max_frames_decoded: Option<u64>,
     max_pixels_per_frame: Option<u64>,
     max_tokens: Option<usize>,
+    audio_track: bool,
 }
 
 #[pymethods]
@@ -429,6 +431,7 @@ impl PyVideoOptions {
             max_frames_decoded,
             max_pixels_per_frame,
             max_tokens,
+            audio_track: false,
         })
     }
 
@@ -462,12 +465,16 @@ impl PyVideoOptions {
             max_frames_decoded,
             max_pixels_per_frame,
             max_tokens,
+            audio_track: false,
         })
     }
 
     /// These options with the sampling and per-frame pixel bounds replaced (the fields of
-    /// the plan's `VideoSampling`); everything else, the caps included, kept.
-    #[pyo3(signature = (*, fps, num_frames, min_frames, max_frames, min_pixels, max_pixels))]
+    /// the plan's `VideoSampling`), and whether the video's own audio track is served with its
+    /// frames (`use_audio_in_video`); everything else, the caps included, kept.
+    #[pyo3(signature = (*, fps, num_frames, min_frames, max_frames, min_pixels, max_pixels,
+        use_audio_in_video = false))]
+    #[allow(clippy::too_many_arguments)]
     fn with_sampling(
         &self,
         fps: Option<f64>,
@@ -476,6 +483,7 @@ impl PyVideoOptions {
         max_frames: u64,
         min_pixels: u64,
         max_pixels: u64,
+        use_audio_in_video: bool,
     ) -> Self {
         PyVideoOptions {
             sampling: Sampling {
@@ -490,8 +498,14 @@ impl PyVideoOptions {
                 max_pixels,
                 ..self.resize
             },
+            audio_track: use_audio_in_video,
             ..self.clone()
         }
+    }
+
+    #[getter]
+    fn use_audio_in_video(&self) -> bool {
+        self.audio_track
     }
 
     #[getter]

@@ -17,6 +17,9 @@ pub struct VideoOptions {
     pub limits: VideoLimits,
     /// Most prompt tokens one video may take; `None`: no limit beyond the frame caps.
     pub max_tokens: Option<usize>,
+    /// Whether the video's own audio track is served with its frames (`use_audio_in_video`):
+    /// it enters the identity ([`identity::with_audio_track`]).
+    pub audio_track: bool,
 }
 
 /// A video as the request plan holds it.
@@ -53,6 +56,11 @@ fn plan_from_info(
         return Err(VideoError::TooManyTokens { tokens, limit });
     }
     let mm_hash = identity::video(identity::content(data), &options.sampling, &options.resize);
+    let mm_hash = if options.audio_track {
+        identity::with_audio_track(mm_hash)
+    } else {
+        mm_hash
+    };
     Ok(VideoPlan {
         info,
         indices,

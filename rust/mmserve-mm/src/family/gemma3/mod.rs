@@ -179,6 +179,7 @@ impl Family for Gemma3 {
                 UpdatePart::Embed(Embed {
                     id: spec.image_token_id,
                     n: self.num_tokens(&geometry),
+                    runs: Vec::new(),
                     geometry,
                     of,
                 }),
@@ -247,6 +248,7 @@ mod tests {
                     geometry: g,
                     crops: &grids[..n],
                     timestamps: &[],
+                    sampled_fps: None,
                 };
                 Ok((Modality::Image, family.prompt_update(&item)?))
             })

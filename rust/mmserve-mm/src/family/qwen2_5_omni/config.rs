@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::family::config::{as_u32, ConfigFiles, FamilyFacts};
 use crate::family::qwen_vl::{self, QWEN2_VL};
 use crate::family::registry::FamilyName;
-use crate::family::spec::{invalid, Spec, SpecError};
+use crate::family::spec::{invalid, AudioSpec, Spec, SpecError, TrackInVideo};
 use crate::family::{qwen2_audio, qwen_vl::QwenVariant};
 
 /// `Qwen2_5OmniThinkerConfig`'s defaults (and its tokenizer's vision bos and eos).
@@ -18,6 +18,9 @@ mod defaults {
     pub const IMAGE_TOKEN_INDEX: u32 = 151_655;
     pub const VIDEO_TOKEN_INDEX: u32 = 151_656;
     pub const AUDIO_TOKEN_INDEX: u32 = 151_646;
+    pub const AUDIO_START_TOKEN_ID: u32 = 151_647;
+    pub const AUDIO_END_TOKEN_ID: u32 = 151_648;
+    pub const SECONDS_PER_CHUNK: f64 = 2.0;
     pub const VISION_START_TOKEN_ID: u32 = 151_652;
     pub const VISION_END_TOKEN_ID: u32 = 151_653;
     pub const POSITION_ID_PER_SECONDS: f64 = 25.0;
@@ -38,6 +41,16 @@ fn token(files: &ConfigFiles, keys: &[&'static str], default: u32) -> Result<u32
                 .map(|v| as_u32(v, key))
         })
         .unwrap_or(Ok(default))
+}
+
+/// The number the config names `key`, else the class default.
+fn number(files: &ConfigFiles, key: &'static str, default: f64) -> Result<f64, SpecError> {
+    match files.config.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| invalid(key, format!("expected a number, got {v}"))),
+    }
 }
 
 pub(super) fn read(
@@ -83,16 +96,20 @@ pub(super) fn read(
         &["audio_token_index", "audio_token_id"],
         d::AUDIO_TOKEN_INDEX,
     )?;
-    spec.audio = Some(qwen2_audio::config::audio_spec(files, audio_token_id)?);
-    spec.tokens_per_second = Some(match files.config.get("position_id_per_seconds") {
-        None | Some(Value::Null) => d::POSITION_ID_PER_SECONDS,
-        Some(v) => v.as_f64().ok_or_else(|| {
-            invalid(
-                "position_id_per_seconds",
-                format!("expected a number, got {v}"),
-            )
-        })?,
+    let in_video = TrackInVideo {
+        audio_start_token_id: token(files, &["audio_start_token_id"], d::AUDIO_START_TOKEN_ID)?,
+        audio_end_token_id: token(files, &["audio_end_token_id"], d::AUDIO_END_TOKEN_ID)?,
+        seconds_per_chunk: number(files, "seconds_per_chunk", d::SECONDS_PER_CHUNK)?,
+    };
+    spec.audio = Some(AudioSpec {
+        in_video: Some(in_video),
+        ..qwen2_audio::config::audio_spec(files, audio_token_id)?
     });
+    spec.tokens_per_second = Some(number(
+        files,
+        "position_id_per_seconds",
+        d::POSITION_ID_PER_SECONDS,
+    )?);
     spec.validate()?;
     Ok((spec, facts))
 }
@@ -134,6 +151,12 @@ pub(crate) mod tests {
         assert_eq!(spec.tokens_per_second, Some(25.0));
         let audio = spec.audio.unwrap();
         assert_eq!(audio.audio_token_id, 151_646);
+        let in_video = audio.in_video.unwrap();
+        assert_eq!(
+            (in_video.audio_start_token_id, in_video.audio_end_token_id),
+            (151_647, 151_648)
+        );
+        assert_eq!(in_video.seconds_per_chunk, 2.0);
         assert_eq!(audio.log_mel().chunk_samples(), 4_800_000);
         assert_eq!(Spec::from_json(&spec.to_json()).unwrap(), spec);
         // The text model's facts are the thinker's, not the talker's.

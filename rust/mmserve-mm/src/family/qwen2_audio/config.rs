@@ -132,6 +132,7 @@ pub(crate) fn audio_spec(files: &ConfigFiles, audio_token_id: u32) -> Result<Aud
             .map_err(|_| invalid("n_fft", "too large"))?,
         chunk_length,
         padding_value,
+        in_video: None,
     })
 }
 

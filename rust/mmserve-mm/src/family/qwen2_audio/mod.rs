@@ -68,6 +68,7 @@ pub fn clip_update(audio: &AudioSpec, geometry: Geometry, frames: u32) -> Prompt
         parts: vec![UpdatePart::Embed(Embed {
             id: audio.audio_token_id,
             n: audio_tokens(frames),
+            runs: Vec::new(),
             geometry,
             of: EmbedOf::Whole,
         })],
@@ -173,6 +174,7 @@ mod tests {
                 geometry,
                 crops: &[],
                 timestamps: &[],
+                sampled_fps: None,
             })
             .unwrap();
         let ids = [1, 151_647, AUDIO, 151_648, 2];

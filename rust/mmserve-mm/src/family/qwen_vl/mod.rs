@@ -221,6 +221,7 @@ impl Family for QwenVl {
             resized_height,
             grid_thw,
             time_interval,
+            track: None,
         })
     }
 
@@ -284,6 +285,7 @@ impl Family for QwenVl {
             UpdatePart::Embed(Embed {
                 id,
                 n: self.num_tokens(&geometry),
+                runs: Vec::new(),
                 geometry,
                 of,
             })
@@ -300,6 +302,7 @@ impl Family for QwenVl {
                 resized_height,
                 grid_thw: [t, h, w],
                 time_interval,
+                ..
             } => {
                 let pad = spec.video_token_id.ok_or(ProcessError::VideoUnsupported)?;
                 if item.timestamps.is_empty() {
@@ -316,6 +319,7 @@ impl Family for QwenVl {
                         resized_height,
                         grid_thw: [1, h, w],
                         time_interval,
+                        track: None,
                     };
                     let mut parts = Vec::with_capacity(4 * item.timestamps.len());
                     for (g, text) in (0..).zip(item.timestamps) {
@@ -410,6 +414,7 @@ mod tests {
                     geometry,
                     crops: &[],
                     timestamps: &[],
+                    sampled_fps: None,
                 };
                 Ok((modality, family.prompt_update(&item)?))
             })
@@ -513,6 +518,7 @@ mod tests {
                 geometry,
                 crops: &[],
                 timestamps,
+                sampled_fps: None,
             };
             qwen3.prompt_update(&item)
         };
