@@ -11,6 +11,7 @@ import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from mmserve.cli import main
 from mmserve.frontend.cli import serve, server_config
 from mmserve.frontend.dispatch import Pipeline
+from mmserve.frontend.openapi import openapi_document
 from tests.support.deployment import free_port
 
 from .conftest import EchoDispatcher, RunningFrontend, parse_frontend_args
@@ -77,6 +79,21 @@ def test_openapi_document(frontend: RunningFrontend) -> None:
     for described in (properties["ignore_eos"], properties["min_tokens"]):
         assert described["description"]
     assert "every chunk" in stream_options["continuous_usage_stats"]["description"]
+
+
+def test_the_document_offers_use_audio_in_video_only_to_a_model_that_serves_a_track() -> None:
+    """Qwen2.5-Omni reads a video's own audio track; any other model refuses the option, so
+    its document accepts it only unset or false."""
+
+    def option(audio_in_video: bool) -> dict[str, Any]:
+        document = openapi_document("m", (1, 2), audio_in_video=audio_in_video)
+        return document["components"]["schemas"]["MMProcessorKwargs"]["properties"][
+            "use_audio_in_video"
+        ]
+
+    assert option(False)["enum"] == [None, False]
+    served = option(True)
+    assert "enum" not in served and "boolean" in json.dumps(served)
 
 
 def _metric_samples(frontend: RunningFrontend) -> dict[str, float]:

@@ -93,6 +93,16 @@ def _restrict_structured_outputs(components: dict[str, Any]) -> None:
             }
 
 
+def _restrict_audio_in_video(components: dict[str, Any]) -> None:
+    """A model that serves no video's own audio track: `use_audio_in_video` only unset or
+    false."""
+    components["MMProcessorKwargs"]["properties"]["use_audio_in_video"] = {
+        "enum": [None, False],
+        "default": None,
+        "description": "Not supported by this model: accepted only unset or false",
+    }
+
+
 def _restrict_choices(schema: dict[str, Any], max_n: int) -> None:
     """`n` up to the server's `--max-n`, and `best_of` unset or equal to `n` (one variant per
     `n`: JSON Schema cannot compare two fields)."""
@@ -258,11 +268,12 @@ def openapi_document(
     video: VideoRange | None = None,
     pan_and_scan: PanAndScanRange | None = None,
     max_n: int = DEFAULT_MAX_N,
+    audio_in_video: bool = False,
 ) -> dict[str, Any]:
     """The document of a server that serves `model` with images resized within `pixels`
     (min_pixels, max_pixels), videos sampled within `video` (None: no video), images
-    panned and scanned within `pan_and_scan` (None: not at all) and at most `max_n`
-    completions a request."""
+    panned and scanned within `pan_and_scan` (None: not at all), at most `max_n`
+    completions a request, and a video's own audio track if `audio_in_video`."""
     (_, components) = msgspec.json.schema_components(
         [
             ChatCompletionRequest,
@@ -290,6 +301,8 @@ def openapi_document(
     ):
         _require_media_or_uuid(components[part], field)
     _restrict_structured_outputs(components)
+    if not audio_in_video:
+        _restrict_audio_in_video(components)
     security = _SECURITY
     return {
         "openapi": "3.1.0",
