@@ -71,6 +71,7 @@ class _PanickingPreprocessor:
     pixel_range = PixelRange(3136, 12845056, model=(3136, 12845056))  # and the pixel bounds
     video_range = None  # and that it takes no video
     pan_and_scan = None  # nor pans and scans
+    audio_in_video = False  # nor serves a video's own audio track
 
     def validate(self, request: p.ChatCompletionRequest) -> None:
         raise PanicException("attempt to multiply with overflow")

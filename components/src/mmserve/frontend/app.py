@@ -157,7 +157,7 @@ class FrontendApp:
                 preprocessor.video_range,
                 preprocessor.pan_and_scan,
                 preprocessor.options.max_n,
-                audio_in_video=preprocessor.model.spec.core.audio_in_video,
+                audio_in_video=preprocessor.audio_in_video,
             )
         )
 

@@ -248,6 +248,8 @@ class ChatPreprocessor:
             if model.spec.core.takes_video
             else None
         )
+        # Whether a video's own audio track is served (`use_audio_in_video`).
+        self.audio_in_video = model.spec.core.audio_in_video
         # The ids of the texts the driver writes into prompts, checked against the tokenizer.
         self.text_pieces = text_pieces(model.tokenizer, model.spec)
         self.media_ids = MediaIds()
@@ -290,7 +292,7 @@ class ChatPreprocessor:
         if (
             request.mm_processor_kwargs
             and request.mm_processor_kwargs.use_audio_in_video
-            and not self.model.spec.core.audio_in_video
+            and not self.audio_in_video
         ):
             raise ApiError(
                 ERROR_UNSUPPORTED_OPTION,
