@@ -473,13 +473,11 @@ async def test_an_encoder_waits_for_the_language_worker_that_starts_just_after_i
         assert "registered to take encoded requests" in raised.value.message
         assert time.monotonic() - started >= DISCOVERY_GRACE
 
-        async def worker_starts_later() -> None:
-            await asyncio.sleep(DISCOVERY_GRACE / 4)
-            await deployment.start(Role.WORKER, engines[1])
-
+        # The request is sent first; the worker registers while the encoder waits (its
+        # registration takes several round trips to nats-server, the request one).
         again = msgspec.structs.replace(request, request_id=uuid.uuid4().hex)
         chunks, _ = await asyncio.gather(
-            deployment.stream(Role.ENCODE, again), worker_starts_later()
+            deployment.stream(Role.ENCODE, again), deployment.start(Role.WORKER, engines[1])
         )
         assert_complete(chunks, again)
     finally:
