@@ -218,6 +218,12 @@ def test_bad_audio_is_refused_by_the_frontend_naming_the_part(
             "audio.unsupported_container",
         ),
         (input_audio(wav_bytes(np.zeros((0, 1)), 16000, "s16"), "wav"), 400, "audio.empty"),
+        # Float samples far past full scale: features float32 cannot hold (found by fuzzing).
+        (
+            input_audio(wav_bytes(rng.standard_normal((8000, 1)) * 1e30, 16000, "f32"), "wav"),
+            400,
+            "audio.corrupt",
+        ),
         (input_audio(too_long, "wav"), 413, "audio.too_long"),
         (
             {"type": "input_audio", "input_audio": {"data": "!!not base64!!", "format": "wav"}},

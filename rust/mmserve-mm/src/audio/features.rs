@@ -290,6 +290,14 @@ impl LogMel {
         });
         // The floor is the loudest value less 8 (log10 units), at least the clamp's log.
         let loudest = logs.iter().map(|b| b.loudest).fold(LOG_FLOOR, f64::max);
+        // Float samples far past full scale (a float WAV's can reach 3e38) make powers that
+        // float32 features cannot hold: the extractor's would be infinite, then NaN.
+        if loudest > f64::from(f32::MAX) {
+            return Err(AudioError::Corrupt(format!(
+                "its samples reach {:.1e}, far past full scale (1.0)",
+                kept.iter().fold(0f32, |peak, s| peak.max(s.abs()))
+            )));
+        }
         let floor = (loudest.log10() - DYNAMIC_RANGE) as f32;
         let scaled = |log: f32| (log.max(floor) + 4.0) * 0.25;
         // Transposed to `[mels, frames]`, a row at a time, each written once in order.
@@ -476,6 +484,17 @@ mod tests {
         );
         assert!(s.all_padding(3, 3));
         assert!(!s.all_padding(2, 3));
+    }
+
+    #[test]
+    fn samples_whose_power_overflows_float32_are_refused() {
+        let mel = LogMel::new(LogMelConfig::whisper(80)).unwrap();
+        let mut loud = tone(8000, 440.0, 16000.0);
+        assert!(mel.extract(&loud).is_ok());
+        loud[4000] = 1e30;
+        let err = mel.extract(&loud).unwrap_err();
+        assert_eq!(err.code(), "audio.corrupt");
+        assert!(err.to_string().contains("1.0e30"), "{err}");
     }
 
     #[test]
