@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use realfft::{RealFftPlanner, RealToComplex};
+use serde::{Deserialize, Serialize};
 
 use crate::audio::error::AudioError;
 use crate::audio::mel::{hann_window, mel_filters, MelFilter};
@@ -27,13 +28,15 @@ const LOG_FLOOR_LOG10: f32 = -10.0;
 /// The log-mel values are floored at the clip's maximum less this (in log10 units).
 const DYNAMIC_RANGE: f64 = 8.0;
 
-/// How the clip is brought to the length the features are computed over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the clip is brought to the length the features are computed over (in the spec JSON,
+/// the processor's name: `"max_length"` or `"longest"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Padding {
     /// Padded with the padding value to the chunk (`padding="max_length"`: Whisper,
     /// Qwen2-Audio, Qwen2.5-Omni).
     MaxLength,
-    /// Left as long as it is (`padding="longest"` with one clip: Qwen3-Omni).
+    /// Left as long as it is (`padding=True`, i.e. `"longest"`, with one clip: Qwen3-Omni).
     Longest,
 }
 
