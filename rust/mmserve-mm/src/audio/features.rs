@@ -95,6 +95,12 @@ impl LogMelConfig {
         }
     }
 
+    /// Whether a clip of `samples` can be featurized: torch's reflect padding needs more
+    /// samples than the half window it reflects.
+    pub fn extractable(&self, samples: usize) -> bool {
+        self.padded_len(samples) > self.n_fft / 2
+    }
+
     /// `(frames, valid_frames)` for a clip of `samples`: the feature frames, and the sum of the
     /// extractor's attention mask over them (frames that start on the clip's own samples).
     pub fn frames(&self, samples: usize) -> (usize, usize) {
@@ -262,12 +268,10 @@ impl LogMel {
         let config = &self.config;
         let kept = &samples[..config.kept_samples(samples.len())];
         let len = config.padded_len(samples.len());
-        let half = config.n_fft / 2;
-        if len <= half {
-            // torch's reflect padding needs more samples than it reflects.
+        if !config.extractable(samples.len()) {
             return Err(AudioError::TooShort {
                 samples: samples.len(),
-                min: half + 1,
+                min: config.n_fft / 2 + 1,
             });
         }
         let signal = Signal {
