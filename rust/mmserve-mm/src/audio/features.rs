@@ -397,8 +397,22 @@ mod tests {
             truncation: false,
             ..c
         };
-        assert_eq!(longest.frames(16001), (100, 100));
-        assert_eq!(longest.frames(960_000), (6000, 6000));
+        // `padding=True, truncation=False`: the frames and the mask's sum are both
+        // `samples // hop` (the mask's ceil less the dropped last frame).
+        for (samples, frames) in [
+            (1600, 10),
+            (1601, 10),
+            (1759, 10),
+            (16_000, 100),
+            (16_001, 100),
+            (48_007, 300),
+            (560_000, 3500),
+            (960_000, 6000),
+        ] {
+            assert_eq!(longest.frames(samples), (frames, frames), "{samples}");
+        }
+        assert!(!longest.extractable(200) && longest.extractable(201));
+        assert!(c.extractable(1));
     }
 
     #[test]
