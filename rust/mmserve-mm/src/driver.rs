@@ -522,8 +522,9 @@ fn clip_geometry(
         max_samples: extractor.truncation.then(|| extractor.chunk_samples()),
     };
     let kept = |n: u64| extractor.kept_samples(usize::try_from(n).unwrap_or(usize::MAX));
-    // Settled where every count the bounds allow makes the same frames.
-    let settled = |b: &SampleBounds| extractor.frames(kept(b.min)) == extractor.frames(kept(b.max));
+    let plan = |n: usize| (extractor.frames(n), extractor.extractable(n));
+    // Settled where every count the bounds allow makes the same frames, featurized alike.
+    let settled = |b: &SampleBounds| plan(kept(b.min)) == plan(kept(b.max));
     let samples = match count_samples(bytes, format, &decode, &options.audio, settled)? {
         SampleCount::Bounded(bounds) => kept(bounds.min),
         SampleCount::Decoded(decoded) => extractor.kept_samples(decoded.samples.len()),
@@ -534,12 +535,22 @@ fn clip_geometry(
         samples: samples as u64,
         frames,
     };
-    if family.num_tokens(&geometry) == 0 {
-        return Err(AudioError::TooShort {
-            samples,
-            min: 2 * extractor.hop_length + 1,
-        }
-        .into());
+    // A clip must make a token, and (unpadded) more samples than the half window the
+    // extractor reflects.
+    let takes = |n: usize| {
+        let (_, valid) = extractor.frames(n);
+        let frames = u32::try_from(valid).unwrap_or(u32::MAX);
+        extractor.extractable(n)
+            && family.num_tokens(&Geometry::Audio {
+                samples: n as u64,
+                frames,
+            }) > 0
+    };
+    if !takes(samples) {
+        // The shortest clip taken lies within a few hops and a window.
+        let bound = 16 * extractor.hop_length + extractor.n_fft;
+        let min = (samples + 1..=bound).find(|&n| takes(n)).unwrap_or(bound);
+        return Err(AudioError::TooShort { samples, min }.into());
     }
     Ok((extractor, geometry))
 }

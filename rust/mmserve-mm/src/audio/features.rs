@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use realfft::{RealFftPlanner, RealToComplex};
+use serde::{Deserialize, Serialize};
 
 use crate::audio::error::AudioError;
 use crate::audio::mel::{hann_window, mel_filters, MelFilter};
@@ -27,13 +28,15 @@ const LOG_FLOOR_LOG10: f32 = -10.0;
 /// The log-mel values are floored at the clip's maximum less this (in log10 units).
 const DYNAMIC_RANGE: f64 = 8.0;
 
-/// How the clip is brought to the length the features are computed over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the clip is brought to the length the features are computed over (in the spec JSON,
+/// the processor's name: `"max_length"` or `"longest"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Padding {
     /// Padded with the padding value to the chunk (`padding="max_length"`: Whisper,
     /// Qwen2-Audio, Qwen2.5-Omni).
     MaxLength,
-    /// Left as long as it is (`padding="longest"` with one clip: Qwen3-Omni).
+    /// Left as long as it is (`padding=True`, i.e. `"longest"`, with one clip: Qwen3-Omni).
     Longest,
 }
 
@@ -90,6 +93,12 @@ impl LogMelConfig {
             Padding::MaxLength => kept.max(self.chunk_samples()),
             Padding::Longest => kept,
         }
+    }
+
+    /// Whether a clip of `samples` can be featurized: torch's reflect padding needs more
+    /// samples than the half window it reflects.
+    pub fn extractable(&self, samples: usize) -> bool {
+        self.padded_len(samples) > self.n_fft / 2
     }
 
     /// `(frames, valid_frames)` for a clip of `samples`: the feature frames, and the sum of the
@@ -259,12 +268,10 @@ impl LogMel {
         let config = &self.config;
         let kept = &samples[..config.kept_samples(samples.len())];
         let len = config.padded_len(samples.len());
-        let half = config.n_fft / 2;
-        if len <= half {
-            // torch's reflect padding needs more samples than it reflects.
+        if !config.extractable(samples.len()) {
             return Err(AudioError::TooShort {
                 samples: samples.len(),
-                min: half + 1,
+                min: config.n_fft / 2 + 1,
             });
         }
         let signal = Signal {
@@ -398,8 +405,22 @@ mod tests {
             truncation: false,
             ..c
         };
-        assert_eq!(longest.frames(16001), (100, 100));
-        assert_eq!(longest.frames(960_000), (6000, 6000));
+        // `padding=True, truncation=False`: the frames and the mask's sum are both
+        // `samples // hop` (the mask's ceil less the dropped last frame).
+        for (samples, frames) in [
+            (1600, 10),
+            (1601, 10),
+            (1759, 10),
+            (16_000, 100),
+            (16_001, 100),
+            (48_007, 300),
+            (560_000, 3500),
+            (960_000, 6000),
+        ] {
+            assert_eq!(longest.frames(samples), (frames, frames), "{samples}");
+        }
+        assert!(!longest.extractable(200) && longest.extractable(201));
+        assert!(c.extractable(1));
     }
 
     #[test]

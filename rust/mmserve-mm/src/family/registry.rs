@@ -13,7 +13,7 @@ use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::family::config::{Checkpoint, ConfigFiles, FamilyFacts, ModelFacts};
 use crate::family::spec::{Spec, SpecError};
-use crate::family::{gemma3, qwen2_5_omni, qwen2_audio, qwen_vl};
+use crate::family::{gemma3, qwen2_5_omni, qwen2_audio, qwen3_omni_moe, qwen_vl};
 use crate::pipeline::{Family, Modality};
 use crate::video::VideoFamily;
 
@@ -89,6 +89,9 @@ families! {
     /// Qwen2.5-Omni's thinker: Qwen2.5-VL's vision and Qwen2-Audio's clips in one prompt,
     /// TMRoPE positions.
     Qwen25Omni = "qwen2_5_omni" => &qwen2_5_omni::QWEN2_5_OMNI,
+    /// Qwen3-Omni-MoE's thinker: Qwen2.5-Omni's with Qwen3-VL's vision tower (deepstack), its
+    /// own audio tower over unpadded clips, and no audio track in a video.
+    Qwen3OmniMoe = "qwen3_omni_moe" => &qwen3_omni_moe::QWEN3_OMNI_MOE,
 }
 
 impl FamilyName {
@@ -215,7 +218,8 @@ mod tests {
         }
         assert_eq!(
             FamilyName::known(),
-            "gemma3, qwen2_5_omni, qwen2_5_vl, qwen2_audio, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_vl, qwen3_vl_moe"
+            "gemma3, qwen2_5_omni, qwen2_5_vl, qwen2_audio, qwen2_vl, qwen3_5, qwen3_5_moe, \
+             qwen3_omni_moe, qwen3_vl, qwen3_vl_moe"
         );
     }
 

@@ -9,6 +9,7 @@ use thiserror::Error;
 use crate::audio::features::{LogMelConfig, Padding};
 use crate::error::ErrorCode;
 use crate::family::registry::FamilyName;
+use crate::family::{qwen2_audio, qwen3_omni_moe};
 use crate::identity::PixelBounds;
 use crate::image::pan_and_scan::PanAndScan;
 use crate::image::resize::{Backend, Filter};
@@ -107,9 +108,9 @@ pub struct Spec {
     pub audio: Option<AudioSpec>,
 }
 
-/// A Whisper-style feature extractor's parameters (`preprocessor_config.json`) and the
-/// placeholder a clip's tokens expand from. Clips are padded to the chunk and cut to it
-/// (`padding="max_length"`, truncation: what Qwen2-Audio's processor asks).
+/// A Whisper-style feature extractor's parameters (`preprocessor_config.json`), how the
+/// family's processor calls it, the placeholder a clip's tokens expand from and the rule that
+/// counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AudioSpec {
@@ -120,6 +121,19 @@ pub struct AudioSpec {
     pub n_fft: usize,
     pub chunk_length: u32,
     pub padding_value: f32,
+    /// The processor's `padding`: `max_length`, to the chunk (Qwen2-Audio, Qwen2.5-Omni; the
+    /// default), or `longest` (Qwen3-Omni's `padding=True`: one clip keeps its length).
+    #[serde(default = "max_length", skip_serializing_if = "is_max_length")]
+    pub padding: Padding,
+    /// The processor's `truncation`: whether a clip past the chunk is cut to it (the
+    /// default), or bounded only by the operator's longest clip (Qwen3-Omni).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub truncation: bool,
+    /// Qwen3-Omni's audio tower window (`audio_config.n_window`): a clip's tokens count per
+    /// `2 * n_window` frames ([`crate::family::qwen3_omni_moe::audio_tokens`]). `None`:
+    /// Qwen2-Audio's count over the whole clip ([`crate::family::qwen2_audio::audio_tokens`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_window: Option<u32>,
     /// How a video's own audio track interleaves with its frames, for a family that serves
     /// it (`use_audio_in_video`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,14 +161,38 @@ impl AudioSpec {
             n_fft: self.n_fft,
             chunk_length: self.chunk_length,
             padding_value: self.padding_value,
-            padding: Padding::MaxLength,
-            truncation: true,
+            padding: self.padding,
+            truncation: self.truncation,
+        }
+    }
+
+    /// The tokens a clip of `frames` valid feature frames expands to.
+    pub fn tokens(&self, frames: u32) -> usize {
+        match self.n_window {
+            None => qwen2_audio::audio_tokens(frames),
+            Some(n_window) => qwen3_omni_moe::audio_tokens(frames, n_window),
         }
     }
 }
 
 fn is_false(value: &bool) -> bool {
     !value
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn max_length() -> Padding {
+    Padding::MaxLength
+}
+
+fn is_max_length(padding: &Padding) -> bool {
+    *padding == Padding::MaxLength
 }
 
 #[derive(Debug, Error)]
@@ -295,6 +333,9 @@ impl Spec {
                 .log_mel()
                 .validate()
                 .map_err(|e| invalid("audio", e.to_string()))?;
+            if audio.n_window == Some(0) {
+                return Err(invalid("audio_config.n_window", "0 frames"));
+            }
         }
         for (field, v) in [
             ("patch_size", self.patch_size),

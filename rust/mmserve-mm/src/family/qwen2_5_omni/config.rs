@@ -31,7 +31,11 @@ const VISION: QwenVariant = QWEN2_VL;
 
 /// A token id under the first of `keys` the config names (the thinker's, then Qwen-VL's), else
 /// the class default.
-fn token(files: &ConfigFiles, keys: &[&'static str], default: u32) -> Result<u32, SpecError> {
+pub(crate) fn token(
+    files: &ConfigFiles,
+    keys: &[&'static str],
+    default: u32,
+) -> Result<u32, SpecError> {
     keys.iter()
         .find_map(|&key| {
             files
@@ -44,13 +48,26 @@ fn token(files: &ConfigFiles, keys: &[&'static str], default: u32) -> Result<u32
 }
 
 /// The number the config names `key`, else the class default.
-fn number(files: &ConfigFiles, key: &'static str, default: f64) -> Result<f64, SpecError> {
+pub(crate) fn number(
+    files: &ConfigFiles,
+    key: &'static str,
+    default: f64,
+) -> Result<f64, SpecError> {
     match files.config.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(v) => v
             .as_f64()
             .ok_or_else(|| invalid(key, format!("expected a number, got {v}"))),
     }
+}
+
+/// The files as Qwen-VL's reader takes them: the thinker's `ids` under Qwen-VL's names.
+pub(crate) fn with_vision_ids(files: &ConfigFiles, ids: [(&str, u32); 4]) -> ConfigFiles {
+    let mut vision_files = files.clone();
+    for (key, id) in ids {
+        vision_files.config.insert(key.to_owned(), id.into());
+    }
+    vision_files
 }
 
 pub(super) fn read(
@@ -85,12 +102,7 @@ pub(super) fn read(
             token(files, &["vision_end_token_id"], d::VISION_END_TOKEN_ID)?,
         ),
     ];
-    // Qwen-VL's reader, over the thinker's ids under Qwen-VL's names.
-    let mut vision_files = files.clone();
-    for (key, id) in ids {
-        vision_files.config.insert(key.to_owned(), id.into());
-    }
-    let (mut spec, facts) = qwen_vl::config::read(&VISION, name, &vision_files)?;
+    let (mut spec, facts) = qwen_vl::config::read(&VISION, name, &with_vision_ids(files, ids))?;
     let audio_token_id = token(
         files,
         &["audio_token_index", "audio_token_id"],

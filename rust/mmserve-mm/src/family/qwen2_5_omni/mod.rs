@@ -14,7 +14,7 @@ pub(crate) mod config;
 use std::sync::Arc;
 
 use crate::family::config::{ConfigFiles, FamilyFacts};
-use crate::family::qwen2_audio::{audio_tokens, clip_update};
+use crate::family::qwen2_audio::clip_update;
 use crate::family::qwen_vl::{with_delta, QwenVl};
 use crate::family::registry::{FamilyModule, FamilyName};
 use crate::family::spec::{AudioSpec, Spec, SpecError};
@@ -41,7 +41,7 @@ impl FamilyModule for Qwen25OmniModule {
     }
 
     fn build(&self, spec: Spec) -> Result<Arc<dyn Family>, SpecError> {
-        Ok(Arc::new(Qwen25Omni::new(spec)?))
+        Ok(Arc::new(OmniThinker::new(spec)?))
     }
 
     fn modalities(&self) -> &'static [Modality] {
@@ -53,16 +53,18 @@ impl FamilyModule for Qwen25OmniModule {
     }
 }
 
-/// The thinker configured by its spec (which has an `audio` part and, as
-/// `tokens_per_second`, the thinker's `position_id_per_seconds`).
+/// An Omni thinker configured by its spec (which has an `audio` part and, as
+/// `tokens_per_second`, the thinker's `position_id_per_seconds`): Qwen2.5-Omni's, and
+/// Qwen3-Omni's ([`crate::family::qwen3_omni_moe`]), whose spec counts a clip's tokens by its
+/// own rule, pads clips to their own length and serves no track in a video.
 #[derive(Debug, Clone)]
-pub struct Qwen25Omni {
+pub struct OmniThinker {
     vision: QwenVl,
     audio: AudioSpec,
     position_id_per_seconds: f32,
 }
 
-impl Qwen25Omni {
+impl OmniThinker {
     pub fn new(spec: Spec) -> Result<Self, SpecError> {
         let audio = spec.audio.ok_or(SpecError::Missing("audio"))?;
         let position_id_per_seconds =
@@ -76,7 +78,7 @@ impl Qwen25Omni {
     }
 }
 
-impl Family for Qwen25Omni {
+impl Family for OmniThinker {
     fn spec(&self) -> &Spec {
         self.vision.spec()
     }
@@ -94,11 +96,11 @@ impl Family for Qwen25Omni {
 
     fn num_tokens(&self, geometry: &Geometry) -> usize {
         match geometry {
-            Geometry::Audio { frames, .. } => audio_tokens(*frames),
+            Geometry::Audio { frames, .. } => self.audio.tokens(*frames),
             Geometry::Video {
                 track: Some(frames),
                 ..
-            } => self.vision.num_tokens(geometry) + audio_tokens(*frames),
+            } => self.vision.num_tokens(geometry) + self.audio.tokens(*frames),
             _ => self.vision.num_tokens(geometry),
         }
     }
@@ -171,12 +173,13 @@ impl Family for Qwen25Omni {
             geometries,
             self.spec().merge_size,
             self.position_id_per_seconds,
+            &self.audio,
             self.tokens_per_chunk(),
         )
     }
 }
 
-impl Qwen25Omni {
+impl OmniThinker {
     /// The interleaving's chunk in positions: `int(position_id_per_seconds *
     /// seconds_per_chunk)`, as both the processor and `get_rope_index` take it.
     fn tokens_per_chunk(&self) -> i64 {
@@ -208,7 +211,7 @@ impl Qwen25Omni {
         let video: Vec<f64> = (0..t)
             .flat_map(|ti| std::iter::repeat_n(f64::from(ti) * second_per_grid * pips, per_patch))
             .collect();
-        let audio: Vec<f64> = (0..audio_tokens(frames)).map(|k| k as f64).collect();
+        let audio: Vec<f64> = (0..self.audio.tokens(frames)).map(|k| k as f64).collect();
         let chunk = self.tokens_per_chunk() as f64;
         let runs = interleave(
             (video_token, &chunked(&video, chunk)),
@@ -273,13 +276,15 @@ fn interleave(
 /// audio track ([`Geometry::Video::track`]) takes its two bos tokens at one position, its
 /// frames and its track both from the next (the track's tokens counting on by one), laid out
 /// chunk by chunk as `get_rope_index` chunks them (`tokens_per_chunk` positions), and its two
-/// eos tokens one past the largest position of the last chunk laid.
+/// eos tokens one past the largest position of the last chunk laid (`audio` counts the
+/// track's tokens).
 pub fn tmrope(
     len: usize,
     offsets: &[(usize, usize)],
     geometries: &[Geometry],
     merge: u32,
     position_id_per_seconds: f32,
+    audio: &AudioSpec,
     tokens_per_chunk: i64,
 ) -> Result<Positions, ProcessError> {
     if offsets.len() != geometries.len() {
@@ -312,7 +317,7 @@ pub fn tmrope(
             Geometry::Video {
                 track: Some(frames),
                 ..
-            } => Some(audio_tokens(frames)),
+            } => Some(audio.tokens(frames)),
             _ => None,
         };
         // The text before the item; a video with its track shares one position between its
@@ -433,9 +438,9 @@ mod tests {
     use super::*;
     use crate::family::registry::spec_from_hf_configs;
 
-    fn omni() -> Qwen25Omni {
+    fn omni() -> OmniThinker {
         let spec = spec_from_hf_configs(config::tests::PREPROCESSOR, config::tests::CONFIG);
-        Qwen25Omni::new(spec.unwrap()).unwrap()
+        OmniThinker::new(spec.unwrap()).unwrap()
     }
 
     fn rows(p: Positions) -> (Vec<i64>, i64) {

@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+use crate::audio::features::Padding;
 use crate::family::config::{as_u32, as_u64, ConfigFiles, FamilyFacts, Object};
 use crate::family::registry::FamilyName;
 use crate::family::spec::{invalid, AudioSpec, Spec, SpecError};
@@ -70,7 +71,8 @@ pub(super) fn read(files: &ConfigFiles) -> Result<(Spec, FamilyFacts), SpecError
 
 /// The audio part of a spec: `WhisperFeatureExtractor`'s keys in `preprocessor_config.json`
 /// (its class defaults where left out), checked against the encoder's `audio_config.num_mel_bins`.
-/// Qwen2.5-Omni's thinker reads its clips the same way.
+/// Padded to the chunk and cut to it, each clip's tokens counted by Qwen2-Audio's rule;
+/// the Omni thinkers read their clips the same way and set their own processor's call.
 pub(crate) fn audio_spec(files: &ConfigFiles, audio_token_id: u32) -> Result<AudioSpec, SpecError> {
     use defaults as d;
 
@@ -132,6 +134,9 @@ pub(crate) fn audio_spec(files: &ConfigFiles, audio_token_id: u32) -> Result<Aud
             .map_err(|_| invalid("n_fft", "too large"))?,
         chunk_length,
         padding_value,
+        padding: Padding::MaxLength,
+        truncation: true,
+        n_window: None,
         in_video: None,
     })
 }

@@ -61,13 +61,13 @@ pub fn audio_tokens(frames: u32) -> usize {
     ((after_conv - 2).div_euclid(2) + 1).max(0) as usize
 }
 
-/// A clip's `<|AUDIO|>` repeated once per audio token of its `frames` valid frames (the ids
-/// around it stay).
+/// A clip's `<|AUDIO|>` repeated once per audio token of its `frames` valid frames, as
+/// `audio` counts them (the ids around it stay).
 pub fn clip_update(audio: &AudioSpec, geometry: Geometry, frames: u32) -> PromptUpdate {
     PromptUpdate {
         parts: vec![UpdatePart::Embed(Embed {
             id: audio.audio_token_id,
-            n: audio_tokens(frames),
+            n: audio.tokens(frames),
             runs: Vec::new(),
             geometry,
             of: EmbedOf::Whole,
@@ -102,7 +102,7 @@ impl Family for Qwen2Audio {
 
     fn num_tokens(&self, geometry: &Geometry) -> usize {
         match geometry {
-            Geometry::Audio { frames, .. } => audio_tokens(*frames),
+            Geometry::Audio { frames, .. } => self.audio.tokens(*frames),
             _ => 0,
         }
     }
