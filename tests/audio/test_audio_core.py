@@ -446,6 +446,23 @@ def test_samples_that_are_not_numbers_are_refused(short_wav: tuple[np.ndarray, b
         )
 
 
+def test_samples_whose_features_overflow_are_refused(short_wav: tuple[np.ndarray, bytes]) -> None:
+    """Finite float samples past 1e15 make mel powers float32 cannot hold (the extractor's
+    features are infinite, then NaN); a float file at a 24-bit integer scale decodes as it is."""
+    x, _ = short_wav
+    for peak, refused in [(8388607.0, False), (1e30, True)]:
+        y = x.astype(np.float32).copy()
+        y[1000] = peak
+        data = wav_bytes(y, 16000, "f32")
+        if not refused:
+            decoded = _mm.decode_audio(data, sample_rate=RATE)[1]
+            assert decoded.max() == peak
+            continue
+        code, message = media_error(functools.partial(_mm.decode_audio, data, sample_rate=RATE))
+        assert code == "audio.corrupt"
+        assert "its samples reach 1.0e30" in message
+
+
 def test_a_clip_over_the_duration_cap_is_refused_from_its_headers(clips: Clips) -> None:
     data = clips["speech_like_31.3s_44100hz_2ch_mp3_cbr"]
     code, message = media_error(lambda: _mm.probe_audio(data, max_duration_s=30.0))

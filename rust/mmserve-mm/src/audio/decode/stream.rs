@@ -23,6 +23,11 @@ const LENGTH_SLACK_FRACTION: f64 = 0.01;
 const MAX_RESERVED: usize = 960_000;
 const RESERVE_MARGIN: usize = 4096;
 
+/// The largest sample magnitude decoded audio may hold: a frame's mel power is at most about
+/// 1e5 times its square, and float32 features overflow past 3.4e38. Real audio stays near 1.0
+/// (a float file written at a 24-bit integer scale reaches 8.4e6).
+const MAX_SAMPLE_MAGNITUDE: f32 = 1e15;
+
 /// torchcodec's pre-roll: the frames a lossy codec needs decoded before the first sample
 /// wanted, else this many seconds where the frame size is unknown.
 const PREROLL_FRAMES: f64 = 4.0;
@@ -178,11 +183,19 @@ impl AudioInput<'_> {
         if complete {
             length.check_complete(out.len())?;
         }
-        // A float file may hold NaN or infinities, which no model input should carry.
+        // A float file may hold NaN or infinities, which no model input should carry, or
+        // values so far past full scale that their features overflow float32.
         if out.iter().any(|s| !s.is_finite()) {
             return Err(AudioError::Corrupt(
                 "it holds samples that are not finite numbers".into(),
             ));
+        }
+        let peak = out.iter().fold(0f32, |peak, s| peak.max(s.abs()));
+        if peak > MAX_SAMPLE_MAGNITUDE {
+            return Err(AudioError::Corrupt(format!(
+                "its samples reach {peak:.1e}, past the {MAX_SAMPLE_MAGNITUDE:.0e} whose \
+                 features float32 holds (full scale is 1.0)"
+            )));
         }
         Ok(DecodedAudio {
             samples: out,
