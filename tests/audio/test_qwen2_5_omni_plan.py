@@ -123,17 +123,15 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
 
 def _sampled_video(video: bytes, settings: Any) -> dict[str, Any]:
     """The processor's video inputs for `video`: the frames the core samples under
-    `settings`, at their sampled rate and the settings' pixel bounds."""
+    `settings`, at their sampled rate."""
     frames, metadata, sampled_fps = sampled_frames(video, settings)
-    sampling = settings.sampling
     return {
         "videos": [frames],
         "video_metadata": [metadata],
         "do_sample_frames": False,
-        "videos_kwargs": {
-            "fps": sampled_fps,
-            "size": {"shortest_edge": sampling.min_pixels, "longest_edge": sampling.max_pixels},
-        },
+        # The processor's own frame size bounds (its `videos_kwargs`), which the plan's
+        # defaults must equal.
+        "videos_kwargs": {"fps": sampled_fps},
         "input_data_format": "channels_last",
     }
 

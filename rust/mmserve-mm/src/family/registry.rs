@@ -39,6 +39,13 @@ pub trait FamilyModule: Sync {
     fn video_processor(&self) -> Option<VideoFamily> {
         None
     }
+
+    /// The per-frame `(min_pixels, max_pixels)` the family's processor passes its video
+    /// processor by default (its `videos_kwargs` size), which override the video processor's
+    /// own config; `None` where the processor passes none.
+    fn video_pixel_bounds(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// The registry: `Name = "model_type" => module,` makes [`FamilyName`] and its lookups.
@@ -113,6 +120,11 @@ impl FamilyName {
     /// Whose video processor's rules its videos follow; `None` for a family without video.
     pub fn video_processor(self) -> Option<VideoFamily> {
         self.module().video_processor()
+    }
+
+    /// The per-frame pixel bounds its processor imposes on videos, if any.
+    pub fn video_pixel_bounds(self) -> Option<(u64, u64)> {
+        self.module().video_pixel_bounds()
     }
 }
 

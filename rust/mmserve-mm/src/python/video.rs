@@ -436,7 +436,9 @@ impl PyVideoOptions {
     }
 
     /// The options a checkpoint's `video_preprocessor_config.json` (or, without one, its
-    /// `preprocessor_config.json`) gives, as transformers' video processor reads them.
+    /// `preprocessor_config.json`) gives, as transformers' video processor reads them, with
+    /// the per-frame pixel bounds the family's processor imposes where it does (the Omni
+    /// thinkers').
     #[staticmethod]
     #[pyo3(signature = (json, *, family = "qwen2_vl", max_duration_s = None,
         max_frames_decoded = None, max_pixels_per_frame = None, max_tokens = None))]
@@ -448,7 +450,13 @@ impl PyVideoOptions {
         max_pixels_per_frame: Option<u64>,
         max_tokens: Option<usize>,
     ) -> PyResult<Self> {
-        let config = video_config_from_hf(json, self::family(family)?).map_err(to_py)?;
+        let mut config = video_config_from_hf(json, self::family(family)?).map_err(to_py)?;
+        if let Some((min_pixels, max_pixels)) =
+            FamilyName::from_model_type(family).and_then(FamilyName::video_pixel_bounds)
+        {
+            config.resize.min_pixels = min_pixels;
+            config.resize.max_pixels = max_pixels;
+        }
         let lut = NormalizeLut::new(
             config.mean,
             config.std,

@@ -51,6 +51,11 @@ impl FamilyModule for Qwen25OmniModule {
     fn video_processor(&self) -> Option<VideoFamily> {
         Some(VideoFamily::Qwen2Vl)
     }
+
+    /// Its processor's `videos_kwargs`: 128 to 768 merged patches of 28 pixels a frame.
+    fn video_pixel_bounds(&self) -> Option<(u64, u64)> {
+        Some((128 * 28 * 28, 768 * 28 * 28))
+    }
 }
 
 /// An Omni thinker configured by its spec (which has an `audio` part and, as

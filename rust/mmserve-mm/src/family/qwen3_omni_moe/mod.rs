@@ -57,6 +57,11 @@ impl FamilyModule for Qwen3OmniMoeModule {
     fn video_processor(&self) -> Option<VideoFamily> {
         Some(VideoFamily::Qwen2Vl)
     }
+
+    /// Its processor's `videos_kwargs`: 128 to 768 merged patches of 32 pixels a frame.
+    fn video_pixel_bounds(&self) -> Option<(u64, u64)> {
+        Some((128 * 32 * 32, 768 * 32 * 32))
+    }
 }
 
 /// Rows the audio tower leaves of a full window of `2 * n_window` frames: three stride-2
