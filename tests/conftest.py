@@ -18,6 +18,7 @@ SLOW_PATHS = (
     "e2e/",
     "audio/test_audio_core.py",
     "audio/test_qwen2_5_omni_plan.py",
+    "audio/test_qwen3_omni_moe_plan.py",
     "reliability/",
     "engines/test_grammar.py",
     "engines/test_kv_transfer.py",

@@ -2,19 +2,18 @@
 composite config (the thinker's inside it, the real checkpoint's ids), a clip's tokens follow
 `_get_feat_extract_output_lengths`, its features and valid frames equal
 `WhisperFeatureExtractor`'s as `Qwen3OmniMoeProcessor` calls it (`padding=True,
-truncation=False`), and the driver's positions for text, a clip, an image and a video equal the
-thinker's own `get_rope_index` wherever its temporal positions are whole numbers."""
+truncation=False`), and a clip too short to reflect is refused when planned. The frontend's ids
+and positions against the processor and `get_rope_index` are in
+`test_qwen3_omni_moe_plan.py`."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import transformers
 from transformers import WhisperFeatureExtractor
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
@@ -22,8 +21,6 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from mmserve import _mm
 from tests.support.audio import signal, wav_bytes
-from tests.support.engines import make_image
-from tests.support.video import FFMPEG, make_video
 
 RATE = 16000
 AUDIO, AUDIO_START, AUDIO_END = 151675, 151669, 151670
@@ -48,7 +45,7 @@ PREPROCESSOR: dict[str, Any] = {
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
 }
-# Its thinker's ids and sub-configs (towers cut down: only get_rope_index is called).
+# Its thinker's ids and sub-configs.
 THINKER: dict[str, Any] = {
     "model_type": "qwen3_omni_moe_thinker",
     "audio_token_id": AUDIO,
@@ -96,14 +93,6 @@ CONFIG = {"model_type": "qwen3_omni_moe", "thinker_config": THINKER, "talker_con
 @pytest.fixture(scope="module")
 def checkpoint() -> _mm.Checkpoint:
     return _mm.Checkpoint.from_hf_configs(json.dumps(PREPROCESSOR), json.dumps(CONFIG))
-
-
-@pytest.fixture(scope="module")
-def thinker() -> Any:
-    """The thinker on the meta device (no weights), for its get_rope_index."""
-    config = transformers.Qwen3OmniMoeThinkerConfig(**THINKER)
-    with torch.device("meta"):
-        return transformers.Qwen3OmniMoeThinkerForConditionalGeneration(config)
 
 
 def test_the_registry_reads_the_thinker_of_the_composite_config(
@@ -178,61 +167,3 @@ def test_a_clip_the_extractor_cannot_reflect_is_refused_by_the_plan(
         else:
             (item,) = _mm.process(spec, ids, [clip], count_only=True, modalities=["audio"]).items
             assert item.num_tokens == 1
-
-
-@pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
-@pytest.mark.parametrize("fps", [1.0, 2.0, 3.0])
-def test_positions_equal_get_rope_index(
-    checkpoint: _mm.Checkpoint, thinker: Any, tmp_path: Path, fps: float
-) -> None:
-    """Text, a 1.3 s clip, an image, a 4 s video and text: the driver's ids and positions
-    against the thinker's get_rope_index on them. At 1 and 2 fps the video's temporal
-    patches sit a whole 26 and 13 positions apart and all agree; at 3 fps transformers keeps
-    8.667 a patch as a float, which the core truncates (the text after the video then counts
-    on from the integer)."""
-    spec = checkpoint.spec
-    rng = np.random.default_rng(7)
-    clip = wav_bytes(signal("speech_like", 22050, 1.3, 1, rng), 22050, "s16")
-    image = make_image(90, 60, seed=1)
-    png = tmp_path / "i.png"
-    image.save(png)
-    video = make_video(tmp_path / "v.mp4", size="96x64", rate="10", seconds=4.0)
-    options = _mm.VideoOptions(family="qwen3_omni_moe", fps=fps, patch_size=16)
-    ids = [1, 2, AUDIO_START, AUDIO, AUDIO_END, VISION_START, IMAGE, VISION_END]
-    ids += [VISION_START, VIDEO, VISION_END, 3, 4]
-    result = _mm.process(
-        spec,
-        ids,
-        [clip, png.read_bytes(), video],
-        modalities=["audio", "image", "video"],
-        video=options,
-        count_only=True,
-    )
-    clip_item, image_item, video_item = result.items
-    plan = _mm.plan_video(video, options)
-    info = plan["info"]
-    sampled_fps = len(plan["indices"]) / info["total_frames"] * info["fps"]
-    assert sampled_fps == pytest.approx(fps)
-    input_ids = torch.tensor([result.input_ids.tolist()])
-    positions, delta = thinker.get_rope_index(
-        input_ids,
-        image_grid_thw=torch.tensor(image_item.image_grid_thw),
-        video_grid_thw=torch.tensor(video_item.image_grid_thw),
-        attention_mask=torch.ones_like(input_ids),
-        audio_seqlens=torch.tensor([int(clip_item.image_grid_thw[0, 2])]),
-        second_per_grids=torch.tensor([2 / sampled_fps]),
-    )
-    theirs = positions[:, 0, :]
-    ours = torch.tensor(result.positions)
-    assert clip_item.num_tokens == int(
-        _get_feat_extract_output_lengths(torch.tensor(clip_item.image_grid_thw[0, 2]), 50)
-    )
-    assert int(video_item.image_grid_thw[0, 0]) > 1  # temporal patches to space
-    if fps != 3.0:
-        assert torch.equal(ours, theirs.long())
-        assert result.rope_delta == int(delta.flatten()[0])
-        return
-    start, end = result.offsets[2]
-    assert torch.equal(ours[:, :start], theirs[:, :start].long())
-    assert torch.equal(ours[:, start:end], theirs[:, start:end].floor().long())
-    assert not torch.equal(theirs[0, start:end], theirs[0, start:end].floor())

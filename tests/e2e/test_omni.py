@@ -54,7 +54,8 @@ def _reference_model(model_path: Path) -> tuple[Any, Any]:
     from mmserve.models.family import load_model
 
     processor = transformers.AutoProcessor.from_pretrained(model_path)
-    return processor, load_model("qwen2_5_omni", model_path).eval()
+    family = transformers.AutoConfig.from_pretrained(model_path).model_type
+    return processor, load_model(family, model_path).eval()
 
 
 def reference(

@@ -302,18 +302,22 @@ async def test_prompt_logprobs_are_simulated_and_reuse_no_prefix(model_path: Pat
     assert chunk.prompt_logprobs == kv.prompt_logprobs
 
 
-@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_5_omni"])
+# Each audio family's tokens for a 1 s clip and a 43.75 s one: Whisper-style extractors cut
+# the second at 30 s (750); Qwen3-Omni's takes all of it, 13 tokens a 100 frames.
+CLIP_TOKENS = {"qwen2_audio": [25, 750], "qwen2_5_omni": [25, 750], "qwen3_omni_moe": [13, 569]}
+
+
+@pytest.mark.parametrize("family", list(CLIP_TOKENS))
 async def test_encode_rows_of_a_clip_are_the_plans_token_count(family: str) -> None:
     engine = await engine_for(build_tiny_model(family))
     audio_token = engine.spec.core.audio_token_id
     ids = [151644, 151647, audio_token, 151648, 151647, audio_token, 151648, 151645]
     clips = [wav_bytes(np.zeros((n, 1), np.float32), 16000, "s16") for n in (16000, 700_000)]
     plan = _mm.process(engine.spec.core, ids, clips, count_only=True, modalities=["audio"] * 2)
-    inputs = [
-        MediaInput(
-            item.hash, torch.zeros(128, 3000), (1, 1, int(item.image_grid_thw[0][2])), "audio"
-        )
-        for item in plan.items
-    ]
+    inputs = []
+    for item in plan.items:
+        frames = int(item.image_grid_thw[0][2])
+        inputs.append(MediaInput(item.hash, torch.zeros(128, frames), (1, 1, frames), "audio"))
     encoded = await engine.encode(inputs)
-    assert [e.num_tokens for e in encoded] == [item.num_tokens for item in plan.items] == [25, 750]
+    assert [e.num_tokens for e in encoded] == [item.num_tokens for item in plan.items]
+    assert [item.num_tokens for item in plan.items] == CLIP_TOKENS[family]

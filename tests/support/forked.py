@@ -48,6 +48,7 @@ PRELOAD = [
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
     "transformers.models.qwen2_audio.modeling_qwen2_audio",
     "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni",
+    "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe",
     "httpx",
     "msgspec",
     "nats",

@@ -4,8 +4,10 @@ the openai-shaped messages the e2e tests send. Every pattern gives the aggregate
 tokens, and those are transformers' greedy completion on the processor's inputs (the e2e
 tests' references): Qwen2-Audio with one clip and with two, Qwen2.5-Omni's thinker with two
 clips beside an image, and with a video served with its own audio track
-(`use_audio_in_video`). The e2e tests run agg and E/P/D as processes through the openai
-client, streamed and not; this module adds EP/D and E/PD at an in-process cost."""
+(`use_audio_in_video`), Qwen3-Omni-MoE's thinker with two clips beside an image (its deepstack
+features at the image's tokens only), and with a clip beside a video. The e2e tests run agg
+and E/P/D as processes through the openai client, streamed and not; this module adds EP/D and
+E/PD at an in-process cost."""
 
 from __future__ import annotations
 
@@ -109,12 +111,33 @@ def qwen2_5_omni_cases(clips: Clips) -> dict[str, Case]:
     }
 
 
+def qwen3_omni_moe_cases(clips: Clips) -> dict[str, Case]:
+    """Clips of one length: the processor pads a request's clips to its longest before their
+    features, where the core takes each clip alone (docs/media.md), which differ at a shorter
+    clip's last frames."""
+    rng = np.random.default_rng(4)
+    hum = wav_bytes(signal("tone", 16000, 2.3, 1, rng), 16000, "s16")
+    image = make_image(90, 60, seed=3)
+    picture = {"type": "image_url", "image_url": {"url": png_data_url(image)}}
+    video = {"type": "video_url", "video_url": {"url": data_url(clips.video, "video/mp4")}}
+    return {
+        "clips beside an image": Case(
+            _user(input_audio(hum, "wav"), picture, QUESTION, input_audio(clips.speech, "wav")),
+            [hum, clips.speech],
+            [image],
+        ),
+        "a clip beside a video": Case(
+            _user(input_audio(clips.tone, "mp3"), video, QUESTION), [clips.tone], [], clips.video
+        ),
+    }
+
+
 def qwen2_audio_reference(model_path: Path, case: Case) -> tuple[str, int]:
     assert not case.images, "Qwen2-Audio takes no image"
     return test_audio.reference(model_path, case.messages, case.clips)
 
 
-def qwen2_5_omni_reference(model_path: Path, case: Case) -> tuple[str, int]:
+def omni_reference(model_path: Path, case: Case) -> tuple[str, int]:
     return test_omni.reference(
         model_path, case.messages, case.clips, case.images, case.video, case.track
     )
@@ -129,7 +152,8 @@ class Family:
 
 FAMILIES = {
     "qwen2_audio": Family(qwen2_audio_cases, qwen2_audio_reference),
-    "qwen2_5_omni": Family(qwen2_5_omni_cases, qwen2_5_omni_reference),
+    "qwen2_5_omni": Family(qwen2_5_omni_cases, omni_reference),
+    "qwen3_omni_moe": Family(qwen3_omni_moe_cases, omni_reference),
 }
 
 

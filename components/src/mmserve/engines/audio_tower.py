@@ -4,8 +4,9 @@ its valid frames only (its `feature_attention_mask`), and keeps the rows those f
 - Qwen2-Audio (`audio_rows`): the tower and projector of `Qwen2AudioForConditionalGeneration`.
   The hf engine calls it on its transformers model, the sglang engine on the tower SGLang loads
   (transformers' own `Qwen2AudioEncoder` and projector), so both give transformers' rows.
-- Qwen2.5-Omni's thinker (`thinker_audio_rows`): its `get_audio_features`, whose tower attends
-  within chunks of `2 x n_window` frames and projects its own output."""
+- The Omni thinkers (`thinker_audio_rows`): their `get_audio_features`, whose towers attend
+  within chunks of `2 x n_window` frames (Qwen3-Omni's convolutions run over those chunks too)
+  and project their own output."""
 
 from __future__ import annotations
 
@@ -48,15 +49,30 @@ def _valid_frames(clips: Sequence[MediaInput], device: torch.device) -> torch.Te
 def thinker_audio_rows(
     thinker: Any, clips: Sequence[MediaInput], dtype: torch.dtype
 ) -> list[torch.Tensor]:
-    """Each clip's rows (`[tokens, hidden]`): a Qwen2.5-Omni thinker's `get_audio_features`
-    over the clips' features (`pixel_values`, `[mel bins, frames]`) masked to their valid
-    frames, as its forward calls it on the processor's `input_features`."""
+    """Each clip's rows (`[tokens, hidden]`): an Omni thinker's `get_audio_features` over the
+    clips' features (`pixel_values`, `[mel bins, frames]`; Qwen3-Omni's as long as each clip,
+    padded here to the longest) masked to their valid frames, as its forward calls it on the
+    processor's `input_features`."""
     device = next(thinker.parameters()).device
-    features = torch.stack([clip.pixel_values for clip in clips]).to(device, dtype)
+    longest = max(clip.pixel_values.shape[-1] for clip in clips)
+    features = torch.stack(
+        [
+            torch.nn.functional.pad(clip.pixel_values, (0, longest - clip.pixel_values.shape[-1]))
+            for clip in clips
+        ]
+    ).to(device, dtype)
     valid = _valid_frames(clips, device)
-    mask = torch.arange(features.shape[-1], device=device)[None, :] < valid[:, None]
+    mask = torch.arange(longest, device=device)[None, :] < valid[:, None]
     rows = thinker.get_audio_features(
         features, feature_attention_mask=mask.long(), return_dict=True
     ).last_hidden_state
-    _, counts = thinker.audio_tower._get_feat_extract_output_lengths(valid)
-    return list(rows.split(counts.tolist()))
+    return list(rows.split(_thinker_audio_tokens(thinker.audio_tower, valid).tolist()))
+
+
+def _thinker_audio_tokens(tower: Any, valid: torch.Tensor) -> torch.Tensor:
+    """The rows an Omni tower makes of each clip's `valid` frames."""
+    if hasattr(tower, "_get_feat_extract_output_lengths"):  # Qwen2.5-Omni's
+        return tower._get_feat_extract_output_lengths(valid)[1]
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe
+
+    return modeling_qwen3_omni_moe._get_feat_extract_output_lengths(valid, tower.config.n_window)

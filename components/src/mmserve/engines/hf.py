@@ -375,7 +375,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         if live:
             rows = torch.cat([item.embeddings for item in live])[skipped:]
             inputs_embeds[0, suffix_mask] = rows.to(self.device, inputs_embeds.dtype)
-        extra = self._deepstack_inputs(live, skipped, suffix_mask)
+        extra = self._deepstack_inputs(request, live, cached)
         if self._own_forward:
             # From the start of the prompt: the model reads the image spans by position.
             extra["token_type_ids"] = request.media_mask().to(self.device, torch.long)[None]
@@ -449,21 +449,36 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         return [first] + [sampler(first.seed, choice) for choice in range(1, request.sampling.n)]
 
     def _deepstack_inputs(
-        self, live: list[ItemEmbedding], skipped: int, suffix_mask: torch.Tensor
+        self, request: EngineRequest, live: list[ItemEmbedding], cached: int
     ) -> dict[str, Any]:
-        """Qwen3-VL's deepstack features for the image tokens that are not cached: those of
-        the `live` items past their first `skipped` rows."""
+        """Deepstack features (Qwen3-VL's, Qwen3-Omni's) for the image and video tokens past
+        the first `cached`: those of the `live` visual items (an Omni thinker's clips have
+        none), the first past its rows inside the cached prefix."""
         if not self.spec.deepstack_layers or not live:
             return {}
-        num_layers = len(live[0].deepstack)
+        reached = [item for item in request.media if item.end > cached]
+        visual = [
+            (item, embedding)
+            for item, embedding in zip(reached, live, strict=True)
+            if item.modality != "audio"
+        ]
+        if not visual:
+            return {}
+        skipped = max(0, cached - visual[0][0].offset)
+        mask = torch.zeros(len(request.token_ids), dtype=torch.bool)
+        for item, _ in visual:
+            mask[item.offset : item.end] = True
         features = [
             # In the model's dtype: a client's precomputed features may come in another.
-            torch.cat([item.deepstack[layer] for item in live])[skipped:].to(
+            torch.cat([embedding.deepstack[layer] for _, embedding in visual])[skipped:].to(
                 self.device, self.dtype
             )
-            for layer in range(num_layers)
+            for layer in range(len(visual[0][1].deepstack))
         ]
-        return {"visual_pos_masks": suffix_mask[None], "deepstack_visual_embeds": features}
+        return {
+            "visual_pos_masks": mask[cached:].to(self.device)[None],
+            "deepstack_visual_embeds": features,
+        }
 
     def _new_cache(self) -> Any:
         """An empty cache whose every attention layer keeps the whole sequence, and whose

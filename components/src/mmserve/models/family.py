@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 
 # The thinker class of each composite family (`load_model`).
-_THINKERS = {"qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration"}
+_THINKERS = {
+    "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+    "qwen3_omni_moe": "Qwen3OmniMoeThinkerForConditionalGeneration",
+}
 
 
 class UnsupportedModel(ValueError):

@@ -16,6 +16,8 @@ checkpoints carry it, so prompts, tools and reasoning render as they do for the 
 - Qwen2.5-Omni (`Qwen2_5OmniProcessor`'s): images, videos and clips in order, as
   `<|vision_bos|><|IMAGE|><|vision_eos|>`, `<|vision_bos|><|VIDEO|><|vision_eos|>` and
   `<|audio_bos|><|AUDIO|><|audio_eos|>`, after its default system prompt.
+- Qwen3-Omni-MoE (`templates/qwen3_omni_moe.jinja`): Qwen3-VL's, with each audio part as
+  `<|audio_start|><|audio_pad|><|audio_end|>` where it comes.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ _QWEN_TEMPLATES = {
     "qwen3_vl_moe": "qwen3_vl.jinja",
     "qwen3_5": "qwen3_5.jinja",
     "qwen3_5_moe": "qwen3_5.jinja",
+    "qwen3_omni_moe": "qwen3_omni_moe.jinja",
 }
 
 

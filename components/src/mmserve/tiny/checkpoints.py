@@ -30,11 +30,13 @@ TINY_FAMILIES = (
     "qwen3_5_moe",
     "gemma3",
 )
-# Families that hear (Qwen2.5-Omni's thinker sees too): built like the others, kept apart from
+# Families that hear (the Omni thinkers see too): built like the others, kept apart from
 # TINY_FAMILIES, which the image tests run over.
-AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
+AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni", "qwen3_omni_moe")
 # Families with Qwen3-VL's vision tower, preprocessing and interleaved M-RoPE.
 _QWEN3_VISION = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+# Qwen3-VL's vision tower with deepstack beside a mixture-of-experts text model.
+_QWEN3_DEEPSTACK_MOE = ("qwen3_vl_moe", "qwen3_omni_moe")
 # Qwen3.5's hybrid language models: Gated DeltaNet linear-attention layers beside full attention.
 _QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
 DEFAULT_FAMILY = "qwen2_vl"
@@ -95,7 +97,7 @@ def _text_config(family: str) -> dict[str, Any]:
         "rope_theta": 1_000_000.0,
         "mrope_section": [2, 3, 3],  # sums to head_dim / 2
     }
-    if family in _QWEN3_VISION:
+    if family in (*_QWEN3_VISION, "qwen3_omni_moe"):
         rope["mrope_interleaved"] = True
     config: dict[str, Any] = {
         "vocab_size": QWEN3_5_VOCAB_SIZE if family in _QWEN3_5 else VOCAB_SIZE,
@@ -111,7 +113,7 @@ def _text_config(family: str) -> dict[str, Any]:
         "bos_token_id": special,
         "eos_token_id": special + 2,  # <|im_end|>
     }
-    if family in _QWEN3_VISION:
+    if family in (*_QWEN3_VISION, "qwen3_omni_moe"):
         config["head_dim"] = 16
     if family in _QWEN3_5:
         # A linear-attention layer before a full-attention one, so every test crosses both;
@@ -133,7 +135,7 @@ def _text_config(family: str) -> dict[str, Any]:
             moe_intermediate_size=32,
             shared_expert_intermediate_size=32,
         )
-    if family == "qwen3_vl_moe":
+    if family in _QWEN3_DEEPSTACK_MOE:
         # Every layer sparse, two of four experts per token: routing reaches each expert.
         config.update(
             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1
@@ -194,6 +196,37 @@ def _qwen2_5_omni_thinker_config() -> dict[str, Any]:
     }
 
 
+def _qwen3_omni_moe_thinker_config() -> dict[str, Any]:
+    """A tiny thinker: Qwen3-VL-MoE's tiny vision tower (with deepstack) and text model, a tiny
+    audio encoder with the real `n_window` (its convolutions run over chunks of 2 x 50
+    frames), and the real checkpoints' token ids (the audio tokens after Qwen3's)."""
+    special = _first_special_id("qwen3_omni_moe")
+    audio = {
+        **_qwen2_audio_encoder_config(),
+        "n_window": 50,
+        "n_window_infer": 800,
+        "downsample_hidden_size": 16,
+        "output_dim": TEXT_HIDDEN,
+    }
+    return {
+        "text_config": _text_config("qwen3_omni_moe"),
+        "vision_config": _vision_config("qwen3_vl_moe"),
+        "audio_config": audio,
+        "image_token_id": special + 12,
+        "video_token_id": special + 13,
+        "audio_token_id": special + 32,  # <|audio_pad|>
+        "audio_start_token_id": special + 26,
+        # Not fields of the thinker's config class, yet read by its `get_rope_index` (and
+        # written by the real checkpoints).
+        "audio_end_token_id": special + 27,
+        "vision_start_token_id": special + 9,
+        "vision_end_token_id": special + 10,
+        "position_id_per_seconds": 13,
+        "initializer_range": INIT_SCALE,
+        "tie_word_embeddings": True,
+    }
+
+
 def _gemma3_vision_config() -> dict[str, Any]:
     return {
         "hidden_size": 32,
@@ -232,6 +265,20 @@ def _vision_config(family: str) -> dict[str, Any]:
 
 
 def preprocessor_config(family: str) -> dict[str, Any]:
+    if family == "qwen3_omni_moe":
+        # As its checkpoints: Qwen2-VL's image processor over 16-pixel patches and the
+        # extractor's keys (a 300 s chunk, which its processor's `padding=True` never pads to).
+        return {
+            **preprocessor_config("qwen3_vl"),
+            **preprocessor_config("qwen2_audio"),
+            "min_pixels": 3136,
+            "max_pixels": 12845056,
+            "size": {"shortest_edge": 3136, "longest_edge": 12845056},
+            "chunk_length": 300,
+            "n_samples": 4800000,
+            "nb_max_frames": 30000,
+            "processor_class": "Qwen3OmniMoeProcessor",
+        }
     if family == "qwen2_5_omni":
         # As its checkpoints: the image processor's and the extractor's keys in one file.
         return {
@@ -331,6 +378,10 @@ def _build_model(family: str, seed: int) -> Any:
         config = transformers.Qwen2_5OmniConfig(
             thinker_config=_qwen2_5_omni_thinker_config(), enable_audio_output=False
         )
+    elif family == "qwen3_omni_moe":
+        config = transformers.Qwen3OmniMoeConfig(
+            thinker_config=_qwen3_omni_moe_thinker_config(), enable_audio_output=False
+        )
     else:
         config_class = {
             "qwen2_vl": transformers.Qwen2VLConfig,
@@ -415,7 +466,7 @@ def write_checkpoint(
             gemma_tokenizer.write_gemma3_tokenizer(staging)
         else:
             write_qwen_tokenizer(staging, family, _first_special_id(family))
-        if family == "qwen2_5_omni":
+        if family in ("qwen2_5_omni", "qwen3_omni_moe"):
             # As its checkpoints: the processor's template apart (its processor reads only it).
             from mmserve.tiny.chat_template import qwen_chat_template
 
@@ -479,9 +530,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="build tiny checkpoints (offline): random weights, or the trained default",
         description=(
             "Build tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE / Qwen3.5 / Qwen3.5-MoE "
-            "/ Gemma 3 / Qwen2-Audio / Qwen2.5-Omni (its thinker) checkpoints with random "
-            "weights and the real Qwen tokenizer (Qwen3.5, Gemma 3 and Qwen2.5-Omni: their "
-            "special-token ids); prints each checkpoint dir. Skips ones already built."
+            "/ Gemma 3 / Qwen2-Audio / Qwen2.5-Omni / Qwen3-Omni-MoE (their thinkers) "
+            "checkpoints with random weights and the real Qwen tokenizer (Qwen3.5, Gemma 3 and "
+            "the Omni families: their special-token ids); prints each checkpoint dir. Skips "
+            "ones already built."
         ),
     )
     parser.add_argument(

@@ -90,6 +90,27 @@ QWEN2_5_TOKENS: tuple[str, ...] = (
 )
 # Qwen3's, after Qwen2.5's.
 QWEN3_TOKENS: tuple[str, ...] = ("<tool_response>", "</tool_response>", "<think>", "</think>")
+# Qwen3-Omni's own special tokens, after Qwen3's, as in its checkpoints (its speech tokens
+# between the audio bos/eos and the audio pad).
+QWEN3_OMNI_TOKENS: tuple[str, ...] = (
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<tts_text_bos_single>",
+    "<|audio_pad|>",
+)
+# The attributes `Qwen3OmniMoeProcessor` reads of its tokenizer, as its checkpoints name them.
+QWEN3_OMNI_NAMED_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
 QWEN2_NUM_RANKS = 151643
 # Where Qwen3.5's `<|endoftext|>` sits (its image pad is then 248056, as its config says).
 QWEN3_5_FIRST_SPECIAL_ID = 248044
@@ -102,8 +123,9 @@ def qwen_tiktoken_path() -> Path:
 def added_tokens(family: str) -> tuple[tuple[str, bool], ...]:
     """The tokens a Qwen family's tokenizer adds after the BPE ranks, in id order, each with
     whether it is special: Qwen2-VL's special tokens, then Qwen2.5-VL's tool-call tokens, then
-    Qwen3-VL's and Qwen3.5's tool-response and thinking tokens; Qwen2-Audio's own special
-    tokens alone; Qwen2.5-Omni's own special tokens, then Qwen2.5's."""
+    Qwen3-VL's and Qwen3.5's tool-response and thinking tokens, then Qwen3-Omni's audio and
+    speech tokens; Qwen2-Audio's own special tokens alone; Qwen2.5-Omni's own special tokens,
+    then Qwen2.5's."""
     if family == "qwen2_audio":
         return tuple((token, True) for token in QWEN2_AUDIO_SPECIAL_TOKENS)
     if family == "qwen2_5_omni":
@@ -114,6 +136,8 @@ def added_tokens(family: str) -> tuple[tuple[str, bool], ...]:
         tokens += [(token, False) for token in QWEN2_5_TOKENS]
     if family not in ("qwen2_vl", "qwen2_5_vl"):
         tokens += [(token, False) for token in QWEN3_TOKENS]
+    if family == "qwen3_omni_moe":
+        tokens += [(token, True) for token in QWEN3_OMNI_TOKENS]
     return tuple(tokens)
 
 
@@ -141,13 +165,10 @@ def write_qwen_tokenizer(
         tokenizer = Tokenizer.from_str(json.dumps(state))
     tokenizer.normalizer = normalizers.NFC()
     tokens = added_tokens(family)
-    # The special tokens come first (`added_tokens`), so the two calls keep the id order.
-    tokenizer.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token, sp in tokens if sp]
-    )
-    tokenizer.add_tokens(
-        [AddedToken(token, special=False, normalized=False) for token, sp in tokens if not sp]
-    )
+    # One token at a time, so each takes the next id whether special or not.
+    for token, special in tokens:
+        new = AddedToken(token, special=special, normalized=False)
+        (tokenizer.add_special_tokens if special else tokenizer.add_tokens)([new])
     for offset, (token, _) in enumerate(tokens):
         if tokenizer.token_to_id(token) != first_special_id + offset:
             raise RuntimeError(f"{token} landed at {tokenizer.token_to_id(token)}")
@@ -176,6 +197,7 @@ def write_qwen_tokenizer(
         "split_special_tokens": False,
         "chat_template": qwen_chat_template(family),
     }
-    if family == "qwen2_5_omni":
-        config["extra_special_tokens"] = QWEN2_5_OMNI_NAMED_TOKENS
+    named = {"qwen2_5_omni": QWEN2_5_OMNI_NAMED_TOKENS, "qwen3_omni_moe": QWEN3_OMNI_NAMED_TOKENS}
+    if family in named:
+        config["extra_special_tokens"] = named[family]
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
