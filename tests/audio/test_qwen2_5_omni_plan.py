@@ -6,8 +6,6 @@ reads the checkpoint's composite config (the thinker's inside it)."""
 from __future__ import annotations
 
 import base64
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,46 +16,30 @@ import torch
 import transformers
 from PIL import Image
 
-from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+from mmserve.frontend.chat import ChatOptions, ChatPreprocessor
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
 from mmserve.protocol import ChatCompletionRequest
-from mmserve.tiny.checkpoints import build_tiny_model
-from tests.support.audio import signal, torchcodec_samples, wav_bytes
+from tests.support.audio import torchcodec_samples
 from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
-from tests.support.video import FFMPEG, make_video, make_video_with_track, sampled_frames
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-RATE = 16000
-
-
-@dataclass
-class Checkpoint:
-    path: Path
-    thinker: Any  # its get_rope_index, on the meta device (no weights)
-    served: ServedModel
-    processor: Any  # Qwen2_5OmniProcessor
+from tests.support.omni import (
+    RATE,
+    OmniCheckpoint,
+    omni_checkpoint,
+    processor_video_inputs,
+    speech_clip,
+)
+from tests.support.video import FFMPEG, make_video, make_video_with_track
 
 
 @pytest.fixture(scope="module")
-def checkpoint() -> Checkpoint:
-    path = build_tiny_model("qwen2_5_omni")
-    config = transformers.AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        thinker = transformers.Qwen2_5OmniThinkerForConditionalGeneration(config.thinker_config)
-    processor = transformers.AutoProcessor.from_pretrained(path)
-    return Checkpoint(path, thinker, ServedModel.load(path), processor)
+def checkpoint() -> OmniCheckpoint:
+    return omni_checkpoint("qwen2_5_omni", transformers.Qwen2_5OmniThinkerForConditionalGeneration)
 
 
-def _clip(seconds: float, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    return wav_bytes(signal("speech_like", 22050, seconds, 1, rng), 22050, "s16")
-
-
-def test_the_registry_reads_the_thinker_of_the_composite_config(checkpoint: Checkpoint) -> None:
+def test_the_registry_reads_the_thinker_of_the_composite_config(checkpoint: OmniCheckpoint) -> None:
     spec = resolve_model_spec(checkpoint.path)
     assert spec.family == "qwen2_5_omni"
     assert (spec.image_token_id, spec.video_token_id) == (151655, 151656)
@@ -77,7 +59,7 @@ CASES: dict[str, list[tuple[Any, ...]]] = {
 
 @pytest.mark.parametrize("case", CASES)
 async def test_the_plan_equals_the_processor_and_get_rope_index(
-    checkpoint: Checkpoint, case: str
+    checkpoint: OmniCheckpoint, case: str
 ) -> None:
     served, processor = checkpoint.served, checkpoint.processor
     preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
@@ -87,7 +69,7 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
     clips: list[np.ndarray] = []
     for seed, item in enumerate(CASES[case]):
         if item[0] == "audio":
-            clip = _clip(float(item[1]), seed)
+            clip = speech_clip(float(item[1]), seed)
             data = base64.b64encode(clip).decode()
             parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
             template.append({"type": "audio"})
@@ -121,25 +103,10 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
     assert plan.positions.delta == int(delta.flatten()[0])
 
 
-def _sampled_video(video: bytes, settings: Any) -> dict[str, Any]:
-    """The processor's video inputs for `video`: the frames the core samples under
-    `settings`, at their sampled rate."""
-    frames, metadata, sampled_fps = sampled_frames(video, settings)
-    return {
-        "videos": [frames],
-        "video_metadata": [metadata],
-        "do_sample_frames": False,
-        # The processor's own frame size bounds (its `videos_kwargs`), which the plan's
-        # defaults must equal.
-        "videos_kwargs": {"fps": sampled_fps},
-        "input_data_format": "channels_last",
-    }
-
-
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 @pytest.mark.parametrize("fps", [None, 3.0])
 async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
-    checkpoint: Checkpoint, tmp_path: Path, fps: float | None
+    checkpoint: OmniCheckpoint, tmp_path: Path, fps: float | None
 ) -> None:
     """A video between a clip and an image, sampled at the default rate and at 3 fps (a
     second per grid of 2/3, whose positions torch rounds in float32): the frames the core
@@ -149,7 +116,7 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
     served, processor = checkpoint.served, checkpoint.processor
     preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
     video = make_video(tmp_path / "v.mp4", size="96x64", rate="10", seconds=2.0)
-    clip = _clip(1.3, 1)
+    clip = speech_clip(1.3, 1)
     image = make_image(60, 60, seed=2)
     parts = [
         {
@@ -176,7 +143,7 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
         text=[text],
         audio=[torchcodec_samples(clip, RATE)],
         images=[image],
-        **_sampled_video(video, settings),
+        **processor_video_inputs(video, settings),
         return_tensors="pt",
     )
     ids = reference["input_ids"]
@@ -206,7 +173,7 @@ TRACKS: dict[str, tuple[float, str, float | None]] = {
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 @pytest.mark.parametrize("case", TRACKS)
 async def test_a_video_with_its_track_equals_the_processor_and_get_rope_index(
-    checkpoint: Checkpoint, tmp_path: Path, case: str
+    checkpoint: OmniCheckpoint, tmp_path: Path, case: str
 ) -> None:
     """`use_audio_in_video`: a video's track (decoded as transformers' `load_audio` decodes
     it) interleaved with its frames every 2 s of positions, after a clip: the ids equal the
@@ -216,7 +183,7 @@ async def test_a_video_with_its_track_equals_the_processor_and_get_rope_index(
     preprocessor = ChatPreprocessor(served, ChatOptions(policy=MediaPolicy()))
     seconds, rate, fps = TRACKS[case]
     video = make_video_with_track(tmp_path / "v.mp4", seconds=seconds, rate=rate)
-    clip = _clip(0.6, 3)
+    clip = speech_clip(0.6, 3)
     parts = [
         {
             "type": "input_audio",
@@ -247,7 +214,7 @@ async def test_a_video_with_its_track_equals_the_processor_and_get_rope_index(
         audio=[torchcodec_samples(clip, RATE), torchcodec_samples(video, RATE)],
         audio_from_video_indices=[None, 0],
         use_audio_in_video=True,
-        **_sampled_video(video, settings),
+        **processor_video_inputs(video, settings),
         return_tensors="pt",
     )
     ids = reference["input_ids"]
@@ -269,7 +236,7 @@ async def test_a_video_with_its_track_equals_the_processor_and_get_rope_index(
 
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 async def test_a_video_without_a_track_is_refused_by_name(
-    checkpoint: Checkpoint, tmp_path: Path
+    checkpoint: OmniCheckpoint, tmp_path: Path
 ) -> None:
     """A silent video under `use_audio_in_video` is a 400 naming its part (transformers would
     serve its frames alone; the client asked for a track it does not have)."""

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import base64
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,43 +20,29 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
-from mmserve.frontend.chat import ChatOptions, ChatPreprocessor, ServedModel
+from mmserve.frontend.chat import ChatOptions, ChatPreprocessor
 from mmserve.frontend.errors import ApiError
 from mmserve.media import MediaPolicy
 from mmserve.models.family import resolve_model_spec
 from mmserve.protocol import ChatCompletionRequest
-from mmserve.tiny.checkpoints import build_tiny_model
-from tests.support.audio import signal, torchcodec_samples, wav_bytes
+from tests.support.audio import torchcodec_samples
 from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
-from tests.support.video import FFMPEG, make_video, make_video_with_track, sampled_frames
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-RATE = 16000
-
-
-@dataclass
-class Checkpoint:
-    path: Path
-    thinker: Any  # its get_rope_index, on the meta device (no weights)
-    served: ServedModel
-    processor: Any  # Qwen3OmniMoeProcessor
+from tests.support.omni import (
+    RATE,
+    OmniCheckpoint,
+    omni_checkpoint,
+    processor_video_inputs,
+    speech_clip,
+)
+from tests.support.video import FFMPEG, make_video, make_video_with_track
 
 
 @pytest.fixture(scope="module")
-def checkpoint() -> Checkpoint:
-    path = build_tiny_model("qwen3_omni_moe")
-    config = transformers.AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        thinker = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(config.thinker_config)
-    processor = transformers.AutoProcessor.from_pretrained(path)
-    return Checkpoint(path, thinker, ServedModel.load(path), processor)
-
-
-def _clip(seconds: float, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    return wav_bytes(signal("speech_like", 22050, seconds, 1, rng), 22050, "s16")
+def checkpoint() -> OmniCheckpoint:
+    return omni_checkpoint(
+        "qwen3_omni_moe", transformers.Qwen3OmniMoeThinkerForConditionalGeneration
+    )
 
 
 def _audio_part(clip: bytes) -> dict[str, Any]:
@@ -66,7 +50,7 @@ def _audio_part(clip: bytes) -> dict[str, Any]:
     return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
 
 
-def test_the_registry_reads_the_thinker_of_the_composite_config(checkpoint: Checkpoint) -> None:
+def test_the_registry_reads_the_thinker_of_the_composite_config(checkpoint: OmniCheckpoint) -> None:
     spec = resolve_model_spec(checkpoint.path)
     assert spec.family == "qwen3_omni_moe"
     assert (spec.image_token_id, spec.video_token_id) == (151655, 151656)
@@ -88,7 +72,7 @@ CASES: dict[str, list[tuple[Any, ...]]] = {
 }
 
 
-async def _plan(checkpoint: Checkpoint, body: dict[str, Any]) -> Any:
+async def _plan(checkpoint: OmniCheckpoint, body: dict[str, Any]) -> Any:
     preprocessor = ChatPreprocessor(checkpoint.served, ChatOptions(policy=MediaPolicy()))
     request = msgspec.convert(body, ChatCompletionRequest)
     return preprocessor, request, (await preprocessor.preprocess(request, "r", 1e12)).plan
@@ -103,7 +87,7 @@ def _template_text(processor: Any, template: list[dict[str, Any]]) -> str:
 
 @pytest.mark.parametrize("case", CASES)
 async def test_the_plan_equals_the_processor_and_get_rope_index(
-    checkpoint: Checkpoint, case: str
+    checkpoint: OmniCheckpoint, case: str
 ) -> None:
     served, processor = checkpoint.served, checkpoint.processor
     parts: list[dict[str, Any]] = [{"type": "text", "text": "What is this?"}]
@@ -112,7 +96,7 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
     clips: list[np.ndarray] = []
     for seed, item in enumerate(CASES[case]):
         if item[0] == "audio":
-            clip = _clip(float(item[1]), seed)
+            clip = speech_clip(float(item[1]), seed)
             parts.append(_audio_part(clip))
             template.append({"type": "audio"})
             clips.append(torchcodec_samples(clip, RATE))
@@ -149,29 +133,13 @@ async def test_the_plan_equals_the_processor_and_get_rope_index(
     assert plan.positions.delta == int(delta.flatten()[0])
 
 
-def _sampled_video(video: bytes, settings: Any) -> dict[str, Any]:
-    """The processor's video inputs for `video`: the frames the core samples under
-    `settings`, at their sampled rate (which the processor's `fps` must be told, or it takes
-    1 fps for the positions whatever the frames)."""
-    frames, metadata, sampled_fps = sampled_frames(video, settings)
-    return {
-        "videos": [frames],
-        "video_metadata": [metadata],
-        "do_sample_frames": False,
-        # The processor's own frame size bounds (its `videos_kwargs`), which the plan's
-        # defaults must equal.
-        "videos_kwargs": {"fps": sampled_fps},
-        "input_data_format": "channels_last",
-    }
-
-
 async def _video_case(
-    checkpoint: Checkpoint, tmp_path: Path, fps: float | None
+    checkpoint: OmniCheckpoint, tmp_path: Path, fps: float | None
 ) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """A clip, a video and an image: the plan, and the reference's positions and delta."""
     processor = checkpoint.processor
     video = make_video(tmp_path / "v.mp4", size="96x64", rate="10", seconds=2.0)
-    clip = _clip(1.3, 1)
+    clip = speech_clip(1.3, 1)
     image = make_image(60, 60, seed=2)
     parts = [
         _audio_part(clip),
@@ -194,7 +162,7 @@ async def _video_case(
         text=[_template_text(processor, template)],
         audio=[torchcodec_samples(clip, RATE)],
         images=[image],
-        **_sampled_video(video, settings),
+        **processor_video_inputs(video, settings),
         return_tensors="pt",
     )
     ids = reference["input_ids"]
@@ -214,7 +182,7 @@ async def _video_case(
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 @pytest.mark.parametrize("fps", [None, 1.0])
 async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
-    checkpoint: Checkpoint, tmp_path: Path, fps: float | None
+    checkpoint: OmniCheckpoint, tmp_path: Path, fps: float | None
 ) -> None:
     """A video between a clip and an image, sampled at the default 2 fps and at 1 fps: its
     temporal patches sit `position_id_per_seconds x second_per_grid` (13 and 26) apart, and the
@@ -228,7 +196,7 @@ async def test_a_videos_plan_equals_the_processor_and_get_rope_index(
 
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 async def test_a_fractional_video_spacing_is_truncated_as_the_serving_engines_do(
-    checkpoint: Checkpoint, tmp_path: Path
+    checkpoint: OmniCheckpoint, tmp_path: Path
 ) -> None:
     """At 3 fps a temporal patch is 2/3 s, 8.67 positions: transformers keeps the fractions
     (and every position after them); the plan keeps integers, the reference's floor, as vLLM
@@ -242,7 +210,7 @@ async def test_a_fractional_video_spacing_is_truncated_as_the_serving_engines_do
 
 @pytest.mark.skipif(FFMPEG is None, reason="needs the ffmpeg program")
 async def test_a_videos_own_track_is_refused_by_name(
-    checkpoint: Checkpoint, tmp_path: Path
+    checkpoint: OmniCheckpoint, tmp_path: Path
 ) -> None:
     """`use_audio_in_video` is Qwen2.5-Omni's alone here: on Qwen3-Omni it is a 400 naming
     the option, before anything is fetched."""
