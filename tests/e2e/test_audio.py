@@ -104,7 +104,7 @@ def _user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": list(parts)}]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1)  # a processor's tokenizer holds 120 MB
 def _reference_model(model_path: Path) -> tuple[Any, Any]:
     import transformers
 

@@ -47,7 +47,7 @@ def clients(
         }
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1)  # a processor's tokenizer holds 120 MB
 def _reference_model(model_path: Path) -> tuple[Any, Any]:
     import transformers
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import uvicorn
 import uvloop
 
 from mmserve.engines.detokenize import IncrementalDetokenizer
+from mmserve.engines.tokenizer import engine_tokenizer
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.chat import ServedModel
 from mmserve.frontend.cli import add_arguments, build_app, load_model
@@ -28,11 +28,8 @@ from mmserve.tiny.checkpoints import build_tiny_model
 from tests.support.local_media import MediaServer, media_server_over
 
 
-@functools.cache
 def _tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(build_tiny_model("qwen2_vl")).backend_tokenizer
+    return engine_tokenizer(build_tiny_model("qwen2_vl")).backend_tokenizer
 
 
 @dataclass

@@ -64,10 +64,11 @@ def make_video_with_track(
     return path.read_bytes()
 
 
-@functools.cache
+@functools.lru_cache(maxsize=2)
 def hf_processor(path: Path) -> Any:
-    """transformers' processor of the tiny checkpoint at `path`, loaded once (its tokenizer
-    takes seconds). The tiny Qwen3-VL(-MoE) and Qwen3.5 checkpoints have no
+    """transformers' processor of the tiny checkpoint at `path`, loaded once while it is one
+    of the last two asked for (its tokenizer takes seconds and 120 MB; a test process steps
+    through the families). The tiny Qwen3-VL(-MoE) and Qwen3.5 checkpoints have no
     video_preprocessor_config.json, where transformers finds Qwen2-VL's video processor: they
     get Qwen3-VL's own (class defaults, as the core reads the checkpoint)."""
     processor = AutoProcessor.from_pretrained(path)
@@ -78,7 +79,7 @@ def hf_processor(path: Path) -> Any:
     return processor
 
 
-@functools.cache
+@functools.lru_cache(maxsize=2)
 def checkpoint(family: str) -> tuple[ModelSpec, Any, Any]:
     """The tiny checkpoint's spec, its transformers processor and a model (random weights)
     for `get_rope_index`."""

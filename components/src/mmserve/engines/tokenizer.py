@@ -1,7 +1,9 @@
 """The checkpoint's tokenizer as engines hold it: read once per process and shared.
 
-Reading Qwen's (a 151k-token vocabulary) takes over a second of CPU; a process that holds
-several engines of one checkpoint (roles side by side, tests) reads it once. Engines only read
+Reading Qwen's (a 151k-token vocabulary) takes over a second of CPU and holds about 120 MB; a
+process that holds several engines of one checkpoint (roles side by side, tests) reads it once,
+and keeps the two read last (a worker serves one checkpoint; a test process steps through many
+families, and keeping every one cost it gigabytes). Engines only read
 it (ids, decoding, the grammar compiler's vocabulary), so sharing it changes nothing they see;
 code that changes a tokenizer (a chat template, added tokens) loads its own.
 """
@@ -22,7 +24,7 @@ def engine_tokenizer(path: Path) -> Any:
         return _load(path)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=2)
 def _load(path: Path) -> Any:
     from transformers import AutoTokenizer
 
