@@ -32,7 +32,7 @@ from tests.e2e.test_audio import _user, input_audio
 from tests.support.audio import FFMPEG, Encoding, encode_one, signal, wav_bytes
 from tests.support.engines import make_image
 from tests.support.images import data_url, png_data_url
-from tests.support.video import make_video_with_track
+from tests.support.video import make_video, make_video_with_track
 from tests.worker.patterns import PATTERNS, Patterns, every_pattern
 from tests.worker.test_handlers import completion
 
@@ -63,6 +63,10 @@ class Clips:
     speech: bytes  # a 16 kHz WAV
     tone: bytes  # a 44.1 kHz stereo MP3, resampled and mixed down on the way
     video: bytes  # H.264 with a stereo AAC track, 2.5 s: the track crosses a 2 s chunk
+    # 2 s at 10 fps, sampled at 2 fps: a temporal group is 1 s, so Qwen3-Omni's video positions
+    # (transformers keeps them as floats; mmserve floors them, docs/media.md) are integers.
+    # The 2.5 s video samples at 1.6 fps, 16.25 positions a group, which the floor changes.
+    whole_second_video: bytes
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +75,9 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> Clips:
     speech = wav_bytes(signal("speech_like", 16000, 2.3, 1, rng), 16000, "s16")
     mp3 = Encoding("mp3", "mp3", ("-c:a", "libmp3lame", "-b:a", "64k"))
     tone = encode_one(signal("tone", 44100, 0.9, 2, rng), 44100, mp3)
-    video = make_video_with_track(tmp_path_factory.mktemp("video") / "t.mp4", seconds=2.5)
-    return Clips(speech, tone, video)
+    videos = tmp_path_factory.mktemp("video")
+    video = make_video_with_track(videos / "t.mp4", seconds=2.5)
+    return Clips(speech, tone, video, make_video(videos / "v.mp4", seconds=2.0))
 
 
 def qwen2_audio_cases(clips: Clips) -> dict[str, Case]:
@@ -119,7 +124,7 @@ def qwen3_omni_moe_cases(clips: Clips) -> dict[str, Case]:
     hum = wav_bytes(signal("tone", 16000, 2.3, 1, rng), 16000, "s16")
     image = make_image(90, 60, seed=3)
     picture = {"type": "image_url", "image_url": {"url": png_data_url(image)}}
-    video = {"type": "video_url", "video_url": {"url": data_url(clips.video, "video/mp4")}}
+    video = data_url(clips.whole_second_video, "video/mp4")
     return {
         "clips beside an image": Case(
             _user(input_audio(hum, "wav"), picture, QUESTION, input_audio(clips.speech, "wav")),
@@ -127,7 +132,14 @@ def qwen3_omni_moe_cases(clips: Clips) -> dict[str, Case]:
             [image],
         ),
         "a clip beside a video": Case(
-            _user(input_audio(clips.tone, "mp3"), video, QUESTION), [clips.tone], [], clips.video
+            _user(
+                input_audio(clips.tone, "mp3"),
+                {"type": "video_url", "video_url": {"url": video}},
+                QUESTION,
+            ),
+            [clips.tone],
+            [],
+            clips.whole_second_video,
         ),
     }
 
