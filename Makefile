@@ -33,7 +33,7 @@ test-fast:
 
 ## test-py: the Python suite alone, on PYTEST_WORKERS processes (each file on one; the 25 slowest tests listed at the end, to keep CI's time in view)
 test-py:
-	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 ## test-rust: the Rust tests alone: the core without features, then with parallel and video (their own tests)
 test-rust:

@@ -34,6 +34,24 @@ SLOW_TESTS = {
     "mm/test_qwen_vl.py::test_large_images",
     "grammar/test_generated_schemas.py::test_every_output_of_hundreds_of_schemas_validates",
 }
+# The modules that take the longest on CI's machine (a `--durations` run, 2 cores: 120 to
+# 490 s each), longest first. Only the order of the run depends on this list.
+LONGEST_MODULES = (
+    "e2e/test_patterns.py",
+    "e2e/test_dynamo.py",
+    "e2e/test_launch.py",
+    "e2e/test_multihost.py",
+    "e2e/test_lm_eval.py",
+    "reliability/test_migration.py",
+    "engines/test_sglang_contract.py",
+    "engines/test_hf_engine.py",
+    "e2e/test_structured_outputs.py",
+    "e2e/test_answers.py",
+    "engines/test_grammar.py",
+    "reliability/test_openapi_schemathesis.py",
+    "e2e/test_tools.py",
+    "e2e/test_routing.py",
+)
 PER_FAMILY_PATHS = ("engines/", "worker/test_video_patterns.py", "worker/test_audio_patterns.py")
 FAST_FAMILY = "qwen2_vl"
 
@@ -55,11 +73,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or (path.startswith(PER_FAMILY_PATHS) and family != FAST_FAMILY)
         ):
             item.add_marker(pytest.mark.slow)
-    # Modules with slow tests run first: pytest-xdist hands out whole modules in this order
-    # (`--dist loadfile`), so the fast ones fill the end of the run and the workers finish
-    # together, rather than one waiting on the other's last deployments.
+    # The longest modules run first, then the others with slow tests, then the fast ones:
+    # pytest-xdist hands out whole modules in this order (`--dist loadfile
+    # --no-loadscope-reorder`), so short modules fill the end of the run and the workers finish
+    # together, rather than one starting a four-minute module as the others run out of work.
     slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_modules)
+    longest = {root / path: rank for rank, path in enumerate(LONGEST_MODULES)}
+    if missing := [path for path in longest if not path.exists()]:
+        raise pytest.UsageError(f"LONGEST_MODULES names modules that do not exist: {missing}")
+    items.sort(
+        key=lambda item: (longest.get(item.path, len(longest)), item.path not in slow_modules)
+    )
 
 
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
