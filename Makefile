@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # idle with two, 8% with three).
 PYTEST_WORKERS ?= 3
 
-.PHONY: help setup ext run test test-fast test-py test-rust test-sglang lint format bench bench-check clean
+.PHONY: help setup ext run test test-fast test-py test-rust test-sglang lint lint-py lint-rust format bench bench-check clean
 
 ## help: list these targets
 help:
@@ -48,13 +48,20 @@ test-sglang:
 bench-check:
 	$(PY) -m bench.preprocess_check
 
-## lint: ruff, ruff format, mypy, typos, shellcheck, rustfmt and clippy (what CI runs before the tests)
+## lint: ruff, ruff format, mypy, typos, shellcheck, rustfmt and clippy (what CI runs before the tests); the Python and Rust halves side by side
 lint:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint-py lint-rust
+
+## lint-py: ruff, ruff format, mypy, typos and shellcheck
+lint-py:
 	$(VENV)/bin/ruff check components tests bench
 	$(VENV)/bin/ruff format --check components tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/typos
 	$(VENV)/bin/shellcheck launch/*.sh .ci/run .ci/setup.sh .ci/extra_pin
+
+## lint-rust: rustfmt, and clippy without features and with all of them
+lint-rust:
 	cd rust/mmserve-mm && cargo fmt --check && cargo clippy --all-targets --no-default-features -- -D warnings && cargo clippy --all-targets --features python,parallel,video,audio -- -D warnings
 
 ## format: rewrite what lint checks the layout of: ruff's fixes, ruff format, cargo fmt
