@@ -185,12 +185,19 @@ impl AudioInput<'_> {
         }
         // A float file may hold NaN or infinities, which no model input should carry, or
         // values so far past full scale that their features overflow float32.
-        if out.iter().any(|s| !s.is_finite()) {
+        // One pass: a NaN or an infinity makes the peak infinite.
+        let peak = out.iter().fold(0f32, |peak, s| {
+            if s.is_finite() {
+                peak.max(s.abs())
+            } else {
+                f32::INFINITY
+            }
+        });
+        if !peak.is_finite() {
             return Err(AudioError::Corrupt(
                 "it holds samples that are not finite numbers".into(),
             ));
         }
-        let peak = out.iter().fold(0f32, |peak, s| peak.max(s.abs()));
         if peak > MAX_SAMPLE_MAGNITUDE {
             return Err(AudioError::Corrupt(format!(
                 "its samples reach {peak:.1e}, past the {MAX_SAMPLE_MAGNITUDE:.0e} whose \
