@@ -10,7 +10,7 @@ its valid frames only (its `feature_attention_mask`), and keeps the rows those f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,12 +47,16 @@ def _valid_frames(clips: Sequence[MediaInput], device: torch.device) -> torch.Te
 
 
 def thinker_audio_rows(
-    thinker: Any, clips: Sequence[MediaInput], dtype: torch.dtype
+    thinker: Any,
+    clips: Sequence[MediaInput],
+    dtype: torch.dtype,
+    tokens: Callable[[int], int],
 ) -> list[torch.Tensor]:
     """Each clip's rows (`[tokens, hidden]`): an Omni thinker's `get_audio_features` over the
     clips' features (`pixel_values`, `[mel bins, frames]`; Qwen3-Omni's as long as each clip,
     padded here to the longest) masked to their valid frames, as its forward calls it on the
-    processor's `input_features`."""
+    processor's `input_features`. `tokens` is the family's rows for a clip's valid frames (the
+    spec's `audio_tokens`), which divides the concatenated rows among the clips."""
     device = next(thinker.parameters()).device
     longest = max(clip.pixel_values.shape[-1] for clip in clips)
     features = torch.stack(
@@ -66,13 +70,4 @@ def thinker_audio_rows(
     rows = thinker.get_audio_features(
         features, feature_attention_mask=mask.long(), return_dict=True
     ).last_hidden_state
-    return list(rows.split(_thinker_audio_tokens(thinker.audio_tower, valid).tolist()))
-
-
-def _thinker_audio_tokens(tower: Any, valid: torch.Tensor) -> torch.Tensor:
-    """The rows an Omni tower makes of each clip's `valid` frames."""
-    if hasattr(tower, "_get_feat_extract_output_lengths"):  # Qwen2.5-Omni's
-        return tower._get_feat_extract_output_lengths(valid)[1]
-    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe
-
-    return modeling_qwen3_omni_moe._get_feat_extract_output_lengths(valid, tower.config.n_window)
+    return list(rows.split([tokens(clip.grid_thw[2]) for clip in clips]))

@@ -235,7 +235,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
             return audio_rows(
                 self._inner.audio_tower, self._inner.multi_modal_projector, clips, self.dtype
             )
-        return thinker_audio_rows(self._inner, clips, self.dtype)
+        return thinker_audio_rows(self._inner, clips, self.dtype, self.spec.core.audio_tokens)
 
     def _tower_call(self, modality: MediaModality, items: list[MediaInput]) -> Any:
         """The tower's output for `items` of one modality: `pooler_output[i]` holds item i's
