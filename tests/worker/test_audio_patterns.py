@@ -124,7 +124,8 @@ def qwen3_omni_moe_cases(clips: Clips) -> dict[str, Case]:
     hum = wav_bytes(signal("tone", 16000, 2.3, 1, rng), 16000, "s16")
     image = make_image(90, 60, seed=3)
     picture = {"type": "image_url", "image_url": {"url": png_data_url(image)}}
-    video = data_url(clips.whole_second_video, "video/mp4")
+    url = data_url(clips.whole_second_video, "video/mp4")
+    video = {"type": "video_url", "video_url": {"url": url}}
     return {
         "clips beside an image": Case(
             _user(input_audio(hum, "wav"), picture, QUESTION, input_audio(clips.speech, "wav")),
@@ -132,11 +133,7 @@ def qwen3_omni_moe_cases(clips: Clips) -> dict[str, Case]:
             [image],
         ),
         "a clip beside a video": Case(
-            _user(
-                input_audio(clips.tone, "mp3"),
-                {"type": "video_url", "video_url": {"url": video}},
-                QUESTION,
-            ),
+            _user(input_audio(clips.tone, "mp3"), video, QUESTION),
             [clips.tone],
             [],
             clips.whole_second_video,

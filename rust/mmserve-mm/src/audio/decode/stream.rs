@@ -184,8 +184,8 @@ impl AudioInput<'_> {
             length.check_complete(out.len())?;
         }
         // A float file may hold NaN or infinities, which no model input should carry, or
-        // values so far past full scale that their features overflow float32.
-        // One pass: a NaN or an infinity makes the peak infinite.
+        // values so far past full scale that their features overflow float32. One pass: a NaN
+        // or an infinity makes the peak infinite.
         let peak = out.iter().fold(0f32, |peak, s| {
             if s.is_finite() {
                 peak.max(s.abs())
