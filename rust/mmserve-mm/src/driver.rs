@@ -531,20 +531,13 @@ fn clip_geometry(
     };
     let (_, valid) = extractor.frames(samples);
     let frames = u32::try_from(valid).map_err(|_| ProcessError::Offsets("frames".into()))?;
-    let geometry = Geometry::Audio {
-        samples: samples as u64,
-        frames,
-    };
+    let geometry = Geometry::Audio { frames };
     // A clip must make a token, and (unpadded) more samples than the half window the
     // extractor reflects.
     let takes = |n: usize| {
         let (_, valid) = extractor.frames(n);
         let frames = u32::try_from(valid).unwrap_or(u32::MAX);
-        extractor.extractable(n)
-            && family.num_tokens(&Geometry::Audio {
-                samples: n as u64,
-                frames,
-            }) > 0
+        extractor.extractable(n) && family.num_tokens(&Geometry::Audio { frames }) > 0
     };
     if !takes(samples) {
         // The shortest clip taken lies within a few hops and a window.
@@ -588,10 +581,7 @@ fn planned_audio(
         return Err(grid("an audio clip's grid is [1, 1, valid frames]".to_string()).into());
     };
     let (_, most) = extractor.frames(extractor.chunk_samples());
-    let geometry = Geometry::Audio {
-        samples: u64::from(frames) * extractor.hop_length as u64,
-        frames,
-    };
+    let geometry = Geometry::Audio { frames };
     let num_tokens = family.num_tokens(&geometry);
     if frames as usize > most || num_tokens == 0 {
         let reason =

@@ -121,11 +121,9 @@ pub enum Geometry {
         /// interleaved with the frames (`use_audio_in_video`); `None` otherwise.
         track: Option<u32>,
     },
-    /// An audio clip: its samples at the family's rate (cut to the extractor's chunk where it
-    /// cuts; the least its headers allow where the plan counted them from the headers, which
-    /// fix the frames, not always the last sample) and the feature frames the audio tower attends to (the extractor's attention-mask
-    /// sum, `valid_frames`).
-    Audio { samples: u64, frames: u32 },
+    /// An audio clip: the feature frames the audio tower attends to (the extractor's
+    /// attention-mask sum, `valid_frames`), which fix its tokens.
+    Audio { frames: u32 },
 }
 
 impl Geometry {

@@ -123,7 +123,7 @@ impl PySpec {
     /// takes no audio): the plan's count, for an engine that stands in for the tower.
     fn audio_tokens(&self, frames: u32) -> usize {
         self.family
-            .num_tokens(&crate::pipeline::Geometry::Audio { samples: 0, frames })
+            .num_tokens(&crate::pipeline::Geometry::Audio { frames })
     }
 
     /// The audio placeholder the chat template writes once per clip (`<|AUDIO|>`); `None`

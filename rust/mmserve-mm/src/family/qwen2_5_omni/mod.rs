@@ -466,10 +466,7 @@ mod tests {
             modalities,
             [Modality::Image, Modality::Video, Modality::Audio]
         );
-        let clip = Geometry::Audio {
-            samples: 48_000,
-            frames: 300,
-        };
+        let clip = Geometry::Audio { frames: 300 };
         assert_eq!(family.num_tokens(&clip), 75);
         assert_eq!(family.num_tokens(&family.plan(56, 56).unwrap()), 4);
     }
@@ -477,10 +474,7 @@ mod tests {
     #[test]
     fn audio_counts_on_like_text_and_a_video_resumes_after_its_largest_position() {
         let family = omni();
-        let clip = Geometry::Audio {
-            samples: 3200,
-            frames: 20,
-        }; // 5 tokens
+        let clip = Geometry::Audio { frames: 20 }; // 5 tokens
         let image = family.plan(56, 56).unwrap(); // a 2x2 block
                                                   // Text, clip, text, image, text.
         let (p, delta) = rows(

@@ -165,10 +165,7 @@ mod tests {
     fn the_placeholder_becomes_one_token_per_row() {
         let spec = spec_from_hf_configs(config::tests::PREPROCESSOR, config::tests::CONFIG);
         let family = Qwen2Audio::new(spec.unwrap()).unwrap();
-        let geometry = Geometry::Audio {
-            samples: 48_000,
-            frames: 300,
-        };
+        let geometry = Geometry::Audio { frames: 300 };
         let update = family
             .prompt_update(&ItemPrompt {
                 geometry,

@@ -130,10 +130,7 @@ mod tests {
             assert_eq!(audio_tokens(frames, 25), tokens, "{frames}");
         }
         let family = thinker();
-        let clip = |frames| Geometry::Audio {
-            samples: u64::from(frames) * 160,
-            frames,
-        };
+        let clip = |frames| Geometry::Audio { frames };
         assert_eq!(family.num_tokens(&clip(3000)), 390);
         assert_eq!(family.num_tokens(&clip(1)), 1);
         assert_eq!(family.num_tokens(&clip(0)), 0);
@@ -179,10 +176,7 @@ mod tests {
     fn text_a_clip_an_image_and_a_video_lay_out_as_get_rope_index() {
         let family = thinker();
         // 5 tokens.
-        let clip = Geometry::Audio {
-            samples: 6400,
-            frames: 40,
-        };
+        let clip = Geometry::Audio { frames: 40 };
         // A 2x2 block.
         let image = family.plan(64, 64).unwrap();
         // Two temporal patches a second apart (2 fps): 13 positions apart at 13 a second.
