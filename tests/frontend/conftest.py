@@ -18,10 +18,10 @@ import uvicorn
 import uvloop
 
 from mmserve.engines.detokenize import IncrementalDetokenizer
-from mmserve.engines.tokenizer import engine_tokenizer
 from mmserve.frontend.app import FrontendApp
 from mmserve.frontend.chat import ServedModel
 from mmserve.frontend.cli import add_arguments, build_app, load_model
+from mmserve.models.tokenizer import shared_tokenizer
 from mmserve.protocol import PreprocessedRequest, TensorHandle, TokenChunk, Usage
 from mmserve.runtime.errors import RemoteError
 from mmserve.tiny.checkpoints import build_tiny_model
@@ -29,7 +29,7 @@ from tests.support.local_media import MediaServer, media_server_over
 
 
 def _tokenizer() -> Any:
-    return engine_tokenizer(build_tiny_model("qwen2_vl")).backend_tokenizer
+    return shared_tokenizer(build_tiny_model("qwen2_vl")).backend_tokenizer
 
 
 @dataclass

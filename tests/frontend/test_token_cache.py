@@ -110,9 +110,7 @@ def _served() -> ServedModel:
 
 
 def _render(messages: list[dict[str, str]]) -> str:
-    return _served().tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True
-    )
+    return _served().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def _encode(text: str) -> list[int]:

@@ -72,7 +72,7 @@ def _reference_ids(
         {"type": part["type"].removesuffix("_url")} if part["type"] != "text" else part
         for part in content
     ]
-    text = preprocessor.model.tokenizer.apply_chat_template(
+    text = preprocessor.model.apply_chat_template(
         [{"role": "user", "content": parts}], tokenize=False, add_generation_prompt=True
     )
     assert preprocessor.video_range is not None
@@ -348,7 +348,7 @@ async def test_qwen3_vl_plans_each_temporal_group_after_its_timestamp(clip: byte
         {"type": part["type"].removesuffix("_url")} if part["type"] != "text" else part
         for part in content
     ]
-    text = model.tokenizer.apply_chat_template(
+    text = model.apply_chat_template(
         [{"role": "user", "content": parts}], tokenize=False, add_generation_prompt=True
     )
     media = [("image", images[0]), ("video", clip), ("image", images[1])]

@@ -4,8 +4,9 @@ interpreter: the child runs the same entry point (`mmserve.cli.main`, or the Dyn
 `mmserve.dynamo.cli.main`) without the seconds of imports every component otherwise pays. The
 e2e tests start hundreds of components, on two cores.
 
-The forkserver imports modules but runs nothing (no torch op, no thread, no event loop), so a
-fork of it is a clean start. What it cannot give a child is a different value of a variable
+The forkserver imports modules and reads the two tokenizers most components serve
+(`forkserver_tokenizers.py`), but runs nothing else (no torch op, no thread, no event loop), so
+a fork of it is a clean start. What it cannot give a child is a different value of a variable
 read while those modules were imported; `can_fork` says when a component needs its own
 interpreter instead (the deployments in `tests/support/` fall back to one).
 """
@@ -31,7 +32,8 @@ from mmserve.runtime.lifetime import set_parent_death_signal
 
 # The heavy third-party modules every component imports: what the forkserver imports once.
 # mmserve's own modules (a fraction of a second) are imported in each child, so state they
-# draw at import (a frontend's request-id prefix) is each process's own, as in production.
+# draw at import (a frontend's request-id prefix) is each process's own, as in production;
+# the last entry imports only the few that read a tokenizer, which draw none.
 PRELOAD = [
     "torch",
     "numpy",
@@ -53,6 +55,7 @@ PRELOAD = [
     "msgspec",
     "nats",
     "uvicorn",
+    "tests.support.forkserver_tokenizers",
 ]
 # Read while the modules above are imported (so fixed in the forkserver): a component whose
 # value differs from the forkserver's gets an interpreter of its own.

@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from mmserve.cli import main
-from mmserve.engines.tokenizer import engine_tokenizer
 from mmserve.models.family import UnsupportedModel, resolve_model_spec
+from mmserve.models.tokenizer import shared_tokenizer
 from mmserve.tiny.checkpoints import MARKER_FILE, TINY_FAMILIES, build_tiny_model, tiny_model_dir
 from mmserve.tiny.tokenizer import QWEN2_VL_SPECIAL_TOKENS
 
@@ -35,7 +35,7 @@ def qwen2_vl() -> Path:
 
 
 def test_special_tokens_have_the_real_qwen2_vl_ids(qwen2_vl: Path):
-    tokenizer = engine_tokenizer(qwen2_vl)  # AutoTokenizer's, read once per process
+    tokenizer = shared_tokenizer(qwen2_vl)  # AutoTokenizer's, read once per process
     for token, token_id in REAL_SPECIAL_IDS.items():
         assert tokenizer.convert_tokens_to_ids(token) == token_id
     assert len(QWEN2_VL_SPECIAL_TOKENS) == 151656 - 151643 + 1
@@ -45,7 +45,7 @@ def test_special_tokens_have_the_real_qwen2_vl_ids(qwen2_vl: Path):
 
 
 def test_chat_template_emits_one_vision_block_per_image(qwen2_vl: Path):
-    tokenizer = engine_tokenizer(qwen2_vl)  # AutoTokenizer's, read once per process
+    tokenizer = shared_tokenizer(qwen2_vl)  # AutoTokenizer's, read once per process
     content = [
         {"type": "image"},
         {"type": "text", "text": "and"},

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmserve.media.policy import MediaPolicy
+from mmserve.models.tokenizer import shared_tokenizer
 from mmserve.reasoning import ReasoningTokens, reasoning_format
 from mmserve.topology import GENERATE, Role
 from mmserve.worker.options import add_worker_arguments
@@ -286,9 +287,7 @@ def _reasoning_tags(parser: str | None, model_path: Path) -> ReasoningTokens | N
     parser reads, not in its reasoning."""
     if parser is None or reasoning_format(parser) is None:
         return None
-    from transformers import AutoTokenizer
-
-    return ReasoningTokens.of(parser, AutoTokenizer.from_pretrained(str(model_path)))
+    return ReasoningTokens.of(parser, shared_tokenizer(model_path))
 
 
 def _parsers(args: argparse.Namespace) -> Any:

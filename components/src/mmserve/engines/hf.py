@@ -47,7 +47,6 @@ from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.logits import Sampler, next_tokens, read_prompt_logprobs
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
-from mmserve.engines.tokenizer import engine_tokenizer
 from mmserve.grammar.base import CompiledGrammar
 from mmserve.grammar.cache import GrammarCache
 from mmserve.grammar.constraint import Constraint
@@ -56,6 +55,7 @@ from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, load_model, resolve_model_spec
+from mmserve.models.tokenizer import shared_tokenizer
 from mmserve.protocol import (
     BootstrapInfo,
     FirstToken,
@@ -118,7 +118,7 @@ class HfEngine(CachingEngine[_KvState, torch.Tensor]):
         model: Any = load_model(self.spec.family, self.spec.path, dtype=dtype)
         self.model = model.to(self.device)
         self.model.eval()
-        self.tokenizer = engine_tokenizer(self.spec.path)
+        self.tokenizer = shared_tokenizer(self.spec.path)
         self._inner = self.model.model
         self._text_config = self.model.config.get_text_config()
         self._linear_layers = frozenset(self.spec.linear_attention_layers)

@@ -64,7 +64,6 @@ from mmserve.engines.defaults import (
 from mmserve.engines.encoder_cache import EncoderCache
 from mmserve.engines.prefix_cache import PrefixCache
 from mmserve.engines.sampling import Step, StopRules, check_sampling, stream_completion
-from mmserve.engines.tokenizer import engine_tokenizer
 from mmserve.grammar.cache import GrammarCache
 from mmserve.grammar.constraint import Constraint
 from mmserve.grammar.defaults import DEFAULT_COMPILE_TIMEOUT_S
@@ -73,6 +72,7 @@ from mmserve.kv.hashing import DEFAULT_BLOCK_SIZE
 from mmserve.kv.pad import PadScheme
 from mmserve.kv.view import prompt_block_keys, reusable_blocks
 from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.models.tokenizer import shared_tokenizer
 from mmserve.protocol import (
     BootstrapInfo,
     FirstToken,
@@ -218,7 +218,7 @@ class MockEngine(CachingEngine[_MockKv, None]):
         if min(prefill_us_per_token, decode_ms_per_token, encode_us_per_token) < 0:
             raise ValueError("mock encode, prefill and decode times must be >= 0")
         self.spec: ModelSpec = resolve_model_spec(model_path)
-        self.tokenizer = engine_tokenizer(self.spec.path)
+        self.tokenizer = shared_tokenizer(self.spec.path)
         self.grammars = GrammarCache.for_tokenizer(
             self.tokenizer, self.spec.vocab_size, self.spec.eos_token_ids, grammar_compile_timeout_s
         )

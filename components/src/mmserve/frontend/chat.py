@@ -56,6 +56,7 @@ from mmserve.media import DEFAULT_MAX_AUDIO_DURATION_S, MediaPolicy, PixelBounds
 from mmserve.media.processing import PanAndScanKnobs
 from mmserve.media.text_pieces import text_pieces
 from mmserve.models.family import ModelSpec, resolve_model_spec
+from mmserve.models.tokenizer import shared_tokenizer
 from mmserve.protocol import (
     DEEPSTACK,
     ERROR_CHAT_TEMPLATE,
@@ -113,25 +114,30 @@ class ServedModel:
 
     name: str
     spec: ModelSpec
-    tokenizer: Any  # transformers PreTrainedTokenizerFast
+    tokenizer: Any  # transformers PreTrainedTokenizerFast, shared: only read
     created: int
+    # The template prompts are rendered with where it is not the tokenizer's own (None).
+    chat_template: str | None = None
 
     @classmethod
     def load(cls, path: str | Path, name: str | None = None) -> ServedModel:
         spec = resolve_model_spec(path)  # before the slow import: a bad path fails at once
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
+        tokenizer = shared_tokenizer(spec.path)
         processor_template = _processor_chat_template(spec.path)
-        if processor_template is not None:
-            tokenizer.chat_template = processor_template
-        if not getattr(tokenizer, "chat_template", None):
+        if not (processor_template or getattr(tokenizer, "chat_template", None)):
             raise ValueError(f"{spec.path} has no chat template in its tokenizer config")
         return cls(
             name=name or spec.path.name,
             spec=spec,
             tokenizer=tokenizer,
             created=int(time.time()),
+            chat_template=processor_template,
+        )
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        """The tokenizer's `apply_chat_template` with the template this model renders with."""
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=self.chat_template, **kwargs
         )
 
 
@@ -228,7 +234,7 @@ class ChatPreprocessor:
             raise ValueError("--enable-mm-embeds needs a tensor sink to ship embeddings")
         self.model = model
         self.options = options
-        self.template = TemplateFacts.of(model.tokenizer)
+        self.template = TemplateFacts.of(model.tokenizer, model.chat_template)
         self.tool_call_parser = _tool_call_parser(options.tool_call_parser, self.template)
         self.reasoning = (
             None
@@ -517,9 +523,8 @@ class ChatPreprocessor:
         from jinja2 import TemplateError
 
         messages = template_messages(request)
-        tokenizer = self.model.tokenizer
         try:
-            text = tokenizer.apply_chat_template(
+            text = self.model.apply_chat_template(
                 messages,
                 tools=template_tools(request),
                 tokenize=False,

@@ -42,11 +42,12 @@ class TemplateFacts:
     tool_call_format: str | None = None
 
     @classmethod
-    def of(cls, tokenizer: Any) -> TemplateFacts:
+    def of(cls, tokenizer: Any, chat_template: str | None = None) -> TemplateFacts:
+        """The facts of `chat_template`, else of the tokenizer's own template."""
         import jinja2
         from jinja2 import meta, nodes
 
-        source = tokenizer.get_chat_template(None, tools=[{}])
+        source = tokenizer.get_chat_template(chat_template, tools=[{}])
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
         reads_calls = any(
             (isinstance(node, nodes.Getattr) and node.attr == "tool_calls")
