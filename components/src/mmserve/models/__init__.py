@@ -1,2 +1,3 @@
-"""Model checkpoints: `family`, the facts of a checkpoint's family every worker needs (the
-offline test models and their builders are `mmserve.tiny`)."""
+"""Model checkpoints: `family`, the facts of a checkpoint's family every worker needs, and
+`tokenizer`, its tokenizer read once per process (the offline test models and their builders
+are `mmserve.tiny`)."""
