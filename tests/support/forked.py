@@ -4,8 +4,8 @@ interpreter: the child runs the same entry point (`mmserve.cli.main`, or the Dyn
 `mmserve.dynamo.cli.main`) without the seconds of imports every component otherwise pays. The
 e2e tests start hundreds of components, on two cores.
 
-The forkserver imports modules and reads the two tokenizers most components serve
-(`forkserver_tokenizers.py`), but runs nothing else (no torch op, no thread, no event loop), so
+The forkserver imports modules, reads the two tokenizers most components serve and freezes its
+heap (`forkserver_warm.py`), but runs nothing else (no torch op, no thread, no event loop), so
 a fork of it is a clean start. What it cannot give a child is a different value of a variable
 read while those modules were imported; `can_fork` says when a component needs its own
 interpreter instead (the deployments in `tests/support/` fall back to one).
@@ -55,7 +55,7 @@ PRELOAD = [
     "msgspec",
     "nats",
     "uvicorn",
-    "tests.support.forkserver_tokenizers",
+    "tests.support.forkserver_warm",
 ]
 # Read while the modules above are imported (so fixed in the forkserver): a component whose
 # value differs from the forkserver's gets an interpreter of its own.
