@@ -33,7 +33,7 @@ from mmserve.runtime.lifetime import set_parent_death_signal
 # The heavy third-party modules every component imports: what the forkserver imports once.
 # mmserve's own modules (a fraction of a second) are imported in each child, so state they
 # draw at import (a frontend's request-id prefix) is each process's own, as in production;
-# the last entry imports only the few that read a tokenizer, which draw none.
+# the last entry imports a few that draw none (it reads tokenizers, `forkserver_warm.py`).
 PRELOAD = [
     "torch",
     "numpy",
@@ -75,16 +75,25 @@ IMPORT_TIME_VARIABLES = frozenset(
     }
 )
 FORKSERVER_ENV = {"HF_HUB_OFFLINE": "1"}
+# The checkpoints whose tokenizers the forkserver reads (`forkserver_warm.py`), os.pathsep-joined.
+WARM_TOKENIZERS_ENV = "MMSERVE_TESTS_WARM_TOKENIZERS"
 
 
 @functools.cache
 def _forkserver() -> tuple[multiprocessing.context.ForkServerContext, dict[str, str]]:
     """The context whose processes fork from the preloaded forkserver (started now, with this
     process's environment plus `FORKSERVER_ENV`), and that environment."""
+    from mmserve.tiny.checkpoints import build_tiny_model
+    from mmserve.tiny.trained import build_trained_model
+
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    saved = {name: os.environ.get(name) for name in FORKSERVER_ENV}
-    os.environ.update(FORKSERVER_ENV)
+    # The two checkpoints most components serve (the tiny Qwen2-VL, the default model), built
+    # here first so that the forkserver finds them on a fresh machine too.
+    warm = [build_tiny_model("qwen2_vl"), build_trained_model()]
+    server_only = {**FORKSERVER_ENV, WARM_TOKENIZERS_ENV: os.pathsep.join(map(str, warm))}
+    saved = {name: os.environ.get(name) for name in server_only}
+    os.environ.update(server_only)
     try:
         server_env = dict(os.environ)
         forkserver.ensure_running()
